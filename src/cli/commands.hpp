@@ -1,0 +1,9 @@
+// Each subcommand lives in its own file in src/cli/ and registers itself on the app here.
+// A command parses arguments only, then makes one call into a room (plan/, train/, data/, ...).
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace exatrain::cli {
+// Each add_* registers one subcommand; the callback runs it. Declare new ones here.
+void add_version_command(CLI::App& app);
+}  // namespace exatrain::cli

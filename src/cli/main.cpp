@@ -1,0 +1,26 @@
+// exatrain: the command-line entry point. Parses the subcommand and hands over; every error
+// surfaces as one clear message (file, key, value, what was expected) and a non-zero exit.
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "cli/commands.hpp"
+#include "core/check.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"exatrain: plan, predict and train large models on supercomputers"};
+  app.require_subcommand(1);
+  exatrain::cli::add_version_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const exatrain::Error& e) {
+    fmt::print(stderr, "exatrain: error: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "exatrain: internal error: {}\n", e.what());
+    return 2;
+  }
+  return 0;
+}
