@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   exatrain::cli::add_version_command(app);
   exatrain::cli::add_check_command(app);
+  exatrain::cli::add_report_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
