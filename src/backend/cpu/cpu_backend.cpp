@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -15,10 +16,12 @@ namespace exatrain {
 
 CpuBackend::CpuBackend(int threads) {
   threads_ = threads > 0 ? threads : omp_get_num_procs();
-  // One thread count for both runtimes: OpenBLAS (pthreads build) is only ever called from
-  // serial code, our own kernels use OpenMP; both use threads_ so they never oversubscribe.
+  // All parallelism is OpenMP with threads_ threads. OpenBLAS runs single-threaded inside our
+  // OpenMP regions (gemm() splits the output matrix): with OpenBLAS's own pthread pool next to
+  // the OpenMP team, each side's spin-waiting starved the other (a tiny model's step took
+  // 200x longer on 2 cores), and one team keeps the thread count consistent by construction.
   omp_set_num_threads(threads_);
-  openblas_set_num_threads(threads_);
+  openblas_set_num_threads(1);
 }
 
 std::unique_ptr<Backend> make_cpu_backend(int threads) {
@@ -55,13 +58,51 @@ void CpuBackend::zero(void* p, size_t bytes) {
 
 // ---- GEMM --------------------------------------------------------------------------------------
 
+namespace {
+
+// One single-threaded sgemm on the block [m0, m1) x [n0, n1) of C. Splitting C by rows or
+// columns leaves every element's K-summation unchanged, so results are independent of the
+// thread count.
+void sgemm_block(bool ta, bool tb, int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t K,
+                 float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
+                 float beta, float* C, int64_t ldc) {
+  if (m1 <= m0 || n1 <= n0) return;
+  const float* a = ta ? A + m0 : A + m0 * lda;  // row m0 of op(A)
+  const float* b = tb ? B + n0 * ldb : B + n0;  // column n0 of op(B)
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              int(m1 - m0), int(n1 - n0), int(K), alpha, a, int(lda), b, int(ldb), beta,
+              C + m0 * ldc + n0, int(ldc));
+}
+
+void parallel_sgemm(int threads, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+                    float* C, int64_t ldc) {
+  const double flops = 2.0 * double(M) * double(N) * double(K);
+  if (threads <= 1 || flops < 4e6) {  // small: one call, no team start-up
+    sgemm_block(ta, tb, 0, M, 0, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  // Split the larger output dimension into `threads` contiguous parts (multiples of 16).
+  const bool split_n = N >= M;
+  const int64_t extent = split_n ? N : M;
+  const int64_t part = ((extent + threads - 1) / threads + 15) / 16 * 16;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int t = 0; t < threads; t++) {
+    const int64_t lo = std::min(extent, t * part), hi = std::min(extent, lo + part);
+    if (split_n)
+      sgemm_block(ta, tb, 0, M, lo, hi, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    else
+      sgemm_block(ta, tb, lo, hi, 0, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+}
+
+}  // namespace
+
 void CpuBackend::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                       const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
                       float* C, int64_t ldc) {
   double t0 = omp_get_wtime();
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, int(M), int(N), int(K), alpha, A, int(lda), B,
-              int(ldb), beta, C, int(ldc));
+  parallel_sgemm(threads_, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   gemm_seconds += omp_get_wtime() - t0;
   gemm_flops += 2.0 * double(M) * double(N) * double(K);
 }
@@ -72,12 +113,11 @@ void CpuBackend::gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int
                                       int64_t stride_b, float beta, float* C, int64_t ldc,
                                       int64_t stride_c, int64_t batch) {
   double t0 = omp_get_wtime();
-  for (int64_t i = 0; i < batch; i++) {
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, int(M), int(N), int(K), alpha,
-                A + i * stride_a, int(lda), B + i * stride_b, int(ldb), beta, C + i * stride_c,
-                int(ldc));
-  }
+  // Independent matrices: one single-threaded sgemm per matrix, matrices spread over threads.
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < batch; i++)
+    sgemm_block(trans_a, trans_b, 0, M, 0, N, K, alpha, A + i * stride_a, lda, B + i * stride_b,
+                ldb, beta, C + i * stride_c, ldc);
   gemm_seconds += omp_get_wtime() - t0;
   gemm_flops += 2.0 * double(M) * double(N) * double(K) * double(batch);
 }
