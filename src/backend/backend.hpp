@@ -1,0 +1,146 @@
+// The compute interface the model is written against. Every pointer passed to an op is a
+// "device pointer" obtained from alloc(); the model never dereferences one itself, so a CUDA
+// backend (cuBLAS + kernels) can implement this class without touching model code.
+//
+// Conventions (all tensors are dense, row-major, float32 unless said otherwise):
+//   N = rows (B*T tokens), C = channels, O = output features, F = ffn hidden (local shard),
+//   B = batch, T = sequence length, Hq/Hkv = local query / key-value heads, D = head dim.
+//   Ops whose name ends in _backward ACCUMULATE (+=) into parameter gradients; for input
+//   gradients the comment of each op says whether it overwrites (=) or accumulates (+=).
+// Determinism: every op produces bit-identical results for identical inputs and an identical
+// thread count (reductions have a fixed order; no atomics).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace exatrain {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+
+  // ---- memory ------------------------------------------------------------------------------
+  // alloc_bytes returns zeroed, 64-byte aligned device memory; free_bytes(nullptr) is a no-op.
+  virtual void* alloc_bytes(size_t bytes) = 0;
+  virtual void free_bytes(void* p) = 0;
+  virtual void upload(void* dst_device, const void* src_host, size_t bytes) = 0;
+  virtual void download(void* dst_host, const void* src_device, size_t bytes) = 0;
+  virtual void copy(void* dst_device, const void* src_device, size_t bytes) = 0;
+  virtual void zero(void* p, size_t bytes) = 0;
+  float* alloc(int64_t n) { return static_cast<float*>(alloc_bytes(sizeof(float) * size_t(n))); }
+
+  // ---- GEMM --------------------------------------------------------------------------------
+  // C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C[M,N]; op(X) = X^T when trans_x.
+  // lda/ldb/ldc are the row strides of A, B, C as stored.
+  virtual void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+                    float* C, int64_t ldc) = 0;
+  // `batch` independent GEMMs; matrix i starts at A + i*stride_a (likewise B, C).
+  virtual void gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                                    float alpha, const float* A, int64_t lda, int64_t stride_a,
+                                    const float* B, int64_t ldb, int64_t stride_b, float beta,
+                                    float* C, int64_t ldc, int64_t stride_c, int64_t batch) = 0;
+
+  // ---- elementwise and reductions -----------------------------------------------------------
+  virtual void add_inplace(float* y, const float* x, int64_t n) = 0;                 // y += x
+  virtual void add(float* out, const float* a, const float* b, int64_t n) = 0;       // out = a+b
+  virtual void scale(float* x, float alpha, int64_t n) = 0;                          // x *= a
+  virtual void add_bias(float* out, const float* bias, int64_t N, int64_t O) = 0;    // out[N,O] += bias[O]
+  virtual void bias_backward(float* dbias, const float* dout, int64_t N, int64_t O) = 0;  // dbias[O] += sum_n dout[N,O]
+  // sum of squares in double, fixed summation order independent of the thread count.
+  virtual double sum_squares(const float* x, int64_t n) = 0;
+
+  // ---- norms (statistics saved for backward) -------------------------------------------------
+  // out[N,C] = (inp - mean) * rstd * w[C] + b[C]; mean[N], rstd[N] saved.
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                 const float* w, const float* b, int64_t N, int64_t C,
+                                 float eps) = 0;
+  // dinp[N,C] += ..., dw[C] += ..., db[C] += ...
+  virtual void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
+                                  const float* inp, const float* w, const float* mean,
+                                  const float* rstd, int64_t N, int64_t C) = 0;
+  // out[N,C] = inp * rstd * w[C]; rstd[N] = 1/sqrt(mean(inp^2) + eps) saved.
+  virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w,
+                               int64_t N, int64_t C, float eps) = 0;
+  virtual void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp,
+                                const float* w, const float* rstd, int64_t N, int64_t C) = 0;
+
+  // ---- activations -------------------------------------------------------------------------
+  // GELU, tanh approximation (GPT-2). dinp = gelu'(inp) * dout (overwrites).
+  virtual void gelu_forward(float* out, const float* inp, int64_t n) = 0;
+  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) = 0;
+  // SwiGLU: inp[N, 2F] = [gate | up]; out[N,F] = silu(gate) * up. dinp[N,2F] overwritten.
+  virtual void swiglu_forward(float* out, const float* inp, int64_t N, int64_t F) = 0;
+  virtual void swiglu_backward(float* dinp, const float* inp, const float* dout, int64_t N,
+                               int64_t F) = 0;
+
+  // ---- rotary position embedding (in place) --------------------------------------------------
+  // x: [B, T, row_stride]; the first n_heads*D floats of each row are n_heads heads of size D.
+  // Rotates pairs (i, i + D/2) of each head by angle t * theta^(-2i/D) ("rotate_half", as in
+  // Hugging Face Llama). inverse=true rotates by the negative angle (= the backward pass).
+  virtual void rope(float* x, int64_t B, int64_t T, int64_t row_stride, int64_t n_heads,
+                    int64_t D, float theta, bool inverse) = 0;
+
+  // ---- causal self-attention (grouped-query) ------------------------------------------------
+  // qkv[B,T,(Hq+2*Hkv)*D]: per row Hq query heads, then Hkv key heads, then Hkv value heads.
+  // probs[B,Hq,T,T] = softmax_causal(q k^T / sqrt(D)) (entries above the diagonal are 0);
+  // out[B,T,Hq*D] = probs @ v, unless out == nullptr (then only probs are computed: used to
+  // recompute probs in the backward pass under selective recomputation).
+  // Query head h reads key/value head h / (Hq/Hkv).
+  virtual void attention_forward(float* out, float* probs, const float* qkv, int64_t B,
+                                 int64_t T, int64_t Hq, int64_t Hkv, int64_t D) = 0;
+  // dqkv[B,T,(Hq+2*Hkv)*D] overwritten.
+  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv,
+                                  const float* probs, int64_t B, int64_t T, int64_t Hq,
+                                  int64_t Hkv, int64_t D) = 0;
+
+  // ---- embeddings ----------------------------------------------------------------------------
+  // Vocabulary-parallel lookup: out[N,C] = wte[tok - vocab_start] when the token lies in
+  // [vocab_start, vocab_start + V), else 0 (the tensor-parallel hooks then sum across ranks).
+  virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte,
+                                 int64_t vocab_start, int64_t V, int64_t N, int64_t C) = 0;
+  virtual void embedding_backward(float* dwte, const float* dout, const int32_t* tokens,
+                                  int64_t vocab_start, int64_t V, int64_t N, int64_t C) = 0;
+  // out[B,T,C] += wpe[T,C] (broadcast over B); dwpe[T,C] += sum_b dout[B,T,C].
+  virtual void positional_forward(float* out, const float* wpe, int64_t B, int64_t T,
+                                  int64_t C) = 0;
+  virtual void positional_backward(float* dwpe, const float* dout, int64_t B, int64_t T,
+                                   int64_t C) = 0;
+
+  // ---- fused cross-entropy over a (possibly vocabulary-sharded) logits matrix ----------------
+  // The three steps are separate so the tensor-parallel hooks can all-reduce between them:
+  //   1. xent_max:   rowmax[N] = max_v logits[N,V]                      (then all-reduce MAX)
+  //   2. xent_stats: sumexp[N] = sum_v exp(logits - rowmax),
+  //                  target_logit[N] = logits[n, target-vocab_start] or 0 if not in this slice
+  //                                                                    (then all-reduce SUM)
+  //   3. xent_backward (in place): logits[N,V] <- scale * (softmax - onehot(target)).
+  // The loss of row n is log(sumexp) + rowmax - target_logit (computed on the host).
+  virtual void xent_max(float* rowmax, const float* logits, int64_t N, int64_t V) = 0;
+  virtual void xent_stats(float* sumexp, float* target_logit, const float* logits,
+                          const float* rowmax, const int32_t* targets, int64_t vocab_start,
+                          int64_t N, int64_t V) = 0;
+  virtual void xent_backward(float* logits, const float* rowmax, const float* sumexp,
+                             const int32_t* targets, int64_t vocab_start, float scale, int64_t N,
+                             int64_t V) = 0;
+
+  // ---- optimizer -----------------------------------------------------------------------------
+  // AdamW with decoupled weight decay (Loshchilov & Hutter), as torch.optim.AdamW:
+  //   p -= lr*wd*p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+  //   p -= lr * (m/bc1) / (sqrt(v/bc2) + eps),  bc_i = 1 - b_i^step.
+  // grad_scale multiplies g first (used for global-norm clipping).
+  virtual void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
+                            float lr, float beta1, float beta2, float eps, float weight_decay,
+                            float bias_correction1, float bias_correction2,
+                            float grad_scale) = 0;
+
+  // ---- instrumentation -----------------------------------------------------------------------
+  // Seconds and floating-point operations spent in gemm / gemm_strided_batched since reset.
+  double gemm_seconds = 0, gemm_flops = 0;
+};
+
+// The CPU backend (OpenBLAS sgemm + OpenMP kernels). `threads` <= 0: all cores.
+std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+
+}  // namespace exatrain

@@ -1,0 +1,85 @@
+// CPU implementation of the Backend interface: OpenBLAS sgemm for matrix products, OpenMP
+// loops (static schedules, no atomics, fixed reduction orders) for everything else.
+// Split over three files: cpu_backend.cpp (memory, GEMM, elementwise, AdamW),
+// cpu_norm_act.cpp (norms, activations), cpu_attention.cpp (rope, attention, embeddings,
+// cross-entropy).
+#pragma once
+#include "backend/backend.hpp"
+
+namespace exatrain {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads);
+  const char* name() const override { return "cpu"; }
+  int threads() const { return threads_; }
+
+  void* alloc_bytes(size_t bytes) override;
+  void free_bytes(void* p) override;
+  void upload(void* dst, const void* src, size_t bytes) override;
+  void download(void* dst, const void* src, size_t bytes) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
+  void zero(void* p, size_t bytes) override;
+
+  void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+            const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+            int64_t ldc) override;
+  void gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                            float alpha, const float* A, int64_t lda, int64_t stride_a,
+                            const float* B, int64_t ldb, int64_t stride_b, float beta, float* C,
+                            int64_t ldc, int64_t stride_c, int64_t batch) override;
+
+  void add_inplace(float* y, const float* x, int64_t n) override;
+  void add(float* out, const float* a, const float* b, int64_t n) override;
+  void scale(float* x, float alpha, int64_t n) override;
+  void add_bias(float* out, const float* bias, int64_t N, int64_t O) override;
+  void bias_backward(float* dbias, const float* dout, int64_t N, int64_t O) override;
+  double sum_squares(const float* x, int64_t n) override;
+
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                         const float* b, int64_t N, int64_t C, float eps) override;
+  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                          const float* w, const float* mean, const float* rstd, int64_t N,
+                          int64_t C) override;
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N,
+                       int64_t C, float eps) override;
+  void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp,
+                        const float* w, const float* rstd, int64_t N, int64_t C) override;
+
+  void gelu_forward(float* out, const float* inp, int64_t n) override;
+  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override;
+  void swiglu_forward(float* out, const float* inp, int64_t N, int64_t F) override;
+  void swiglu_backward(float* dinp, const float* inp, const float* dout, int64_t N,
+                       int64_t F) override;
+
+  void rope(float* x, int64_t B, int64_t T, int64_t row_stride, int64_t n_heads, int64_t D,
+            float theta, bool inverse) override;
+  void attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T,
+                         int64_t Hq, int64_t Hkv, int64_t D) override;
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs,
+                          int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) override;
+
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte,
+                         int64_t vocab_start, int64_t V, int64_t N, int64_t C) override;
+  void embedding_backward(float* dwte, const float* dout, const int32_t* tokens,
+                          int64_t vocab_start, int64_t V, int64_t N, int64_t C) override;
+  void positional_forward(float* out, const float* wpe, int64_t B, int64_t T, int64_t C) override;
+  void positional_backward(float* dwpe, const float* dout, int64_t B, int64_t T,
+                           int64_t C) override;
+
+  void xent_max(float* rowmax, const float* logits, int64_t N, int64_t V) override;
+  void xent_stats(float* sumexp, float* target_logit, const float* logits, const float* rowmax,
+                  const int32_t* targets, int64_t vocab_start, int64_t N, int64_t V) override;
+  void xent_backward(float* logits, const float* rowmax, const float* sumexp,
+                     const int32_t* targets, int64_t vocab_start, float scale, int64_t N,
+                     int64_t V) override;
+
+  void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+                    float beta1, float beta2, float eps, float weight_decay,
+                    float bias_correction1, float bias_correction2, float grad_scale) override;
+
+ private:
+  int threads_;
+};
+
+}  // namespace exatrain

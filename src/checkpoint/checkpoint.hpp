@@ -1,0 +1,99 @@
+// Checkpoint directories (docs/checkpoints.md): written atomically, verified on load.
+//
+//   CHECKPOINTS_ROOT/                 (e.g. RUN_DIR/checkpoints)
+//     step_00000100/
+//       model.safetensors, optimizer.safetensors, rng.bin, data_cursor.json, job.toml, ...
+//       manifest.json                 {"step": 100, "files": {NAME: {"bytes", "sha256"}}}
+//       COMPLETE                      written last: {"step": 100, "manifest_sha256": ...}
+//
+// Save protocol: every file goes into a hidden temporary directory (.tmp-step_..-PID), each
+// fsynced; then manifest.json, then COMPLETE, both fsynced; the temporary directory is fsynced,
+// renamed to step_NNNNNNNN and the root fsynced. Only then are older checkpoints pruned (keep
+// the last K). A failure at any point leaves earlier checkpoints untouched and removes the
+// temporary directory. Load verifies COMPLETE, the manifest and every file's size and SHA-256.
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "checkpoint/safetensors.hpp"
+
+namespace exatrain::checkpoint {
+
+inline constexpr const char* kManifestName = "manifest.json";
+inline constexpr const char* kCompleteName = "COMPLETE";
+
+struct FileEntry {
+  uint64_t bytes = 0;
+  std::string sha256;
+};
+
+class CheckpointWriter {
+ public:
+  // Starts a checkpoint of `step` under `root` (created if needed).
+  CheckpointWriter(const std::string& root, int64_t step);
+  ~CheckpointWriter();  // an uncommitted checkpoint's temporary directory is removed
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  // Where files go until commit (other ranks may write theirs here and add_written_file them).
+  const std::string& temp_dir() const { return temp_dir_; }
+  void add_safetensors(const std::string& file, const SafetensorsWriter& tensors);
+  // Opaque bytes: optimizer state, RNG state, data cursor JSON, the job file text, ...
+  void add_blob(const std::string& file, std::string_view bytes);
+  // A file already written (and fsynced) into temp_dir() by someone else, e.g. another rank.
+  void add_written_file(const std::string& file, const FileEntry& entry);
+  // Publishes the checkpoint; keeps the newest `keep_last` (<= 0: all). Returns its directory.
+  std::string commit(int64_t keep_last);
+
+ private:
+  std::string root_, temp_dir_, final_dir_;
+  int64_t step_;
+  std::map<std::string, FileEntry> files_;
+  bool committed_ = false;
+};
+
+// A verified checkpoint (the constructor checks COMPLETE, manifest and every file).
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(const std::string& dir);
+  const std::string& dir() const { return dir_; }
+  int64_t step() const { return step_; }
+  const std::map<std::string, FileEntry>& files() const { return files_; }
+  bool has(const std::string& file) const { return files_.count(file) > 0; }
+  std::string blob(const std::string& file) const;
+  std::unique_ptr<SafetensorsReader> safetensors(const std::string& file) const;
+
+ private:
+  std::string path_of(const std::string& file) const;
+  std::string dir_;
+  int64_t step_ = 0;
+  std::map<std::string, FileEntry> files_;
+};
+
+struct CheckpointRef {
+  std::string dir;
+  int64_t step = 0;
+};
+
+// Complete checkpoints under root (named step_N, with COMPLETE), oldest first; unverified.
+std::vector<CheckpointRef> list_checkpoints(const std::string& root);
+
+// The newest checkpoint that verifies completely. Checkpoints that fail (incomplete, corrupt)
+// are skipped, each with a warning line on `log` naming the problem. nullopt when none.
+std::optional<CheckpointRef> find_latest_valid(const std::string& root, std::FILE* log);
+
+// `--resume` semantics: "" or "none" = start fresh; "auto" = the newest valid checkpoint under
+// root, or, when there is none, a loud warning on `log` and nullopt; anything else is a
+// checkpoint directory, which must verify (an error otherwise).
+std::optional<CheckpointRef> resolve_resume(const std::string& resume, const std::string& root,
+                                            std::FILE* log);
+
+std::string checkpoint_dir_name(int64_t step);  // "step_00000100"
+
+}  // namespace exatrain::checkpoint

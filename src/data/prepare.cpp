@@ -1,0 +1,226 @@
+#include "data/prepare.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "core/check.hpp"
+#include "core/fileio.hpp"
+#include "data/shard.hpp"
+
+namespace exatrain::data {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Cuts at most `max_bytes` without splitting a UTF-8 character.
+void cut_utf8(std::string& s, size_t max_bytes) {
+  if (s.size() <= max_bytes) return;
+  size_t n = max_bytes;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) n--;  // continuation byte
+  s.resize(n);
+}
+
+// Rate-limited progress lines on stderr ("\r" updates on a terminal, plain lines otherwise).
+class Progress {
+ public:
+  Progress(bool enabled, std::string stage) : enabled_(enabled), stage_(std::move(stage)) {
+    tty_ = enabled && ::isatty(STDERR_FILENO);
+  }
+  void update(uint64_t bytes, uint64_t total_bytes, uint64_t tokens, bool final = false) {
+    if (!enabled_) return;
+    auto now = std::chrono::steady_clock::now();
+    double since = std::chrono::duration<double>(now - last_).count();
+    if (!final && since < (tty_ ? 0.5 : 5.0)) return;
+    last_ = now;
+    double secs = std::chrono::duration<double>(now - start_).count();
+    std::string pct = total_bytes ? fmt::format(" ({:.0f}%)", 100.0 * bytes / total_bytes) : "";
+    std::string tok = tokens ? fmt::format(", {:.2f} M tokens", tokens / 1e6) : "";
+    std::fprintf(stderr, "%s%s: %.1f MB read%s%s, %.1f MB/s%s", tty_ ? "\r" : "",
+                 stage_.c_str(), bytes / 1e6, pct.c_str(), tok.c_str(),
+                 secs > 0 ? bytes / 1e6 / secs : 0.0, (tty_ && !final) ? "" : "\n");
+    std::fflush(stderr);
+  }
+
+ private:
+  bool enabled_, tty_ = false;
+  std::string stage_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point last_ = start_;
+};
+
+uint64_t total_plain_bytes(const std::vector<std::string>& inputs) {
+  uint64_t total = 0;
+  for (const auto& in : inputs) {
+    if (in.ends_with(".xz") || in.ends_with(".gz")) return 0;  // unknown before decompressing
+    total += file_size_or_throw(in);
+  }
+  return total;
+}
+
+}  // namespace
+
+std::vector<std::string> sample_lines(const std::vector<std::string>& inputs, uint64_t max_lines,
+                                      uint64_t seed, bool progress) {
+  EXA_CHECK(max_lines > 0, "the tokenizer sample needs at least one line (sample_lines = 0)");
+  struct Sampled {
+    uint64_t index;
+    std::string text;
+  };
+  std::vector<Sampled> reservoir;
+  uint64_t rng = seed, seen = 0, bytes_before = 0;
+  uint64_t total = total_plain_bytes(inputs);
+  Progress bar(progress, "sample");
+  std::string line;
+  for (const auto& path : inputs) {
+    LineReader reader(path);
+    while (reader.next(line)) {
+      if (line.empty()) continue;
+      cut_utf8(line, 4096);
+      if (reservoir.size() < max_lines) {
+        reservoir.push_back({seen, line});
+      } else {
+        uint64_t j = splitmix64(rng) % (seen + 1);  // keep with probability max_lines/(seen+1)
+        if (j < max_lines) reservoir[j] = {seen, line};
+      }
+      seen++;
+      bar.update(bytes_before + reader.bytes_read(), total, 0);
+    }
+    bytes_before += reader.bytes_read();
+  }
+  bar.update(bytes_before, total, 0, true);
+  std::sort(reservoir.begin(), reservoir.end(),
+            [](const Sampled& a, const Sampled& b) { return a.index < b.index; });
+  std::vector<std::string> out;
+  out.reserve(reservoir.size());
+  for (auto& s : reservoir) out.push_back(std::move(s.text));
+  return out;
+}
+
+DatasetManifest prepare_dataset(const PrepareOptions& o) {
+  EXA_CHECK(!o.inputs.empty(), "data prepare: no --input files given");
+  EXA_CHECK(o.tokenizer == "bpe" || o.tokenizer == "byte",
+            "data prepare: --tokenizer is \"{}\", expected \"bpe\" or \"byte\"", o.tokenizer);
+  EXA_CHECK(o.shard_tokens > 0, "data prepare: --shard-tokens must be positive");
+  for (const auto& in : o.inputs) {
+    EXA_CHECK(fs::is_regular_file(in), "data prepare: input {} does not exist or is not a file",
+              in);
+  }
+  fs::create_directories(o.out_dir);
+  // A stale manifest would describe old shards: remove it first, write the new one last.
+  fs::remove(fs::path(o.out_dir) / kManifestName);
+
+  DatasetManifest m;
+  m.vocab_size_requested = o.tokenizer == "bpe" ? o.vocab_size : 256;
+  m.sample_lines = o.sample_lines;
+  m.seed = o.seed;
+  m.shard_tokens = o.shard_tokens;
+
+  std::unique_ptr<Tokenizer> tok;
+  if (o.tokenizer == "byte") {
+    tok = make_byte_tokenizer();
+  } else {
+    std::vector<std::string> sample = sample_lines(o.inputs, o.sample_lines, o.seed, o.progress);
+    m.sample_lines_used = sample.size();
+    if (o.progress) {
+      std::fprintf(stderr, "tokenizer: training SentencePiece BPE (vocab %u) on %zu lines\n",
+                   o.vocab_size, sample.size());
+    }
+    std::string model = train_sentencepiece(sample, {o.vocab_size, o.seed, o.verbose_tokenizer});
+    m.tokenizer_file = kTokenizerModelName;
+    m.tokenizer_sha256 = sha256_hex(model);
+    write_file_atomic((fs::path(o.out_dir) / kTokenizerModelName).string(), model);
+    tok = make_sentencepiece_tokenizer(model, kTokenizerModelName);
+  }
+  m.tokenizer_type = tok->type();
+  m.vocab_size = tok->vocab_size();
+  m.separator_id = tok->separator_id();
+  m.token_bytes = token_bytes_for_vocab(m.vocab_size);
+
+  // Tokenize: batches of lines encoded in parallel, appended in input order.
+  std::unique_ptr<ShardWriter> shard;
+  auto shard_name = [](size_t i) { return fmt::format("shard_{:05d}.bin", i); };
+  auto close_shard = [&] {
+    ShardEntry e;
+    e.file = shard_name(m.shards.size());
+    e.tokens = shard->tokens();
+    e.sha256 = shard->finish();
+    e.bytes = kShardHeaderBytes + e.tokens * m.token_bytes;
+    m.total_tokens += e.tokens;
+    m.shards.push_back(e);
+    shard.reset();
+  };
+  auto append = [&](const std::vector<uint32_t>& ids) {
+    size_t done = 0;
+    while (done < ids.size()) {
+      if (!shard) {
+        shard = std::make_unique<ShardWriter>(
+            (fs::path(o.out_dir) / shard_name(m.shards.size())).string(), m.vocab_size);
+      }
+      uint64_t room = o.shard_tokens - shard->tokens();
+      uint64_t take = std::min<uint64_t>(room, ids.size() - done);
+      shard->append(ids.data() + done, take);
+      done += take;
+      if (shard->tokens() == o.shard_tokens) close_shard();
+    }
+  };
+
+  const size_t kBatchLines = 4096;
+  std::vector<std::string> batch;
+  std::vector<std::vector<uint32_t>> encoded(kBatchLines);
+  std::vector<uint32_t> flat;
+  uint64_t total = total_plain_bytes(o.inputs), bytes_before = 0;
+  Progress bar(o.progress, "tokenize");
+  auto encode_batch = [&] {
+    const int64_t n = int64_t(batch.size());
+#pragma omp parallel for schedule(dynamic, 64)
+    for (int64_t i = 0; i < n; i++) {
+      encoded[i].clear();
+      tok->encode(batch[i], encoded[i]);
+      encoded[i].push_back(tok->separator_id());
+    }
+    flat.clear();
+    for (int64_t i = 0; i < n; i++) flat.insert(flat.end(), encoded[i].begin(), encoded[i].end());
+    append(flat);
+    batch.clear();
+  };
+  for (const auto& path : o.inputs) {
+    LineReader reader(path);
+    InputEntry entry{path, 0, 0};
+    std::string line;
+    while (reader.next(line)) {
+      batch.push_back(line);
+      entry.lines++;
+      if (batch.size() == kBatchLines) {
+        encode_batch();
+        bar.update(bytes_before + reader.bytes_read(), total,
+                   m.total_tokens + (shard ? shard->tokens() : 0));
+      }
+    }
+    encode_batch();  // a batch never spans two files: the per-file line counts stay exact
+    entry.bytes = reader.bytes_read();
+    bytes_before += entry.bytes;
+    m.inputs.push_back(entry);
+  }
+  if (shard) close_shard();
+  bar.update(bytes_before, total, m.total_tokens, true);
+  EXA_CHECK(m.total_tokens > 0, "data prepare: the inputs hold no text");
+
+  write_file_atomic((fs::path(o.out_dir) / kManifestName).string(), manifest_to_json(m));
+  return m;
+}
+
+}  // namespace exatrain::data

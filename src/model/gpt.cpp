@@ -1,0 +1,312 @@
+// Gpt: parameter layout, buffers, stage forward/backward (embedding, layers, head + loss).
+// The per-layer forward/backward pair is in gpt_layer.cpp.
+#include <cmath>
+
+#include "core/check.hpp"
+#include "model/gpt_internal.hpp"
+
+namespace exatrain {
+
+Gpt::Gpt(Backend& backend, const GptOptions& options, ParallelHooks* hooks)
+    : be_(backend), opt_(options), hooks_(hooks ? hooks : &no_hooks_) {
+  const ModelSpec& m = opt_.model;
+  const int tp = opt_.tp.size;
+  if (opt_.stage.last_layer < 0) opt_.stage.last_layer = m.layers;
+  if (opt_.seq <= 0) opt_.seq = m.seq_len;
+  EXA_CHECK(tp >= 1 && opt_.tp.rank >= 0 && opt_.tp.rank < tp,
+            "model: tensor-parallel rank {} of size {} is invalid", opt_.tp.rank, tp);
+  EXA_CHECK(hooks != nullptr || tp == 1,
+            "model: tp size {} needs ParallelHooks that implement the collectives", tp);
+  EXA_CHECK(m.hidden % m.heads == 0, "model.hidden = {} must be divisible by model.heads = {}",
+            m.hidden, m.heads);
+  EXA_CHECK(m.kv_heads >= 1 && m.heads % m.kv_heads == 0,
+            "model.kv_heads = {} must divide model.heads = {}", m.kv_heads, m.heads);
+  EXA_CHECK(m.heads % tp == 0 && m.kv_heads % tp == 0 && m.ffn_hidden % tp == 0,
+            "model: heads = {}, kv_heads = {} and ffn_hidden = {} must be divisible by tp = {}",
+            m.heads, m.kv_heads, m.ffn_hidden, tp);
+  EXA_CHECK(m.position != Position::rope || m.head_dim() % 2 == 0,
+            "model: rope needs an even head dimension, got {}", m.head_dim());
+  EXA_CHECK(0 <= opt_.stage.first_layer && opt_.stage.first_layer <= opt_.stage.last_layer &&
+                opt_.stage.last_layer <= m.layers,
+            "model: stage layers [{}, {}) are not inside [0, {})", opt_.stage.first_layer,
+            opt_.stage.last_layer, m.layers);
+  EXA_CHECK(opt_.seq >= 1 && opt_.seq <= m.seq_len, "model: sequence length {} not in [1, {}]",
+            opt_.seq, m.seq_len);
+  EXA_CHECK(opt_.micro_batch >= 1, "model: micro_batch must be >= 1, got {}", opt_.micro_batch);
+  B_ = opt_.micro_batch;
+  T_ = opt_.seq;
+  C_ = m.hidden;
+  first_ = opt_.stage.first_layer;
+  L_ = opt_.stage.last_layer - first_;
+  Hq_ = m.heads / tp;
+  Hkv_ = m.kv_heads / tp;
+  D_ = m.head_dim();
+  F_ = m.ffn_hidden / tp;
+  const int64_t per = (m.vocab + tp - 1) / tp;
+  vocab_start_ = per * opt_.tp.rank;
+  vocab_local_ = std::min(m.vocab, vocab_start_ + per) - vocab_start_;
+  EXA_CHECK(vocab_local_ > 0, "model: vocab {} too small for tp = {}", m.vocab, tp);
+
+  build_layout();
+  params_ = be_.alloc(layout_.total());
+  grads_ = be_.alloc(layout_.total());
+  mem_.params = mem_.grads = int64_t(sizeof(float)) * layout_.total();
+  allocate_activations();
+}
+
+Gpt::~Gpt() {
+  be_.free_bytes(params_);
+  be_.free_bytes(grads_);
+  for (float* p : owned_) be_.free_bytes(p);
+  be_.free_bytes(tokens_);
+  be_.free_bytes(targets_);
+}
+
+void Gpt::build_layout() {
+  const ModelSpec& m = opt_.model;
+  const bool ln = m.norm == Norm::layernorm;
+  const float std0 = 0.02f;
+  // GPT-2's scaled init: residual output projections get std / sqrt(2 * layers).
+  const float std_res = std0 / std::sqrt(2.0f * float(m.layers));
+  // add(name, global shape, split dim, local extent along it, start, decay, std, const value)
+  auto add = [&](const std::string& name, std::vector<int64_t> global, int split,
+                 int64_t local, int64_t start, bool decay, float init_std, float value) {
+    ParamInfo p;
+    p.name = name;
+    p.global_shape = global;
+    p.shard_shape = global;
+    if (split >= 0) p.shard_shape[size_t(split)] = local;
+    p.split_dim = split;
+    p.shard_start = split >= 0 ? start : 0;
+    p.decay = decay;
+    p.init_std = init_std;
+    p.init_value = value;
+    return layout_.add(p);
+  };
+  const int r = opt_.tp.rank;
+  const int64_t H = m.heads, KV = m.kv_heads, D = D_, C = C_, F = m.ffn_hidden;
+  const bool head_own_wte = opt_.stage.has_head && m.tie_embeddings && !opt_.stage.has_embedding;
+  if (opt_.stage.has_embedding || head_own_wte)
+    off_wte_ = add("wte.weight", {m.vocab, C}, 0, vocab_local_, vocab_start_, true, std0, 0);
+  if (opt_.stage.has_embedding && m.position == Position::learned)
+    off_wpe_ = add("wpe.weight", {m.seq_len, C}, -1, 0, 0, true, std0, 0);
+  for (int64_t l = first_; l < first_ + L_; l++) {
+    const std::string p = "h." + std::to_string(l) + ".";
+    LayerOffsets o;
+    o.ln1_w = add(p + "ln_1.weight", {C}, -1, 0, 0, false, 0, 1.0f);
+    if (ln) o.ln1_b = add(p + "ln_1.bias", {C}, -1, 0, 0, false, 0, 0.0f);
+    o.qkv_w = add(p + "attn.q_proj.weight", {H * D, C}, 0, Hq_ * D, r * Hq_ * D, true, std0, 0);
+    add(p + "attn.k_proj.weight", {KV * D, C}, 0, Hkv_ * D, r * Hkv_ * D, true, std0, 0);
+    add(p + "attn.v_proj.weight", {KV * D, C}, 0, Hkv_ * D, r * Hkv_ * D, true, std0, 0);
+    o.qkv_b = add(p + "attn.q_proj.bias", {H * D}, 0, Hq_ * D, r * Hq_ * D, false, 0, 0);
+    add(p + "attn.k_proj.bias", {KV * D}, 0, Hkv_ * D, r * Hkv_ * D, false, 0, 0);
+    add(p + "attn.v_proj.bias", {KV * D}, 0, Hkv_ * D, r * Hkv_ * D, false, 0, 0);
+    o.o_w = add(p + "attn.o_proj.weight", {C, H * D}, 1, Hq_ * D, r * Hq_ * D, true, std_res, 0);
+    o.o_b = add(p + "attn.o_proj.bias", {C}, -1, 0, 0, false, 0, 0);
+    o.ln2_w = add(p + "ln_2.weight", {C}, -1, 0, 0, false, 0, 1.0f);
+    if (ln) o.ln2_b = add(p + "ln_2.bias", {C}, -1, 0, 0, false, 0, 0.0f);
+    if (m.activation == Activation::gelu) {
+      o.fc1_w = add(p + "mlp.fc1.weight", {F, C}, 0, F_, r * F_, true, std0, 0);
+      o.fc1_b = add(p + "mlp.fc1.bias", {F}, 0, F_, r * F_, false, 0, 0);
+      o.fc2_w = add(p + "mlp.fc2.weight", {C, F}, 1, F_, r * F_, true, std_res, 0);
+      o.fc2_b = add(p + "mlp.fc2.bias", {C}, -1, 0, 0, false, 0, 0);
+    } else {
+      o.fc1_w = add(p + "mlp.gate_proj.weight", {F, C}, 0, F_, r * F_, true, std0, 0);
+      add(p + "mlp.up_proj.weight", {F, C}, 0, F_, r * F_, true, std0, 0);
+      o.fc1_b = add(p + "mlp.gate_proj.bias", {F}, 0, F_, r * F_, false, 0, 0);
+      add(p + "mlp.up_proj.bias", {F}, 0, F_, r * F_, false, 0, 0);
+      o.fc2_w = add(p + "mlp.down_proj.weight", {C, F}, 1, F_, r * F_, true, std_res, 0);
+      o.fc2_b = add(p + "mlp.down_proj.bias", {C}, -1, 0, 0, false, 0, 0);
+    }
+    layer_off_.push_back(o);
+  }
+  if (opt_.stage.has_head) {
+    off_lnf_w_ = add("ln_f.weight", {C}, -1, 0, 0, false, 0, 1.0f);
+    if (ln) off_lnf_b_ = add("ln_f.bias", {C}, -1, 0, 0, false, 0, 0.0f);
+    off_head_ = m.tie_embeddings
+                    ? off_wte_
+                    : add("lm_head.weight", {m.vocab, C}, 0, vocab_local_, vocab_start_, true,
+                          std0, 0);
+  }
+}
+
+float* Gpt::alloc_act(int64_t n) {
+  float* p = be_.alloc(n);
+  owned_.push_back(p);
+  mem_.activations += int64_t(sizeof(float)) * n;
+  return p;
+}
+
+void Gpt::allocate_activations() {
+  const int64_t N = B_ * T_, C = C_;
+  const bool ln = opt_.model.norm == Norm::layernorm;
+  const int64_t qkv_w = (Hq_ + 2 * Hkv_) * D_;
+  const int64_t fc_w = opt_.model.activation == Activation::swiglu ? 2 * F_ : F_;
+  const Recompute rc = opt_.recompute;
+  for (int64_t l = 0; l <= L_; l++) res_.push_back(alloc_act(N * C));
+  // none: every layer keeps everything; selective: everything but the attention
+  // probabilities (one shared buffer, recomputed in backward); full: one shared set, the
+  // layer is re-run from its input (res_[l]) in backward.
+  if (rc == Recompute::selective) shared_probs_ = alloc_act(B_ * Hq_ * T_ * T_);
+  if (rc == Recompute::full) recompute_out_ = alloc_act(N * C);
+  const int64_t sets = rc == Recompute::full ? std::min<int64_t>(L_, 1) : L_;
+  for (int64_t s = 0; s < sets; s++) {
+    auto a = std::make_unique<Acts>();
+    a->ln1 = alloc_act(N * C);
+    if (ln) a->ln1_mean = alloc_act(N);
+    a->ln1_rstd = alloc_act(N);
+    a->qkv = alloc_act(N * qkv_w);
+    a->probs = rc == Recompute::selective ? shared_probs_ : alloc_act(B_ * Hq_ * T_ * T_);
+    a->att = alloc_act(N * Hq_ * D_);
+    a->mid = alloc_act(N * C);
+    a->ln2 = alloc_act(N * C);
+    if (ln) a->ln2_mean = alloc_act(N);
+    a->ln2_rstd = alloc_act(N);
+    a->fc = alloc_act(N * fc_w);
+    a->fc_act = alloc_act(N * F_);
+    acts_.push_back(std::move(a));
+  }
+  tokens_ = static_cast<int32_t*>(be_.alloc_bytes(sizeof(int32_t) * size_t(N)));
+  targets_ = static_cast<int32_t*>(be_.alloc_bytes(sizeof(int32_t) * size_t(N)));
+  if (opt_.stage.has_head) {
+    lnf_ = alloc_act(N * C);
+    if (ln) lnf_mean_ = alloc_act(N);
+    lnf_rstd_ = alloc_act(N);
+    logits_ = alloc_act(N * vocab_local_);
+    rowmax_ = alloc_act(N);
+    xstats_ = alloc_act(2 * N);
+    host_stats_.resize(size_t(3 * N));
+  }
+  // backward scratch, shared by all layers
+  dres_a_ = alloc_act(N * C);
+  dres_b_ = alloc_act(N * C);
+  dmid_ = alloc_act(N * C);
+  dln_ = alloc_act(N * C);
+  dqkv_ = alloc_act(N * qkv_w);
+  datt_ = alloc_act(N * Hq_ * D_);
+  dfc_ = alloc_act(N * fc_w);
+  dfc_act_ = alloc_act(N * F_);
+}
+
+Gpt::Acts& Gpt::acts_for(int64_t l) {
+  return opt_.recompute == Recompute::full ? *acts_[0] : *acts_[size_t(l)];
+}
+
+void Gpt::init_weights(uint64_t seed) {
+  std::vector<float> host(size_t(layout_.total()));
+  init_params(layout_, seed, host.data());
+  be_.upload(params_, host.data(), sizeof(float) * host.size());
+}
+
+void Gpt::zero_grad() { be_.zero(grads_, sizeof(float) * size_t(layout_.total())); }
+
+const float* Gpt::output() const { return res_[size_t(L_)]; }
+const float* Gpt::input_grad() const { return din_; }
+const float* Gpt::logits() const { return logits_; }
+
+float Gpt::forward(const int32_t* tokens, const float* input, const int32_t* targets) {
+  const int64_t N = B_ * T_, C = C_;
+  const ModelSpec& m = opt_.model;
+  float* x = res_[0];
+  if (opt_.stage.has_embedding) {
+    EXA_CHECK(tokens != nullptr, "model: the embedding stage needs tokens");
+    for (int64_t i = 0; i < N; i++)
+      EXA_CHECK(tokens[i] >= 0 && tokens[i] < m.vocab, "model: token {} at position {} is "
+                "outside the vocabulary [0, {})", tokens[i], i, m.vocab);
+    be_.upload(tokens_, tokens, sizeof(int32_t) * size_t(N));
+    be_.embedding_forward(x, tokens_, params_ + off_wte_, vocab_start_, vocab_local_, N, C);
+    hooks_->partial_sum_allreduce(x, N * C);  // vocabulary-parallel embedding
+    if (off_wpe_ >= 0) be_.positional_forward(x, params_ + off_wpe_, B_, T_, C);
+  } else {
+    EXA_CHECK(input != nullptr, "model: a stage without embedding needs input activations");
+    be_.copy(x, input, sizeof(float) * size_t(N * C));
+  }
+  for (int64_t l = 0; l < L_; l++) layer_forward(l, res_[size_t(l)], res_[size_t(l) + 1], acts_for(l));
+  if (!opt_.stage.has_head) return 0.0f;
+
+  EXA_CHECK(targets != nullptr, "model: the head stage needs targets");
+  for (int64_t i = 0; i < N; i++)
+    EXA_CHECK(targets[i] >= 0 && targets[i] < m.vocab, "model: target {} at position {} is "
+              "outside the vocabulary [0, {})", targets[i], i, m.vocab);
+  be_.upload(targets_, targets, sizeof(int32_t) * size_t(N));
+  const float* xL = res_[size_t(L_)];
+  const float eps = float(m.norm_eps);
+  if (m.norm == Norm::layernorm)
+    be_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, xL, params_ + off_lnf_w_,
+                          params_ + off_lnf_b_, N, C, eps);
+  else
+    be_.rmsnorm_forward(lnf_, lnf_rstd_, xL, params_ + off_lnf_w_, N, C, eps);
+  // logits[N, V] = lnf[N, C] @ W_head[V, C]^T (column-parallel over the vocabulary)
+  be_.gemm(false, true, N, vocab_local_, C, 1.0f, lnf_, C, params_ + off_head_, C, 0.0f, logits_,
+           vocab_local_);
+  be_.xent_max(rowmax_, logits_, N, vocab_local_);
+  hooks_->vocab_max_allreduce(rowmax_, N);
+  be_.xent_stats(xstats_, xstats_ + N, logits_, rowmax_, targets_, vocab_start_, N,
+                 vocab_local_);
+  hooks_->vocab_sum_allreduce(xstats_, 2 * N);
+  be_.download(host_stats_.data(), rowmax_, sizeof(float) * size_t(N));
+  be_.download(host_stats_.data() + N, xstats_, sizeof(float) * size_t(2 * N));
+  double loss = 0;  // rows summed in order: deterministic
+  for (int64_t i = 0; i < N; i++) {
+    const double mx = host_stats_[size_t(i)], se = host_stats_[size_t(N + i)],
+                 tl = host_stats_[size_t(2 * N + i)];
+    loss += std::log(se) + mx - tl;
+  }
+  return float(loss / double(N));
+}
+
+void Gpt::backward(const float* output_grad, float loss_scale) {
+  const int64_t N = B_ * T_, C = C_;
+  const ModelSpec& m = opt_.model;
+  float* dx = dres_a_;  // d loss / d res_[L]
+  if (opt_.stage.has_head) {
+    // dlogits (in place) = loss_scale/N * (softmax - onehot)
+    be_.xent_backward(logits_, rowmax_, xstats_, targets_, vocab_start_, loss_scale / float(N),
+                      N, vocab_local_);
+    // dW_head[V,C] += dlogits^T[V,N] @ lnf[N,C];  dlnf[N,C] = dlogits[N,V] @ W_head[V,C]
+    be_.gemm(true, false, vocab_local_, C, N, 1.0f, logits_, vocab_local_, lnf_, C, 1.0f,
+             grads_ + off_head_, C);
+    be_.gemm(false, false, N, C, vocab_local_, 1.0f, logits_, vocab_local_, params_ + off_head_,
+             C, 0.0f, dln_, C);
+    hooks_->input_grad_allreduce(dln_, N * C);
+    be_.zero(dx, sizeof(float) * size_t(N * C));
+    const float* xL = res_[size_t(L_)];
+    if (m.norm == Norm::layernorm)
+      be_.layernorm_backward(dx, grads_ + off_lnf_w_, grads_ + off_lnf_b_, dln_, xL,
+                             params_ + off_lnf_w_, lnf_mean_, lnf_rstd_, N, C);
+    else
+      be_.rmsnorm_backward(dx, grads_ + off_lnf_w_, dln_, xL, params_ + off_lnf_w_, lnf_rstd_,
+                           N, C);
+  } else {
+    EXA_CHECK(output_grad != nullptr, "model: a stage without head needs the output gradient");
+    be_.copy(dx, output_grad, sizeof(float) * size_t(N * C));
+  }
+  float* other = dres_b_;
+  for (int64_t l = L_ - 1; l >= 0; l--) {
+    Acts& a = acts_for(l);
+    if (opt_.recompute == Recompute::full)
+      layer_forward(l, res_[size_t(l)], recompute_out_, a);  // re-run: refill the shared acts
+    layer_backward(l, res_[size_t(l)], dx, other, a);
+    std::swap(dx, other);
+  }
+  din_ = dx;  // d loss / d res_[0]
+  if (opt_.stage.has_embedding) {
+    // vocabulary-parallel embedding: backward is the identity on every rank
+    be_.embedding_backward(grads_ + off_wte_, dx, tokens_, vocab_start_, vocab_local_, N, C);
+    if (off_wpe_ >= 0) be_.positional_backward(grads_ + off_wpe_, dx, B_, T_, C);
+  }
+}
+
+double Gpt::flops_per_step() const {
+  const double N = double(B_ * T_), C = double(C_);
+  const double qkv = double((Hq_ + 2 * Hkv_) * D_);
+  const double fc = opt_.model.activation == Activation::swiglu ? 3.0 * double(F_) : 2.0 * double(F_);
+  double matmul_params = double(L_) * (C * qkv + C * double(Hq_ * D_) + C * fc);
+  if (opt_.stage.has_head) matmul_params += C * double(vocab_local_);
+  // causal attention: sum_t (t+1) = T(T+1)/2 score and value products per head, 2 FLOPs each
+  const double att_fwd = double(L_) * double(B_ * Hq_) * double(T_) * double(T_ + 1) / 2.0 *
+                         double(D_) * 2.0 * 2.0;
+  return 6.0 * matmul_params * N + 3.0 * att_fwd;
+}
+
+}  // namespace exatrain

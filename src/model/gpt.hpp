@@ -1,0 +1,122 @@
+// A GPT decoder stage: layers [first_layer, last_layer) of the model, optionally with the token
+// embedding in front and the final norm + LM head + fused cross-entropy behind, holding the
+// tensor-parallel shard `tp` of every weight. One stage with everything = the whole model.
+//
+// Data flow (N = B*T rows, C = hidden, V = local vocabulary slice):
+//   forward:  tokens [B,T] (has_embedding) or input activations [B,T,C]
+//             -> res[0] -> layer -> res[1] -> ... -> res[L] [B,T,C]
+//             -> (has_head) ln_f -> logits [N,V] -> loss (mean over N rows)
+//   backward: (has_head) d loss, or output gradient [B,T,C] -> ... -> input gradient [B,T,C]
+//             (has_embedding: into wte/wpe instead). Gradients ACCUMULATE into the gradient
+//             arena (gradient accumulation = several forward/backward before zero_grad()).
+// Each layer is a forward/backward pair of plain member functions over the arenas
+// (see gpt_layer.cpp); the tensor-parallel collectives are calls to ParallelHooks.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "job/job.hpp"
+#include "model/layout.hpp"
+#include "model/parallel_hooks.hpp"
+
+namespace exatrain {
+
+struct StageRange {
+  int64_t first_layer = 0;
+  int64_t last_layer = -1;  // exclusive; -1 = model.layers
+  bool has_embedding = true;
+  bool has_head = true;
+};
+
+struct GptOptions {
+  ModelSpec model;
+  TensorParallel tp;
+  StageRange stage;
+  Recompute recompute = Recompute::none;
+  int64_t micro_batch = 1;  // B: sequences per forward
+  int64_t seq = 0;          // T: tokens per sequence (0 = model.seq_len)
+};
+
+// Bytes the model allocated, by kind (for the memory report).
+struct ModelMemory {
+  int64_t params = 0, grads = 0, activations = 0;
+};
+
+class Gpt {
+ public:
+  // hooks == nullptr: NoParallelHooks (requires tp.size == 1).
+  Gpt(Backend& backend, const GptOptions& options, ParallelHooks* hooks = nullptr);
+  ~Gpt();
+  Gpt(const Gpt&) = delete;
+  Gpt& operator=(const Gpt&) = delete;
+
+  // ---- parameters -------------------------------------------------------------------------
+  const ParamLayout& layout() const { return layout_; }
+  int64_t num_params() const { return layout_.total(); }  // local (this shard / stage)
+  float* params() { return params_; }                      // device arena [num_params]
+  float* grads() { return grads_; }                        // device arena [num_params]
+  void init_weights(uint64_t seed);                        // seeded, split-independent
+  void zero_grad();
+
+  // ---- stage forward / backward --------------------------------------------------------------
+  // tokens, targets: host arrays [B*T]; input: device [B,T,C] when !has_embedding.
+  // Returns the mean cross-entropy over the B*T targets when has_head, else 0.
+  float forward(const int32_t* tokens, const float* input, const int32_t* targets);
+  // loss_scale: d(objective)/d(mean loss) (1/accumulation steps). output_grad: device [B,T,C]
+  // when !has_head. Adds to grads(); input_grad() is valid afterwards when !has_embedding.
+  void backward(const float* output_grad, float loss_scale);
+  const float* output() const;      // device [B,T,C]: the last layer's output (res[L])
+  const float* input_grad() const;  // device [B,T,C]: d loss / d input activations
+  const float* logits() const;      // device [N,V]: valid after forward, overwritten by backward
+
+  // ---- facts -------------------------------------------------------------------------------
+  const GptOptions& options() const { return opt_; }
+  int64_t vocab_start() const { return vocab_start_; }
+  int64_t vocab_local() const { return vocab_local_; }
+  ModelMemory memory() const { return mem_; }
+  // Model FLOPs of one forward+backward of this stage for B*T tokens (matmuls and attention,
+  // the usual 6*params*tokens + attention count; excludes recomputation).
+  double flops_per_step() const;
+
+ private:
+  struct LayerOffsets;  // parameter offsets of one layer (same for params and grads)
+  struct Acts;          // activation buffers of one layer
+  void build_layout();
+  void allocate_activations();
+  float* alloc_act(int64_t n);
+  void layer_forward(int64_t l, const float* x, float* out, Acts& a);
+  void layer_backward(int64_t l, const float* x, const float* dout, float* dx, Acts& a);
+  Acts& acts_for(int64_t l);
+
+  Backend& be_;
+  GptOptions opt_;
+  NoParallelHooks no_hooks_;
+  ParallelHooks* hooks_;
+  // shapes
+  int64_t B_, T_, C_, L_, first_, Hq_, Hkv_, D_, F_, vocab_start_, vocab_local_;
+  ParamLayout layout_;
+  std::vector<LayerOffsets> layer_off_;
+  int64_t off_wte_ = -1, off_wpe_ = -1, off_lnf_w_ = -1, off_lnf_b_ = -1, off_head_ = -1;
+  float* params_ = nullptr;
+  float* grads_ = nullptr;
+  // activations
+  std::vector<float*> owned_;
+  std::vector<float*> res_;  // [L+1] x [N,C]: the residual stream (layer inputs + output)
+  std::vector<std::unique_ptr<Acts>> acts_;  // per layer (none/selective) or 1 shared (full)
+  float* shared_probs_ = nullptr;            // selective: [B,Hq,T,T] reused by all layers
+  float* recompute_out_ = nullptr;           // full: [N,C] scratch output of the re-run
+  int32_t* tokens_ = nullptr;                // device [N]
+  int32_t* targets_ = nullptr;               // device [N]
+  float *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr;
+  float *rowmax_ = nullptr, *xstats_ = nullptr;  // [N], [2,N]
+  // backward scratch
+  float *dres_a_ = nullptr, *dres_b_ = nullptr, *dmid_ = nullptr, *dln_ = nullptr;
+  float *dqkv_ = nullptr, *datt_ = nullptr, *dfc_ = nullptr, *dfc_act_ = nullptr;
+  float* din_ = nullptr;  // points at the buffer holding d loss / d res[0]
+  std::vector<float> host_stats_;
+  ModelMemory mem_;
+};
+
+}  // namespace exatrain

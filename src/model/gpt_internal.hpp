@@ -1,0 +1,34 @@
+// Private structures of Gpt shared by gpt.cpp and gpt_layer.cpp.
+#pragma once
+#include "model/gpt.hpp"
+
+namespace exatrain {
+
+// Offsets (floats) of one layer's parameters; the same offsets index the gradient arena.
+// -1 = absent (biases of rmsnorm).
+struct Gpt::LayerOffsets {
+  int64_t ln1_w = -1, ln1_b = -1;
+  int64_t qkv_w = -1, qkv_b = -1;  // fused local [(Hq+2Hkv)*D, C], [(Hq+2Hkv)*D]
+  int64_t o_w = -1, o_b = -1;      // [C, Hq*D], [C]
+  int64_t ln2_w = -1, ln2_b = -1;
+  int64_t fc1_w = -1, fc1_b = -1;  // gelu: [F, C], [F]; swiglu: fused gate|up [2F, C], [2F]
+  int64_t fc2_w = -1, fc2_b = -1;  // [C, F], [C]
+};
+
+// Activations of one layer saved by forward for backward (N = B*T).
+struct Gpt::Acts {
+  float* ln1 = nullptr;       // [N, C] norm_1 output
+  float* ln1_mean = nullptr;  // [N] (layernorm only)
+  float* ln1_rstd = nullptr;  // [N]
+  float* qkv = nullptr;       // [N, (Hq+2Hkv)*D] after rope
+  float* probs = nullptr;     // [B, Hq, T, T] attention probabilities
+  float* att = nullptr;       // [N, Hq*D] attention output before the out-projection
+  float* mid = nullptr;       // [N, C] residual after attention
+  float* ln2 = nullptr;       // [N, C]
+  float* ln2_mean = nullptr;  // [N]
+  float* ln2_rstd = nullptr;  // [N]
+  float* fc = nullptr;        // [N, F] (gelu) or [N, 2F] (swiglu): FC1 output
+  float* fc_act = nullptr;    // [N, F] activation output
+};
+
+}  // namespace exatrain

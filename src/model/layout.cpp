@@ -1,0 +1,75 @@
+#include "model/layout.hpp"
+
+#include <cmath>
+
+#include "core/check.hpp"
+
+namespace exatrain {
+
+int64_t ParamLayout::add(ParamInfo info) {
+  int64_t n = 1;
+  for (int64_t d : info.shard_shape) n *= d;
+  info.numel = n;
+  info.offset = total_;
+  total_ += n;
+  entries_.push_back(std::move(info));
+  return entries_.back().offset;
+}
+
+const ParamInfo& ParamLayout::find(const std::string& name) const {
+  for (const auto& e : entries_)
+    if (e.name == name) return e;
+  EXA_FAIL("parameter '{}' is not in this model's layout ({} parameters)", name, entries_.size());
+}
+
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+uint64_t hash_name(const std::string& s) {  // FNV-1a
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
+  return h;
+}
+
+// Standard normal from a counter-based generator (Box-Muller on two hashed uniforms).
+float normal_at(uint64_t key, uint64_t index) {
+  uint64_t a = splitmix64(key ^ splitmix64(2 * index));
+  uint64_t b = splitmix64(key ^ splitmix64(2 * index + 1));
+  double u1 = (double(a >> 11) + 0.5) * (1.0 / 9007199254740992.0);  // (0, 1)
+  double u2 = double(b >> 11) * (1.0 / 9007199254740992.0);          // [0, 1)
+  return float(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+}
+
+}  // namespace
+
+void init_params(const ParamLayout& layout, uint64_t seed, float* arena) {
+  for (const ParamInfo& p : layout.entries()) {
+    float* out = arena + p.offset;
+    if (p.init_std <= 0) {
+      for (int64_t i = 0; i < p.numel; i++) out[i] = p.init_value;
+      continue;
+    }
+    const uint64_t key = splitmix64(seed) ^ hash_name(p.name);
+    // Shard element (r, c) -> global flat index; 1-D tensors are treated as [n, 1].
+    const int64_t rows = p.shard_shape[0];
+    const int64_t cols = p.numel / rows;
+    const int64_t global_cols = p.global_shape.size() > 1 ? p.global_shape[1] : 1;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+      for (int64_t c = 0; c < cols; c++) {
+        int64_t gr = r, gc = c;
+        if (p.split_dim == 0) gr += p.shard_start;
+        if (p.split_dim == 1) gc += p.shard_start;
+        out[r * cols + c] = p.init_std * normal_at(key, uint64_t(gr * global_cols + gc));
+      }
+    }
+  }
+}
+
+}  // namespace exatrain

@@ -1,0 +1,403 @@
+// Per-op harness: every Backend op's forward against a naive double-precision reference and
+// its backward against central finite differences of that reference, on random shapes that
+// include odd sizes.
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "backend/backend.hpp"
+#include "op_harness.hpp"
+
+using namespace exatrain;
+using namespace exatrain::test;
+
+namespace {
+
+Backend& be() {
+  static std::unique_ptr<Backend> b = make_cpu_backend(2);
+  return *b;
+}
+
+constexpr double kFwdTol = 2e-5;  // float op vs double reference
+constexpr double kBwdTol = 1e-4;  // float backward vs double finite differences
+
+int64_t pick(std::mt19937& rng, int64_t lo, int64_t hi) {
+  return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+}
+
+// ---- GEMM ---------------------------------------------------------------------------------------
+
+Vec naive_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const Vec& A,
+               const Vec& B, double beta, const Vec& C) {
+  Vec out(C);
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t j = 0; j < N; j++) {
+      double s = 0;
+      for (int64_t k = 0; k < K; k++)
+        s += (ta ? A[k * M + i] : A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);
+      out[i * N + j] = alpha * s + beta * C[i * N + j];
+    }
+  return out;
+}
+
+TEST(Ops, GemmAllTransposesOddShapes) {
+  std::mt19937 rng(1);
+  for (int trial = 0; trial < 8; trial++) {
+    const bool ta = trial & 1, tb = trial & 2;
+    const int64_t M = pick(rng, 1, 37), N = pick(rng, 1, 41), K = pick(rng, 1, 53);
+    Vec A = random_vec(rng, size_t(M * K)), B = random_vec(rng, size_t(K * N)),
+        C = random_vec(rng, size_t(M * N));
+    Buf a(be(), A), b(be(), B), c(be(), C);
+    be().gemm(ta, tb, M, N, K, 0.5f, a.p, ta ? M : K, b.p, tb ? K : N, 2.0f, c.p, N);
+    expect_close(c.get(), naive_gemm(ta, tb, M, N, K, 0.5, A, B, 2.0, C), kFwdTol, "gemm");
+  }
+}
+
+TEST(Ops, GemmStridedBatched) {
+  std::mt19937 rng(2);
+  const int64_t M = 5, N = 7, K = 9, batch = 3;
+  Vec A = random_vec(rng, size_t(batch * M * K)), B = random_vec(rng, size_t(batch * N * K)),
+      C(size_t(batch * M * N), 0.0);
+  Buf a(be(), A), b(be(), B), c(be(), C);
+  be().gemm_strided_batched(false, true, M, N, K, 1.0f, a.p, K, M * K, b.p, K, N * K, 0.0f, c.p,
+                            N, M * N, batch);
+  Vec got = c.get();
+  for (int64_t i = 0; i < batch; i++) {
+    Vec Ai(A.begin() + i * M * K, A.begin() + (i + 1) * M * K);
+    Vec Bi(B.begin() + i * N * K, B.begin() + (i + 1) * N * K);
+    Vec want = naive_gemm(false, true, M, N, K, 1.0, Ai, Bi, 0.0, Vec(size_t(M * N), 0.0));
+    expect_close(Vec(got.begin() + i * M * N, got.begin() + (i + 1) * M * N), want, kFwdTol,
+                 "gemm_strided_batched");
+  }
+}
+
+// ---- elementwise / reductions -------------------------------------------------------------------
+
+TEST(Ops, ElementwiseAndBias) {
+  std::mt19937 rng(3);
+  const int64_t N = 13, O = 131;  // O > one 64-column block, odd
+  Vec x = random_vec(rng, size_t(N * O)), y = random_vec(rng, size_t(N * O)),
+      bias = random_vec(rng, size_t(O));
+  Buf bx(be(), x), by(be(), y), bb(be(), bias), out(be(), size_t(N * O));
+  be().add(out.p, bx.p, by.p, N * O);
+  Vec want(x.size());
+  for (size_t i = 0; i < x.size(); i++) want[i] = x[i] + y[i];
+  expect_close(out.get(), want, kFwdTol, "add");
+  be().add_inplace(by.p, bx.p, N * O);
+  expect_close(by.get(), want, kFwdTol, "add_inplace");
+  be().scale(bx.p, -3.0f, N * O);
+  for (size_t i = 0; i < x.size(); i++) want[i] = -3.0 * x[i];
+  expect_close(bx.get(), want, kFwdTol, "scale");
+  be().add_bias(out.p, bb.p, N, O);
+  Vec sum = out.get();
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t o = 0; o < O; o++) want[size_t(n * O + o)] = x[size_t(n * O + o)] + y[size_t(n * O + o)] + bias[size_t(o)];
+  expect_close(sum, want, kFwdTol, "add_bias");
+  // bias backward: d/dbias sum(proj * (x + bias)) = column sums of proj; accumulates.
+  Vec proj = random_vec(rng, size_t(N * O)), db0 = random_vec(rng, size_t(O));
+  Buf dp(be(), proj), db(be(), db0);
+  be().bias_backward(db.p, dp.p, N, O);
+  Vec wantdb(db0);
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t o = 0; o < O; o++) wantdb[size_t(o)] += proj[size_t(n * O + o)];
+  expect_close(db.get(), wantdb, kFwdTol, "bias_backward");
+}
+
+TEST(Ops, SumSquaresIsExactAndThreadCountIndependent) {
+  std::mt19937 rng(4);
+  Vec x = random_vec(rng, 100003);
+  Buf b(be(), x);
+  double want = 0;
+  for (double v : x) want += v * v;
+  const double got = be().sum_squares(b.p, int64_t(x.size()));
+  EXPECT_NEAR(got, want, 1e-9 * want);
+  auto one = make_cpu_backend(1);
+  auto two = make_cpu_backend(2);
+  EXPECT_EQ(one->sum_squares(b.p, int64_t(x.size())), two->sum_squares(b.p, int64_t(x.size())));
+}
+
+// ---- norms --------------------------------------------------------------------------------------
+
+Vec naive_layernorm(const Vec& x, const Vec& w, const Vec& b, int64_t N, int64_t C, double eps) {
+  Vec y(x.size());
+  for (int64_t n = 0; n < N; n++) {
+    double m = 0, v = 0;
+    for (int64_t c = 0; c < C; c++) m += x[size_t(n * C + c)];
+    m /= double(C);
+    for (int64_t c = 0; c < C; c++) v += (x[size_t(n * C + c)] - m) * (x[size_t(n * C + c)] - m);
+    v /= double(C);
+    for (int64_t c = 0; c < C; c++)
+      y[size_t(n * C + c)] = (x[size_t(n * C + c)] - m) / std::sqrt(v + eps) * w[size_t(c)] + b[size_t(c)];
+  }
+  return y;
+}
+
+Vec naive_rmsnorm(const Vec& x, const Vec& w, int64_t N, int64_t C, double eps) {
+  Vec y(x.size());
+  for (int64_t n = 0; n < N; n++) {
+    double ss = 0;
+    for (int64_t c = 0; c < C; c++) ss += x[size_t(n * C + c)] * x[size_t(n * C + c)];
+    const double r = 1.0 / std::sqrt(ss / double(C) + eps);
+    for (int64_t c = 0; c < C; c++) y[size_t(n * C + c)] = x[size_t(n * C + c)] * r * w[size_t(c)];
+  }
+  return y;
+}
+
+TEST(Ops, LayerNormForwardBackward) {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 3; trial++) {
+    const int64_t N = pick(rng, 1, 9), C = pick(rng, 3, 77);
+    const double eps = 1e-5;
+    Vec x = random_vec(rng, size_t(N * C), 2.0), w = random_vec(rng, size_t(C)),
+        b = random_vec(rng, size_t(C)), proj = random_vec(rng, size_t(N * C));
+    Buf bx(be(), x), bw(be(), w), bb(be(), b), out(be(), size_t(N * C)), mean(be(), size_t(N)),
+        rstd(be(), size_t(N));
+    be().layernorm_forward(out.p, mean.p, rstd.p, bx.p, bw.p, bb.p, N, C, float(eps));
+    expect_close(out.get(), naive_layernorm(x, w, b, N, C, eps), kFwdTol, "layernorm fwd");
+    Buf dout(be(), proj), dx(be(), size_t(N * C)), dw(be(), size_t(C)), db(be(), size_t(C));
+    be().layernorm_backward(dx.p, dw.p, db.p, dout.p, bx.p, bw.p, mean.p, rstd.p, N, C);
+    Fn f = [&](const std::vector<Vec>& in) { return naive_layernorm(in[0], in[1], in[2], N, C, eps); };
+    expect_close(dx.get(), fd_grad(f, {x, w, b}, 0, proj), kBwdTol, "layernorm dx");
+    expect_close(dw.get(), fd_grad(f, {x, w, b}, 1, proj), kBwdTol, "layernorm dw");
+    expect_close(db.get(), fd_grad(f, {x, w, b}, 2, proj), kBwdTol, "layernorm db");
+  }
+}
+
+TEST(Ops, RmsNormForwardBackward) {
+  std::mt19937 rng(6);
+  for (int trial = 0; trial < 3; trial++) {
+    const int64_t N = pick(rng, 1, 9), C = pick(rng, 3, 77);
+    const double eps = 1e-5;
+    Vec x = random_vec(rng, size_t(N * C), 2.0), w = random_vec(rng, size_t(C)),
+        proj = random_vec(rng, size_t(N * C));
+    Buf bx(be(), x), bw(be(), w), out(be(), size_t(N * C)), rstd(be(), size_t(N));
+    be().rmsnorm_forward(out.p, rstd.p, bx.p, bw.p, N, C, float(eps));
+    expect_close(out.get(), naive_rmsnorm(x, w, N, C, eps), kFwdTol, "rmsnorm fwd");
+    Buf dout(be(), proj), dx(be(), size_t(N * C)), dw(be(), size_t(C));
+    be().rmsnorm_backward(dx.p, dw.p, dout.p, bx.p, bw.p, rstd.p, N, C);
+    Fn f = [&](const std::vector<Vec>& in) { return naive_rmsnorm(in[0], in[1], N, C, eps); };
+    expect_close(dx.get(), fd_grad(f, {x, w}, 0, proj), kBwdTol, "rmsnorm dx");
+    expect_close(dw.get(), fd_grad(f, {x, w}, 1, proj), kBwdTol, "rmsnorm dw");
+  }
+}
+
+// ---- activations --------------------------------------------------------------------------------
+
+Vec naive_gelu(const Vec& x) {
+  Vec y(x.size());
+  for (size_t i = 0; i < x.size(); i++)
+    y[i] = 0.5 * x[i] * (1 + std::tanh(std::sqrt(2 / M_PI) * (x[i] + 0.044715 * x[i] * x[i] * x[i])));
+  return y;
+}
+
+Vec naive_swiglu(const Vec& x, int64_t N, int64_t F) {
+  Vec y(size_t(N * F));
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t f = 0; f < F; f++) {
+      double g = x[size_t(n * 2 * F + f)], u = x[size_t(n * 2 * F + F + f)];
+      y[size_t(n * F + f)] = g / (1 + std::exp(-g)) * u;
+    }
+  return y;
+}
+
+TEST(Ops, GeluForwardBackward) {
+  std::mt19937 rng(7);
+  const int64_t n = 257;
+  Vec x = random_vec(rng, size_t(n), 2.0), proj = random_vec(rng, size_t(n));
+  Buf bx(be(), x), out(be(), size_t(n)), dout(be(), proj), dx(be(), size_t(n));
+  be().gelu_forward(out.p, bx.p, n);
+  expect_close(out.get(), naive_gelu(x), kFwdTol, "gelu fwd");
+  be().gelu_backward(dx.p, bx.p, dout.p, n);
+  Fn f = [&](const std::vector<Vec>& in) { return naive_gelu(in[0]); };
+  expect_close(dx.get(), fd_grad(f, {x}, 0, proj), kBwdTol, "gelu bwd");
+}
+
+TEST(Ops, SwigluForwardBackward) {
+  std::mt19937 rng(8);
+  const int64_t N = 7, F = 19;
+  Vec x = random_vec(rng, size_t(N * 2 * F), 2.0), proj = random_vec(rng, size_t(N * F));
+  Buf bx(be(), x), out(be(), size_t(N * F)), dout(be(), proj), dx(be(), size_t(N * 2 * F));
+  be().swiglu_forward(out.p, bx.p, N, F);
+  expect_close(out.get(), naive_swiglu(x, N, F), kFwdTol, "swiglu fwd");
+  be().swiglu_backward(dx.p, bx.p, dout.p, N, F);
+  Fn f = [&](const std::vector<Vec>& in) { return naive_swiglu(in[0], N, F); };
+  expect_close(dx.get(), fd_grad(f, {x}, 0, proj), kBwdTol, "swiglu bwd");
+}
+
+// ---- rope ---------------------------------------------------------------------------------------
+
+Vec naive_rope(const Vec& x, int64_t B, int64_t T, int64_t W, int64_t H, int64_t D, double theta) {
+  Vec y(x);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t h = 0; h < H; h++)
+        for (int64_t i = 0; i < D / 2; i++) {
+          const double ang = double(t) * std::pow(theta, -2.0 * double(i) / double(D));
+          const size_t p1 = size_t((b * T + t) * W + h * D + i), p2 = p1 + size_t(D / 2);
+          y[p1] = x[p1] * std::cos(ang) - x[p2] * std::sin(ang);
+          y[p2] = x[p2] * std::cos(ang) + x[p1] * std::sin(ang);
+        }
+  return y;
+}
+
+TEST(Ops, RopeForwardAndInverseIsBackward) {
+  std::mt19937 rng(9);
+  const int64_t B = 2, T = 7, H = 3, D = 6, W = H * D + 5;  // extra untouched columns
+  const double theta = 10000.0;
+  Vec x = random_vec(rng, size_t(B * T * W)), proj = random_vec(rng, size_t(B * T * W));
+  Buf bx(be(), x);
+  be().rope(bx.p, B, T, W, H, D, float(theta), false);
+  expect_close(bx.get(), naive_rope(x, B, T, W, H, D, theta), kFwdTol, "rope fwd");
+  Buf g(be(), proj);
+  be().rope(g.p, B, T, W, H, D, float(theta), true);
+  Fn f = [&](const std::vector<Vec>& in) { return naive_rope(in[0], B, T, W, H, D, theta); };
+  expect_close(g.get(), fd_grad(f, {x}, 0, proj), kBwdTol, "rope bwd");
+}
+
+// ---- attention ----------------------------------------------------------------------------------
+
+Vec naive_attention(const Vec& qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
+  const int64_t W = (Hq + 2 * Hkv) * D;
+  Vec out(size_t(B * T * Hq * D), 0.0);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < Hq; h++) {
+      const int64_t g = h / (Hq / Hkv);
+      for (int64_t t = 0; t < T; t++) {
+        std::vector<double> s(size_t(t + 1));
+        double mx = -1e300;
+        for (int64_t u = 0; u <= t; u++) {
+          double d = 0;
+          for (int64_t i = 0; i < D; i++)
+            d += qkv[size_t((b * T + t) * W + h * D + i)] * qkv[size_t((b * T + u) * W + (Hq + g) * D + i)];
+          s[size_t(u)] = d / std::sqrt(double(D));
+          mx = std::max(mx, s[size_t(u)]);
+        }
+        double z = 0;
+        for (auto& v : s) z += (v = std::exp(v - mx));
+        for (int64_t u = 0; u <= t; u++)
+          for (int64_t i = 0; i < D; i++)
+            out[size_t((b * T + t) * Hq * D + h * D + i)] +=
+                s[size_t(u)] / z * qkv[size_t((b * T + u) * W + (Hq + Hkv + g) * D + i)];
+      }
+    }
+  return out;
+}
+
+void check_attention(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, unsigned seed) {
+  std::mt19937 rng(seed);
+  const int64_t W = (Hq + 2 * Hkv) * D;
+  Vec qkv = random_vec(rng, size_t(B * T * W)), proj = random_vec(rng, size_t(B * T * Hq * D));
+  Buf bq(be(), qkv), out(be(), size_t(B * T * Hq * D)), probs(be(), size_t(B * Hq * T * T));
+  be().attention_forward(out.p, probs.p, bq.p, B, T, Hq, Hkv, D);
+  expect_close(out.get(), naive_attention(qkv, B, T, Hq, Hkv, D), kFwdTol, "attention fwd");
+  Buf dout(be(), proj), dqkv(be(), size_t(B * T * W));
+  be().attention_backward(dqkv.p, dout.p, bq.p, probs.p, B, T, Hq, Hkv, D);
+  Fn f = [&](const std::vector<Vec>& in) { return naive_attention(in[0], B, T, Hq, Hkv, D); };
+  expect_close(dqkv.get(), fd_grad(f, {qkv}, 0, proj), kBwdTol, "attention bwd");
+  // probs-only recomputation gives the same probabilities
+  Buf probs2(be(), size_t(B * Hq * T * T));
+  be().attention_forward(nullptr, probs2.p, bq.p, B, T, Hq, Hkv, D);
+  EXPECT_EQ(probs2.get(), probs.get());
+}
+
+TEST(Ops, AttentionMultiHead) { check_attention(2, 5, 3, 3, 4, 10); }
+TEST(Ops, AttentionGroupedQuery) { check_attention(1, 7, 4, 2, 3, 11); }
+TEST(Ops, AttentionMultiQuery) { check_attention(2, 3, 3, 1, 5, 12); }
+
+// ---- embeddings ---------------------------------------------------------------------------------
+
+TEST(Ops, VocabParallelEmbeddingAndPositional) {
+  std::mt19937 rng(13);
+  const int64_t V = 11, start = 4, B = 2, T = 5, N = B * T, C = 67;
+  std::vector<int32_t> tok(static_cast<size_t>(N));
+  for (auto& t : tok) t = int32_t(pick(rng, 0, 20));  // some outside [start, start+V)
+  tok[0] = tok[1] = int32_t(start + 3);               // a repeated token
+  Vec wte = random_vec(rng, size_t(V * C)), wpe = random_vec(rng, size_t(T * C));
+  Buf bw(be(), wte), bp(be(), wpe), out(be(), size_t(N * C));
+  auto* dtok = static_cast<int32_t*>(be().alloc_bytes(sizeof(int32_t) * size_t(N)));
+  be().upload(dtok, tok.data(), sizeof(int32_t) * size_t(N));
+  be().embedding_forward(out.p, dtok, bw.p, start, V, N, C);
+  be().positional_forward(out.p, bp.p, B, T, C);
+  Vec want(size_t(N * C), 0.0);
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t c = 0; c < C; c++) {
+      const int64_t r = tok[size_t(n)] - start;
+      want[size_t(n * C + c)] = (r >= 0 && r < V ? wte[size_t(r * C + c)] : 0.0) + wpe[size_t((n % T) * C + c)];
+    }
+  expect_close(out.get(), want, kFwdTol, "embedding fwd");
+  // backward = the transpose of the lookup (exact sums)
+  Vec proj = random_vec(rng, size_t(N * C));
+  Buf dout(be(), proj), dwte(be(), size_t(V * C)), dwpe(be(), size_t(T * C));
+  be().embedding_backward(dwte.p, dout.p, dtok, start, V, N, C);
+  be().positional_backward(dwpe.p, dout.p, B, T, C);
+  Vec want_dwte(size_t(V * C), 0.0), want_dwpe(size_t(T * C), 0.0);
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t c = 0; c < C; c++) {
+      const int64_t r = tok[size_t(n)] - start;
+      if (r >= 0 && r < V) want_dwte[size_t(r * C + c)] += proj[size_t(n * C + c)];
+      want_dwpe[size_t((n % T) * C + c)] += proj[size_t(n * C + c)];
+    }
+  expect_close(dwte.get(), want_dwte, kFwdTol, "embedding bwd");
+  expect_close(dwpe.get(), want_dwpe, kFwdTol, "positional bwd");
+  be().free_bytes(dtok);
+}
+
+// ---- cross-entropy ------------------------------------------------------------------------------
+
+TEST(Ops, CrossEntropyForwardBackward) {
+  std::mt19937 rng(14);
+  const int64_t N = 6, V = 37;
+  Vec logits = random_vec(rng, size_t(N * V), 3.0);
+  std::vector<int32_t> tgt(static_cast<size_t>(N));
+  for (auto& t : tgt) t = int32_t(pick(rng, 0, V - 1));
+  auto naive_loss = [&](const std::vector<Vec>& in) {
+    double total = 0;
+    for (int64_t n = 0; n < N; n++) {
+      double mx = -1e300, z = 0;
+      for (int64_t v = 0; v < V; v++) mx = std::max(mx, in[0][size_t(n * V + v)]);
+      for (int64_t v = 0; v < V; v++) z += std::exp(in[0][size_t(n * V + v)] - mx);
+      total += std::log(z) + mx - in[0][size_t(n * V + tgt[size_t(n)])];
+    }
+    return Vec{total / double(N)};
+  };
+  Buf bl(be(), logits), rowmax(be(), size_t(N)), stats(be(), size_t(2 * N));
+  auto* dt = static_cast<int32_t*>(be().alloc_bytes(sizeof(int32_t) * size_t(N)));
+  be().upload(dt, tgt.data(), sizeof(int32_t) * size_t(N));
+  be().xent_max(rowmax.p, bl.p, N, V);
+  be().xent_stats(stats.p, stats.p + N, bl.p, rowmax.p, dt, 0, N, V);
+  Vec mx = rowmax.get(), st = stats.get();
+  double loss = 0;
+  for (int64_t n = 0; n < N; n++) loss += std::log(st[size_t(n)]) + mx[size_t(n)] - st[size_t(N + n)];
+  loss /= double(N);
+  EXPECT_NEAR(loss, naive_loss({logits})[0], 1e-5 * std::fabs(loss));
+  be().xent_backward(bl.p, rowmax.p, stats.p, dt, 0, 1.0f / float(N), N, V);
+  expect_close(bl.get(), fd_grad(naive_loss, {logits}, 0, Vec{1.0}), kBwdTol, "xent bwd");
+  be().free_bytes(dt);
+}
+
+// ---- AdamW --------------------------------------------------------------------------------------
+
+TEST(Ops, AdamWMatchesFormula) {
+  std::mt19937 rng(15);
+  const int64_t n = 301;
+  Vec p = random_vec(rng, size_t(n)), g = random_vec(rng, size_t(n)), m = random_vec(rng, size_t(n), 0.1);
+  Vec v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; i++) v[size_t(i)] = float(std::fabs(random_vec(rng, 1)[0]) * 0.01);
+  Buf bp(be(), p), bg(be(), g), bm(be(), m), bv(be(), v);
+  const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, bc1 = 1 - std::pow(b1, 3),
+               bc2 = 1 - std::pow(b2, 3), gs = 0.5;
+  be().adamw_update(bp.p, bg.p, bm.p, bv.p, n, float(lr), float(b1), float(b2), float(eps),
+                    float(wd), float(bc1), float(bc2), float(gs));
+  Vec wp(p), wm(m), wv(v);
+  for (size_t i = 0; i < size_t(n); i++) {
+    const double gi = g[i] * gs;
+    wm[i] = b1 * m[i] + (1 - b1) * gi;
+    wv[i] = b2 * v[i] + (1 - b2) * gi * gi;
+    wp[i] = p[i] * (1 - lr * wd) - lr * (wm[i] / bc1) / (std::sqrt(wv[i] / bc2) + eps);
+  }
+  expect_close(bm.get(), wm, kFwdTol, "adamw m");
+  expect_close(bv.get(), wv, kFwdTol, "adamw v");
+  expect_close(bp.get(), wp, kFwdTol, "adamw param");
+}
+
+}  // namespace

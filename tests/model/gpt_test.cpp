@@ -1,0 +1,276 @@
+// Model-level properties: recomputation modes give identical gradients, the same seed gives
+// bit-identical results, a pipeline split and a simulated tensor-parallel split reproduce the
+// whole model, and bad configurations fail with a message naming the problem.
+#include <gtest/gtest.h>
+
+#include <barrier>
+#include <cmath>
+#include <thread>
+
+#include "core/check.hpp"
+#include "model/gpt.hpp"
+#include "model_util.hpp"
+
+using namespace exatrain;
+using namespace exatrain::test;
+
+namespace {
+
+struct Result {
+  float loss;
+  std::vector<float> grads;
+};
+
+Result run_once(Backend& be, const ModelSpec& m, Recompute rc, int64_t B, unsigned data_seed) {
+  GptOptions o;
+  o.model = m;
+  o.recompute = rc;
+  o.micro_batch = B;
+  Gpt g(be, o);
+  g.init_weights(42);
+  auto tok = random_tokens(size_t(B * m.seq_len), m.vocab, data_seed);
+  auto tgt = random_tokens(size_t(B * m.seq_len), m.vocab, data_seed + 1);
+  g.zero_grad();
+  float loss = g.forward(tok.data(), nullptr, tgt.data());
+  g.backward(nullptr, 1.0f);
+  return {loss, host_copy(be, g.grads(), g.num_params())};
+}
+
+TEST(Gpt, RecomputeModesGiveIdenticalGradients) {
+  auto be = make_cpu_backend(2);
+  for (auto m : {tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4),
+                 tiny_model(Activation::swiglu, Norm::rmsnorm, Position::rope, 2)}) {
+    Result none = run_once(*be, m, Recompute::none, 3, 7);
+    Result sel = run_once(*be, m, Recompute::selective, 3, 7);
+    Result full = run_once(*be, m, Recompute::full, 3, 7);
+    EXPECT_GT(none.loss, 3.0f);  // ~ln(37) = 3.61 at init
+    EXPECT_EQ(none.loss, sel.loss);
+    EXPECT_EQ(none.loss, full.loss);
+    EXPECT_EQ(none.grads, sel.grads);
+    EXPECT_EQ(none.grads, full.grads);
+  }
+}
+
+TEST(Gpt, RecomputeSavesActivationMemory) {
+  auto be = make_cpu_backend(1);
+  ModelSpec m = tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4);
+  m.layers = 6;
+  auto mem = [&](Recompute rc) {
+    GptOptions o;
+    o.model = m;
+    o.recompute = rc;
+    o.micro_batch = 2;
+    return Gpt(*be, o).memory().activations;
+  };
+  EXPECT_LT(mem(Recompute::selective), mem(Recompute::none));
+  EXPECT_LT(mem(Recompute::full), mem(Recompute::selective));
+}
+
+TEST(Gpt, SameSeedIsBitIdenticalDifferentSeedIsNot) {
+  auto be = make_cpu_backend(2);
+  ModelSpec m = tiny_model(Activation::swiglu, Norm::rmsnorm, Position::rope, 2);
+  Result a = run_once(*be, m, Recompute::none, 2, 3);
+  Result b = run_once(*be, m, Recompute::none, 2, 3);
+  EXPECT_EQ(a.loss, b.loss);
+  EXPECT_EQ(a.grads, b.grads);
+  Result c = run_once(*be, m, Recompute::none, 2, 4);
+  EXPECT_NE(a.loss, c.loss);
+}
+
+TEST(Gpt, PipelineStagesReproduceTheWholeModel) {
+  auto be = make_cpu_backend(2);
+  for (bool tie : {true, false}) {
+    ModelSpec m = tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4, tie);
+    const int64_t B = 2, N = B * m.seq_len;
+    auto tok = random_tokens(size_t(N), m.vocab, 5);
+    auto tgt = random_tokens(size_t(N), m.vocab, 6);
+    GptOptions whole;
+    whole.model = m;
+    whole.micro_batch = B;
+    Gpt w(*be, whole);
+    w.init_weights(9);
+    w.zero_grad();
+    const float loss = w.forward(tok.data(), nullptr, tgt.data());
+    w.backward(nullptr, 1.0f);
+    auto wg = host_copy(*be, w.grads(), w.num_params());
+
+    GptOptions s0 = whole, s1 = whole;
+    s0.stage = {0, 1, true, false};
+    s1.stage = {1, 2, false, true};
+    Gpt a(*be, s0), b(*be, s1);
+    a.init_weights(9);
+    b.init_weights(9);
+    a.zero_grad();
+    b.zero_grad();
+    a.forward(tok.data(), nullptr, nullptr);
+    const float loss2 = b.forward(nullptr, a.output(), tgt.data());
+    b.backward(nullptr, 1.0f);
+    a.backward(b.input_grad(), 1.0f);
+    EXPECT_EQ(loss, loss2);
+    auto ag = host_copy(*be, a.grads(), a.num_params());
+    auto bg = host_copy(*be, b.grads(), b.num_params());
+    size_t checked = 0;
+    for (const ParamInfo& p : w.layout().entries()) {
+      std::vector<float> want(wg.begin() + p.offset, wg.begin() + p.offset + p.numel);
+      std::vector<float> got(size_t(p.numel), 0.0f);
+      for (auto* st : {&a, &b}) {  // a tied wte lives in both stages: gradients add up
+        for (const ParamInfo& q : st->layout().entries()) {
+          if (q.name != p.name) continue;
+          const auto& g = st == &a ? ag : bg;
+          for (int64_t i = 0; i < p.numel; i++) got[size_t(i)] += g[size_t(q.offset + i)];
+          checked++;
+        }
+      }
+      for (int64_t i = 0; i < p.numel; i++)
+        ASSERT_NEAR(got[size_t(i)], want[size_t(i)], 1e-6f + 1e-5f * std::fabs(want[size_t(i)]))
+            << p.name << "[" << i << "]";
+    }
+    EXPECT_EQ(checked, w.layout().entries().size() + (tie ? 1 : 0));
+  }
+}
+
+// In-process tensor parallelism: each rank runs in its own thread; a collective copies every
+// rank's buffer into a shared slot, waits, and reduces the slots in rank order.
+class InProcessHooks final : public ParallelHooks {
+ public:
+  struct Shared {
+    explicit Shared(int n) : size(n), sync(n), slots(size_t(n)) {}
+    int size;
+    std::barrier<> sync;
+    std::vector<std::vector<float>> slots;
+  };
+  InProcessHooks(Shared& s, int rank) : s_(s), rank_(rank) {}
+  void input_grad_allreduce(float* g, int64_t n) override { reduce(g, n, false); }
+  void partial_sum_allreduce(float* d, int64_t n) override { reduce(d, n, false); }
+  void vocab_max_allreduce(float* d, int64_t n) override { reduce(d, n, true); }
+  void vocab_sum_allreduce(float* d, int64_t n) override { reduce(d, n, false); }
+
+ private:
+  void reduce(float* data, int64_t n, bool max) {
+    s_.slots[size_t(rank_)].assign(data, data + n);
+    s_.sync.arrive_and_wait();
+    for (int64_t i = 0; i < n; i++) {
+      float acc = s_.slots[0][size_t(i)];
+      for (int r = 1; r < s_.size; r++)
+        acc = max ? std::max(acc, s_.slots[size_t(r)][size_t(i)]) : acc + s_.slots[size_t(r)][size_t(i)];
+      data[i] = acc;
+    }
+    s_.sync.arrive_and_wait();  // nobody refills a slot before every rank has read it
+  }
+  Shared& s_;
+  int rank_;
+};
+
+void check_tensor_parallel(const ModelSpec& m) {
+  const int64_t B = 2, N = B * m.seq_len;
+  auto tok = random_tokens(size_t(N), m.vocab, 21);
+  auto tgt = random_tokens(size_t(N), m.vocab, 22);
+  auto be1 = make_cpu_backend(1);
+  GptOptions o;
+  o.model = m;
+  o.micro_batch = B;
+  Gpt ref(*be1, o);
+  ref.init_weights(5);
+  ref.zero_grad();
+  const float ref_loss = ref.forward(tok.data(), nullptr, tgt.data());
+  auto ref_logits = host_copy(*be1, ref.logits(), N * m.vocab);
+  ref.backward(nullptr, 1.0f);
+  auto ref_grads = host_copy(*be1, ref.grads(), ref.num_params());
+
+  const int tp = 2;
+  InProcessHooks::Shared shared(tp);
+  std::vector<float> losses(tp);
+  std::vector<std::string> errors(tp);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < tp; r++) {
+    threads.emplace_back([&, r] {
+      auto be = make_cpu_backend(1);
+      InProcessHooks hooks(shared, r);
+      GptOptions so = o;
+      so.tp = {r, tp};
+      Gpt g(*be, so, &hooks);
+      g.init_weights(5);
+      g.zero_grad();
+      losses[size_t(r)] = g.forward(tok.data(), nullptr, tgt.data());
+      // logits: this rank's vocabulary columns
+      auto lg = host_copy(*be, g.logits(), N * g.vocab_local());
+      for (int64_t n = 0; n < N; n++)
+        for (int64_t v = 0; v < g.vocab_local(); v++) {
+          float want = ref_logits[size_t(n * m.vocab + g.vocab_start() + v)];
+          float got = lg[size_t(n * g.vocab_local() + v)];
+          if (std::fabs(got - want) > 1e-5f + 1e-4f * std::fabs(want)) errors[size_t(r)] += "logit ";
+        }
+      g.backward(nullptr, 1.0f);
+      auto gg = host_copy(*be, g.grads(), g.num_params());
+      for (const ParamInfo& s : g.layout().entries()) {
+        const ParamInfo& gi = ref.layout().find(s.name);
+        auto want = slice_of_global(ref_grads, gi, s);
+        double maxw = 0;
+        for (float x : want) maxw = std::max(maxw, double(std::fabs(x)));
+        for (int64_t i = 0; i < s.numel; i++) {
+          if (std::fabs(gg[size_t(s.offset + i)] - want[size_t(i)]) > 1e-4 * maxw + 1e-7) {
+            errors[size_t(r)] += "grad " + s.name + " ";
+            break;
+          }
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < tp; r++) {
+    EXPECT_NEAR(losses[size_t(r)], ref_loss, 1e-5f * ref_loss) << "rank " << r;
+    EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
+  }
+}
+
+TEST(Gpt, SimulatedTensorParallelMatchesSingleRank) {
+  check_tensor_parallel(tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4));
+  check_tensor_parallel(tiny_model(Activation::swiglu, Norm::rmsnorm, Position::rope, 2, false));
+}
+
+TEST(Gpt, InitIsIndependentOfTheSplit) {
+  auto be = make_cpu_backend(1);
+  ModelSpec m = tiny_model(Activation::swiglu, Norm::rmsnorm, Position::rope, 2, false);
+  GptOptions o;
+  o.model = m;
+  Gpt whole(*be, o);
+  whole.init_weights(77);
+  auto wp = host_copy(*be, whole.params(), whole.num_params());
+  InProcessHooks::Shared shared(2);
+  InProcessHooks hooks(shared, 1);
+  o.tp = {1, 2};
+  Gpt shard(*be, o, &hooks);
+  shard.init_weights(77);
+  auto sp = host_copy(*be, shard.params(), shard.num_params());
+  for (const ParamInfo& s : shard.layout().entries()) {
+    auto want = slice_of_global(wp, whole.layout().find(s.name), s);
+    EXPECT_EQ(std::vector<float>(sp.begin() + s.offset, sp.begin() + s.offset + s.numel), want)
+        << s.name;
+  }
+}
+
+TEST(Gpt, BadConfigurationsNameTheProblem) {
+  auto be = make_cpu_backend(1);
+  GptOptions o;
+  o.model = tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 3);
+  try {
+    Gpt g(*be, o);
+    FAIL() << "kv_heads = 3 with heads = 4 must be rejected";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.kv_heads = 3 must divide model.heads = 4"),
+              std::string::npos) << e.what();
+  }
+  o.model.kv_heads = 4;
+  auto tok = random_tokens(size_t(o.model.seq_len), o.model.vocab, 1);
+  tok[3] = 99;
+  Gpt g(*be, o);
+  try {
+    g.forward(tok.data(), nullptr, tok.data());
+    FAIL() << "token 99 must be rejected";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("token 99 at position 3 is outside the vocabulary [0, 37)"),
+              std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
