@@ -8,5 +8,7 @@ namespace exatrain::cli {
 void add_version_command(CLI::App& app);
 void add_check_command(CLI::App& app);
 void add_report_command(CLI::App& app);
+void add_train_command(CLI::App& app);
+void add_sample_command(CLI::App& app);
 void add_data_command(CLI::App& app);
 }  // namespace exatrain::cli

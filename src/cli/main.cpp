@@ -13,6 +13,8 @@ int main(int argc, char** argv) {
   exatrain::cli::add_version_command(app);
   exatrain::cli::add_check_command(app);
   exatrain::cli::add_report_command(app);
+  exatrain::cli::add_train_command(app);
+  exatrain::cli::add_sample_command(app);
   exatrain::cli::add_data_command(app);
   try {
     app.parse(argc, argv);

@@ -52,6 +52,15 @@ StepMetrics Trainer::train_step() {
   StepMetrics s;
   s.loss = loss_sum / double(options_.grad_accum);
   s.grad_norm = std::sqrt(be_.sum_squares(model_->grads(), model_->num_params()));
+  if (options_.inject_nan_at_step == adamw_->step() + 1) s.loss = std::nan("");
+  // A non-finite loss or gradient must never reach the weights: the update is not applied, and
+  // the caller skips the step or stops (train.nan_policy).
+  if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {
+    s.skipped = options_.skip_nonfinite;
+    s.step = adamw_->step();
+    s.seconds = omp_get_wtime() - t0;
+    return s;
+  }
   double clip_scale = 1.0;  // as torch.nn.utils.clip_grad_norm_
   if (ts.grad_clip > 0) clip_scale = std::min(1.0, ts.grad_clip / (s.grad_norm + 1e-6));
   s.lr = lr_at(adamw_->step(), ts.lr, ts.min_lr, ts.warmup_steps, ts.steps);

@@ -21,6 +21,9 @@ struct TrainerOptions {
   int64_t seq = 0;             // tokens per sequence (0 = model.seq_len)
   Recompute recompute = Recompute::none;
   double peak_gflops = 0;      // for MFU; 0 = measure (cached) on first use
+  bool skip_nonfinite = false; // non-finite loss or grad norm: skip the update (else return it
+                               // un-applied: the caller stops, see train.nan_policy)
+  int64_t inject_nan_at_step = -1;  // test hook: step (1-based) whose loss reads as NaN
 };
 
 struct StepMetrics {
@@ -34,6 +37,7 @@ struct StepMetrics {
   double mfu = 0;              // gflops / measured sgemm peak
   int64_t peak_rss_bytes = 0;
   int64_t accounted_bytes = 0; // params + grads + optimizer state + activations
+  bool skipped = false;        // non-finite: no update was applied (step not advanced)
 };
 
 class Trainer {

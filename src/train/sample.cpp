@@ -1,0 +1,78 @@
+#include "train/sample.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/cpu_backend.hpp"
+#include "checkpoint/checkpoint.hpp"
+#include "core/check.hpp"
+#include "data/tokenizer.hpp"
+#include "job/parse.hpp"
+#include "model/gpt.hpp"
+#include "train/state_io.hpp"
+
+namespace exatrain {
+
+SampleResult sample_from_checkpoint(const std::string& dir, const SampleOptions& so) {
+  checkpoint::CheckpointReader reader(dir);  // verifies every file
+  Job job = parse_job(reader.blob("job.toml"), dir + "/job.toml");
+  nlohmann::json state = nlohmann::json::parse(reader.blob("trainer_state.json"));
+  std::unique_ptr<data::Tokenizer> tok =
+      state.value("tokenizer_type", "") == "byte"
+          ? data::make_byte_tokenizer()
+          : data::make_sentencepiece_tokenizer(reader.blob("tokenizer.model"), dir + "/tokenizer.model");
+
+  // One sequence of the model's full context; causal attention means the padding after the
+  // current position cannot influence the logits at it.
+  const int64_t T = job.model.seq_len, V = job.model.vocab;
+  CpuBackend backend(so.threads > 0 ? so.threads : omp_get_num_procs());
+  GptOptions go;
+  go.model = job.model;
+  go.micro_batch = 1;
+  go.seq = T;
+  Gpt model(backend, go);
+  load_model_params(reader, backend, model);
+
+  std::vector<uint32_t> ids;
+  tok->encode(so.prompt, ids);
+  EXA_CHECK(!ids.empty(), "sample: the prompt is empty; expected some text (--prompt TEXT)");
+  SampleResult out;
+  out.prompt_tokens = int64_t(ids.size());
+  std::vector<int32_t> window(static_cast<size_t>(T), 0), targets(static_cast<size_t>(T), 0);
+  std::vector<float> logits(static_cast<size_t>(T * model.vocab_local()));
+  std::mt19937_64 rng(so.seed);
+  for (int64_t n = 0; n < so.max_new_tokens; ++n) {
+    // The last T tokens (or fewer) form the context.
+    const int64_t len = std::min<int64_t>(int64_t(ids.size()), T), start = int64_t(ids.size()) - len;
+    for (int64_t i = 0; i < T; ++i) window[size_t(i)] = i < len ? int32_t(ids[size_t(start + i)]) : 0;
+    model.forward(window.data(), nullptr, targets.data());
+    backend.download(logits.data(), model.logits(), logits.size() * sizeof(float));
+    const float* row = logits.data() + (len - 1) * V;
+    // Temperature and top-k, then a draw (argmax when temperature is 0).
+    std::vector<int32_t> order(static_cast<size_t>(V));
+    std::iota(order.begin(), order.end(), 0);
+    int64_t k = so.top_k > 0 ? std::min<int64_t>(so.top_k, V) : V;
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+    int32_t next = order[0];
+    if (so.temperature > 0) {
+      std::vector<double> p(static_cast<size_t>(k));
+      for (int64_t i = 0; i < k; ++i) p[size_t(i)] = std::exp((row[order[size_t(i)]] - row[order[0]]) / so.temperature);
+      std::discrete_distribution<int64_t> pick(p.begin(), p.end());
+      next = order[size_t(pick(rng))];
+    }
+    ids.push_back(uint32_t(next));
+    ++out.new_tokens;
+  }
+  out.text = tok->decode(ids);
+  return out;
+}
+
+}  // namespace exatrain

@@ -1,0 +1,117 @@
+#include "train/state_io.hpp"
+
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/check.hpp"
+
+namespace exatrain {
+namespace {
+
+// Offset of a shard inside its global tensor, per dimension.
+std::vector<int64_t> slice_offset(const ParamInfo& p) {
+  std::vector<int64_t> off(p.global_shape.size(), 0);
+  if (p.split_dim >= 0) off[size_t(p.split_dim)] = p.shard_start;
+  return off;
+}
+
+// Copies one device arena to host and registers every parameter's slice of it under prefix.
+void add_arena(checkpoint::SafetensorsWriter& w, const ParamLayout& layout, const std::vector<float>& host,
+               const std::string& prefix) {
+  for (const ParamInfo& p : layout.entries())
+    w.add_slice(prefix + p.name, p.shard_shape, host.data() + p.offset, checkpoint::DType::F32, p.global_shape,
+                slice_offset(p));
+}
+
+// Reads every parameter's slice (prefix + name) into a host arena, checking shapes.
+void read_arena(const checkpoint::SafetensorsReader& r, const ParamLayout& layout, std::vector<float>& host,
+                const std::string& prefix) {
+  for (const ParamInfo& p : layout.entries()) {
+    const std::string name = prefix + p.name;
+    EXA_CHECK(r.has(name), "{}: has no tensor \"{}\" (a checkpoint of a different model? this model needs it "
+                           "with global shape {})", r.path(), name, checkpoint::shape_string(p.global_shape));
+    const checkpoint::TensorInfo& t = r.info(name);
+    EXA_CHECK(t.global_shape == p.global_shape && t.shape == p.shard_shape && t.offset == slice_offset(p),
+              "{}: tensor \"{}\" has global shape {} (slice {} at {}), but this model needs global shape {} "
+              "(slice {} at {}): the checkpoint is of a different model or split",
+              r.path(), name, checkpoint::shape_string(t.global_shape), checkpoint::shape_string(t.shape),
+              checkpoint::shape_string(t.offset), checkpoint::shape_string(p.global_shape),
+              checkpoint::shape_string(p.shard_shape), checkpoint::shape_string(slice_offset(p)));
+    r.read_f32(name, host.data() + p.offset, p.numel);
+  }
+}
+
+std::vector<float> to_host(Backend& be, const float* device, int64_t n) {
+  std::vector<float> host(static_cast<size_t>(n));
+  be.download(host.data(), device, size_t(n) * sizeof(float));
+  return host;
+}
+
+}  // namespace
+
+void add_trainer_state(checkpoint::CheckpointWriter& w, Backend& be, Trainer& trainer, const TrainerExtras& extras) {
+  Gpt& model = trainer.model();
+  const ParamLayout& layout = model.layout();
+  const int64_t n = model.num_params();
+  std::vector<float> params = to_host(be, model.params(), n);
+  std::vector<float> m = to_host(be, trainer.optimizer().m(), n), v = to_host(be, trainer.optimizer().v(), n);
+
+  checkpoint::SafetensorsWriter weights;
+  add_arena(weights, layout, params, "");
+  weights.set_metadata("format", "pt");
+  w.add_safetensors("model.safetensors", weights);
+
+  checkpoint::SafetensorsWriter opt;
+  add_arena(opt, layout, m, "m.");
+  add_arena(opt, layout, v, "v.");
+  opt.set_metadata("step", std::to_string(trainer.step()));
+  w.add_safetensors("optimizer.safetensors", opt);
+
+  nlohmann::json state = {{"step", trainer.step()},
+                          {"seed", trainer.options().train.seed},
+                          {"data_cursor", nlohmann::json::parse(extras.data_cursor_json)},
+                          {"tokenizer_type", extras.tokenizer_type}};
+  w.add_blob("trainer_state.json", state.dump(2) + "\n");
+  w.add_blob("job.toml", extras.job_toml);
+  if (!extras.tokenizer_model.empty()) w.add_blob("tokenizer.model", extras.tokenizer_model);
+}
+
+TrainerExtras load_trainer_state(const checkpoint::CheckpointReader& r, Backend& be, Trainer& trainer) {
+  Gpt& model = trainer.model();
+  const ParamLayout& layout = model.layout();
+  const size_t bytes = size_t(model.num_params()) * sizeof(float);
+  std::vector<float> host(static_cast<size_t>(model.num_params()));
+
+  load_model_params(r, be, model);
+  auto opt = r.safetensors("optimizer.safetensors");
+  read_arena(*opt, layout, host, "m.");
+  be.upload(trainer.optimizer().m(), host.data(), bytes);
+  read_arena(*opt, layout, host, "v.");
+  be.upload(trainer.optimizer().v(), host.data(), bytes);
+
+  nlohmann::json state;
+  try {
+    state = nlohmann::json::parse(r.blob("trainer_state.json"));
+  } catch (const nlohmann::json::exception& e) {
+    EXA_FAIL("{}/trainer_state.json: not valid JSON ({})", r.dir(), e.what());
+  }
+  EXA_CHECK(state.contains("step") && state.contains("data_cursor"),
+            "{}/trainer_state.json: expected keys \"step\" and \"data_cursor\"", r.dir());
+  trainer.optimizer().set_step(state["step"].get<int64_t>());
+  TrainerExtras extras;
+  extras.data_cursor_json = state["data_cursor"].dump();
+  extras.tokenizer_type = state.value("tokenizer_type", "");
+  extras.job_toml = r.blob("job.toml");
+  if (r.has("tokenizer.model")) extras.tokenizer_model = r.blob("tokenizer.model");
+  return extras;
+}
+
+void load_model_params(const checkpoint::CheckpointReader& r, Backend& be, Gpt& model) {
+  std::vector<float> host(static_cast<size_t>(model.num_params()));
+  auto weights = r.safetensors("model.safetensors");
+  read_arena(*weights, model.layout(), host, "");
+  be.upload(model.params(), host.data(), host.size() * sizeof(float));
+}
+
+}  // namespace exatrain

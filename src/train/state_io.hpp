@@ -1,0 +1,35 @@
+// The trainer's state in a checkpoint directory, and back:
+//   model.safetensors      every parameter under its layout name, float32, stored as a slice of
+//                          its global shape (topology-independent: see checkpoint/safetensors.hpp)
+//   optimizer.safetensors  AdamW moments "m.<name>" and "v.<name>" with the same slicing
+//   trainer_state.json     optimizer step, data cursor, seed (the RNG state: training draws no
+//                          random numbers after the seeded initialisation, so the seed is all)
+//   job.toml               the resolved job (job_to_toml)
+//   tokenizer.model        the dataset's tokenizer (so `sample` needs only the checkpoint)
+#pragma once
+#include <string>
+
+#include "checkpoint/checkpoint.hpp"
+#include "job/job.hpp"
+#include "train/trainer.hpp"
+
+namespace exatrain {
+
+struct TrainerExtras {
+  std::string data_cursor_json;  // the loader's cursor (TokenLoader::cursor_json)
+  std::string job_toml;
+  std::string tokenizer_type;    // "sentencepiece-bpe" | "byte"
+  std::string tokenizer_model;   // bytes of tokenizer.model ("" for byte)
+};
+
+// Adds the state files to a checkpoint being written.
+void add_trainer_state(checkpoint::CheckpointWriter& w, Backend& be, Trainer& trainer, const TrainerExtras& extras);
+
+// Loads parameters, moments and step into `trainer` (shapes checked: a checkpoint of another
+// model is an error naming the tensor and both shapes); returns the extras stored with them.
+TrainerExtras load_trainer_state(const checkpoint::CheckpointReader& r, Backend& be, Trainer& trainer);
+
+// Parameters alone (for `sample`): the model must have the checkpoint's shapes.
+void load_model_params(const checkpoint::CheckpointReader& r, Backend& be, Gpt& model);
+
+}  // namespace exatrain
