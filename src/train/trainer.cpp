@@ -52,7 +52,10 @@ StepMetrics Trainer::train_step() {
   StepMetrics s;
   s.loss = loss_sum / double(options_.grad_accum);
   s.grad_norm = std::sqrt(be_.sum_squares(model_->grads(), model_->num_params()));
-  if (options_.inject_nan_at_step == adamw_->step() + 1) s.loss = std::nan("");
+  if (options_.inject_nan_at_step == adamw_->step() + 1) {
+    s.loss = std::nan("");
+    options_.inject_nan_at_step = -1;  // once: a skipped step is retried with the next batch
+  }
   // A non-finite loss or gradient must never reach the weights: the update is not applied, and
   // the caller skips the step or stops (train.nan_policy).
   if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {

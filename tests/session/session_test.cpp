@@ -1,0 +1,210 @@
+// `exatrain train` end to end on a tiny model and dataset: exact resume, the NaN policy,
+// checkpoints of another model, a full disk during a save, corrupted checkpoints, bad jobs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <fstream>
+
+#include "checkpoint/checkpoint.hpp"
+#include "core/check.hpp"
+#include "core/fileio.hpp"
+#include "data/prepare.hpp"
+#include "job/parse.hpp"
+#include "report/metrics.hpp"
+#include "train/session.hpp"
+
+using namespace exatrain;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A byte-tokenised dataset from a deterministic text, made once for all tests.
+const std::string& dataset() {
+  static std::string dir = [] {
+    std::string root = testing::TempDir() + "/session_data";
+    fs::remove_all(root);
+    fs::create_directories(root);
+    std::ofstream text(root + "/text.txt");
+    for (int i = 0; i < 400; ++i) text << "line " << i << ": the quick brown fox jumps over the lazy dog " << i * 7 % 13 << "\n";
+    text.close();
+    data::PrepareOptions po;
+    po.inputs = {root + "/text.txt"};
+    po.out_dir = root + "/bytes";
+    po.tokenizer = "byte";
+    po.progress = false;
+    data::prepare_dataset(po);
+    return po.out_dir;
+  }();
+  return dir;
+}
+
+Job tiny_job(const std::string& run_dir, std::vector<std::string> sets = {}) {
+  std::string text = fmt::format(R"([model]
+layers = 2
+hidden = 32
+heads = 4
+seq_len = 16
+[parallel]
+gpus = 1
+global_batch = 4
+micro_batch = 2
+[train]
+steps = 6
+seed = 7
+lr = 3e-3
+warmup_steps = 2
+threads = 1
+eval_every = 3
+eval_batches = 2
+checkpoint_every = 3
+keep_checkpoints = 5
+data = "{}"
+run_dir = "{}"
+)", dataset(), run_dir);
+  return parse_job(text, "tiny.toml", sets);
+}
+
+std::string fresh(const std::string& name) {
+  std::string d = testing::TempDir() + "/session_" + name;
+  fs::remove_all(d);
+  return d;
+}
+
+TrainRunOptions quiet() {
+  TrainRunOptions o;
+  o.interactive = 0;
+  o.out = std::fopen("/dev/null", "w");
+  return o;
+}
+
+std::vector<double> losses(const std::string& run_dir) {
+  std::vector<double> out;
+  for (const auto& r : report::read_metrics(run_dir + "/metrics.jsonl"))
+    if (r.contains("loss")) out.push_back(r["loss"].get<double>());
+  return out;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST(Session, TrainsAndLowersTheLoss) {
+  std::string run = fresh("basic");
+  TrainRunResult r = run_training(tiny_job(run, {"train.steps=60", "train.checkpoint_every=0"}), quiet());
+  EXPECT_EQ(r.final_step, 60);
+  auto l = losses(run);
+  ASSERT_EQ(l.size(), 60u);
+  EXPECT_NEAR(l.front(), std::log(256.0), 0.3);  // uniform over the byte vocabulary at the start
+  EXPECT_LT(l.back(), 3.2);                       // this text is very repetitive
+  EXPECT_TRUE(fs::exists(r.last_checkpoint + "/COMPLETE"));
+}
+
+TEST(Session, ExactResumeIsBitForBit) {
+  // N+M steps straight through ...
+  std::string a = fresh("straight");
+  TrainRunResult ra = run_training(tiny_job(a), quiet());
+  // ... equals N steps, stop, resume, M steps.
+  std::string b = fresh("resumed");
+  TrainRunOptions stop = quiet();
+  stop.stop_after_steps = 3;
+  TrainRunResult rb1 = run_training(tiny_job(b), stop);
+  EXPECT_EQ(rb1.final_step, 3);
+  TrainRunOptions resume = quiet();
+  resume.resume = "auto";
+  TrainRunResult rb2 = run_training(tiny_job(b), resume);
+  EXPECT_EQ(rb2.first_step, 3);
+  EXPECT_EQ(rb2.final_step, 6);
+  EXPECT_EQ(losses(a), losses(b));  // exact equality of every step's loss
+  EXPECT_EQ(read_file_bytes(ra.last_checkpoint + "/model.safetensors"),
+            read_file_bytes(rb2.last_checkpoint + "/model.safetensors"));
+  EXPECT_EQ(read_file_bytes(ra.last_checkpoint + "/optimizer.safetensors"),
+            read_file_bytes(rb2.last_checkpoint + "/optimizer.safetensors"));
+}
+
+TEST(Session, NanLossStopsOrSkipsByPolicy) {
+  std::string run = fresh("nan_stop");
+  TrainRunOptions o = quiet();
+  o.inject_nan_at_step = 2;
+  std::string e = error_of([&] { run_training(tiny_job(run), o); });
+  EXPECT_TRUE(has(e, "step 2: the loss is nan")) << e;
+  EXPECT_TRUE(has(e, "nan_policy = \"stop\"")) << e;
+
+  run = fresh("nan_skip");
+  TrainRunResult r = run_training(tiny_job(run, {"train.nan_policy=skip"}), o);
+  EXPECT_EQ(r.skipped_steps, 1);
+  EXPECT_EQ(r.final_step, 6);
+  for (double l : losses(run)) EXPECT_TRUE(std::isfinite(l));
+}
+
+TEST(Session, CheckpointOfAnotherModelIsRejected) {
+  std::string run = fresh("other_model");
+  run_training(tiny_job(run, {"train.steps=3"}), quiet());
+  TrainRunOptions o = quiet();
+  o.resume = "auto";
+  std::string e = error_of([&] { run_training(tiny_job(run, {"model.hidden=64"}), o); });
+  EXPECT_TRUE(has(e, "different model")) << e;
+  EXPECT_TRUE(has(e, "model.safetensors")) << e;
+}
+
+TEST(Session, FullDiskDuringSaveKeepsThePreviousCheckpoint) {
+  std::string run = fresh("full_disk");
+  TrainRunOptions o = quiet();
+  o.stop_after_steps = 3;
+  TrainRunResult first = run_training(tiny_job(run), o);
+  // The next save runs out of space part-way through.
+  o.resume = "auto";
+  inject_write_failure_after(1000);
+  std::string e = error_of([&] { run_training(tiny_job(run), o); });
+  inject_write_failure_after(-1);
+  EXPECT_TRUE(has(e, "No space left on device")) << e;
+  auto latest = checkpoint::find_latest_valid(run + "/checkpoints", nullptr);
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->step, 3);
+  // ... and training resumes from it.
+  o.stop_after_steps = -1;
+  TrainRunResult r = run_training(tiny_job(run), o);
+  EXPECT_EQ(r.first_step, 3);
+  EXPECT_EQ(r.final_step, 6);
+}
+
+TEST(Session, CorruptedCheckpointIsNamedAndSkippedByAuto) {
+  std::string run = fresh("corrupt");
+  TrainRunResult r = run_training(tiny_job(run), quiet());  // checkpoints at 3 and 6
+  {
+    std::fstream f(r.last_checkpoint + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(200);
+    f.put('\x55');
+  }
+  TrainRunOptions o = quiet();
+  o.resume = r.last_checkpoint;
+  std::string e = error_of([&] { run_training(tiny_job(run), o); });
+  EXPECT_TRUE(has(e, "model.safetensors")) << e;
+  o.resume = "auto";
+  TrainRunResult again = run_training(tiny_job(run), o);
+  EXPECT_EQ(again.first_step, 3);  // the corrupted step-6 checkpoint was skipped
+}
+
+TEST(Session, BadJobsAreRejectedUpFront) {
+  std::string run = fresh("bad");
+  std::string e = error_of([&] { run_training(tiny_job(run, {"model.vocab=100"}), quiet()); });
+  EXPECT_TRUE(has(e, "[model] vocab = 100 is smaller than the vocabulary of the dataset's tokenizer (256")) << e;
+  e = error_of([&] { run_training(tiny_job(run, {"parallel.gpus=2", "train.precision=bf16"}), quiet()); });
+  EXPECT_TRUE(has(e, "2 problems")) << e;
+  EXPECT_TRUE(has(e, "[parallel] gpus = 2")) << e;
+  EXPECT_TRUE(has(e, "[train] precision = \"bf16\"")) << e;
+  e = error_of([&] { run_training(tiny_job(run, {"parallel.micro_batch=3"}), quiet()); });
+  EXPECT_TRUE(has(e, "global_batch = 4 is not divisible by dp * micro_batch = 1 * 3")) << e;
+  e = error_of([&] { run_training(tiny_job(run, {"train.data=\"/nonexistent\""}), quiet()); });
+  EXPECT_TRUE(has(e, "[train] data = \"/nonexistent\": expected a directory written by `exatrain data prepare`")) << e;
+}
