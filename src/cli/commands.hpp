@@ -7,4 +7,5 @@ namespace exatrain::cli {
 // Each add_* registers one subcommand; the callback runs it. Declare new ones here.
 void add_version_command(CLI::App& app);
 void add_data_command(CLI::App& app);
+void add_checkpoint_command(CLI::App& app);
 }  // namespace exatrain::cli

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   exatrain::cli::add_version_command(app);
   exatrain::cli::add_data_command(app);
+  exatrain::cli::add_checkpoint_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
