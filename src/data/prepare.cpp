@@ -186,12 +186,19 @@ DatasetManifest prepare_dataset(const PrepareOptions& o) {
   Progress bar(o.progress, "tokenize");
   auto encode_batch = [&] {
     const int64_t n = int64_t(batch.size());
+    std::string error;  // an exception must not escape the parallel region
 #pragma omp parallel for schedule(dynamic, 64)
     for (int64_t i = 0; i < n; i++) {
       encoded[i].clear();
-      tok->encode(batch[i], encoded[i]);
+      try {
+        tok->encode(batch[i], encoded[i]);
+      } catch (const std::exception& e) {
+#pragma omp critical
+        error = e.what();
+      }
       encoded[i].push_back(tok->separator_id());
     }
+    EXA_CHECK(error.empty(), "data prepare: tokenizing failed: {}", error);
     flat.clear();
     for (int64_t i = 0; i < n; i++) flat.insert(flat.end(), encoded[i].begin(), encoded[i].end());
     append(flat);
@@ -219,6 +226,10 @@ DatasetManifest prepare_dataset(const PrepareOptions& o) {
   bar.update(bytes_before, total, m.total_tokens, true);
   EXA_CHECK(m.total_tokens > 0, "data prepare: the inputs hold no text");
 
+  // Shards left by an earlier, larger preparation into the same directory would mislead.
+  for (size_t i = m.shards.size();; i++) {
+    if (!fs::remove(fs::path(o.out_dir) / shard_name(i))) break;
+  }
   write_file_atomic((fs::path(o.out_dir) / kManifestName).string(), manifest_to_json(m));
   return m;
 }

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "core/check.hpp"
@@ -198,4 +199,18 @@ TEST(Prepare, SampleIsBoundedSeededAndInInputOrder) {
     late += n >= 500;
   }
   EXPECT_GT(late, 25);  // drawn from the whole input, not just its head
+}
+
+TEST(Prepare, RerunIntoTheSameDirectoryLeavesNoStaleShards) {
+  TempDir dir;
+  write_text(dir / "in.txt", corpus_head(20));
+  PrepareOptions o = options(dir / "in.txt", dir / "out");
+  o.tokenizer = "byte";
+  o.shard_tokens = 500;
+  size_t many = prepare_dataset(o).shards.size();
+  ASSERT_GT(many, 2u);
+  o.shard_tokens = 1000000;
+  EXPECT_EQ(prepare_dataset(o).shards.size(), 1u);
+  EXPECT_TRUE(std::filesystem::exists(dir / "out/shard_00000.bin"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "out/shard_00001.bin"));
 }
