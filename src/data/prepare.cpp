@@ -206,7 +206,7 @@ DatasetManifest prepare_dataset(const PrepareOptions& o) {
   };
   for (const auto& path : o.inputs) {
     LineReader reader(path);
-    InputEntry entry{path, 0, 0};
+    InputEntry entry{path, 0, 0, file_size_or_throw(path)};
     std::string line;
     while (reader.next(line)) {
       batch.push_back(line);
@@ -233,5 +233,39 @@ DatasetManifest prepare_dataset(const PrepareOptions& o) {
   write_file_atomic((fs::path(o.out_dir) / kManifestName).string(), manifest_to_json(m));
   return m;
 }
+
+DatasetManifest prepare_if_needed(const PrepareOptions& o, bool* reused) {
+  if (reused) *reused = false;
+  fs::path manifest_path = fs::path(o.out_dir) / kManifestName;
+  if (fs::exists(manifest_path)) {
+    try {
+      DatasetManifest m = read_manifest(o.out_dir);
+      bool same = m.inputs.size() == o.inputs.size() &&
+                  m.vocab_size_requested == (o.tokenizer == "bpe" ? o.vocab_size : 256) &&
+                  (m.tokenizer_type == "byte") == (o.tokenizer == "byte") &&
+                  m.sample_lines == o.sample_lines && m.seed == o.seed &&
+                  m.shard_tokens == o.shard_tokens;
+      for (size_t i = 0; same && i < o.inputs.size(); i++) {
+        same = m.inputs[i].path == o.inputs[i] &&
+               m.inputs[i].file_bytes == file_size_or_throw(o.inputs[i]);
+      }
+      if (same) {
+        for (const auto& s : m.shards) {  // sizes only: the loader verifies the checksums
+          fs::path p = fs::path(o.out_dir) / s.file;
+          same = same && fs::exists(p) && file_size_or_throw(p.string()) == s.bytes;
+        }
+      }
+      if (same) {
+        if (reused) *reused = true;
+        return m;
+      }
+    } catch (const Error&) {
+      // An unreadable cache is rebuilt below.
+    }
+  }
+  return prepare_dataset(o);
+}
+
+std::string bundled_corpus_path() { return std::string(EXATRAIN_SOURCE_DIR) + "/corpus/kjv.txt.xz"; }
 
 }  // namespace exatrain::data

@@ -25,6 +25,8 @@ for f in "$work"/a/shard_*.bin; do
   grep -q "$(sha256sum "$f" | cut -d' ' -f1)" "$work/a/manifest.json" || fail "checksum of $f"
 done
 "$EXATRAIN" data verify "$work/a" | grep -q ": OK: " || fail "verify"
+"$EXATRAIN" data prepare --input "$work/in.txt" --out "$work/a" --vocab-size 500 --shard-tokens 20000 \
+  --reuse 2> /dev/null | grep -q "^reusing $work/a:" || fail "--reuse did not reuse"
 
 "$EXATRAIN" data prepare --input "$work/in.txt" --out "$work/bytes" --tokenizer byte > /dev/null 2>&1
 "$EXATRAIN" data verify "$work/bytes" | grep -q "tokenizer byte (vocab 256)" || fail "byte dataset"

@@ -214,3 +214,23 @@ TEST(Prepare, RerunIntoTheSameDirectoryLeavesNoStaleShards) {
   EXPECT_TRUE(std::filesystem::exists(dir / "out/shard_00000.bin"));
   EXPECT_FALSE(std::filesystem::exists(dir / "out/shard_00001.bin"));
 }
+
+TEST(Prepare, PrepareIfNeededReusesOnlyAMatchingCache) {
+  TempDir dir;
+  write_text(dir / "in.txt", corpus_head(50));
+  PrepareOptions o = options(dir / "in.txt", dir / "out");
+  o.tokenizer = "byte";
+  bool reused = true;
+  DatasetManifest first = prepare_if_needed(o, &reused);
+  EXPECT_FALSE(reused);
+  EXPECT_EQ(first.inputs.at(0).file_bytes, file_size_or_throw(dir / "in.txt"));
+  prepare_if_needed(o, &reused);
+  EXPECT_TRUE(reused);
+  o.shard_tokens = 100;  // other settings: rebuilt
+  EXPECT_GT(prepare_if_needed(o, &reused).shards.size(), 1u);
+  EXPECT_FALSE(reused);
+  write_text(dir / "in.txt", corpus_head(60));  // the input changed: rebuilt
+  EXPECT_GT(prepare_if_needed(o, &reused).total_tokens, first.total_tokens);
+  EXPECT_FALSE(reused);
+  EXPECT_TRUE(std::filesystem::exists(bundled_corpus_path()));
+}
