@@ -123,10 +123,16 @@ std::string CheckpointWriter::commit(int64_t keep_last) {
   std::error_code ec;
   if (!aside.empty()) fs::remove_all(aside, ec);
 
-  // Keep the newest keep_last complete checkpoints; drop leftovers of crashed saves.
-  std::vector<CheckpointRef> all = list_checkpoints(root_);
-  if (keep_last > 0 && int64_t(all.size()) > keep_last) {
-    for (size_t i = 0; i + size_t(keep_last) < all.size(); i++) fs::remove_all(all[i].dir, ec);
+  // Keep keep_last complete checkpoints: this one and the newest others (this one is kept even
+  // when it is not the newest, e.g. after resuming from an older step); drop leftovers of
+  // crashed saves.
+  if (keep_last > 0) {
+    std::vector<CheckpointRef> others;
+    for (const auto& c : list_checkpoints(root_)) {
+      if (c.step != step_) others.push_back(c);
+    }
+    size_t keep_others = size_t(keep_last - 1);
+    for (size_t i = 0; i + keep_others < others.size(); i++) fs::remove_all(others[i].dir, ec);
   }
   for (const auto& entry : fs::directory_iterator(root_, ec)) {
     std::string name = entry.path().filename().string();

@@ -48,7 +48,8 @@ class CheckpointWriter {
   void add_blob(const std::string& file, std::string_view bytes);
   // A file already written (and fsynced) into temp_dir() by someone else, e.g. another rank.
   void add_written_file(const std::string& file, const FileEntry& entry);
-  // Publishes the checkpoint; keeps the newest `keep_last` (<= 0: all). Returns its directory.
+  // Publishes the checkpoint, then prunes to `keep_last` complete checkpoints: this one and the
+  // newest others (<= 0: keep all). Returns its directory.
   std::string commit(int64_t keep_last);
 
  private:

@@ -11,4 +11,5 @@ void add_report_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
 void add_data_command(CLI::App& app);
+void add_checkpoint_command(CLI::App& app);
 }  // namespace exatrain::cli

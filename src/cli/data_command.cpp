@@ -30,11 +30,16 @@ void add_data_command(CLI::App& app) {
   p->add_option("--shard-tokens", prep->shard_tokens, "tokens per shard")->capture_default_str();
   p->add_option("--seed", prep->seed, "seed of the tokenizer sample")->capture_default_str();
   p->add_flag("--verbose-tokenizer", prep->verbose_tokenizer, "show SentencePiece's training log");
-  p->callback([prep] {
-    data::DatasetManifest m = data::prepare_dataset(*prep);
-    fmt::print("prepared {}: {} tokens in {} shard(s), tokenizer {} (vocab {}), {} bytes/token\n",
-               prep->out_dir, m.total_tokens, m.shards.size(), m.tokenizer_type, m.vocab_size,
-               m.token_bytes);
+  auto reuse = std::make_shared<bool>(false);
+  p->add_flag("--reuse", *reuse,
+              "do nothing when --out already holds this preparation (same inputs and settings)");
+  p->callback([prep, reuse] {
+    bool reused = false;
+    data::DatasetManifest m =
+        *reuse ? data::prepare_if_needed(*prep, &reused) : data::prepare_dataset(*prep);
+    fmt::print("{} {}: {} tokens in {} shard(s), tokenizer {} (vocab {}), {} bytes/token\n",
+               reused ? "reusing" : "prepared", prep->out_dir, m.total_tokens, m.shards.size(),
+               m.tokenizer_type, m.vocab_size, m.token_bytes);
   });
 
   auto dir = std::make_shared<std::string>();

@@ -6,6 +6,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "core/check.hpp"
 
 namespace exatrain {
@@ -22,7 +26,57 @@ constexpr uint32_t kRound[64] = {
     0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
 
 inline uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+
+bool g_force_portable = false;
+
+#if defined(__x86_64__)
+// One 64-byte block with the x86 SHA extensions (SHA-NI: Intel since Ice Lake/Goldmont, AMD
+// since Zen), about 4x the portable code: checkpoint verification reads every byte it wrote.
+// The layout follows Intel's reference: state kept as ABEF/CDGH, 4 rounds per group of the
+// message schedule, sha256msg1/msg2 extending it.
+__attribute__((target("sha,sse4.1,ssse3"))) void compress_shani(uint32_t state[8],
+                                                                 const uint8_t* block) {
+  const __m128i kByteSwap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
+  __m128i tmp = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&state[0]));
+  __m128i state1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&state[4]));
+  tmp = _mm_shuffle_epi32(tmp, 0xB1);              // CDAB
+  state1 = _mm_shuffle_epi32(state1, 0x1B);        // EFGH
+  __m128i state0 = _mm_alignr_epi8(tmp, state1, 8);  // ABEF
+  state1 = _mm_blend_epi16(state1, tmp, 0xF0);     // CDGH
+  const __m128i abef_save = state0, cdgh_save = state1;
+  __m128i w[16];  // w[i] = message words 4i .. 4i+3
+  for (int i = 0; i < 16; i++) {
+    if (i < 4) {
+      w[i] = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16 * i)),
+                              kByteSwap);
+    } else {
+      __m128i w7 = _mm_alignr_epi8(w[i - 1], w[i - 2], 4);  // words t-7
+      w[i] = _mm_sha256msg2_epu32(_mm_add_epi32(_mm_sha256msg1_epu32(w[i - 4], w[i - 3]), w7),
+                                  w[i - 1]);
+    }
+    __m128i msg = _mm_add_epi32(w[i], _mm_loadu_si128(reinterpret_cast<const __m128i*>(&kRound[4 * i])));
+    state1 = _mm_sha256rnds2_epu32(state1, state0, msg);
+    msg = _mm_shuffle_epi32(msg, 0x0E);
+    state0 = _mm_sha256rnds2_epu32(state0, state1, msg);
+  }
+  state0 = _mm_add_epi32(state0, abef_save);
+  state1 = _mm_add_epi32(state1, cdgh_save);
+  tmp = _mm_shuffle_epi32(state0, 0x1B);        // FEBA
+  state1 = _mm_shuffle_epi32(state1, 0xB1);     // DCHG
+  state0 = _mm_blend_epi16(tmp, state1, 0xF0);  // A B C D in memory order
+  state1 = _mm_alignr_epi8(state1, tmp, 8);     // E F G H in memory order
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(&state[0]), state0);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(&state[4]), state1);
+}
+
+bool have_shani() {
+  static const bool yes = __builtin_cpu_supports("sha") && __builtin_cpu_supports("sse4.1");
+  return yes;
+}
+#endif
 }  // namespace
+
+void Sha256::force_portable(bool on) { g_force_portable = on; }
 
 Sha256::Sha256() {
   const uint32_t init[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
@@ -31,6 +85,12 @@ Sha256::Sha256() {
 }
 
 void Sha256::compress(const uint8_t* block) {
+#if defined(__x86_64__)
+  if (!g_force_portable && have_shani()) {
+    compress_shani(state_, block);
+    return;
+  }
+#endif
   uint32_t w[64];
   for (int i = 0; i < 16; i++) {
     w[i] = (uint32_t(block[4 * i]) << 24) | (uint32_t(block[4 * i + 1]) << 16) |

@@ -98,35 +98,43 @@ TokenLoader::TokenLoader(const std::string& dataset_dir, const LoaderOptions& op
 
 TokenLoader::~TokenLoader() = default;
 
-uint32_t TokenLoader::token_at(uint64_t i) const {
-  // The shard holding token i: the last one whose start is <= i.
-  size_t s = size_t(std::upper_bound(shard_start_.begin(), shard_start_.end(), i) -
+void TokenLoader::copy_tokens(uint64_t first, uint64_t count, uint32_t* out) const {
+  // The shard holding token `first`: the last one whose start is <= first.
+  size_t s = size_t(std::upper_bound(shard_start_.begin(), shard_start_.end(), first) -
                     shard_start_.begin()) - 1;
-  uint64_t local = i - shard_start_[s];
-  const uint8_t* body = shards_[s]->data() + kShardHeaderBytes;
-  uint32_t id;
-  if (manifest_.token_bytes == 2) {
-    uint16_t v;
-    std::memcpy(&v, body + 2 * local, 2);
-    id = v;
-  } else {
-    std::memcpy(&id, body + 4 * local, 4);
+  while (count > 0) {
+    const ShardEntry& e = manifest_.shards[s];
+    uint64_t local = first - shard_start_[s];
+    uint64_t n = std::min(count, e.tokens - local);  // the run inside this shard
+    const uint8_t* body = shards_[s]->data() + kShardHeaderBytes;
+    for (uint64_t k = 0; k < n; k++) {
+      uint32_t id;
+      if (manifest_.token_bytes == 2) {
+        uint16_t v;
+        std::memcpy(&v, body + 2 * (local + k), 2);
+        id = v;
+      } else {
+        std::memcpy(&id, body + 4 * (local + k), 4);
+      }
+      EXA_CHECK(id < manifest_.vocab_size,
+                "token shard {}/{}: token {} has id {}, outside the vocabulary (size {})", dir_,
+                e.file, local + k, id, manifest_.vocab_size);
+      out[k] = id;
+    }
+    out += n;
+    first += n;
+    count -= n;
+    s++;
   }
-  EXA_CHECK(id < manifest_.vocab_size,
-            "token shard {}/{}: token {} has id {}, outside the vocabulary (size {})", dir_,
-            manifest_.shards[s].file, local, id, manifest_.vocab_size);
-  return id;
 }
 
 void TokenLoader::read_window(uint64_t window, int32_t* tokens_out, int32_t* targets_out) const {
   const int64_t L = options_.seq_len;
-  uint64_t first = window * uint64_t(L);
-  uint32_t prev = token_at(first);
+  std::vector<uint32_t> span(size_t(L) + 1);  // tokens [w*L, w*L + L]
+  copy_tokens(window * uint64_t(L), uint64_t(L) + 1, span.data());
   for (int64_t t = 0; t < L; t++) {
-    uint32_t next = token_at(first + uint64_t(t) + 1);
-    tokens_out[t] = int32_t(prev);
-    targets_out[t] = int32_t(next);
-    prev = next;
+    tokens_out[t] = int32_t(span[size_t(t)]);
+    targets_out[t] = int32_t(span[size_t(t) + 1]);
   }
 }
 

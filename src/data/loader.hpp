@@ -57,7 +57,7 @@ class TokenLoader {
 
  private:
   void read_window(uint64_t window, int32_t* tokens_out, int32_t* targets_out) const;
-  uint32_t token_at(uint64_t global_index) const;
+  void copy_tokens(uint64_t first, uint64_t count, uint32_t* out) const;  // across shards
   void shuffle_for_epoch(uint64_t epoch);
 
   std::string dir_;

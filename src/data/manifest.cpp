@@ -31,7 +31,10 @@ std::string manifest_to_json(const DatasetManifest& m) {
   }
   j["inputs"] = json::array();
   for (const auto& in : m.inputs) {
-    j["inputs"].push_back({{"path", in.path}, {"bytes", in.bytes}, {"lines", in.lines}});
+    j["inputs"].push_back({{"path", in.path},
+                           {"bytes", in.bytes},
+                           {"lines", in.lines},
+                           {"file_bytes", in.file_bytes}});
   }
   j["settings"] = {{"vocab_size_requested", m.vocab_size_requested},
                    {"sample_lines", m.sample_lines},
@@ -67,7 +70,7 @@ DatasetManifest manifest_from_json(const std::string& text, const std::string& s
       m.shards.push_back({s.at("file"), s.at("tokens"), s.at("bytes"), s.at("sha256")});
     }
     for (const json& in : j.at("inputs")) {
-      m.inputs.push_back({in.at("path"), in.at("bytes"), in.at("lines")});
+      m.inputs.push_back({in.at("path"), in.at("bytes"), in.at("lines"), in.at("file_bytes")});
     }
     const json& st = j.at("settings");
     m.vocab_size_requested = st.at("vocab_size_requested");

@@ -22,8 +22,9 @@ struct ShardEntry {
 
 struct InputEntry {
   std::string path;
-  uint64_t bytes = 0;  // uncompressed bytes read
+  uint64_t bytes = 0;       // uncompressed bytes read
   uint64_t lines = 0;
+  uint64_t file_bytes = 0;  // size on disk (compressed size for .xz/.gz): the cache key
 };
 
 struct DatasetManifest {

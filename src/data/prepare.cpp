@@ -186,12 +186,19 @@ DatasetManifest prepare_dataset(const PrepareOptions& o) {
   Progress bar(o.progress, "tokenize");
   auto encode_batch = [&] {
     const int64_t n = int64_t(batch.size());
+    std::string error;  // an exception must not escape the parallel region
 #pragma omp parallel for schedule(dynamic, 64)
     for (int64_t i = 0; i < n; i++) {
       encoded[i].clear();
-      tok->encode(batch[i], encoded[i]);
+      try {
+        tok->encode(batch[i], encoded[i]);
+      } catch (const std::exception& e) {
+#pragma omp critical
+        error = e.what();
+      }
       encoded[i].push_back(tok->separator_id());
     }
+    EXA_CHECK(error.empty(), "data prepare: tokenizing failed: {}", error);
     flat.clear();
     for (int64_t i = 0; i < n; i++) flat.insert(flat.end(), encoded[i].begin(), encoded[i].end());
     append(flat);
@@ -199,7 +206,7 @@ DatasetManifest prepare_dataset(const PrepareOptions& o) {
   };
   for (const auto& path : o.inputs) {
     LineReader reader(path);
-    InputEntry entry{path, 0, 0};
+    InputEntry entry{path, 0, 0, file_size_or_throw(path)};
     std::string line;
     while (reader.next(line)) {
       batch.push_back(line);
@@ -219,8 +226,46 @@ DatasetManifest prepare_dataset(const PrepareOptions& o) {
   bar.update(bytes_before, total, m.total_tokens, true);
   EXA_CHECK(m.total_tokens > 0, "data prepare: the inputs hold no text");
 
+  // Shards left by an earlier, larger preparation into the same directory would mislead.
+  for (size_t i = m.shards.size();; i++) {
+    if (!fs::remove(fs::path(o.out_dir) / shard_name(i))) break;
+  }
   write_file_atomic((fs::path(o.out_dir) / kManifestName).string(), manifest_to_json(m));
   return m;
 }
+
+DatasetManifest prepare_if_needed(const PrepareOptions& o, bool* reused) {
+  if (reused) *reused = false;
+  fs::path manifest_path = fs::path(o.out_dir) / kManifestName;
+  if (fs::exists(manifest_path)) {
+    try {
+      DatasetManifest m = read_manifest(o.out_dir);
+      bool same = m.inputs.size() == o.inputs.size() &&
+                  m.vocab_size_requested == (o.tokenizer == "bpe" ? o.vocab_size : 256) &&
+                  (m.tokenizer_type == "byte") == (o.tokenizer == "byte") &&
+                  m.sample_lines == o.sample_lines && m.seed == o.seed &&
+                  m.shard_tokens == o.shard_tokens;
+      for (size_t i = 0; same && i < o.inputs.size(); i++) {
+        same = m.inputs[i].path == o.inputs[i] &&
+               m.inputs[i].file_bytes == file_size_or_throw(o.inputs[i]);
+      }
+      if (same) {
+        for (const auto& s : m.shards) {  // sizes only: the loader verifies the checksums
+          fs::path p = fs::path(o.out_dir) / s.file;
+          same = same && fs::exists(p) && file_size_or_throw(p.string()) == s.bytes;
+        }
+      }
+      if (same) {
+        if (reused) *reused = true;
+        return m;
+      }
+    } catch (const Error&) {
+      // An unreadable cache is rebuilt below.
+    }
+  }
+  return prepare_dataset(o);
+}
+
+std::string bundled_corpus_path() { return std::string(EXATRAIN_SOURCE_DIR) + "/corpus/kjv.txt.xz"; }
 
 }  // namespace exatrain::data

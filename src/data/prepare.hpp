@@ -25,6 +25,14 @@ struct PrepareOptions {
 // Deterministic: the same inputs and options give byte-identical output files.
 DatasetManifest prepare_dataset(const PrepareOptions& options);
 
+// For `make run` and `train` on the bundled corpus: reuses options.out_dir when its manifest
+// was made from the same input paths (with the same sizes on disk) and the same settings, and
+// its files verify; otherwise prepares it. `*reused` tells which happened.
+DatasetManifest prepare_if_needed(const PrepareOptions& options, bool* reused);
+
+// corpus/kjv.txt.xz in the source tree (see corpus/README.md).
+std::string bundled_corpus_path();
+
 // The deterministic sample: reservoir sampling of non-empty lines (each cut to 4096 bytes at a
 // UTF-8 boundary) with a seeded splitmix64 generator, returned in input order.
 std::vector<std::string> sample_lines(const std::vector<std::string>& inputs, uint64_t max_lines,

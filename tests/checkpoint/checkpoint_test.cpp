@@ -98,6 +98,12 @@ TEST(Checkpoint, KeepsTheLastK) {
   save(dir.path, 40, 2);  // saving an existing step again replaces it
   EXPECT_EQ(list_checkpoints(dir.path).size(), 2u);
   EXPECT_EQ(CheckpointReader(dir / "step_00000040").step(), 40);
+  // After resuming from an older step, the checkpoint just written survives the pruning.
+  save(dir.path, 35, 2);
+  std::vector<CheckpointRef> now = list_checkpoints(dir.path);
+  ASSERT_EQ(now.size(), 2u);
+  EXPECT_EQ(now[0].step, 35);
+  EXPECT_EQ(now[1].step, 40);
 }
 
 TEST(Checkpoint, TruncatedFileIsNamedWithSizes) {

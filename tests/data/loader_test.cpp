@@ -268,3 +268,19 @@ TEST(Loader, TooSmallDatasetSaysWhy) {
   EXPECT_NE(err.find("is too small: 50 tokens make 0 windows of seq_len 64"), std::string::npos)
       << err;
 }
+
+TEST(Loader, LargeVocabularyUsesFourByteTokens) {
+  TempDir dir;
+  make_dataset(dir.path, 801, 70000, 100);  // vocab > 65536: uint32 shards
+  EXPECT_EQ(read_manifest(dir.path).token_bytes, 4u);
+  EXPECT_EQ(file_size_or_throw(dir / "shard_0.bin"), 64u + 4 * 100);
+  LoaderOptions o;
+  o.seq_len = 8;
+  o.val_fraction = 0;
+  TokenLoader loader(dir.path, o);
+  std::vector<int32_t> x(8), y(8);
+  for (int i = 0; i < 100; i++) {
+    loader.next_batch(x.data(), y.data(), 1);
+    EXPECT_LT(window_of(x.data(), y.data(), 8, 70000, 100), 100u);
+  }
+}

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "core/check.hpp"
@@ -198,4 +199,38 @@ TEST(Prepare, SampleIsBoundedSeededAndInInputOrder) {
     late += n >= 500;
   }
   EXPECT_GT(late, 25);  // drawn from the whole input, not just its head
+}
+
+TEST(Prepare, RerunIntoTheSameDirectoryLeavesNoStaleShards) {
+  TempDir dir;
+  write_text(dir / "in.txt", corpus_head(20));
+  PrepareOptions o = options(dir / "in.txt", dir / "out");
+  o.tokenizer = "byte";
+  o.shard_tokens = 500;
+  size_t many = prepare_dataset(o).shards.size();
+  ASSERT_GT(many, 2u);
+  o.shard_tokens = 1000000;
+  EXPECT_EQ(prepare_dataset(o).shards.size(), 1u);
+  EXPECT_TRUE(std::filesystem::exists(dir / "out/shard_00000.bin"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "out/shard_00001.bin"));
+}
+
+TEST(Prepare, PrepareIfNeededReusesOnlyAMatchingCache) {
+  TempDir dir;
+  write_text(dir / "in.txt", corpus_head(50));
+  PrepareOptions o = options(dir / "in.txt", dir / "out");
+  o.tokenizer = "byte";
+  bool reused = true;
+  DatasetManifest first = prepare_if_needed(o, &reused);
+  EXPECT_FALSE(reused);
+  EXPECT_EQ(first.inputs.at(0).file_bytes, file_size_or_throw(dir / "in.txt"));
+  prepare_if_needed(o, &reused);
+  EXPECT_TRUE(reused);
+  o.shard_tokens = 100;  // other settings: rebuilt
+  EXPECT_GT(prepare_if_needed(o, &reused).shards.size(), 1u);
+  EXPECT_FALSE(reused);
+  write_text(dir / "in.txt", corpus_head(60));  // the input changed: rebuilt
+  EXPECT_GT(prepare_if_needed(o, &reused).total_tokens, first.total_tokens);
+  EXPECT_FALSE(reused);
+  EXPECT_TRUE(std::filesystem::exists(bundled_corpus_path()));
 }
