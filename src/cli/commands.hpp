@@ -10,6 +10,7 @@ void add_check_command(CLI::App& app);
 void add_report_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
+void add_export_command(CLI::App& app);
 void add_data_command(CLI::App& app);
 void add_checkpoint_command(CLI::App& app);
 }  // namespace exatrain::cli

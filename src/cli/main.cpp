@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   exatrain::cli::add_report_command(app);
   exatrain::cli::add_train_command(app);
   exatrain::cli::add_sample_command(app);
+  exatrain::cli::add_export_command(app);
   exatrain::cli::add_data_command(app);
   exatrain::cli::add_checkpoint_command(app);
   try {

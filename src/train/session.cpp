@@ -29,8 +29,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The bundled corpus and how it is prepared for the default job (docs/data.md).
-constexpr const char* kBundledCorpus = "corpus/kjv.txt.xz";
+// The bundled corpus (corpus/README.md) is prepared with this vocabulary for the default job.
 constexpr uint32_t kBundledVocab = 4096;
 
 // Adapts the memory-mapped loader to the trainer's TokenSource. The loader's own cursor (saved
@@ -113,17 +112,17 @@ std::string resolve_dataset(const Job& job, std::FILE* log) {
   }
   const char* cache_env = std::getenv("EXATRAIN_CACHE");
   std::string cache = cache_env && *cache_env ? cache_env : data_root() + "/data-cache";
-  std::string dir = fmt::format("{}/kjv-bpe{}", cache, kBundledVocab);
-  if (fs::exists(fs::path(dir) / data::kManifestName)) return dir;
-  fmt::print(log, "preparing the bundled corpus ({}) into {} (once; cached)\n", kBundledCorpus, dir);
-  std::fflush(log);
   data::PrepareOptions po;
-  po.inputs = {data_root() + "/" + kBundledCorpus};
-  po.out_dir = dir;
+  po.inputs = {data::bundled_corpus_path()};
+  po.out_dir = fmt::format("{}/kjv-bpe{}", cache, kBundledVocab);
   po.tokenizer = "bpe";
   po.vocab_size = kBundledVocab;
-  data::prepare_dataset(po);
-  return dir;
+  if (!fs::exists(fs::path(po.out_dir) / data::kManifestName))
+    fmt::print(log, "preparing the bundled corpus ({}) into {} (once; cached)\n", po.inputs[0], po.out_dir);
+  std::fflush(log);
+  bool reused = false;
+  data::prepare_if_needed(po, &reused);
+  return po.out_dir;
 }
 
 TrainRunResult run_training(const Job& job_in, const TrainRunOptions& opt) {

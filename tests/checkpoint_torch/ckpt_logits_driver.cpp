@@ -1,7 +1,8 @@
 // Makes a real checkpoint (a few training steps of a tiny model on a byte dataset), then runs our
 // forward pass on fixed tokens and writes what torch_loads_checkpoint.py compares against:
 //   OUT/ckpt -> the checkpoint directory (model.safetensors), OUT/logits.bin float32 [T, V],
-//   OUT/tokens.bin int32 [T], OUT/config.json (the model section).
+//   OUT/tokens.bin int32 [T], OUT/config.json (the model section), OUT/hf_fp32 and OUT/hf_bf16
+//   (`exatrain export --format hf` of the checkpoint).
 // Usage: ckpt_logits_driver OUT_DIR gpt2|llama
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 
 #include "backend/cpu/cpu_backend.hpp"
 #include "checkpoint/checkpoint.hpp"
+#include "checkpoint/export.hpp"
 #include "data/prepare.hpp"
 #include "job/parse.hpp"
 #include "model/gpt.hpp"
@@ -72,5 +74,13 @@ int main(int argc, char** argv) {
                         {"norm", to_string(m.norm)}, {"position", to_string(m.position)},
                         {"norm_eps", m.norm_eps}, {"rope_theta", m.rope_theta}, {"checkpoint", r.last_checkpoint}};
   std::ofstream(out + "/config.json") << cfg.dump(2);
+  // Hugging Face exports of the same checkpoint, in both dtypes.
+  for (const char* dtype : {"fp32", "bf16"}) {
+    checkpoint::ExportOptions eo;
+    eo.format = "hf";
+    eo.dtype = dtype;
+    eo.out_dir = out + "/hf_" + dtype;
+    checkpoint::export_checkpoint(r.last_checkpoint, eo);
+  }
   return 0;
 }

@@ -1,0 +1,178 @@
+#include "checkpoint/export.hpp"
+
+#include <filesystem>
+#include <map>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.hpp"
+#include "checkpoint/safetensors.hpp"
+#include "core/check.hpp"
+#include "core/fileio.hpp"
+#include "job/parse.hpp"
+
+namespace exatrain::checkpoint {
+namespace {
+
+struct Tensor {
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+
+// Every model tensor of the checkpoint as a whole (global) tensor, assembled from the slices of
+// all model*.safetensors files (one per rank when the run was split).
+std::map<std::string, Tensor> load_global_tensors(const CheckpointReader& r) {
+  std::vector<std::unique_ptr<SafetensorsReader>> owned;
+  std::vector<const SafetensorsReader*> files;
+  for (const auto& [name, entry] : r.files())
+    if (name.rfind("model", 0) == 0 && name.size() > 12 && name.substr(name.size() - 12) == ".safetensors") {
+      owned.push_back(r.safetensors(name));
+      files.push_back(owned.back().get());
+    }
+  EXA_CHECK(!files.empty(), "{}: no model*.safetensors file in the checkpoint", r.dir());
+  std::map<std::string, Tensor> out;
+  for (const auto* f : files)
+    for (const auto& [name, info] : f->tensors())
+      if (!out.count(name)) {
+        Tensor t;
+        t.data = assemble_global(files, name, &t.shape);
+        out.emplace(name, std::move(t));
+      }
+  return out;
+}
+
+// out[c, r] = in[r, c] for a [rows, cols] matrix (Hugging Face GPT-2's Conv1D stores [in, out]).
+Tensor transpose(const Tensor& in) {
+  EXA_CHECK(in.shape.size() == 2, "export: expected a matrix to transpose, got shape {}", shape_string(in.shape));
+  const int64_t R = in.shape[0], C = in.shape[1];
+  Tensor out{{C, R}, std::vector<float>(in.data.size())};
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) out.data[size_t(c * R + r)] = in.data[size_t(r * C + c)];
+  return out;
+}
+
+// Concatenation along dimension 0.
+Tensor concat_rows(const std::vector<const Tensor*>& parts) {
+  Tensor out;
+  out.shape = parts[0]->shape;
+  out.shape[0] = 0;
+  for (const Tensor* p : parts) {
+    out.shape[0] += p->shape[0];
+    out.data.insert(out.data.end(), p->data.begin(), p->data.end());
+  }
+  return out;
+}
+
+struct Exported {
+  std::map<std::string, Tensor> tensors;
+  nlohmann::json config;
+};
+
+Exported to_hf_gpt2(std::map<std::string, Tensor>& W, const ModelSpec& m) {
+  EXA_CHECK(m.activation == Activation::gelu && m.norm == Norm::layernorm && m.position == Position::learned &&
+                m.kv_heads == m.heads,
+            "export --format hf: a GPT-2-style model needs activation = \"gelu\", norm = \"layernorm\", position = "
+            "\"learned\" and kv_heads = heads; a Llama-style one needs \"swiglu\", \"rmsnorm\", \"rope\"; this model "
+            "has {}, {}, {}, kv_heads = {} of heads = {}",
+            to_string(m.activation), to_string(m.norm), to_string(m.position), m.kv_heads, m.heads);
+  Exported e;
+  auto& T = e.tensors;
+  T["transformer.wte.weight"] = W.at("wte.weight");
+  T["transformer.wpe.weight"] = W.at("wpe.weight");
+  for (int64_t i = 0; i < m.layers; ++i) {
+    std::string p = fmt::format("h.{}.", i), q = fmt::format("transformer.h.{}.", i);
+    T[q + "ln_1.weight"] = W.at(p + "ln_1.weight");
+    T[q + "ln_1.bias"] = W.at(p + "ln_1.bias");
+    // Conv1D: y = x W + b with W [in, out]; ours is torch.nn.Linear's [out, in].
+    T[q + "attn.c_attn.weight"] = transpose(concat_rows(
+        {&W.at(p + "attn.q_proj.weight"), &W.at(p + "attn.k_proj.weight"), &W.at(p + "attn.v_proj.weight")}));
+    T[q + "attn.c_attn.bias"] =
+        concat_rows({&W.at(p + "attn.q_proj.bias"), &W.at(p + "attn.k_proj.bias"), &W.at(p + "attn.v_proj.bias")});
+    T[q + "attn.c_proj.weight"] = transpose(W.at(p + "attn.o_proj.weight"));
+    T[q + "attn.c_proj.bias"] = W.at(p + "attn.o_proj.bias");
+    T[q + "ln_2.weight"] = W.at(p + "ln_2.weight");
+    T[q + "ln_2.bias"] = W.at(p + "ln_2.bias");
+    T[q + "mlp.c_fc.weight"] = transpose(W.at(p + "mlp.fc1.weight"));
+    T[q + "mlp.c_fc.bias"] = W.at(p + "mlp.fc1.bias");
+    T[q + "mlp.c_proj.weight"] = transpose(W.at(p + "mlp.fc2.weight"));
+    T[q + "mlp.c_proj.bias"] = W.at(p + "mlp.fc2.bias");
+  }
+  T["transformer.ln_f.weight"] = W.at("ln_f.weight");
+  T["transformer.ln_f.bias"] = W.at("ln_f.bias");
+  if (!m.tie_embeddings) T["lm_head.weight"] = W.at("lm_head.weight");
+  e.config = {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", m.vocab},
+              {"n_positions", m.seq_len}, {"n_embd", m.hidden}, {"n_layer", m.layers}, {"n_head", m.heads},
+              {"n_inner", m.ffn_hidden}, {"activation_function", "gelu_new"}, {"layer_norm_epsilon", m.norm_eps},
+              {"resid_pdrop", 0.0}, {"embd_pdrop", 0.0}, {"attn_pdrop", 0.0},
+              {"tie_word_embeddings", m.tie_embeddings}, {"torch_dtype", "float32"}};
+  return e;
+}
+
+Exported to_hf_llama(std::map<std::string, Tensor>& W, const ModelSpec& m) {
+  Exported e;
+  auto& T = e.tensors;
+  T["model.embed_tokens.weight"] = W.at("wte.weight");
+  for (int64_t i = 0; i < m.layers; ++i) {
+    std::string p = fmt::format("h.{}.", i), q = fmt::format("model.layers.{}.", i);
+    T[q + "input_layernorm.weight"] = W.at(p + "ln_1.weight");
+    for (const char* proj : {"q_proj", "k_proj", "v_proj", "o_proj"})
+      for (const char* kind : {"weight", "bias"})
+        T[fmt::format("{}self_attn.{}.{}", q, proj, kind)] = W.at(fmt::format("{}attn.{}.{}", p, proj, kind));
+    T[q + "post_attention_layernorm.weight"] = W.at(p + "ln_2.weight");
+    for (const char* proj : {"gate_proj", "up_proj", "down_proj"})
+      for (const char* kind : {"weight", "bias"})
+        T[fmt::format("{}mlp.{}.{}", q, proj, kind)] = W.at(fmt::format("{}mlp.{}.{}", p, proj, kind));
+  }
+  T["model.norm.weight"] = W.at("ln_f.weight");
+  if (!m.tie_embeddings) T["lm_head.weight"] = W.at("lm_head.weight");
+  // Our linear layers carry biases: attention_bias and mlp_bias tell transformers to load them.
+  e.config = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", m.vocab},
+              {"hidden_size", m.hidden}, {"intermediate_size", m.ffn_hidden}, {"num_hidden_layers", m.layers},
+              {"num_attention_heads", m.heads}, {"num_key_value_heads", m.kv_heads}, {"head_dim", m.head_dim()},
+              {"max_position_embeddings", m.seq_len}, {"rms_norm_eps", m.norm_eps}, {"rope_theta", m.rope_theta},
+              {"hidden_act", "silu"}, {"attention_bias", true}, {"mlp_bias", true},
+              {"tie_word_embeddings", m.tie_embeddings}, {"torch_dtype", "float32"}};
+  return e;
+}
+
+}  // namespace
+
+std::string export_checkpoint(const std::string& dir, const ExportOptions& o) {
+  EXA_CHECK(o.format == "safetensors" || o.format == "hf", "export: --format {}: expected safetensors or hf", o.format);
+  EXA_CHECK(o.dtype == "fp32" || o.dtype == "bf16", "export: --dtype {}: expected fp32 or bf16", o.dtype);
+  EXA_CHECK(!o.out_dir.empty(), "export: --out DIR is required");
+  CheckpointReader r(dir);  // verifies every file
+  Job job = parse_job(r.blob("job.toml"), dir + "/job.toml");
+  const ModelSpec& m = job.model;
+  std::map<std::string, Tensor> W = load_global_tensors(r);
+
+  Exported e;
+  if (o.format == "safetensors") {
+    e.tensors = std::move(W);
+  } else if (m.position == Position::rope || m.norm == Norm::rmsnorm || m.activation == Activation::swiglu) {
+    EXA_CHECK(m.position == Position::rope && m.norm == Norm::rmsnorm && m.activation == Activation::swiglu,
+              "export --format hf: a Llama-style model needs position = \"rope\", norm = \"rmsnorm\" and activation = "
+              "\"swiglu\"; this model has {}, {}, {}", to_string(m.position), to_string(m.norm), to_string(m.activation));
+    e = to_hf_llama(W, m);
+  } else {
+    e = to_hf_gpt2(W, m);
+  }
+  if (o.dtype == "bf16" && !e.config.is_null()) e.config["torch_dtype"] = "bfloat16";
+
+  std::filesystem::create_directories(o.out_dir);
+  SafetensorsWriter w;
+  const DType dt = o.dtype == "bf16" ? DType::BF16 : DType::F32;
+  for (const auto& [name, t] : e.tensors) w.add(name, t.shape, t.data.data(), dt);
+  w.set_metadata("format", "pt");  // transformers refuses safetensors files without it
+  write_safetensors(o.out_dir + "/model.safetensors", w);
+  if (o.format == "hf") {
+    write_file_atomic(o.out_dir + "/config.json", e.config.dump(2) + "\n");
+    if (r.has("tokenizer.model")) write_file_atomic(o.out_dir + "/tokenizer.model", r.blob("tokenizer.model"));
+  } else {
+    write_file_atomic(o.out_dir + "/job.toml", r.blob("job.toml"));
+  }
+  return fmt::format("exported {} tensors ({}, {}) of {} to {}", e.tensors.size(), o.format, o.dtype, dir, o.out_dir);
+}
+
+}  // namespace exatrain::checkpoint
