@@ -167,8 +167,13 @@ TrainRunResult run_training(const Job& job_in, const TrainRunOptions& opt) {
     tokenizer_model = read_file_bytes(result.dataset_dir + "/" + manifest.tokenizer_file);
   TrainerExtras extras{"", job_to_toml(job), manifest.tokenizer_type, tokenizer_model};
 
-  fs::create_directories(job.train.run_dir);
   const std::string ckpt_root = job.train.run_dir + "/checkpoints";
+  const bool resuming = !opt.resume.empty() && opt.resume != "none";
+  // A fresh run never mixes its metrics and checkpoints with an earlier run's.
+  EXA_CHECK(resuming || !fs::exists(job.train.run_dir + "/metrics.jsonl"),
+            "{}: [train] run_dir = \"{}\" already holds a run (metrics.jsonl); expected a new directory: pass "
+            "--resume auto to continue it, or --set train.run_dir=OTHER", job.source, job.train.run_dir);
+  fs::create_directories(job.train.run_dir);
   if (auto ref = checkpoint::resolve_resume(opt.resume, ckpt_root, opt.out)) {
     checkpoint::CheckpointReader reader(ref->dir);
     TrainerExtras saved = load_trainer_state(reader, backend, trainer);

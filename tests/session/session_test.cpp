@@ -207,4 +207,7 @@ TEST(Session, BadJobsAreRejectedUpFront) {
   EXPECT_TRUE(has(e, "global_batch = 4 is not divisible by dp * micro_batch = 1 * 3")) << e;
   e = error_of([&] { run_training(tiny_job(run, {"train.data=\"/nonexistent\""}), quiet()); });
   EXPECT_TRUE(has(e, "[train] data = \"/nonexistent\": expected a directory written by `exatrain data prepare`")) << e;
+  run_training(tiny_job(run, {"train.steps=1"}), quiet());
+  e = error_of([&] { run_training(tiny_job(run, {"train.steps=1"}), quiet()); });
+  EXPECT_TRUE(has(e, "already holds a run (metrics.jsonl)")) << e;
 }
