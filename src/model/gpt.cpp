@@ -1,5 +1,6 @@
 // Gpt: parameter layout, buffers, stage forward/backward (embedding, layers, head + loss).
 // The per-layer forward/backward pair is in gpt_layer.cpp.
+#include <algorithm>
 #include <cmath>
 
 #include "core/check.hpp"
@@ -193,9 +194,16 @@ Gpt::Acts& Gpt::acts_for(int64_t l) {
 }
 
 void Gpt::init_weights(uint64_t seed) {
-  std::vector<float> host(size_t(layout_.total()));
-  init_params(layout_, seed, host.data());
-  be_.upload(params_, host.data(), sizeof(float) * host.size());
+  // Through a 4 MiB host buffer: a full host copy would add the whole arena to peak memory.
+  const int64_t chunk = 1 << 20;
+  std::vector<float> host(static_cast<size_t>(chunk));
+  for (const ParamInfo& p : layout_.entries()) {
+    for (int64_t first = 0; first < p.numel; first += chunk) {
+      const int64_t n = std::min(chunk, p.numel - first);
+      init_param_range(p, seed, first, n, host.data());
+      be_.upload(params_ + p.offset + first, host.data(), sizeof(float) * size_t(n));
+    }
+  }
 }
 
 void Gpt::zero_grad() { be_.zero(grads_, sizeof(float) * size_t(layout_.total())); }
