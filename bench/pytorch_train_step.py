@@ -59,6 +59,12 @@ def main():
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     model = GPT()
+    with torch.no_grad():  # GPT-2 initialisation (as our engine): N(0, 0.02) weights, zero biases
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.02)
+            elif name.endswith("bias"):
+                p.zero_()
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1)
     x = torch.randint(0, 50257, (a.batch, a.seq))
     y = torch.randint(0, 50257, (a.batch, a.seq))
