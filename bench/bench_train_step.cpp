@@ -100,6 +100,11 @@ int main(int argc, char** argv) try {
     gemm_ms.push_back(be->gemm_seconds * 1e3);
     gemm_gflops.push_back(be->gemm_flops / be->gemm_seconds / 1e9);
   }
+  // Measure the sgemm reference again after our steps and keep the better one: on a shared
+  // machine a single measurement can land in a busy moment (MFU would then exceed 1).
+  const double peak_after = measure_sgemm_gflops(*be, 2048, 3);
+  std::printf("OpenBLAS sgemm 2048^3 after the steps: %.1f GFLOP/s\n", peak_after);
+  const double peak_best = std::max(peak, peak_after);
   const double ours = median(ms);
   const double accounted = double(tr.accounted_bytes()), rss = double(peak_rss_bytes());
   const ModelMemory mm = tr.model().memory();
@@ -111,8 +116,10 @@ int main(int argc, char** argv) try {
   std::printf("GEMM share of our step: %.0f%% (%.0f ms)\n", 100 * median(gemm_ms) / ours,
               median(gemm_ms));
   std::printf("our GEMM throughput: %.1f GFLOP/s vs OpenBLAS sgemm 2048^3 %.1f GFLOP/s (%.0f%%)\n",
-              median(gemm_gflops), peak, 100 * median(gemm_gflops) / peak);
-  std::printf("model FLOP/s: %.1f GFLOP/s, MFU %.2f\n", last.gflops, last.mfu);
+              median(gemm_gflops), peak_best, 100 * median(gemm_gflops) / peak_best);
+  const double model_gflops = tr.model().flops_per_step() / (ours / 1e3) / 1e9;
+  std::printf("model FLOP/s: %.1f GFLOP/s, MFU %.2f (vs the better sgemm measurement)\n",
+              model_gflops, model_gflops / peak_best);
   std::printf("memory: peak RSS %.0f MiB vs accounted %.0f MiB (params %.0f, grads %.0f, "
               "AdamW %.0f, activations %.0f): RSS/accounted = %.3f\n", rss / 1048576,
               accounted / 1048576, mm.params / 1048576.0, mm.grads / 1048576.0,
