@@ -1,5 +1,6 @@
 // Gpt: parameter layout, buffers, stage forward/backward (embedding, layers, head + loss).
 // The per-layer forward/backward pair is in gpt_layer.cpp.
+#include <algorithm>
 #include <cmath>
 
 #include "core/check.hpp"
@@ -33,6 +34,8 @@ Gpt::Gpt(Backend& backend, const GptOptions& options, ParallelHooks* hooks)
   EXA_CHECK(opt_.seq >= 1 && opt_.seq <= m.seq_len, "model: sequence length {} not in [1, {}]",
             opt_.seq, m.seq_len);
   EXA_CHECK(opt_.micro_batch >= 1, "model: micro_batch must be >= 1, got {}", opt_.micro_batch);
+  EXA_CHECK(opt_.activation_slots >= 1, "model: activation_slots must be >= 1, got {}",
+            opt_.activation_slots);
   B_ = opt_.micro_batch;
   T_ = opt_.seq;
   C_ = m.hidden;
@@ -57,9 +60,7 @@ Gpt::Gpt(Backend& backend, const GptOptions& options, ParallelHooks* hooks)
 Gpt::~Gpt() {
   be_.free_bytes(params_);
   be_.free_bytes(grads_);
-  for (float* p : owned_) be_.free_bytes(p);
-  be_.free_bytes(tokens_);
-  be_.free_bytes(targets_);
+  for (void* p : owned_) be_.free_bytes(p);
 }
 
 void Gpt::build_layout() {
@@ -131,10 +132,31 @@ void Gpt::build_layout() {
 }
 
 float* Gpt::alloc_act(int64_t n) {
-  float* p = be_.alloc(n);
+  float* p = be_.alloc(n);  // owned_, freed in ~Gpt
   owned_.push_back(p);
   mem_.activations += int64_t(sizeof(float)) * n;
   return p;
+}
+
+std::unique_ptr<Gpt::Acts> Gpt::make_acts(bool own_probs) {
+  const int64_t N = B_ * T_, C = C_;
+  const bool ln = opt_.model.norm == Norm::layernorm;
+  const int64_t qkv_w = (Hq_ + 2 * Hkv_) * D_;
+  const int64_t fc_w = opt_.model.activation == Activation::swiglu ? 2 * F_ : F_;
+  auto a = std::make_unique<Acts>();
+  a->ln1 = alloc_act(N * C);
+  if (ln) a->ln1_mean = alloc_act(N);
+  a->ln1_rstd = alloc_act(N);
+  a->qkv = alloc_act(N * qkv_w);
+  a->probs = own_probs ? alloc_act(B_ * Hq_ * T_ * T_) : shared_probs_;
+  a->att = alloc_act(N * Hq_ * D_);
+  a->mid = alloc_act(N * C);
+  a->ln2 = alloc_act(N * C);
+  if (ln) a->ln2_mean = alloc_act(N);
+  a->ln2_rstd = alloc_act(N);
+  a->fc = alloc_act(N * fc_w);
+  a->fc_act = alloc_act(N * F_);
+  return a;
 }
 
 void Gpt::allocate_activations() {
@@ -143,41 +165,34 @@ void Gpt::allocate_activations() {
   const int64_t qkv_w = (Hq_ + 2 * Hkv_) * D_;
   const int64_t fc_w = opt_.model.activation == Activation::swiglu ? 2 * F_ : F_;
   const Recompute rc = opt_.recompute;
-  for (int64_t l = 0; l <= L_; l++) res_.push_back(alloc_act(N * C));
   // none: every layer keeps everything; selective: everything but the attention
   // probabilities (one shared buffer, recomputed in backward); full: one shared set, the
-  // layer is re-run from its input (res_[l]) in backward.
+  // layer is re-run from its input (the slot's res[l]) in backward.
   if (rc == Recompute::selective) shared_probs_ = alloc_act(B_ * Hq_ * T_ * T_);
-  if (rc == Recompute::full) recompute_out_ = alloc_act(N * C);
-  const int64_t sets = rc == Recompute::full ? std::min<int64_t>(L_, 1) : L_;
-  for (int64_t s = 0; s < sets; s++) {
-    auto a = std::make_unique<Acts>();
-    a->ln1 = alloc_act(N * C);
-    if (ln) a->ln1_mean = alloc_act(N);
-    a->ln1_rstd = alloc_act(N);
-    a->qkv = alloc_act(N * qkv_w);
-    a->probs = rc == Recompute::selective ? shared_probs_ : alloc_act(B_ * Hq_ * T_ * T_);
-    a->att = alloc_act(N * Hq_ * D_);
-    a->mid = alloc_act(N * C);
-    a->ln2 = alloc_act(N * C);
-    if (ln) a->ln2_mean = alloc_act(N);
-    a->ln2_rstd = alloc_act(N);
-    a->fc = alloc_act(N * fc_w);
-    a->fc_act = alloc_act(N * F_);
-    acts_.push_back(std::move(a));
+  if (rc == Recompute::full && L_ > 0) {
+    recompute_out_ = alloc_act(N * C);
+    full_acts_ = make_acts(true);
   }
-  tokens_ = static_cast<int32_t*>(be_.alloc_bytes(sizeof(int32_t) * size_t(N)));
-  targets_ = static_cast<int32_t*>(be_.alloc_bytes(sizeof(int32_t) * size_t(N)));
-  if (opt_.stage.has_head) {
-    lnf_ = alloc_act(N * C);
-    if (ln) lnf_mean_ = alloc_act(N);
-    lnf_rstd_ = alloc_act(N);
-    logits_ = alloc_act(N * vocab_local_);
-    rowmax_ = alloc_act(N);
-    xstats_ = alloc_act(2 * N);
-    host_stats_.resize(size_t(3 * N));
+  slots_.resize(size_t(opt_.activation_slots));
+  for (Slot& s : slots_) {
+    for (int64_t l = 0; l <= L_; l++) s.res.push_back(alloc_act(N * C));
+    if (rc != Recompute::full)
+      for (int64_t l = 0; l < L_; l++) s.acts.push_back(make_acts(rc == Recompute::none));
+    s.tokens = static_cast<int32_t*>(be_.alloc_bytes(sizeof(int32_t) * size_t(N)));
+    s.targets = static_cast<int32_t*>(be_.alloc_bytes(sizeof(int32_t) * size_t(N)));
+    owned_.push_back(s.tokens);
+    owned_.push_back(s.targets);
+    if (opt_.stage.has_head) {
+      s.lnf = alloc_act(N * C);
+      if (ln) s.lnf_mean = alloc_act(N);
+      s.lnf_rstd = alloc_act(N);
+      s.logits = alloc_act(N * vocab_local_);
+      s.rowmax = alloc_act(N);
+      s.xstats = alloc_act(2 * N);
+    }
   }
-  // backward scratch, shared by all layers
+  if (opt_.stage.has_head) host_stats_.resize(size_t(3 * N));
+  // backward scratch, shared by all layers and slots
   dres_a_ = alloc_act(N * C);
   dres_b_ = alloc_act(N * C);
   dmid_ = alloc_act(N * C);
@@ -188,64 +203,84 @@ void Gpt::allocate_activations() {
   dfc_act_ = alloc_act(N * F_);
 }
 
-Gpt::Acts& Gpt::acts_for(int64_t l) {
-  return opt_.recompute == Recompute::full ? *acts_[0] : *acts_[size_t(l)];
+Gpt::Slot& Gpt::slot_at(int64_t slot) {
+  EXA_CHECK(slot >= 0 && slot < int64_t(slots_.size()),
+            "model: activation slot {} not in [0, {})", slot, slots_.size());
+  return slots_[size_t(slot)];
+}
+
+Gpt::Acts& Gpt::acts_for(Slot& s, int64_t l) {
+  return opt_.recompute == Recompute::full ? *full_acts_ : *s.acts[size_t(l)];
 }
 
 void Gpt::init_weights(uint64_t seed) {
-  std::vector<float> host(size_t(layout_.total()));
-  init_params(layout_, seed, host.data());
-  be_.upload(params_, host.data(), sizeof(float) * host.size());
+  // Through a 4 MiB host buffer: a full host copy would add the whole arena to peak memory.
+  const int64_t chunk = 1 << 20;
+  std::vector<float> host(static_cast<size_t>(chunk));
+  for (const ParamInfo& p : layout_.entries()) {
+    for (int64_t first = 0; first < p.numel; first += chunk) {
+      const int64_t n = std::min(chunk, p.numel - first);
+      init_param_range(p, seed, first, n, host.data());
+      be_.upload(params_ + p.offset + first, host.data(), sizeof(float) * size_t(n));
+    }
+  }
 }
 
 void Gpt::zero_grad() { be_.zero(grads_, sizeof(float) * size_t(layout_.total())); }
 
-const float* Gpt::output() const { return res_[size_t(L_)]; }
+const float* Gpt::output(int64_t slot) const {
+  return const_cast<Gpt*>(this)->slot_at(slot).res[size_t(L_)];
+}
 const float* Gpt::input_grad() const { return din_; }
-const float* Gpt::logits() const { return logits_; }
+const float* Gpt::logits(int64_t slot) const {
+  return const_cast<Gpt*>(this)->slot_at(slot).logits;
+}
 
-float Gpt::forward(const int32_t* tokens, const float* input, const int32_t* targets) {
+float Gpt::forward(const int32_t* tokens, const float* input, const int32_t* targets,
+                   int64_t slot) {
   const int64_t N = B_ * T_, C = C_;
   const ModelSpec& m = opt_.model;
-  float* x = res_[0];
+  Slot& s = slot_at(slot);
+  float* x = s.res[0];
   if (opt_.stage.has_embedding) {
     EXA_CHECK(tokens != nullptr, "model: the embedding stage needs tokens");
     for (int64_t i = 0; i < N; i++)
       EXA_CHECK(tokens[i] >= 0 && tokens[i] < m.vocab, "model: token {} at position {} is "
                 "outside the vocabulary [0, {})", tokens[i], i, m.vocab);
-    be_.upload(tokens_, tokens, sizeof(int32_t) * size_t(N));
-    be_.embedding_forward(x, tokens_, params_ + off_wte_, vocab_start_, vocab_local_, N, C);
+    be_.upload(s.tokens, tokens, sizeof(int32_t) * size_t(N));
+    be_.embedding_forward(x, s.tokens, params_ + off_wte_, vocab_start_, vocab_local_, N, C);
     hooks_->partial_sum_allreduce(x, N * C);  // vocabulary-parallel embedding
     if (off_wpe_ >= 0) be_.positional_forward(x, params_ + off_wpe_, B_, T_, C);
   } else {
     EXA_CHECK(input != nullptr, "model: a stage without embedding needs input activations");
     be_.copy(x, input, sizeof(float) * size_t(N * C));
   }
-  for (int64_t l = 0; l < L_; l++) layer_forward(l, res_[size_t(l)], res_[size_t(l) + 1], acts_for(l));
+  for (int64_t l = 0; l < L_; l++)
+    layer_forward(l, s.res[size_t(l)], s.res[size_t(l) + 1], acts_for(s, l));
   if (!opt_.stage.has_head) return 0.0f;
 
   EXA_CHECK(targets != nullptr, "model: the head stage needs targets");
   for (int64_t i = 0; i < N; i++)
     EXA_CHECK(targets[i] >= 0 && targets[i] < m.vocab, "model: target {} at position {} is "
               "outside the vocabulary [0, {})", targets[i], i, m.vocab);
-  be_.upload(targets_, targets, sizeof(int32_t) * size_t(N));
-  const float* xL = res_[size_t(L_)];
+  be_.upload(s.targets, targets, sizeof(int32_t) * size_t(N));
+  const float* xL = s.res[size_t(L_)];
   const float eps = float(m.norm_eps);
   if (m.norm == Norm::layernorm)
-    be_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, xL, params_ + off_lnf_w_,
+    be_.layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, xL, params_ + off_lnf_w_,
                           params_ + off_lnf_b_, N, C, eps);
   else
-    be_.rmsnorm_forward(lnf_, lnf_rstd_, xL, params_ + off_lnf_w_, N, C, eps);
+    be_.rmsnorm_forward(s.lnf, s.lnf_rstd, xL, params_ + off_lnf_w_, N, C, eps);
   // logits[N, V] = lnf[N, C] @ W_head[V, C]^T (column-parallel over the vocabulary)
-  be_.gemm(false, true, N, vocab_local_, C, 1.0f, lnf_, C, params_ + off_head_, C, 0.0f, logits_,
-           vocab_local_);
-  be_.xent_max(rowmax_, logits_, N, vocab_local_);
-  hooks_->vocab_max_allreduce(rowmax_, N);
-  be_.xent_stats(xstats_, xstats_ + N, logits_, rowmax_, targets_, vocab_start_, N,
+  be_.gemm(false, true, N, vocab_local_, C, 1.0f, s.lnf, C, params_ + off_head_, C, 0.0f,
+           s.logits, vocab_local_);
+  be_.xent_max(s.rowmax, s.logits, N, vocab_local_);
+  hooks_->vocab_max_allreduce(s.rowmax, N);
+  be_.xent_stats(s.xstats, s.xstats + N, s.logits, s.rowmax, s.targets, vocab_start_, N,
                  vocab_local_);
-  hooks_->vocab_sum_allreduce(xstats_, 2 * N);
-  be_.download(host_stats_.data(), rowmax_, sizeof(float) * size_t(N));
-  be_.download(host_stats_.data() + N, xstats_, sizeof(float) * size_t(2 * N));
+  hooks_->vocab_sum_allreduce(s.xstats, 2 * N);
+  be_.download(host_stats_.data(), s.rowmax, sizeof(float) * size_t(N));
+  be_.download(host_stats_.data() + N, s.xstats, sizeof(float) * size_t(2 * N));
   double loss = 0;  // rows summed in order: deterministic
   for (int64_t i = 0; i < N; i++) {
     const double mx = host_stats_[size_t(i)], se = host_stats_[size_t(N + i)],
@@ -255,27 +290,28 @@ float Gpt::forward(const int32_t* tokens, const float* input, const int32_t* tar
   return float(loss / double(N));
 }
 
-void Gpt::backward(const float* output_grad, float loss_scale) {
+void Gpt::backward(const float* output_grad, float loss_scale, int64_t slot) {
   const int64_t N = B_ * T_, C = C_;
   const ModelSpec& m = opt_.model;
-  float* dx = dres_a_;  // d loss / d res_[L]
+  Slot& s = slot_at(slot);
+  float* dx = dres_a_;  // d loss / d res[L]
   if (opt_.stage.has_head) {
     // dlogits (in place) = loss_scale/N * (softmax - onehot)
-    be_.xent_backward(logits_, rowmax_, xstats_, targets_, vocab_start_, loss_scale / float(N),
-                      N, vocab_local_);
+    be_.xent_backward(s.logits, s.rowmax, s.xstats, s.targets, vocab_start_,
+                      loss_scale / float(N), N, vocab_local_);
     // dW_head[V,C] += dlogits^T[V,N] @ lnf[N,C];  dlnf[N,C] = dlogits[N,V] @ W_head[V,C]
-    be_.gemm(true, false, vocab_local_, C, N, 1.0f, logits_, vocab_local_, lnf_, C, 1.0f,
+    be_.gemm(true, false, vocab_local_, C, N, 1.0f, s.logits, vocab_local_, s.lnf, C, 1.0f,
              grads_ + off_head_, C);
-    be_.gemm(false, false, N, C, vocab_local_, 1.0f, logits_, vocab_local_, params_ + off_head_,
-             C, 0.0f, dln_, C);
+    be_.gemm(false, false, N, C, vocab_local_, 1.0f, s.logits, vocab_local_,
+             params_ + off_head_, C, 0.0f, dln_, C);
     hooks_->input_grad_allreduce(dln_, N * C);
     be_.zero(dx, sizeof(float) * size_t(N * C));
-    const float* xL = res_[size_t(L_)];
+    const float* xL = s.res[size_t(L_)];
     if (m.norm == Norm::layernorm)
       be_.layernorm_backward(dx, grads_ + off_lnf_w_, grads_ + off_lnf_b_, dln_, xL,
-                             params_ + off_lnf_w_, lnf_mean_, lnf_rstd_, N, C);
+                             params_ + off_lnf_w_, s.lnf_mean, s.lnf_rstd, N, C);
     else
-      be_.rmsnorm_backward(dx, grads_ + off_lnf_w_, dln_, xL, params_ + off_lnf_w_, lnf_rstd_,
+      be_.rmsnorm_backward(dx, grads_ + off_lnf_w_, dln_, xL, params_ + off_lnf_w_, s.lnf_rstd,
                            N, C);
   } else {
     EXA_CHECK(output_grad != nullptr, "model: a stage without head needs the output gradient");
@@ -283,16 +319,16 @@ void Gpt::backward(const float* output_grad, float loss_scale) {
   }
   float* other = dres_b_;
   for (int64_t l = L_ - 1; l >= 0; l--) {
-    Acts& a = acts_for(l);
+    Acts& a = acts_for(s, l);
     if (opt_.recompute == Recompute::full)
-      layer_forward(l, res_[size_t(l)], recompute_out_, a);  // re-run: refill the shared acts
-    layer_backward(l, res_[size_t(l)], dx, other, a);
+      layer_forward(l, s.res[size_t(l)], recompute_out_, a);  // re-run: refill the shared acts
+    layer_backward(l, s.res[size_t(l)], dx, other, a);
     std::swap(dx, other);
   }
-  din_ = dx;  // d loss / d res_[0]
+  din_ = dx;  // d loss / d res[0]
   if (opt_.stage.has_embedding) {
     // vocabulary-parallel embedding: backward is the identity on every rank
-    be_.embedding_backward(grads_ + off_wte_, dx, tokens_, vocab_start_, vocab_local_, N, C);
+    be_.embedding_backward(grads_ + off_wte_, dx, s.tokens, vocab_start_, vocab_local_, N, C);
     if (off_wpe_ >= 0) be_.positional_backward(grads_ + off_wpe_, dx, B_, T_, C);
   }
 }

@@ -37,6 +37,10 @@ struct GptOptions {
   Recompute recompute = Recompute::none;
   int64_t micro_batch = 1;  // B: sequences per forward
   int64_t seq = 0;          // T: tokens per sequence (0 = model.seq_len)
+  // Activation slots: how many micro-batches may be between their forward and backward at
+  // once (a pipeline stage under 1F1B needs up to pp). Each slot keeps its own saved
+  // activations; backward scratch is shared.
+  int64_t activation_slots = 1;
 };
 
 // Bytes the model allocated, by kind (for the memory report).
@@ -63,13 +67,17 @@ class Gpt {
   // ---- stage forward / backward --------------------------------------------------------------
   // tokens, targets: host arrays [B*T]; input: device [B,T,C] when !has_embedding.
   // Returns the mean cross-entropy over the B*T targets when has_head, else 0.
-  float forward(const int32_t* tokens, const float* input, const int32_t* targets);
+  // slot in [0, activation_slots): where this micro-batch's activations are kept until its
+  // backward (which must use the same slot).
+  float forward(const int32_t* tokens, const float* input, const int32_t* targets,
+                int64_t slot = 0);
   // loss_scale: d(objective)/d(mean loss) (1/accumulation steps). output_grad: device [B,T,C]
-  // when !has_head. Adds to grads(); input_grad() is valid afterwards when !has_embedding.
-  void backward(const float* output_grad, float loss_scale);
-  const float* output() const;      // device [B,T,C]: the last layer's output (res[L])
-  const float* input_grad() const;  // device [B,T,C]: d loss / d input activations
-  const float* logits() const;      // device [N,V]: valid after forward, overwritten by backward
+  // when !has_head. Adds to grads(); input_grad() is valid afterwards (until the next
+  // backward) when !has_embedding.
+  void backward(const float* output_grad, float loss_scale, int64_t slot = 0);
+  const float* output(int64_t slot = 0) const;  // device [B,T,C]: the last layer's output
+  const float* input_grad() const;              // device [B,T,C]: d loss / d input
+  const float* logits(int64_t slot = 0) const;  // device [N,V]: after forward, until backward
 
   // ---- facts -------------------------------------------------------------------------------
   const GptOptions& options() const { return opt_; }
@@ -83,12 +91,24 @@ class Gpt {
  private:
   struct LayerOffsets;  // parameter offsets of one layer (same for params and grads)
   struct Acts;          // activation buffers of one layer
+  // Everything one in-flight micro-batch keeps between its forward and backward.
+  struct Slot {
+    std::vector<float*> res;                   // [L+1] x [N,C]: layer inputs + output
+    std::vector<std::unique_ptr<Acts>> acts;   // per layer (none/selective); empty for full
+    int32_t* tokens = nullptr;                 // device [N]
+    int32_t* targets = nullptr;                // device [N]
+    float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr;  // [N,C], [N], [N]
+    float* logits = nullptr;                   // [N,V]
+    float *rowmax = nullptr, *xstats = nullptr;  // [N], [2,N]
+  };
+  std::unique_ptr<Acts> make_acts(bool own_probs);
+  Slot& slot_at(int64_t slot);
   void build_layout();
   void allocate_activations();
   float* alloc_act(int64_t n);
   void layer_forward(int64_t l, const float* x, float* out, Acts& a);
   void layer_backward(int64_t l, const float* x, const float* dout, float* dx, Acts& a);
-  Acts& acts_for(int64_t l);
+  Acts& acts_for(Slot& s, int64_t l);
 
   Backend& be_;
   GptOptions opt_;
@@ -102,15 +122,11 @@ class Gpt {
   float* params_ = nullptr;
   float* grads_ = nullptr;
   // activations
-  std::vector<float*> owned_;
-  std::vector<float*> res_;  // [L+1] x [N,C]: the residual stream (layer inputs + output)
-  std::vector<std::unique_ptr<Acts>> acts_;  // per layer (none/selective) or 1 shared (full)
-  float* shared_probs_ = nullptr;            // selective: [B,Hq,T,T] reused by all layers
-  float* recompute_out_ = nullptr;           // full: [N,C] scratch output of the re-run
-  int32_t* tokens_ = nullptr;                // device [N]
-  int32_t* targets_ = nullptr;               // device [N]
-  float *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr;
-  float *rowmax_ = nullptr, *xstats_ = nullptr;  // [N], [2,N]
+  std::vector<void*> owned_;
+  std::vector<Slot> slots_;
+  std::unique_ptr<Acts> full_acts_;  // full: one set shared by all layers and slots
+  float* shared_probs_ = nullptr;    // selective: [B,Hq,T,T] reused by all layers and slots
+  float* recompute_out_ = nullptr;   // full: [N,C] scratch output of the re-run
   // backward scratch
   float *dres_a_ = nullptr, *dres_b_ = nullptr, *dmid_ = nullptr, *dln_ = nullptr;
   float *dqkv_ = nullptr, *datt_ = nullptr, *dfc_ = nullptr, *dfc_act_ = nullptr;

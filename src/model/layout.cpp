@@ -48,28 +48,27 @@ float normal_at(uint64_t key, uint64_t index) {
 
 }  // namespace
 
-void init_params(const ParamLayout& layout, uint64_t seed, float* arena) {
-  for (const ParamInfo& p : layout.entries()) {
-    float* out = arena + p.offset;
-    if (p.init_std <= 0) {
-      for (int64_t i = 0; i < p.numel; i++) out[i] = p.init_value;
-      continue;
-    }
-    const uint64_t key = splitmix64(seed) ^ hash_name(p.name);
-    // Shard element (r, c) -> global flat index; 1-D tensors are treated as [n, 1].
-    const int64_t rows = p.shard_shape[0];
-    const int64_t cols = p.numel / rows;
-    const int64_t global_cols = p.global_shape.size() > 1 ? p.global_shape[1] : 1;
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-      for (int64_t c = 0; c < cols; c++) {
-        int64_t gr = r, gc = c;
-        if (p.split_dim == 0) gr += p.shard_start;
-        if (p.split_dim == 1) gc += p.shard_start;
-        out[r * cols + c] = p.init_std * normal_at(key, uint64_t(gr * global_cols + gc));
-      }
-    }
+void init_param_range(const ParamInfo& p, uint64_t seed, int64_t first, int64_t count,
+                      float* out) {
+  if (p.init_std <= 0) {
+    for (int64_t i = 0; i < count; i++) out[i] = p.init_value;
+    return;
   }
+  const uint64_t key = splitmix64(seed) ^ hash_name(p.name);
+  // Shard element (r, c) -> global flat index; 1-D tensors are treated as [n, 1].
+  const int64_t cols = p.numel / p.shard_shape[0];
+  const int64_t global_cols = p.global_shape.size() > 1 ? p.global_shape[1] : 1;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < count; i++) {
+    int64_t r = (first + i) / cols, c = (first + i) % cols;
+    if (p.split_dim == 0) r += p.shard_start;
+    if (p.split_dim == 1) c += p.shard_start;
+    out[i] = p.init_std * normal_at(key, uint64_t(r * global_cols + c));
+  }
+}
+
+void init_params(const ParamLayout& layout, uint64_t seed, float* arena) {
+  for (const ParamInfo& p : layout.entries()) init_param_range(p, seed, 0, p.numel, arena + p.offset);
 }
 
 }  // namespace exatrain

@@ -63,5 +63,9 @@ class ParamLayout {
 // depends only on (seed, parameter name, GLOBAL element index), so every tp/pp split of a
 // model starts from exactly the same global weights.
 void init_params(const ParamLayout& layout, uint64_t seed, float* arena);
+// The same values for elements [first, first + count) of one parameter (flat shard order), so
+// a caller can initialise through a small host buffer.
+void init_param_range(const ParamInfo& p, uint64_t seed, int64_t first, int64_t count,
+                      float* out);
 
 }  // namespace exatrain

@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include <nlohmann/json.hpp>
+
 #include "core/check.hpp"
 #include "train/machine_peak.hpp"
 
@@ -32,6 +34,37 @@ Trainer::Trainer(Backend& backend, const TrainerOptions& options, TokenSource& d
   const size_t n = size_t(options_.micro_batch * options_.seq);
   inputs_.resize(n);
   targets_.resize(n);
+}
+
+TrainerOptions trainer_options_from_job(const Job& job) {
+  TrainerOptions o;
+  o.model = job.model;
+  o.train = job.train;
+  const ParallelSpec& p = job.parallel;
+  o.micro_batch = p.micro_batch.value_or(1);
+  EXA_CHECK(o.micro_batch >= 1, "{}: parallel.micro_batch = {} must be >= 1", job.source,
+            o.micro_batch);
+  EXA_CHECK(p.global_batch % o.micro_batch == 0,
+            "{}: parallel.global_batch = {} is not a multiple of parallel.micro_batch = {}",
+            job.source, p.global_batch, o.micro_batch);
+  o.grad_accum = p.global_batch / o.micro_batch;
+  o.recompute = p.recompute.value_or(Recompute::none);
+  o.seq = job.model.seq_len;
+  return o;
+}
+
+std::string metrics_json(const StepMetrics& m) {
+  nlohmann::json j = {{"step", m.step},
+                      {"loss", m.loss},
+                      {"grad_norm", m.grad_norm},
+                      {"lr", m.lr},
+                      {"tokens_per_s", m.tokens_per_s},
+                      {"mfu", m.mfu},
+                      {"seconds", m.seconds},
+                      {"gflops", m.gflops},
+                      {"peak_rss_bytes", m.peak_rss_bytes},
+                      {"accounted_bytes", m.accounted_bytes}};
+  return j.dump();
 }
 
 int64_t Trainer::accounted_bytes() const {

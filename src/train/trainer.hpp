@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "backend/backend.hpp"
 #include "job/job.hpp"
@@ -39,6 +40,15 @@ struct StepMetrics {
   int64_t accounted_bytes = 0; // params + grads + optimizer state + activations
   bool skipped = false;        // non-finite: no update was applied (step not advanced)
 };
+
+// Trainer options from a validated job for a single-process run: micro_batch from
+// [parallel] (default 1), grad_accum = global_batch / micro_batch (must divide), recompute
+// (default none), seq = model.seq_len. Throws Error naming the key when they do not fit.
+TrainerOptions trainer_options_from_job(const Job& job);
+
+// One metrics.jsonl line (no trailing newline): the contract keys step, loss, grad_norm, lr,
+// tokens_per_s, mfu plus seconds, gflops, peak_rss_bytes, accounted_bytes.
+std::string metrics_json(const StepMetrics& m);
 
 class Trainer {
  public:

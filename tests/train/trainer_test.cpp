@@ -90,7 +90,7 @@ TEST(Trainer, GradientAccumulationEqualsLargerBatch) {
   }
 }
 
-TEST(Trainer, ClippingBoundsTheUpdate) {
+TEST(Trainer, ClippingReportsTheUnclippedNormAndChangesTheUpdate) {
   // With clip = 1e-3 the first AdamW step is still lr-sized (Adam normalises), but the
   // reported norm is the unclipped one: check that clipping does not change grad_norm.
   auto be = make_cpu_backend(1);
@@ -115,6 +115,39 @@ TEST(Trainer, WarmupThenCosine) {
   EXPECT_NEAR(lr_at(9, 1.0, 0.1, 4, 14), 0.55, 1e-12);  // half-way: (1 + 0.1) / 2
   EXPECT_DOUBLE_EQ(lr_at(14, 1.0, 0.1, 4, 14), 0.1);
   EXPECT_DOUBLE_EQ(lr_at(100, 1.0, 0.1, 4, 14), 0.1);
+}
+
+TEST(Trainer, OptionsFromJob) {
+  Job job;
+  job.source = "jobs/x.toml";
+  job.model = small_model();
+  job.parallel.micro_batch = 4;
+  job.parallel.global_batch = 12;
+  job.parallel.recompute = Recompute::selective;
+  TrainerOptions o = trainer_options_from_job(job);
+  EXPECT_EQ(o.micro_batch, 4);
+  EXPECT_EQ(o.grad_accum, 3);
+  EXPECT_EQ(o.recompute, Recompute::selective);
+  EXPECT_EQ(o.seq, 16);
+  job.parallel.global_batch = 10;
+  try {
+    trainer_options_from_job(job);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("jobs/x.toml: parallel.global_batch = 10 is not a "
+                                         "multiple of parallel.micro_batch = 4"),
+              std::string::npos) << e.what();
+  }
+}
+
+TEST(Trainer, MetricsJsonHasTheContractKeys) {
+  StepMetrics m;
+  m.step = 7;
+  m.loss = 2.5;
+  const std::string j = metrics_json(m);
+  for (const char* key : {"\"step\":7", "\"loss\":2.5", "\"grad_norm\"", "\"lr\"",
+                          "\"tokens_per_s\"", "\"mfu\""})
+    EXPECT_NE(j.find(key), std::string::npos) << key << " in " << j;
 }
 
 TEST(Trainer, RejectsUnknownOptimizer) {

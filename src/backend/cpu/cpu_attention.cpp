@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.hpp"
+#include "backend/cpu/vec_math.hpp"
 
 namespace exatrain {
 
@@ -69,8 +70,9 @@ void CpuBackend::attention_forward(float* out, float* probs, const float* qkv, i
           maxv = std::max(maxv, s);
         }
         float sum = 0;
+#pragma omp simd reduction(+ : sum)
         for (int64_t t2 = 0; t2 <= t; t2++) {
-          float e = std::exp(p[t2] - maxv);
+          float e = vm::exp(p[t2] - maxv);
           p[t2] = e;
           sum += e;
         }
@@ -225,7 +227,8 @@ void CpuBackend::xent_stats(float* sumexp, float* target_logit, const float* log
     const float* l = logits + n * V;
     const float m = rowmax[n];
     double s = 0;
-    for (int64_t v = 0; v < V; v++) s += double(std::exp(l[v] - m));
+#pragma omp simd reduction(+ : s)
+    for (int64_t v = 0; v < V; v++) s += double(vm::exp(l[v] - m));
     sumexp[n] = float(s);
     const int64_t t = int64_t(targets[n]) - vocab_start;
     target_logit[n] = (t >= 0 && t < V) ? l[t] : 0.0f;
@@ -240,7 +243,8 @@ void CpuBackend::xent_backward(float* logits, const float* rowmax, const float* 
     float* l = logits + n * V;
     const float m = rowmax[n];
     const float inv = scale / sumexp[n];
-    for (int64_t v = 0; v < V; v++) l[v] = std::exp(l[v] - m) * inv;
+#pragma omp simd
+    for (int64_t v = 0; v < V; v++) l[v] = vm::exp(l[v] - m) * inv;
     const int64_t t = int64_t(targets[n]) - vocab_start;
     if (t >= 0 && t < V) l[t] -= scale;
   }
