@@ -8,6 +8,7 @@
 #include <memory>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.hpp"
 #include "checkpoint/checkpoint.hpp"
@@ -49,13 +50,8 @@ class LoaderSource final : public TokenSource {
   data::TokenLoader& loader_;
 };
 
-// The single-rank plan: everything the job says about parallelism must resolve to one rank.
-struct LocalPlan {
-  int64_t micro_batch = 1, grad_accum = 1;
-  Recompute recompute = Recompute::none;
-};
-
-LocalPlan resolve_local_plan(const Job& job) {
+// Checks, all at once, that the job can run on this single-rank CPU trainer.
+void validate_local_job(const Job& job) {
   const ParallelSpec& p = job.parallel;
   std::vector<std::string> errors;
   auto one = [&](const char* key, const std::optional<int64_t>& v) {
@@ -68,14 +64,11 @@ LocalPlan resolve_local_plan(const Job& job) {
     errors.push_back(fmt::format("{}: [parallel] gpus = {}: this trainer runs on one rank, so expected 1",
                                  job.source, p.gpus));
   one("tp", p.tp), one("pp", p.pp), one("dp", p.dp), one("cp", p.cp), one("vp", p.vp);
-  LocalPlan plan;
-  plan.micro_batch = p.micro_batch.value_or(p.global_batch);
-  if (p.global_batch % plan.micro_batch != 0)
+  const int64_t micro_batch = p.micro_batch.value_or(1);
+  if (p.global_batch % micro_batch != 0)
     errors.push_back(fmt::format("{}: [parallel] global_batch = {} is not divisible by dp * micro_batch = 1 * {} "
                                  "(micro-batches per step = global_batch / (dp * micro_batch) must be an integer)",
-                                 job.source, p.global_batch, plan.micro_batch));
-  plan.grad_accum = p.global_batch / plan.micro_batch;
-  plan.recompute = p.recompute.value_or(Recompute::none);
+                                 job.source, p.global_batch, micro_batch));
   if (job.train.precision != Precision::fp32)
     errors.push_back(fmt::format("{}: [train] precision = \"{}\": the CPU backend trains in \"fp32\" only "
                                  "(other precisions are for `predict`/`plan` and the GPU backends)",
@@ -87,7 +80,6 @@ LocalPlan resolve_local_plan(const Job& job) {
     for (const auto& e : errors) msg += "\n  " + e;
     throw Error(msg);
   }
-  return plan;
 }
 
 double evaluate(Trainer& trainer, const data::TokenLoader& loader, int64_t batches) {
@@ -127,7 +119,7 @@ std::string resolve_dataset(const Job& job, std::FILE* log) {
 
 TrainRunResult run_training(const Job& job_in, const TrainRunOptions& opt) {
   Job job = job_in;
-  const LocalPlan plan = resolve_local_plan(job);
+  validate_local_job(job);
   TrainRunResult result;
   result.last_val_loss = std::numeric_limits<double>::quiet_NaN();
   result.run_dir = job.train.run_dir;
@@ -144,21 +136,16 @@ TrainRunResult run_training(const Job& job_in, const TrainRunOptions& opt) {
             "{}: [model] vocab = {} is smaller than the vocabulary of the dataset's tokenizer ({}, in {}): "
             "token ids would fall outside the embedding; expected vocab >= {} (or omit it)",
             job.source, job.model.vocab, data_vocab, result.dataset_dir, data_vocab);
-  EXA_CHECK(loader.train_windows() >= uint64_t(plan.micro_batch),
+  TrainerOptions to = trainer_options_from_job(job);
+  to.skip_nonfinite = job.train.nan_policy == "skip";
+  to.inject_nan_at_step = opt.inject_nan_at_step;
+  EXA_CHECK(loader.train_windows() >= uint64_t(to.micro_batch),
             "dataset {} has {} training sequences of {} tokens, fewer than one micro-batch ({})",
-            result.dataset_dir, loader.train_windows(), job.model.seq_len, plan.micro_batch);
+            result.dataset_dir, loader.train_windows(), job.model.seq_len, to.micro_batch);
 
   const int threads = job.train.threads > 0 ? int(job.train.threads) : omp_get_num_procs();
   CpuBackend backend(threads);
   LoaderSource source(loader);
-  TrainerOptions to;
-  to.model = job.model;
-  to.train = job.train;
-  to.micro_batch = plan.micro_batch;
-  to.grad_accum = plan.grad_accum;
-  to.recompute = plan.recompute;
-  to.skip_nonfinite = job.train.nan_policy == "skip";
-  to.inject_nan_at_step = opt.inject_nan_at_step;
   Trainer trainer(backend, to, source);
 
   std::string tokenizer_model;
@@ -188,7 +175,7 @@ TrainRunResult run_training(const Job& job_in, const TrainRunOptions& opt) {
   fmt::print(opt.out, "training {} params ({} layers, hidden {}, vocab {}) on {} thread(s): {} steps of {} x {} "
                       "tokens ({} micro-batch(es) of {}), data {}\n",
              trainer.model().num_params(), job.model.layers, job.model.hidden, job.model.vocab, threads,
-             job.train.steps, job.parallel.global_batch, job.model.seq_len, plan.grad_accum, plan.micro_batch,
+             job.train.steps, job.parallel.global_batch, job.model.seq_len, to.grad_accum, to.micro_batch,
              result.dataset_dir);
 
   auto save = [&] {
@@ -218,10 +205,7 @@ TrainRunResult run_training(const Job& job_in, const TrainRunOptions& opt) {
     consecutive_skips = 0;
     ++steps_this_run;
     result.last_loss = m.loss;
-    metrics.write({{"step", m.step}, {"loss", m.loss}, {"grad_norm", m.grad_norm}, {"lr", m.lr},
-                   {"tokens_per_s", m.tokens_per_s}, {"mfu", m.mfu}, {"gflops", m.gflops},
-                   {"step_time_s", m.seconds}, {"peak_rss_bytes", m.peak_rss_bytes},
-                   {"accounted_bytes", m.accounted_bytes}});
+    metrics.write(nlohmann::json::parse(metrics_json(m)));
     if (m.step % job.train.log_every == 0 || m.step == job.train.steps)
       progress.update({m.step, m.loss, m.lr, m.grad_norm, m.tokens_per_s, m.mfu, m.seconds});
     const bool last = m.step == job.train.steps || steps_this_run == opt.stop_after_steps;
