@@ -1,6 +1,7 @@
 // `exatrain train` end to end on a tiny model and dataset: exact resume, the NaN policy,
 // checkpoints of another model, a full disk during a save, corrupted checkpoints, bad jobs.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -23,7 +24,8 @@ namespace {
 // A byte-tokenised dataset from a deterministic text, made once for all tests.
 const std::string& dataset() {
   static std::string dir = [] {
-    std::string root = testing::TempDir() + "/session_data";
+    // Per process: ctest runs each test in its own process, possibly several at once.
+    std::string root = testing::TempDir() + "/session_data_" + std::to_string(getpid());
     fs::remove_all(root);
     fs::create_directories(root);
     std::ofstream text(root + "/text.txt");
