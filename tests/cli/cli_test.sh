@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The exatrain binary as a user meets it: bad input ends with exit status 1 and one clear
+# message naming the file, key or value; a tiny train -> sample -> export -> report round trip.
+set -u
+EXA=$1
+WORK=$2
+rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK"
+failures=0
+# expect_error WHAT EXPECTED_SUBSTRING -- command...
+expect_error() {
+  local what=$1 want=$2; shift 3
+  local out rc
+  out=$("$@" 2>&1); rc=$?
+  if [ $rc -ne 1 ] || [[ "$out" != *"$want"* ]]; then
+    echo "FAIL: $what: exit $rc, wanted 1 and \"$want\" in:"; echo "$out"; failures=$((failures + 1))
+  else
+    echo "ok: $what"
+  fi
+}
+
+printf '[model]\nhiden = 3\n' > typo.toml
+expect_error "mistyped key" 'typo.toml: [model] unknown key "hiden" (did you mean "hidden"?)' -- "$EXA" check typo.toml
+printf '[model]\nhidden = 770\nheads = 12\n' > shape.toml
+expect_error "impossible shape" 'hidden = 770 is not divisible by heads = 12' -- "$EXA" train shape.toml
+expect_error "missing job" "cannot open job file 'nope.toml'" -- "$EXA" train nope.toml
+expect_error "bad --set" '--set: [train] lr = "fast": expected a number' -- "$EXA" check typo.toml --set train.lr=fast
+expect_error "missing checkpoint" 'no-such-ckpt' -- "$EXA" sample no-such-ckpt --prompt hi
+expect_error "missing run dir" 'cannot open metrics file' -- "$EXA" report no-such-run
+
+# A tiny real run: byte tokenizer on a few lines.
+for i in $(seq 1 300); do echo "line $i of a small test text, with some words to learn."; done > text.txt
+"$EXA" data prepare --input text.txt --out data --tokenizer byte > prep.log 2>&1 || { echo "FAIL: prepare"; cat prep.log; exit 1; }
+cat > tiny.toml <<TOML
+[model]
+layers = 1
+hidden = 16
+heads = 2
+seq_len = 16
+[parallel]
+global_batch = 2
+[train]
+steps = 4
+threads = 1
+checkpoint_every = 2
+data = "data"
+run_dir = "run"
+TOML
+out=$("$EXA" train tiny.toml 2>&1) || { echo "FAIL: train"; echo "$out"; exit 1; }
+# Not a terminal: plain lines, no carriage returns.
+if [[ "$out" == *$'\r'* ]] || [[ "$out" != *"step      4/4"* ]]; then echo "FAIL: plain progress lines"; echo "$out"; failures=$((failures + 1)); else echo "ok: plain progress lines"; fi
+[ -f run/report.svg ] && [ -f run/checkpoints/step_00000004/COMPLETE ] && echo "ok: report and checkpoint" || { echo "FAIL: outputs"; failures=$((failures + 1)); }
+expect_error "fresh run into an old run_dir" 'already holds a run' -- "$EXA" train tiny.toml
+"$EXA" train tiny.toml --resume auto --set train.steps=6 > resume.log 2>&1 && grep -q "resumed from" resume.log \
+  && echo "ok: resume auto" || { echo "FAIL: resume"; cat resume.log; failures=$((failures + 1)); }
+"$EXA" sample run/checkpoints/step_00000006 --prompt "line" --tokens 8 > sample.log 2>&1 && grep -q "^line" sample.log \
+  && echo "ok: sample" || { echo "FAIL: sample"; cat sample.log; failures=$((failures + 1)); }
+"$EXA" export run/checkpoints/step_00000006 --format hf --dtype bf16 --out hf > export.log 2>&1 && grep -q '"model_type": "gpt2"' hf/config.json \
+  && echo "ok: export hf" || { echo "FAIL: export"; cat export.log; failures=$((failures + 1)); }
+expect_error "export bad format" 'expected safetensors or hf' -- "$EXA" export run/checkpoints/step_00000006 --format onnx --out x
+# A truncated checkpoint file is named on load.
+truncate -s 100 run/checkpoints/step_00000006/model.safetensors
+expect_error "truncated checkpoint" 'model.safetensors' -- "$EXA" sample run/checkpoints/step_00000006 --prompt hi
+
+echo "$failures failed"
+[ $failures -eq 0 ]
