@@ -257,7 +257,9 @@ float Gpt::forward(const int32_t* tokens, const float* input, const int32_t* tar
   const ModelSpec& m = opt_.model;
   Slot& s = slot_at(slot);
   float* x = s.res[0];
+  using Pass = ParallelHooks::Pass;
   if (opt_.stage.has_embedding) {
+    hooks_->before_layer(ParallelHooks::kEmbedding, Pass::forward);
     EXA_CHECK(tokens != nullptr, "model: the embedding stage needs tokens");
     for (int64_t i = 0; i < N; i++)
       EXA_CHECK(tokens[i] >= 0 && tokens[i] < m.vocab, "model: token {} at position {} is "
@@ -274,12 +276,16 @@ float Gpt::forward(const int32_t* tokens, const float* input, const int32_t* tar
         be_.positional_forward(sp_full_, params_ + off_wpe_, B_, T_, C);
       hooks_->sp_reduce_scatter(sp_full_, x, Ns_ * C);
     }
+    hooks_->after_layer(ParallelHooks::kEmbedding, Pass::forward);
   } else {
     EXA_CHECK(input != nullptr, "model: a stage without embedding needs input activations");
     be_.copy(x, input, sizeof(float) * size_t(Ns_ * C));
   }
-  for (int64_t l = 0; l < L_; l++)
+  for (int64_t l = 0; l < L_; l++) {
+    hooks_->before_layer(first_ + l, Pass::forward);
     layer_forward(l, s.res[size_t(l)], s.res[size_t(l) + 1], acts_for(s, l));
+    hooks_->after_layer(first_ + l, Pass::forward);
+  }
   if (!opt_.stage.has_head) return 0.0f;
 
   EXA_CHECK(targets != nullptr, "model: the head stage needs targets");
@@ -287,6 +293,7 @@ float Gpt::forward(const int32_t* tokens, const float* input, const int32_t* tar
     EXA_CHECK(targets[i] >= 0 && targets[i] < m.vocab, "model: target {} at position {} is "
               "outside the vocabulary [0, {})", targets[i], i, m.vocab);
   be_.upload(s.targets, targets, sizeof(int32_t) * size_t(N));
+  hooks_->before_layer(ParallelHooks::kHead, Pass::forward);
   norm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, s.res[size_t(L_)], off_lnf_w_, off_lnf_b_);
   // logits[N, V] = lnf[N, C] @ W_head[V, C]^T (column-parallel over the vocabulary)
   be_.gemm(false, true, N, vocab_local_, C, 1.0f, s.lnf, C, params_ + off_head_, C, 0.0f,
@@ -296,6 +303,7 @@ float Gpt::forward(const int32_t* tokens, const float* input, const int32_t* tar
   be_.xent_stats(s.xstats, s.xstats + N, s.logits, s.rowmax, s.targets, vocab_start_, N,
                  vocab_local_);
   hooks_->vocab_sum_allreduce(s.xstats, 2 * N);
+  hooks_->after_layer(ParallelHooks::kHead, Pass::forward);
   be_.download(host_stats_.data(), s.rowmax, sizeof(float) * size_t(N));
   be_.download(host_stats_.data() + N, s.xstats, sizeof(float) * size_t(2 * N));
   double loss = 0;  // rows summed in order: deterministic
@@ -311,7 +319,9 @@ void Gpt::backward(const float* output_grad, float loss_scale, int64_t slot) {
   const int64_t N = B_ * T_, C = C_;
   Slot& s = slot_at(slot);
   float* dx = dres_a_;  // d loss / d res[L]
+  using Pass = ParallelHooks::Pass;
   if (opt_.stage.has_head) {
+    hooks_->before_layer(ParallelHooks::kHead, Pass::backward);
     // dlogits (in place) = loss_scale/N * (softmax - onehot)
     be_.xent_backward(s.logits, s.rowmax, s.xstats, s.targets, vocab_start_,
                       loss_scale / float(N), N, vocab_local_);
@@ -323,6 +333,7 @@ void Gpt::backward(const float* output_grad, float loss_scale, int64_t slot) {
     const float* dlnf = grad_to_local();
     be_.zero(dx, sizeof(float) * size_t(Ns_ * C));
     norm_backward(dx, off_lnf_w_, off_lnf_b_, dlnf, s.res[size_t(L_)], s.lnf_mean, s.lnf_rstd);
+    hooks_->after_layer(ParallelHooks::kHead, Pass::backward);
   } else {
     EXA_CHECK(output_grad != nullptr, "model: a stage without head needs the output gradient");
     be_.copy(dx, output_grad, sizeof(float) * size_t(Ns_ * C));
@@ -330,17 +341,24 @@ void Gpt::backward(const float* output_grad, float loss_scale, int64_t slot) {
   float* other = dres_b_;
   for (int64_t l = L_ - 1; l >= 0; l--) {
     Acts& a = acts_for(s, l);
-    if (opt_.recompute == Recompute::full)
-      layer_forward(l, s.res[size_t(l)], recompute_out_, a);  // re-run: refill the shared acts
+    if (opt_.recompute == Recompute::full) {  // re-run: refill the shared acts
+      hooks_->before_layer(first_ + l, Pass::recompute);
+      layer_forward(l, s.res[size_t(l)], recompute_out_, a);
+      hooks_->after_layer(first_ + l, Pass::recompute);
+    }
+    hooks_->before_layer(first_ + l, Pass::backward);
     layer_backward(l, s.res[size_t(l)], dx, other, a);
+    hooks_->after_layer(first_ + l, Pass::backward);
     std::swap(dx, other);
   }
   din_ = dx;  // d loss / d res[0]
   if (opt_.stage.has_embedding) {
     // vocabulary-parallel embedding: backward is the identity on every rank
+    hooks_->before_layer(ParallelHooks::kEmbedding, Pass::backward);
     const float* dfull = grad_to_full(dx);  // [N, C]
     be_.embedding_backward(grads_ + off_wte_, dfull, s.tokens, vocab_start_, vocab_local_, N, C);
     if (off_wpe_ >= 0) be_.positional_backward(grads_ + off_wpe_, dfull, B_, T_, C);
+    hooks_->after_layer(ParallelHooks::kEmbedding, Pass::backward);
   }
 }
 

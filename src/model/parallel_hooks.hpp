@@ -56,6 +56,19 @@ class ParallelHooks {
   // Sequence parallelism (only called when TensorParallel::sequence_parallel).
   virtual void sp_all_gather(const float* local, float* full, int64_t n_local) = 0;
   virtual void sp_reduce_scatter(const float* full, float* local, int64_t n_local) = 0;
+
+  // Layer boundaries, for the data-parallel side of the runtime (not collectives themselves;
+  // default no-ops). `layer` is the GLOBAL layer index; its parameters are the layout entries
+  // named "h.<layer>." (one contiguous arena range). kEmbedding / kHead stand for the
+  // embedding (wte, wpe) and the head (ln_f, lm_head or the tied wte).
+  //   before_layer(l, pass): the layer's parameters are about to be read (ZeRO-3: gather them).
+  //   after_layer(l, pass):  done with them for this pass (ZeRO-3: release). After
+  //                          Pass::backward the layer's gradients for this micro-batch are
+  //                          final (start a bucketed non-blocking all-reduce).
+  enum class Pass { forward, backward, recompute };
+  static constexpr int64_t kEmbedding = -1, kHead = -2;
+  virtual void before_layer(int64_t layer, Pass pass) {}
+  virtual void after_layer(int64_t layer, Pass pass) {}
 };
 
 // tp_size == 1: every collective is the identity.

@@ -319,6 +319,38 @@ TEST(Gpt, SimulatedSequenceParallelMatchesSingleRank) {
   check_tensor_parallel(tiny_model(Activation::swiglu, Norm::rmsnorm, Position::rope, 4, false), 4, true);
 }
 
+// Records the layer-boundary hooks (what a DP/ZeRO runtime would use).
+class RecordingHooks final : public ParallelHooks {
+ public:
+  void input_grad_allreduce(float*, int64_t) override {}
+  void partial_sum_allreduce(float*, int64_t) override {}
+  void vocab_max_allreduce(float*, int64_t) override {}
+  void vocab_sum_allreduce(float*, int64_t) override {}
+  void sp_all_gather(const float*, float*, int64_t) override {}
+  void sp_reduce_scatter(const float*, float*, int64_t) override {}
+  void before_layer(int64_t l, Pass p) override { log += fmt::format("<{}{} ", l, name(p)); }
+  void after_layer(int64_t l, Pass p) override { log += fmt::format(">{}{} ", l, name(p)); }
+  static char name(Pass p) { return p == Pass::forward ? 'f' : p == Pass::backward ? 'b' : 'r'; }
+  std::string log;
+};
+
+TEST(Gpt, LayerBoundaryHooksComeInExecutionOrder) {
+  auto be = make_cpu_backend(1);
+  GptOptions o;
+  o.model = tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4);
+  o.recompute = Recompute::full;
+  RecordingHooks hooks;
+  Gpt g(*be, o, &hooks);
+  g.init_weights(1);
+  auto tok = random_tokens(size_t(o.model.seq_len), o.model.vocab, 2);
+  g.forward(tok.data(), nullptr, tok.data());
+  g.backward(nullptr, 1.0f);
+  EXPECT_EQ(hooks.log,
+            "<-1f >-1f <0f >0f <1f >1f <-2f >-2f "       // embedding, layers 0 and 1, head
+            "<-2b >-2b <1r >1r <1b >1b <0r >0r <0b >0b "  // head, recompute + backward per layer
+            "<-1b >-1b ");                                // embedding
+}
+
 TEST(Gpt, InitIsIndependentOfTheSplit) {
   auto be = make_cpu_backend(1);
   ModelSpec m = tiny_model(Activation::swiglu, Norm::rmsnorm, Position::rope, 2, false);
