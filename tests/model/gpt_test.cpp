@@ -37,7 +37,7 @@ Result run_once(Backend& be, const ModelSpec& m, Recompute rc, int64_t B, unsign
 }
 
 TEST(Gpt, RecomputeModesGiveIdenticalGradients) {
-  auto be = make_cpu_backend(2);
+  auto be = make_cpu_backend(2, 0);
   for (auto m : {tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4),
                  tiny_model(Activation::swiglu, Norm::rmsnorm, Position::rope, 2)}) {
     Result none = run_once(*be, m, Recompute::none, 3, 7);
@@ -67,7 +67,7 @@ TEST(Gpt, RecomputeSavesActivationMemory) {
 }
 
 TEST(Gpt, SameSeedIsBitIdenticalDifferentSeedIsNot) {
-  auto be = make_cpu_backend(2);
+  auto be = make_cpu_backend(2, 0);
   ModelSpec m = tiny_model(Activation::swiglu, Norm::rmsnorm, Position::rope, 2);
   Result a = run_once(*be, m, Recompute::none, 2, 3);
   Result b = run_once(*be, m, Recompute::none, 2, 3);
@@ -84,9 +84,9 @@ TEST(Gpt, ThreadCountChangesResultsOnlyByRounding) {
   m.hidden = 128;  // large enough that GEMMs are split across threads
   m.ffn_hidden = 512;
   m.vocab = 301;
-  auto one = make_cpu_backend(1);
+  auto one = make_cpu_backend(1, 0);
   Result a = run_once(*one, m, Recompute::none, 4, 8);
-  auto three = make_cpu_backend(3);
+  auto three = make_cpu_backend(3, 0);
   Result b = run_once(*three, m, Recompute::none, 4, 8);
   EXPECT_NEAR(a.loss, b.loss, 1e-6 * a.loss);
   float maxg = 0;
@@ -96,7 +96,7 @@ TEST(Gpt, ThreadCountChangesResultsOnlyByRounding) {
 }
 
 TEST(Gpt, PipelineStagesReproduceTheWholeModel) {
-  auto be = make_cpu_backend(2);
+  auto be = make_cpu_backend(2, 0);
   for (bool tie : {true, false}) {
     ModelSpec m = tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4, tie);
     const int64_t B = 2, N = B * m.seq_len;
@@ -150,7 +150,7 @@ TEST(Gpt, PipelineStagesReproduceTheWholeModel) {
 TEST(Gpt, ActivationSlotsHoldSeveralMicroBatchesInFlight) {
   // 1F1B keeps several micro-batches between forward and backward: forward A (slot 0),
   // forward B (slot 1), backward B, backward A must equal A then B one at a time.
-  auto be = make_cpu_backend(2);
+  auto be = make_cpu_backend(2, 0);
   for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
     ModelSpec m = tiny_model(Activation::swiglu, Norm::rmsnorm, Position::rope, 2);
     const size_t n = size_t(2 * m.seq_len);
