@@ -141,6 +141,7 @@ class Backend {
 };
 
 // The CPU backend (OpenBLAS sgemm + OpenMP kernels). `threads` <= 0: all cores.
-std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+// Kernels smaller than parallel_min_work elements run single-threaded (0: always parallel).
+std::unique_ptr<Backend> make_cpu_backend(int threads = 0, int64_t parallel_min_work = 1 << 15);
 
 }  // namespace exatrain

@@ -49,6 +49,10 @@ Gpt::Gpt(Backend& backend, const GptOptions& options, ParallelHooks* hooks)
   vocab_start_ = per * opt_.tp.rank;
   vocab_local_ = std::min(m.vocab, vocab_start_ + per) - vocab_start_;
   EXA_CHECK(vocab_local_ > 0, "model: vocab {} too small for tp = {}", m.vocab, tp);
+  sp_ = opt_.tp.sequence_parallel;
+  EXA_CHECK(!sp_ || (B_ * T_) % tp == 0, "model: sequence parallelism needs micro_batch * seq "
+            "= {} divisible by tp = {}", B_ * T_, tp);
+  Ns_ = sp_ ? B_ * T_ / tp : B_ * T_;
 
   build_layout();
   params_ = be_.alloc(layout_.total());
@@ -80,6 +84,11 @@ void Gpt::build_layout() {
     p.split_dim = split;
     p.shard_start = split >= 0 ? start : 0;
     p.decay = decay;
+    // Used on this rank's rows only under sequence parallelism: norms and the biases added
+    // after a row-parallel exit.
+    p.sp_partial_grad = sp_ && (name.find("ln_") != std::string::npos ||
+                                name.ends_with("o_proj.bias") || name.ends_with("fc2.bias") ||
+                                name.ends_with("down_proj.bias"));
     p.init_std = init_std;
     p.init_value = value;
     return layout_.add(p);
@@ -144,16 +153,17 @@ std::unique_ptr<Gpt::Acts> Gpt::make_acts(bool own_probs) {
   const int64_t qkv_w = (Hq_ + 2 * Hkv_) * D_;
   const int64_t fc_w = opt_.model.activation == Activation::swiglu ? 2 * F_ : F_;
   auto a = std::make_unique<Acts>();
+  const int64_t Ns = Ns_;  // residual-stream rows (sequence parallel: this rank's)
   a->ln1 = alloc_act(N * C);
-  if (ln) a->ln1_mean = alloc_act(N);
-  a->ln1_rstd = alloc_act(N);
+  if (ln) a->ln1_mean = alloc_act(Ns);
+  a->ln1_rstd = alloc_act(Ns);
   a->qkv = alloc_act(N * qkv_w);
   a->probs = own_probs ? alloc_act(B_ * Hq_ * T_ * T_) : shared_probs_;
   a->att = alloc_act(N * Hq_ * D_);
-  a->mid = alloc_act(N * C);
+  a->mid = alloc_act(Ns * C);
   a->ln2 = alloc_act(N * C);
-  if (ln) a->ln2_mean = alloc_act(N);
-  a->ln2_rstd = alloc_act(N);
+  if (ln) a->ln2_mean = alloc_act(Ns);
+  a->ln2_rstd = alloc_act(Ns);
   a->fc = alloc_act(N * fc_w);
   a->fc_act = alloc_act(N * F_);
   return a;
@@ -170,12 +180,12 @@ void Gpt::allocate_activations() {
   // layer is re-run from its input (the slot's res[l]) in backward.
   if (rc == Recompute::selective) shared_probs_ = alloc_act(B_ * Hq_ * T_ * T_);
   if (rc == Recompute::full && L_ > 0) {
-    recompute_out_ = alloc_act(N * C);
+    recompute_out_ = alloc_act(Ns_ * C);
     full_acts_ = make_acts(true);
   }
   slots_.resize(size_t(opt_.activation_slots));
   for (Slot& s : slots_) {
-    for (int64_t l = 0; l <= L_; l++) s.res.push_back(alloc_act(N * C));
+    for (int64_t l = 0; l <= L_; l++) s.res.push_back(alloc_act(Ns_ * C));
     if (rc != Recompute::full)
       for (int64_t l = 0; l < L_; l++) s.acts.push_back(make_acts(rc == Recompute::none));
     s.tokens = static_cast<int32_t*>(be_.alloc_bytes(sizeof(int32_t) * size_t(N)));
@@ -184,8 +194,8 @@ void Gpt::allocate_activations() {
     owned_.push_back(s.targets);
     if (opt_.stage.has_head) {
       s.lnf = alloc_act(N * C);
-      if (ln) s.lnf_mean = alloc_act(N);
-      s.lnf_rstd = alloc_act(N);
+      if (ln) s.lnf_mean = alloc_act(Ns_);
+      s.lnf_rstd = alloc_act(Ns_);
       s.logits = alloc_act(N * vocab_local_);
       s.rowmax = alloc_act(N);
       s.xstats = alloc_act(2 * N);
@@ -193,10 +203,15 @@ void Gpt::allocate_activations() {
   }
   if (opt_.stage.has_head) host_stats_.resize(size_t(3 * N));
   // backward scratch, shared by all layers and slots
-  dres_a_ = alloc_act(N * C);
-  dres_b_ = alloc_act(N * C);
-  dmid_ = alloc_act(N * C);
+  dres_a_ = alloc_act(Ns_ * C);
+  dres_b_ = alloc_act(Ns_ * C);
+  dmid_ = alloc_act(Ns_ * C);
   dln_ = alloc_act(N * C);
+  if (sp_) {
+    sp_local_ = alloc_act(Ns_ * C);
+    sp_full_ = alloc_act(N * C);
+    dln_local_ = alloc_act(Ns_ * C);
+  }
   dqkv_ = alloc_act(N * qkv_w);
   datt_ = alloc_act(N * Hq_ * D_);
   dfc_ = alloc_act(N * fc_w);
@@ -242,21 +257,35 @@ float Gpt::forward(const int32_t* tokens, const float* input, const int32_t* tar
   const ModelSpec& m = opt_.model;
   Slot& s = slot_at(slot);
   float* x = s.res[0];
+  using Pass = ParallelHooks::Pass;
   if (opt_.stage.has_embedding) {
+    hooks_->before_layer(ParallelHooks::kEmbedding, Pass::forward);
     EXA_CHECK(tokens != nullptr, "model: the embedding stage needs tokens");
     for (int64_t i = 0; i < N; i++)
       EXA_CHECK(tokens[i] >= 0 && tokens[i] < m.vocab, "model: token {} at position {} is "
                 "outside the vocabulary [0, {})", tokens[i], i, m.vocab);
     be_.upload(s.tokens, tokens, sizeof(int32_t) * size_t(N));
-    be_.embedding_forward(x, s.tokens, params_ + off_wte_, vocab_start_, vocab_local_, N, C);
-    hooks_->partial_sum_allreduce(x, N * C);  // vocabulary-parallel embedding
-    if (off_wpe_ >= 0) be_.positional_forward(x, params_ + off_wpe_, B_, T_, C);
+    if (!sp_) {
+      be_.embedding_forward(x, s.tokens, params_ + off_wte_, vocab_start_, vocab_local_, N, C);
+      hooks_->partial_sum_allreduce(x, N * C);  // vocabulary-parallel embedding
+      if (off_wpe_ >= 0) be_.positional_forward(x, params_ + off_wpe_, B_, T_, C);
+    } else {  // the positions are added once (rank 0) before the sum is scattered
+      be_.embedding_forward(sp_full_, s.tokens, params_ + off_wte_, vocab_start_, vocab_local_,
+                            N, C);
+      if (off_wpe_ >= 0 && opt_.tp.rank == 0)
+        be_.positional_forward(sp_full_, params_ + off_wpe_, B_, T_, C);
+      hooks_->sp_reduce_scatter(sp_full_, x, Ns_ * C);
+    }
+    hooks_->after_layer(ParallelHooks::kEmbedding, Pass::forward);
   } else {
     EXA_CHECK(input != nullptr, "model: a stage without embedding needs input activations");
-    be_.copy(x, input, sizeof(float) * size_t(N * C));
+    be_.copy(x, input, sizeof(float) * size_t(Ns_ * C));
   }
-  for (int64_t l = 0; l < L_; l++)
+  for (int64_t l = 0; l < L_; l++) {
+    hooks_->before_layer(first_ + l, Pass::forward);
     layer_forward(l, s.res[size_t(l)], s.res[size_t(l) + 1], acts_for(s, l));
+    hooks_->after_layer(first_ + l, Pass::forward);
+  }
   if (!opt_.stage.has_head) return 0.0f;
 
   EXA_CHECK(targets != nullptr, "model: the head stage needs targets");
@@ -264,13 +293,8 @@ float Gpt::forward(const int32_t* tokens, const float* input, const int32_t* tar
     EXA_CHECK(targets[i] >= 0 && targets[i] < m.vocab, "model: target {} at position {} is "
               "outside the vocabulary [0, {})", targets[i], i, m.vocab);
   be_.upload(s.targets, targets, sizeof(int32_t) * size_t(N));
-  const float* xL = s.res[size_t(L_)];
-  const float eps = float(m.norm_eps);
-  if (m.norm == Norm::layernorm)
-    be_.layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, xL, params_ + off_lnf_w_,
-                          params_ + off_lnf_b_, N, C, eps);
-  else
-    be_.rmsnorm_forward(s.lnf, s.lnf_rstd, xL, params_ + off_lnf_w_, N, C, eps);
+  hooks_->before_layer(ParallelHooks::kHead, Pass::forward);
+  norm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, s.res[size_t(L_)], off_lnf_w_, off_lnf_b_);
   // logits[N, V] = lnf[N, C] @ W_head[V, C]^T (column-parallel over the vocabulary)
   be_.gemm(false, true, N, vocab_local_, C, 1.0f, s.lnf, C, params_ + off_head_, C, 0.0f,
            s.logits, vocab_local_);
@@ -279,6 +303,7 @@ float Gpt::forward(const int32_t* tokens, const float* input, const int32_t* tar
   be_.xent_stats(s.xstats, s.xstats + N, s.logits, s.rowmax, s.targets, vocab_start_, N,
                  vocab_local_);
   hooks_->vocab_sum_allreduce(s.xstats, 2 * N);
+  hooks_->after_layer(ParallelHooks::kHead, Pass::forward);
   be_.download(host_stats_.data(), s.rowmax, sizeof(float) * size_t(N));
   be_.download(host_stats_.data() + N, s.xstats, sizeof(float) * size_t(2 * N));
   double loss = 0;  // rows summed in order: deterministic
@@ -292,10 +317,11 @@ float Gpt::forward(const int32_t* tokens, const float* input, const int32_t* tar
 
 void Gpt::backward(const float* output_grad, float loss_scale, int64_t slot) {
   const int64_t N = B_ * T_, C = C_;
-  const ModelSpec& m = opt_.model;
   Slot& s = slot_at(slot);
   float* dx = dres_a_;  // d loss / d res[L]
+  using Pass = ParallelHooks::Pass;
   if (opt_.stage.has_head) {
+    hooks_->before_layer(ParallelHooks::kHead, Pass::backward);
     // dlogits (in place) = loss_scale/N * (softmax - onehot)
     be_.xent_backward(s.logits, s.rowmax, s.xstats, s.targets, vocab_start_,
                       loss_scale / float(N), N, vocab_local_);
@@ -304,33 +330,82 @@ void Gpt::backward(const float* output_grad, float loss_scale, int64_t slot) {
              grads_ + off_head_, C);
     be_.gemm(false, false, N, C, vocab_local_, 1.0f, s.logits, vocab_local_,
              params_ + off_head_, C, 0.0f, dln_, C);
-    hooks_->input_grad_allreduce(dln_, N * C);
-    be_.zero(dx, sizeof(float) * size_t(N * C));
-    const float* xL = s.res[size_t(L_)];
-    if (m.norm == Norm::layernorm)
-      be_.layernorm_backward(dx, grads_ + off_lnf_w_, grads_ + off_lnf_b_, dln_, xL,
-                             params_ + off_lnf_w_, s.lnf_mean, s.lnf_rstd, N, C);
-    else
-      be_.rmsnorm_backward(dx, grads_ + off_lnf_w_, dln_, xL, params_ + off_lnf_w_, s.lnf_rstd,
-                           N, C);
+    const float* dlnf = grad_to_local();
+    be_.zero(dx, sizeof(float) * size_t(Ns_ * C));
+    norm_backward(dx, off_lnf_w_, off_lnf_b_, dlnf, s.res[size_t(L_)], s.lnf_mean, s.lnf_rstd);
+    hooks_->after_layer(ParallelHooks::kHead, Pass::backward);
   } else {
     EXA_CHECK(output_grad != nullptr, "model: a stage without head needs the output gradient");
-    be_.copy(dx, output_grad, sizeof(float) * size_t(N * C));
+    be_.copy(dx, output_grad, sizeof(float) * size_t(Ns_ * C));
   }
   float* other = dres_b_;
   for (int64_t l = L_ - 1; l >= 0; l--) {
     Acts& a = acts_for(s, l);
-    if (opt_.recompute == Recompute::full)
-      layer_forward(l, s.res[size_t(l)], recompute_out_, a);  // re-run: refill the shared acts
+    if (opt_.recompute == Recompute::full) {  // re-run: refill the shared acts
+      hooks_->before_layer(first_ + l, Pass::recompute);
+      layer_forward(l, s.res[size_t(l)], recompute_out_, a);
+      hooks_->after_layer(first_ + l, Pass::recompute);
+    }
+    hooks_->before_layer(first_ + l, Pass::backward);
     layer_backward(l, s.res[size_t(l)], dx, other, a);
+    hooks_->after_layer(first_ + l, Pass::backward);
     std::swap(dx, other);
   }
   din_ = dx;  // d loss / d res[0]
   if (opt_.stage.has_embedding) {
     // vocabulary-parallel embedding: backward is the identity on every rank
-    be_.embedding_backward(grads_ + off_wte_, dx, s.tokens, vocab_start_, vocab_local_, N, C);
-    if (off_wpe_ >= 0) be_.positional_backward(grads_ + off_wpe_, dx, B_, T_, C);
+    hooks_->before_layer(ParallelHooks::kEmbedding, Pass::backward);
+    const float* dfull = grad_to_full(dx);  // [N, C]
+    be_.embedding_backward(grads_ + off_wte_, dfull, s.tokens, vocab_start_, vocab_local_, N, C);
+    if (off_wpe_ >= 0) be_.positional_backward(grads_ + off_wpe_, dfull, B_, T_, C);
+    hooks_->after_layer(ParallelHooks::kEmbedding, Pass::backward);
   }
+}
+
+// ---- column-parallel entry / row-parallel exit (tensor and sequence parallel) -------------
+
+void Gpt::norm_forward(float* full_out, float* mean, float* rstd, const float* x_local,
+                       int64_t w, int64_t b) {
+  float* dst = sp_ ? sp_local_ : full_out;  // [Ns, C]
+  const float eps = float(opt_.model.norm_eps);
+  if (opt_.model.norm == Norm::layernorm)
+    be_.layernorm_forward(dst, mean, rstd, x_local, params_ + w, params_ + b, Ns_, C_, eps);
+  else
+    be_.rmsnorm_forward(dst, rstd, x_local, params_ + w, Ns_, C_, eps);
+  if (sp_) hooks_->sp_all_gather(sp_local_, full_out, Ns_ * C_);  // -> [N, C]
+}
+
+void Gpt::norm_backward(float* dx_local, int64_t w, int64_t b, const float* dnorm_local,
+                        const float* x_local, const float* mean, const float* rstd) {
+  if (opt_.model.norm == Norm::layernorm)
+    be_.layernorm_backward(dx_local, grads_ + w, grads_ + b, dnorm_local, x_local, params_ + w,
+                           mean, rstd, Ns_, C_);
+  else
+    be_.rmsnorm_backward(dx_local, grads_ + w, dnorm_local, x_local, params_ + w, rstd, Ns_, C_);
+}
+
+float* Gpt::region_exit(float* out_local) { return sp_ ? sp_full_ : out_local; }
+
+void Gpt::region_exit_done(float* partial, float* out_local) {
+  if (sp_)
+    hooks_->sp_reduce_scatter(partial, out_local, Ns_ * C_);
+  else
+    hooks_->partial_sum_allreduce(out_local, B_ * T_ * C_);
+}
+
+const float* Gpt::grad_to_full(const float* g_local) {
+  if (!sp_) return g_local;
+  hooks_->sp_all_gather(g_local, sp_full_, Ns_ * C_);
+  return sp_full_;
+}
+
+const float* Gpt::grad_to_local() {
+  if (!sp_) {
+    hooks_->input_grad_allreduce(dln_, B_ * T_ * C_);
+    return dln_;
+  }
+  hooks_->sp_reduce_scatter(dln_, dln_local_, Ns_ * C_);
+  return dln_local_;
 }
 
 double Gpt::flops_per_step() const {

@@ -66,6 +66,7 @@ class Gpt {
 
   // ---- stage forward / backward --------------------------------------------------------------
   // tokens, targets: host arrays [B*T]; input: device [B,T,C] when !has_embedding.
+  // With sequence parallelism, input/output/input_grad hold this rank's B*T/tp rows.
   // Returns the mean cross-entropy over the B*T targets when has_head, else 0.
   // slot in [0, activation_slots): where this micro-batch's activations are kept until its
   // backward (which must use the same slot).
@@ -116,6 +117,8 @@ class Gpt {
   ParallelHooks* hooks_;
   // shapes
   int64_t B_, T_, C_, L_, first_, Hq_, Hkv_, D_, F_, vocab_start_, vocab_local_;
+  bool sp_ = false;  // sequence parallel
+  int64_t Ns_ = 0;   // rows of the residual stream on this rank: B*T, or B*T/tp with sp_
   ParamLayout layout_;
   std::vector<LayerOffsets> layer_off_;
   int64_t off_wte_ = -1, off_wpe_ = -1, off_lnf_w_ = -1, off_lnf_b_ = -1, off_head_ = -1;
@@ -131,6 +134,18 @@ class Gpt {
   float *dres_a_ = nullptr, *dres_b_ = nullptr, *dmid_ = nullptr, *dln_ = nullptr;
   float *dqkv_ = nullptr, *datt_ = nullptr, *dfc_ = nullptr, *dfc_act_ = nullptr;
   float* din_ = nullptr;  // points at the buffer holding d loss / d res[0]
+  // sequence parallel scratch: norm output before all-gather [Ns,C]; partial sums before
+  // reduce-scatter and gathered gradients [N,C]; reduce-scattered input gradient [Ns,C]
+  float *sp_local_ = nullptr, *sp_full_ = nullptr, *dln_local_ = nullptr;
+  // Helpers at the column-parallel entry / row-parallel exit (see parallel_hooks.hpp).
+  void norm_forward(float* full_out, float* mean, float* rstd, const float* x_local,
+                    int64_t w, int64_t b);
+  void norm_backward(float* dx_local, int64_t w, int64_t b, const float* dnorm_local,
+                     const float* x_local, const float* mean, const float* rstd);
+  float* region_exit(float* out_local);  // returns the [N,C] buffer the partial GEMM writes
+  void region_exit_done(float* partial, float* out_local);
+  const float* grad_to_full(const float* g_local);
+  const float* grad_to_local();  // reduces dln_ [N,C] over tp; returns [Ns,C]
   std::vector<float> host_stats_;
   ModelMemory mem_;
 };

@@ -1,11 +1,13 @@
 // One transformer layer as a forward/backward pair (pre-norm GPT block):
-//   h   = norm_1(x)                       [N, C]
+//   h   = norm_1(x)                       [Ns, C] -> [N, C]  (all-gather under seq. parallel)
 //   qkv = rope(h W_qkv^T + b_qkv)         [N, (Hq+2Hkv)*D]   column-parallel (heads)
 //   a   = causal_attention(qkv)           [N, Hq*D]
-//   mid = x + (a W_o^T) + b_o             [N, C]             row-parallel (+ all-reduce)
-//   h2  = norm_2(mid)                     [N, C]
+//   mid = x + (a W_o^T) + b_o             [Ns, C]            row-parallel: all-reduce (or
+//                                                            reduce-scatter under seq. parallel)
+//   h2  = norm_2(mid)                     [Ns, C] -> [N, C]
 //   fc  = h2 W_1^T + b_1                  [N, F] or [N, 2F]  column-parallel
-//   y   = mid + act(fc) W_2^T + b_2       [N, C]             row-parallel (+ all-reduce)
+//   y   = mid + act(fc) W_2^T + b_2       [Ns, C]            row-parallel
+// N = B*T rows; Ns = N, or N/tp with sequence parallelism (this rank's rows of the residual).
 #include "model/gpt_internal.hpp"
 
 namespace exatrain {
@@ -13,34 +15,27 @@ namespace exatrain {
 void Gpt::layer_forward(int64_t l, const float* x, float* out, Acts& a) {
   const LayerOffsets& o = layer_off_[size_t(l)];
   const ModelSpec& m = opt_.model;
-  const int64_t N = B_ * T_, C = C_, QKV = (Hq_ + 2 * Hkv_) * D_, HD = Hq_ * D_;
+  const int64_t N = B_ * T_, Ns = Ns_, C = C_, QKV = (Hq_ + 2 * Hkv_) * D_, HD = Hq_ * D_;
   const int64_t FC = m.activation == Activation::swiglu ? 2 * F_ : F_;
-  const float eps = float(m.norm_eps);
   const float* P = params_;
 
   // ---- attention block ----
-  if (m.norm == Norm::layernorm)
-    be_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, P + o.ln1_w, P + o.ln1_b, N, C, eps);
-  else
-    be_.rmsnorm_forward(a.ln1, a.ln1_rstd, x, P + o.ln1_w, N, C, eps);
+  norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, o.ln1_w, o.ln1_b);  // a.ln1 [N, C]
   // qkv[N, QKV] = ln1[N, C] @ W_qkv[QKV, C]^T + b
   be_.gemm(false, true, N, QKV, C, 1.0f, a.ln1, C, P + o.qkv_w, C, 0.0f, a.qkv, QKV);
   be_.add_bias(a.qkv, P + o.qkv_b, N, QKV);
   if (m.position == Position::rope)  // rotate the Hq query and Hkv key heads (adjacent)
     be_.rope(a.qkv, B_, T_, QKV, Hq_ + Hkv_, D_, float(m.rope_theta), false);
   be_.attention_forward(a.att, a.probs, a.qkv, B_, T_, Hq_, Hkv_, D_);
-  // mid[N, C] = att[N, HD] @ W_o[C, HD]^T (partial sum over tp ranks) + b_o + x
-  be_.gemm(false, true, N, C, HD, 1.0f, a.att, HD, P + o.o_w, HD, 0.0f, a.mid, C);
-  hooks_->partial_sum_allreduce(a.mid, N * C);
-  be_.add_bias(a.mid, P + o.o_b, N, C);
-  be_.add_inplace(a.mid, x, N * C);
+  // mid[Ns, C] = sum over tp of att[N, HD] @ W_o[C, HD]^T, + b_o + x
+  float* part = region_exit(a.mid);
+  be_.gemm(false, true, N, C, HD, 1.0f, a.att, HD, P + o.o_w, HD, 0.0f, part, C);
+  region_exit_done(part, a.mid);
+  be_.add_bias(a.mid, P + o.o_b, Ns, C);
+  be_.add_inplace(a.mid, x, Ns * C);
 
   // ---- MLP block ----
-  if (m.norm == Norm::layernorm)
-    be_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.mid, P + o.ln2_w, P + o.ln2_b, N, C,
-                          eps);
-  else
-    be_.rmsnorm_forward(a.ln2, a.ln2_rstd, a.mid, P + o.ln2_w, N, C, eps);
+  norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.mid, o.ln2_w, o.ln2_b);  // a.ln2 [N, C]
   // fc[N, FC] = ln2[N, C] @ W_1[FC, C]^T + b_1
   be_.gemm(false, true, N, FC, C, 1.0f, a.ln2, C, P + o.fc1_w, C, 0.0f, a.fc, FC);
   be_.add_bias(a.fc, P + o.fc1_b, N, FC);
@@ -48,17 +43,18 @@ void Gpt::layer_forward(int64_t l, const float* x, float* out, Acts& a) {
     be_.gelu_forward(a.fc_act, a.fc, N * F_);
   else
     be_.swiglu_forward(a.fc_act, a.fc, N, F_);
-  // out[N, C] = fc_act[N, F] @ W_2[C, F]^T (partial sum) + b_2 + mid
-  be_.gemm(false, true, N, C, F_, 1.0f, a.fc_act, F_, P + o.fc2_w, F_, 0.0f, out, C);
-  hooks_->partial_sum_allreduce(out, N * C);
-  be_.add_bias(out, P + o.fc2_b, N, C);
-  be_.add_inplace(out, a.mid, N * C);
+  // out[Ns, C] = sum over tp of fc_act[N, F] @ W_2[C, F]^T, + b_2 + mid
+  part = region_exit(out);
+  be_.gemm(false, true, N, C, F_, 1.0f, a.fc_act, F_, P + o.fc2_w, F_, 0.0f, part, C);
+  region_exit_done(part, out);
+  be_.add_bias(out, P + o.fc2_b, Ns, C);
+  be_.add_inplace(out, a.mid, Ns * C);
 }
 
 void Gpt::layer_backward(int64_t l, const float* x, const float* dout, float* dx, Acts& a) {
   const LayerOffsets& o = layer_off_[size_t(l)];
   const ModelSpec& m = opt_.model;
-  const int64_t N = B_ * T_, C = C_, QKV = (Hq_ + 2 * Hkv_) * D_, HD = Hq_ * D_;
+  const int64_t N = B_ * T_, Ns = Ns_, C = C_, QKV = (Hq_ + 2 * Hkv_) * D_, HD = Hq_ * D_;
   const int64_t FC = m.activation == Activation::swiglu ? 2 * F_ : F_;
   const float* P = params_;
   float* G = grads_;
@@ -66,11 +62,12 @@ void Gpt::layer_backward(int64_t l, const float* x, const float* dout, float* dx
   if (opt_.recompute == Recompute::selective)  // probabilities were not kept: recompute them
     be_.attention_forward(nullptr, a.probs, a.qkv, B_, T_, Hq_, Hkv_, D_);
 
-  // ---- MLP block: dout is d/d out [N, C] ----
-  be_.bias_backward(G + o.fc2_b, dout, N, C);
+  // ---- MLP block: dout is d/d out [Ns, C] ----
+  be_.bias_backward(G + o.fc2_b, dout, Ns, C);
+  const float* dout_full = grad_to_full(dout);  // [N, C]
   // dW_2[C, F] += dout^T[C, N] @ fc_act[N, F];  dfc_act[N, F] = dout[N, C] @ W_2[C, F]
-  be_.gemm(true, false, C, F_, N, 1.0f, dout, C, a.fc_act, F_, 1.0f, G + o.fc2_w, F_);
-  be_.gemm(false, false, N, F_, C, 1.0f, dout, C, P + o.fc2_w, F_, 0.0f, dfc_act_, F_);
+  be_.gemm(true, false, C, F_, N, 1.0f, dout_full, C, a.fc_act, F_, 1.0f, G + o.fc2_w, F_);
+  be_.gemm(false, false, N, F_, C, 1.0f, dout_full, C, P + o.fc2_w, F_, 0.0f, dfc_act_, F_);
   if (m.activation == Activation::gelu)
     be_.gelu_backward(dfc_, a.fc, dfc_act_, N * F_);
   else
@@ -79,20 +76,17 @@ void Gpt::layer_backward(int64_t l, const float* x, const float* dout, float* dx
   // dW_1[FC, C] += dfc^T[FC, N] @ ln2[N, C];  dln2[N, C] = dfc[N, FC] @ W_1[FC, C]
   be_.gemm(true, false, FC, C, N, 1.0f, dfc_, FC, a.ln2, C, 1.0f, G + o.fc1_w, C);
   be_.gemm(false, false, N, C, FC, 1.0f, dfc_, FC, P + o.fc1_w, C, 0.0f, dln_, C);
-  hooks_->input_grad_allreduce(dln_, N * C);
+  const float* dln2 = grad_to_local();  // [Ns, C], summed over tp
   // dmid = dout (residual) + norm_2 backward
-  be_.copy(dmid_, dout, sizeof(float) * size_t(N * C));
-  if (m.norm == Norm::layernorm)
-    be_.layernorm_backward(dmid_, G + o.ln2_w, G + o.ln2_b, dln_, a.mid, P + o.ln2_w,
-                           a.ln2_mean, a.ln2_rstd, N, C);
-  else
-    be_.rmsnorm_backward(dmid_, G + o.ln2_w, dln_, a.mid, P + o.ln2_w, a.ln2_rstd, N, C);
+  be_.copy(dmid_, dout, sizeof(float) * size_t(Ns * C));
+  norm_backward(dmid_, o.ln2_w, o.ln2_b, dln2, a.mid, a.ln2_mean, a.ln2_rstd);
 
   // ---- attention block ----
-  be_.bias_backward(G + o.o_b, dmid_, N, C);
+  be_.bias_backward(G + o.o_b, dmid_, Ns, C);
+  const float* dmid_full = grad_to_full(dmid_);  // [N, C]
   // dW_o[C, HD] += dmid^T[C, N] @ att[N, HD];  datt[N, HD] = dmid[N, C] @ W_o[C, HD]
-  be_.gemm(true, false, C, HD, N, 1.0f, dmid_, C, a.att, HD, 1.0f, G + o.o_w, HD);
-  be_.gemm(false, false, N, HD, C, 1.0f, dmid_, C, P + o.o_w, HD, 0.0f, datt_, HD);
+  be_.gemm(true, false, C, HD, N, 1.0f, dmid_full, C, a.att, HD, 1.0f, G + o.o_w, HD);
+  be_.gemm(false, false, N, HD, C, 1.0f, dmid_full, C, P + o.o_w, HD, 0.0f, datt_, HD);
   be_.attention_backward(dqkv_, datt_, a.qkv, a.probs, B_, T_, Hq_, Hkv_, D_);
   if (m.position == Position::rope)  // gradient w.r.t. the pre-rotation q and k
     be_.rope(dqkv_, B_, T_, QKV, Hq_ + Hkv_, D_, float(m.rope_theta), true);
@@ -100,14 +94,10 @@ void Gpt::layer_backward(int64_t l, const float* x, const float* dout, float* dx
   // dW_qkv[QKV, C] += dqkv^T @ ln1;  dln1[N, C] = dqkv[N, QKV] @ W_qkv[QKV, C]
   be_.gemm(true, false, QKV, C, N, 1.0f, dqkv_, QKV, a.ln1, C, 1.0f, G + o.qkv_w, C);
   be_.gemm(false, false, N, C, QKV, 1.0f, dqkv_, QKV, P + o.qkv_w, C, 0.0f, dln_, C);
-  hooks_->input_grad_allreduce(dln_, N * C);
+  const float* dln1 = grad_to_local();  // [Ns, C]
   // dx = dmid (residual) + norm_1 backward
-  be_.copy(dx, dmid_, sizeof(float) * size_t(N * C));
-  if (m.norm == Norm::layernorm)
-    be_.layernorm_backward(dx, G + o.ln1_w, G + o.ln1_b, dln_, x, P + o.ln1_w, a.ln1_mean,
-                           a.ln1_rstd, N, C);
-  else
-    be_.rmsnorm_backward(dx, G + o.ln1_w, dln_, x, P + o.ln1_w, a.ln1_rstd, N, C);
+  be_.copy(dx, dmid_, sizeof(float) * size_t(Ns * C));
+  norm_backward(dx, o.ln1_w, o.ln1_b, dln1, x, a.ln1_mean, a.ln1_rstd);
 }
 
 }  // namespace exatrain

@@ -42,6 +42,7 @@ struct ParamInfo {
   int64_t offset = 0;                 // in floats, into the parameter (and gradient) arena
   int64_t numel = 0;                  // product of shard_shape
   bool decay = false;                 // AdamW weight decay applies (matrices, embeddings)
+  bool sp_partial_grad = false;       // sequence parallel: gradient is a partial sum over tp
   float init_std = 0;                 // > 0: normal(0, init_std); else constant init_value
   float init_value = 0;
 };

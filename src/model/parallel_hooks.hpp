@@ -16,7 +16,21 @@
 //     (`vocab_max_allreduce`), then all-reduce(SUM) of [2, N] = {sum of exp, target logit}
 //     (`vocab_sum_allreduce`).
 // Every hook is called by all tp ranks in the same order with the same n (a collective).
+//
+// Sequence parallelism (TensorParallel::sequence_parallel, Megatron-LM's SP): the residual
+// stream, the norms and the bias/residual adds run on this rank's N/tp rows (rows
+// [rank*N/tp, (rank+1)*N/tp) of the [B*T] token matrix). The all-reduces at "f" and "g" are
+// then replaced by
+//   * `sp_all_gather(local [n], full [tp*n])`: before QKV, FC1 and the LM head (forward) and
+//     for the gradient entering o_proj/FC2 (backward); chunks in rank order;
+//   * `sp_reduce_scatter(full [tp*n], local [n])`: after o_proj and FC2 and the embedding
+//     (forward) and for the gradient leaving QKV/FC1/LM head (backward); SUM over ranks,
+//     rank r keeps chunk r.
+// The gradients of the parameters used on local rows only (norm weights/biases, o_proj and
+// FC2 biases: ParamInfo::sp_partial_grad) are then partial sums: the runtime must all-reduce
+// them (SUM) over the tp group before the optimizer step, as Megatron does.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 
 namespace exatrain {
@@ -26,6 +40,7 @@ struct TensorParallel {
   int rank = 0;  // tp_rank in [0, size)
   int size = 1;  // tp_size; heads, kv_heads and ffn_hidden must be divisible by it. The
                  // vocabulary is cut in slices of ceil(vocab/size) rows, the last one shorter.
+  bool sequence_parallel = false;  // see above; B*T must be divisible by size
 };
 
 class ParallelHooks {
@@ -38,6 +53,22 @@ class ParallelHooks {
   // Cross-entropy statistics over the vocabulary slices, in place.
   virtual void vocab_max_allreduce(float* data, int64_t n) = 0;
   virtual void vocab_sum_allreduce(float* data, int64_t n) = 0;
+  // Sequence parallelism (only called when TensorParallel::sequence_parallel).
+  virtual void sp_all_gather(const float* local, float* full, int64_t n_local) = 0;
+  virtual void sp_reduce_scatter(const float* full, float* local, int64_t n_local) = 0;
+
+  // Layer boundaries, for the data-parallel side of the runtime (not collectives themselves;
+  // default no-ops). `layer` is the GLOBAL layer index; its parameters are the layout entries
+  // named "h.<layer>." (one contiguous arena range). kEmbedding / kHead stand for the
+  // embedding (wte, wpe) and the head (ln_f, lm_head or the tied wte).
+  //   before_layer(l, pass): the layer's parameters are about to be read (ZeRO-3: gather them).
+  //   after_layer(l, pass):  done with them for this pass (ZeRO-3: release). After
+  //                          Pass::backward the layer's gradients for this micro-batch are
+  //                          final (start a bucketed non-blocking all-reduce).
+  enum class Pass { forward, backward, recompute };
+  static constexpr int64_t kEmbedding = -1, kHead = -2;
+  virtual void before_layer(int64_t layer, Pass pass) {}
+  virtual void after_layer(int64_t layer, Pass pass) {}
 };
 
 // tp_size == 1: every collective is the identity.
@@ -47,6 +78,12 @@ class NoParallelHooks final : public ParallelHooks {
   void partial_sum_allreduce(float*, int64_t) override {}
   void vocab_max_allreduce(float*, int64_t) override {}
   void vocab_sum_allreduce(float*, int64_t) override {}
+  void sp_all_gather(const float* local, float* full, int64_t n) override {
+    std::copy(local, local + n, full);
+  }
+  void sp_reduce_scatter(const float* full, float* local, int64_t n) override {
+    std::copy(full, full + n, local);
+  }
 };
 
 }  // namespace exatrain

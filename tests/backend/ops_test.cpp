@@ -1,4 +1,4 @@
-// Per-op harness: every Backend op's forward against a naive double-precision reference and
+// Per-op harness (parallel paths forced: parallel_min_work = 0): every Backend op's forward against a naive double-precision reference and
 // its backward against central finite differences of that reference, on random shapes that
 // include odd sizes.
 #include <gtest/gtest.h>
@@ -14,7 +14,7 @@ using namespace exatrain::test;
 namespace {
 
 Backend& be() {
-  static std::unique_ptr<Backend> b = make_cpu_backend(2);
+  static std::unique_ptr<Backend> b = make_cpu_backend(2, 0);
   return *b;
 }
 
@@ -111,8 +111,8 @@ TEST(Ops, SumSquaresIsExactAndThreadCountIndependent) {
   for (double v : x) want += v * v;
   const double got = be().sum_squares(b.p, int64_t(x.size()));
   EXPECT_NEAR(got, want, 1e-9 * want);
-  auto one = make_cpu_backend(1);
-  auto two = make_cpu_backend(2);
+  auto one = make_cpu_backend(1, 0);
+  auto two = make_cpu_backend(2, 0);
   EXPECT_EQ(one->sum_squares(b.p, int64_t(x.size())), two->sum_squares(b.p, int64_t(x.size())));
 }
 

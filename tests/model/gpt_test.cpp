@@ -37,7 +37,7 @@ Result run_once(Backend& be, const ModelSpec& m, Recompute rc, int64_t B, unsign
 }
 
 TEST(Gpt, RecomputeModesGiveIdenticalGradients) {
-  auto be = make_cpu_backend(2);
+  auto be = make_cpu_backend(2, 0);
   for (auto m : {tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4),
                  tiny_model(Activation::swiglu, Norm::rmsnorm, Position::rope, 2)}) {
     Result none = run_once(*be, m, Recompute::none, 3, 7);
@@ -67,7 +67,7 @@ TEST(Gpt, RecomputeSavesActivationMemory) {
 }
 
 TEST(Gpt, SameSeedIsBitIdenticalDifferentSeedIsNot) {
-  auto be = make_cpu_backend(2);
+  auto be = make_cpu_backend(2, 0);
   ModelSpec m = tiny_model(Activation::swiglu, Norm::rmsnorm, Position::rope, 2);
   Result a = run_once(*be, m, Recompute::none, 2, 3);
   Result b = run_once(*be, m, Recompute::none, 2, 3);
@@ -84,9 +84,9 @@ TEST(Gpt, ThreadCountChangesResultsOnlyByRounding) {
   m.hidden = 128;  // large enough that GEMMs are split across threads
   m.ffn_hidden = 512;
   m.vocab = 301;
-  auto one = make_cpu_backend(1);
+  auto one = make_cpu_backend(1, 0);
   Result a = run_once(*one, m, Recompute::none, 4, 8);
-  auto three = make_cpu_backend(3);
+  auto three = make_cpu_backend(3, 0);
   Result b = run_once(*three, m, Recompute::none, 4, 8);
   EXPECT_NEAR(a.loss, b.loss, 1e-6 * a.loss);
   float maxg = 0;
@@ -96,7 +96,7 @@ TEST(Gpt, ThreadCountChangesResultsOnlyByRounding) {
 }
 
 TEST(Gpt, PipelineStagesReproduceTheWholeModel) {
-  auto be = make_cpu_backend(2);
+  auto be = make_cpu_backend(2, 0);
   for (bool tie : {true, false}) {
     ModelSpec m = tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4, tie);
     const int64_t B = 2, N = B * m.seq_len;
@@ -150,7 +150,7 @@ TEST(Gpt, PipelineStagesReproduceTheWholeModel) {
 TEST(Gpt, ActivationSlotsHoldSeveralMicroBatchesInFlight) {
   // 1F1B keeps several micro-batches between forward and backward: forward A (slot 0),
   // forward B (slot 1), backward B, backward A must equal A then B one at a time.
-  auto be = make_cpu_backend(2);
+  auto be = make_cpu_backend(2, 0);
   for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
     ModelSpec m = tiny_model(Activation::swiglu, Norm::rmsnorm, Position::rope, 2);
     const size_t n = size_t(2 * m.seq_len);
@@ -187,7 +187,7 @@ TEST(Gpt, ActivationSlotsHoldSeveralMicroBatchesInFlight) {
 }
 
 // In-process tensor parallelism: each rank runs in its own thread; a collective copies every
-// rank's buffer into a shared slot, waits, and reduces the slots in rank order.
+// rank's buffer into a shared slot, waits, and combines the slots in rank order.
 class InProcessHooks final : public ParallelHooks {
  public:
   struct Shared {
@@ -201,6 +201,23 @@ class InProcessHooks final : public ParallelHooks {
   void partial_sum_allreduce(float* d, int64_t n) override { reduce(d, n, false); }
   void vocab_max_allreduce(float* d, int64_t n) override { reduce(d, n, true); }
   void vocab_sum_allreduce(float* d, int64_t n) override { reduce(d, n, false); }
+  void sp_all_gather(const float* local, float* full, int64_t n) override {
+    s_.slots[size_t(rank_)].assign(local, local + n);
+    s_.sync.arrive_and_wait();
+    for (int r = 0; r < s_.size; r++)
+      std::copy(s_.slots[size_t(r)].begin(), s_.slots[size_t(r)].end(), full + r * n);
+    s_.sync.arrive_and_wait();
+  }
+  void sp_reduce_scatter(const float* full, float* local, int64_t n) override {
+    s_.slots[size_t(rank_)].assign(full, full + n * s_.size);
+    s_.sync.arrive_and_wait();
+    for (int64_t i = 0; i < n; i++) {
+      float acc = s_.slots[0][size_t(rank_ * n + i)];
+      for (int r = 1; r < s_.size; r++) acc += s_.slots[size_t(r)][size_t(rank_ * n + i)];
+      local[i] = acc;
+    }
+    s_.sync.arrive_and_wait();
+  }
 
  private:
   void reduce(float* data, int64_t n, bool max) {
@@ -218,7 +235,10 @@ class InProcessHooks final : public ParallelHooks {
   int rank_;
 };
 
-void check_tensor_parallel(const ModelSpec& m) {
+// Runs tp ranks in threads and compares loss, logits and every gradient with tp = 1. Under
+// sequence parallelism, gradients flagged sp_partial_grad are summed over ranks first (what
+// the runtime's all-reduce does).
+void check_tensor_parallel(const ModelSpec& m, int tp, bool sequence_parallel) {
   const int64_t B = 2, N = B * m.seq_len;
   auto tok = random_tokens(size_t(N), m.vocab, 21);
   auto tgt = random_tokens(size_t(N), m.vocab, 22);
@@ -234,23 +254,23 @@ void check_tensor_parallel(const ModelSpec& m) {
   ref.backward(nullptr, 1.0f);
   auto ref_grads = host_copy(*be1, ref.grads(), ref.num_params());
 
-  const int tp = 2;
   InProcessHooks::Shared shared(tp);
-  std::vector<float> losses(tp);
-  std::vector<std::string> errors(tp);
+  std::vector<float> losses(static_cast<size_t>(tp));
+  std::vector<std::string> errors(static_cast<size_t>(tp));
+  std::vector<std::vector<float>> grads(static_cast<size_t>(tp));
+  std::vector<ParamLayout> layouts(static_cast<size_t>(tp));
   std::vector<std::thread> threads;
   for (int r = 0; r < tp; r++) {
     threads.emplace_back([&, r] {
       auto be = make_cpu_backend(1);
       InProcessHooks hooks(shared, r);
       GptOptions so = o;
-      so.tp = {r, tp};
+      so.tp = {r, tp, sequence_parallel};
       Gpt g(*be, so, &hooks);
       g.init_weights(5);
       g.zero_grad();
       losses[size_t(r)] = g.forward(tok.data(), nullptr, tgt.data());
-      // logits: this rank's vocabulary columns
-      auto lg = host_copy(*be, g.logits(), N * g.vocab_local());
+      auto lg = host_copy(*be, g.logits(), N * g.vocab_local());  // this rank's vocab columns
       for (int64_t n = 0; n < N; n++)
         for (int64_t v = 0; v < g.vocab_local(); v++) {
           float want = ref_logits[size_t(n * m.vocab + g.vocab_start() + v)];
@@ -258,31 +278,77 @@ void check_tensor_parallel(const ModelSpec& m) {
           if (std::fabs(got - want) > 1e-5f + 1e-4f * std::fabs(want)) errors[size_t(r)] += "logit ";
         }
       g.backward(nullptr, 1.0f);
-      auto gg = host_copy(*be, g.grads(), g.num_params());
-      for (const ParamInfo& s : g.layout().entries()) {
-        const ParamInfo& gi = ref.layout().find(s.name);
-        auto want = slice_of_global(ref_grads, gi, s);
-        double maxw = 0;
-        for (float x : want) maxw = std::max(maxw, double(std::fabs(x)));
-        for (int64_t i = 0; i < s.numel; i++) {
-          if (std::fabs(gg[size_t(s.offset + i)] - want[size_t(i)]) > 1e-4 * maxw + 1e-7) {
-            errors[size_t(r)] += "grad " + s.name + " ";
-            break;
-          }
-        }
-      }
+      grads[size_t(r)] = host_copy(*be, g.grads(), g.num_params());
+      layouts[size_t(r)] = g.layout();
     });
   }
   for (auto& t : threads) t.join();
+  int flagged = 0;
   for (int r = 0; r < tp; r++) {
     EXPECT_NEAR(losses[size_t(r)], ref_loss, 1e-5f * ref_loss) << "rank " << r;
     EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
+    for (const ParamInfo& s : layouts[size_t(r)].entries()) {
+      std::vector<float> got(grads[size_t(r)].begin() + s.offset,
+                             grads[size_t(r)].begin() + s.offset + s.numel);
+      if (s.sp_partial_grad) {  // sum the partial gradients of all ranks
+        flagged++;
+        for (int q = 0; q < tp; q++) {
+          if (q == r) continue;
+          const ParamInfo& e = layouts[size_t(q)].find(s.name);
+          for (int64_t i = 0; i < s.numel; i++) got[size_t(i)] += grads[size_t(q)][size_t(e.offset + i)];
+        }
+      }
+      auto want = slice_of_global(ref_grads, ref.layout().find(s.name), s);
+      double maxw = 0;
+      for (float x : want) maxw = std::max(maxw, double(std::fabs(x)));
+      for (int64_t i = 0; i < s.numel; i++)
+        ASSERT_NEAR(got[size_t(i)], want[size_t(i)], 1e-4 * maxw + 1e-7)
+            << "rank " << r << " " << s.name << "[" << i << "]";
+    }
   }
+  EXPECT_EQ(flagged > 0, sequence_parallel);
 }
 
 TEST(Gpt, SimulatedTensorParallelMatchesSingleRank) {
-  check_tensor_parallel(tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4));
-  check_tensor_parallel(tiny_model(Activation::swiglu, Norm::rmsnorm, Position::rope, 2, false));
+  check_tensor_parallel(tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4), 2, false);
+  check_tensor_parallel(tiny_model(Activation::swiglu, Norm::rmsnorm, Position::rope, 2, false), 2, false);
+}
+
+TEST(Gpt, SimulatedSequenceParallelMatchesSingleRank) {
+  check_tensor_parallel(tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4), 2, true);
+  check_tensor_parallel(tiny_model(Activation::swiglu, Norm::rmsnorm, Position::rope, 4, false), 4, true);
+}
+
+// Records the layer-boundary hooks (what a DP/ZeRO runtime would use).
+class RecordingHooks final : public ParallelHooks {
+ public:
+  void input_grad_allreduce(float*, int64_t) override {}
+  void partial_sum_allreduce(float*, int64_t) override {}
+  void vocab_max_allreduce(float*, int64_t) override {}
+  void vocab_sum_allreduce(float*, int64_t) override {}
+  void sp_all_gather(const float*, float*, int64_t) override {}
+  void sp_reduce_scatter(const float*, float*, int64_t) override {}
+  void before_layer(int64_t l, Pass p) override { log += fmt::format("<{}{} ", l, name(p)); }
+  void after_layer(int64_t l, Pass p) override { log += fmt::format(">{}{} ", l, name(p)); }
+  static char name(Pass p) { return p == Pass::forward ? 'f' : p == Pass::backward ? 'b' : 'r'; }
+  std::string log;
+};
+
+TEST(Gpt, LayerBoundaryHooksComeInExecutionOrder) {
+  auto be = make_cpu_backend(1);
+  GptOptions o;
+  o.model = tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4);
+  o.recompute = Recompute::full;
+  RecordingHooks hooks;
+  Gpt g(*be, o, &hooks);
+  g.init_weights(1);
+  auto tok = random_tokens(size_t(o.model.seq_len), o.model.vocab, 2);
+  g.forward(tok.data(), nullptr, tok.data());
+  g.backward(nullptr, 1.0f);
+  EXPECT_EQ(hooks.log,
+            "<-1f >-1f <0f >0f <1f >1f <-2f >-2f "       // embedding, layers 0 and 1, head
+            "<-2b >-2b <1r >1r <1b >1b <0r >0r <0b >0b "  // head, recompute + backward per layer
+            "<-1b >-1b ");                                // embedding
 }
 
 TEST(Gpt, InitIsIndependentOfTheSplit) {

@@ -84,7 +84,7 @@ int main(int argc, char** argv) try {
   const ModelSpec m = variant_model(variant);
   const int64_t B = 3, T = m.seq_len, N = B * T;
   const uint64_t seed = 1234;
-  auto be = make_cpu_backend(2);
+  auto be = make_cpu_backend(2, 0);  // 0: parallel kernels even at this tiny size
 
   // A token stream with structure (a repeated 16-token phrase), so 10 steps lower the loss.
   std::vector<int32_t> stream;

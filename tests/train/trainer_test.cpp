@@ -64,7 +64,7 @@ TEST(Trainer, LossFallsFarBelowItsStart) {
 }
 
 TEST(Trainer, SameSeedGivesBitIdenticalLosses) {
-  auto be = make_cpu_backend(2);
+  auto be = make_cpu_backend(2, 0);
   std::vector<double> runs[2];
   for (auto& losses : runs) {
     InMemoryTokenStream data(phrase_stream());

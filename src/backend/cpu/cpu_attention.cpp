@@ -27,7 +27,7 @@ void CpuBackend::rope(float* x, int64_t B, int64_t T, int64_t row_stride, int64_
       sin_t[size_t(t * half + i)] = inverse ? -std::sin(angle) : std::sin(angle);
     }
   }
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (B * T * n_heads * D >= min_work_)
   for (int64_t b = 0; b < B; b++) {
     for (int64_t t = 0; t < T; t++) {
       float* row = x + (b * T + t) * row_stride;
@@ -52,7 +52,7 @@ void CpuBackend::attention_forward(float* out, float* probs, const float* qkv, i
   const int64_t W = (Hq + 2 * Hkv) * D;  // qkv row width
   const int64_t group = Hq / Hkv;
   const float scale = 1.0f / std::sqrt(float(D));
-#pragma omp parallel for collapse(3) schedule(static)
+#pragma omp parallel for collapse(3) schedule(static) if (B * Hq * T * T * D >= min_work_)
   for (int64_t b = 0; b < B; b++) {
     for (int64_t h = 0; h < Hq; h++) {
       for (int64_t t = 0; t < T; t++) {
@@ -102,7 +102,7 @@ void CpuBackend::attention_backward(float* dqkv, const float* dout, const float*
   zero(dqkv, sizeof(float) * size_t(B * T * W));
   // Parallel over (batch, kv head): one task owns the dk/dv of its kv head and the dq of the
   // query heads that share it, so no two threads write the same element.
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (B * Hq * T * T * D >= min_work_)
   for (int64_t b = 0; b < B; b++) {
     for (int64_t kvh = 0; kvh < Hkv; kvh++) {
       std::vector<float> dp(static_cast<size_t>(T));
@@ -148,7 +148,7 @@ void CpuBackend::attention_backward(float* dqkv, const float* dout, const float*
 
 void CpuBackend::embedding_forward(float* out, const int32_t* tokens, const float* wte,
                                    int64_t vocab_start, int64_t V, int64_t N, int64_t C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * C >= min_work_)
   for (int64_t n = 0; n < N; n++) {
     const int64_t tok = int64_t(tokens[n]) - vocab_start;
     float* y = out + n * C;
@@ -166,7 +166,7 @@ void CpuBackend::embedding_backward(float* dwte, const float* dout, const int32_
   // Several rows may hit the same token: parallel over column blocks, rows in order.
   const int64_t block = 64;
   const int64_t blocks = (C + block - 1) / block;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * C >= min_work_)
   for (int64_t bi = 0; bi < blocks; bi++) {
     int64_t c0 = bi * block, c1 = std::min(C, c0 + block);
     for (int64_t n = 0; n < N; n++) {
@@ -182,7 +182,7 @@ void CpuBackend::embedding_backward(float* dwte, const float* dout, const int32_
 
 void CpuBackend::positional_forward(float* out, const float* wpe, int64_t B, int64_t T,
                                     int64_t C) {
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (B * T * C >= min_work_)
   for (int64_t b = 0; b < B; b++) {
     for (int64_t t = 0; t < T; t++) {
       float* y = out + (b * T + t) * C;
@@ -195,7 +195,7 @@ void CpuBackend::positional_forward(float* out, const float* wpe, int64_t B, int
 
 void CpuBackend::positional_backward(float* dwpe, const float* dout, int64_t B, int64_t T,
                                      int64_t C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (B * T * C >= min_work_)
   for (int64_t t = 0; t < T; t++) {
     float* dp = dwpe + t * C;
     for (int64_t b = 0; b < B; b++) {
@@ -209,7 +209,7 @@ void CpuBackend::positional_backward(float* dwpe, const float* dout, int64_t B, 
 // ---- cross-entropy -----------------------------------------------------------------------------
 
 void CpuBackend::xent_max(float* rowmax, const float* logits, int64_t N, int64_t V) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * V >= min_work_)
   for (int64_t n = 0; n < N; n++) {
     const float* l = logits + n * V;
     float m = -std::numeric_limits<float>::infinity();
@@ -222,7 +222,7 @@ void CpuBackend::xent_max(float* rowmax, const float* logits, int64_t N, int64_t
 void CpuBackend::xent_stats(float* sumexp, float* target_logit, const float* logits,
                             const float* rowmax, const int32_t* targets, int64_t vocab_start,
                             int64_t N, int64_t V) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * V >= min_work_)
   for (int64_t n = 0; n < N; n++) {
     const float* l = logits + n * V;
     const float m = rowmax[n];
@@ -238,7 +238,7 @@ void CpuBackend::xent_stats(float* sumexp, float* target_logit, const float* log
 void CpuBackend::xent_backward(float* logits, const float* rowmax, const float* sumexp,
                                const int32_t* targets, int64_t vocab_start, float scale,
                                int64_t N, int64_t V) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * V >= min_work_)
   for (int64_t n = 0; n < N; n++) {
     float* l = logits + n * V;
     const float m = rowmax[n];

@@ -17,7 +17,7 @@
 
 namespace exatrain {
 
-CpuBackend::CpuBackend(int threads) {
+CpuBackend::CpuBackend(int threads, int64_t parallel_min_work) : min_work_(parallel_min_work) {
   threads_ = threads > 0 ? threads : omp_get_num_procs();
   // All parallelism is OpenMP with threads_ threads. OpenBLAS runs single-threaded inside our
   // OpenMP regions (gemm() splits the output matrix): with OpenBLAS's own pthread pool next to
@@ -27,8 +27,8 @@ CpuBackend::CpuBackend(int threads) {
   openblas_set_num_threads(1);
 }
 
-std::unique_ptr<Backend> make_cpu_backend(int threads) {
-  return std::make_unique<CpuBackend>(threads);
+std::unique_ptr<Backend> make_cpu_backend(int threads, int64_t parallel_min_work) {
+  return std::make_unique<CpuBackend>(threads, parallel_min_work);
 }
 
 // ---- memory ------------------------------------------------------------------------------------
@@ -51,7 +51,7 @@ void CpuBackend::zero(void* p, size_t bytes) {
   char* c = static_cast<char*>(p);
   const int64_t chunk = 1 << 20;
   const int64_t chunks = (int64_t(bytes) + chunk - 1) / chunk;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (int64_t(bytes) / 4 >= min_work_)
   for (int64_t i = 0; i < chunks; i++) {
     int64_t begin = i * chunk;
     int64_t len = std::min<int64_t>(chunk, int64_t(bytes) - begin);
@@ -128,22 +128,22 @@ void CpuBackend::gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int
 // ---- elementwise -------------------------------------------------------------------------------
 
 void CpuBackend::add_inplace(float* y, const float* x, int64_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n >= min_work_)
   for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
 
 void CpuBackend::add(float* out, const float* a, const float* b, int64_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n >= min_work_)
   for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
 void CpuBackend::scale(float* x, float alpha, int64_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n >= min_work_)
   for (int64_t i = 0; i < n; i++) x[i] *= alpha;
 }
 
 void CpuBackend::add_bias(float* out, const float* bias, int64_t N, int64_t O) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * O >= min_work_)
   for (int64_t n = 0; n < N; n++) {
     float* row = out + n * O;
 #pragma omp simd
@@ -155,7 +155,7 @@ void CpuBackend::bias_backward(float* dbias, const float* dout, int64_t N, int64
   // Parallel over column blocks, rows summed in order: deterministic for any thread count.
   const int64_t block = 64;
   const int64_t blocks = (O + block - 1) / block;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * O >= min_work_)
   for (int64_t bi = 0; bi < blocks; bi++) {
     int64_t o0 = bi * block, o1 = std::min(O, o0 + block);
     float acc[block] = {};
@@ -173,7 +173,7 @@ double CpuBackend::sum_squares(const float* x, int64_t n) {
   const int64_t chunk = 1 << 14;
   const int64_t chunks = (n + chunk - 1) / chunk;
   std::vector<double> partial(size_t(std::max<int64_t>(chunks, 1)), 0.0);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= min_work_)
   for (int64_t c = 0; c < chunks; c++) {
     int64_t i0 = c * chunk, i1 = std::min(n, i0 + chunk);
     double s = 0;
@@ -240,7 +240,7 @@ void CpuBackend::adamw_update(float* param, const float* grad, float* m, float* 
   const float step_size = lr / bias_correction1;
   const float bc2_sqrt = std::sqrt(bias_correction2);
   const int64_t chunk = 16384;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= min_work_)
   for (int64_t c0 = 0; c0 < n; c0 += chunk) {
     const int64_t len = std::min(chunk, n - c0);
     adamw_chunk(param + c0, grad + c0, m + c0, v + c0, len, beta1, beta2, eps, decay, step_size,

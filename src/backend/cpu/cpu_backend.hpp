@@ -10,7 +10,11 @@ namespace exatrain {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads);
+  // Kernels on fewer than parallel_min_work elements run on the calling thread: starting the
+  // OpenMP team costs more than the work, and on a busy machine every team start risks
+  // waiting for a descheduled thread. Results do not depend on it (no kernel's result depends
+  // on the split); tests pass 0 to exercise the parallel paths on small shapes.
+  CpuBackend(int threads, int64_t parallel_min_work);
   const char* name() const override { return "cpu"; }
   int threads() const { return threads_; }
 
@@ -80,6 +84,7 @@ class CpuBackend final : public Backend {
 
  private:
   int threads_;
+  int64_t min_work_;
 };
 
 }  // namespace exatrain

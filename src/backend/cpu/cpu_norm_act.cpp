@@ -18,7 +18,7 @@ constexpr int64_t kColBlock = 64;
 void CpuBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                                    const float* w, const float* b, int64_t N, int64_t C,
                                    float eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * C >= min_work_)
   for (int64_t n = 0; n < N; n++) {
     const float* x = inp + n * C;
     float* y = out + n * C;
@@ -41,7 +41,7 @@ void CpuBackend::layernorm_backward(float* dinp, float* dw, float* db, const flo
                                     const float* inp, const float* w, const float* mean,
                                     const float* rstd, int64_t N, int64_t C) {
   // dinp: per row, dx = rstd * (w*dy - mean(w*dy) - xhat * mean(w*dy*xhat)).
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * C >= min_work_)
   for (int64_t n = 0; n < N; n++) {
     const float* x = inp + n * C;
     const float* dy = dout + n * C;
@@ -64,7 +64,7 @@ void CpuBackend::layernorm_backward(float* dinp, float* dw, float* db, const flo
   }
   // dw, db: column blocks, rows in order.
   const int64_t blocks = (C + kColBlock - 1) / kColBlock;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * C >= min_work_)
   for (int64_t bi = 0; bi < blocks; bi++) {
     int64_t c0 = bi * kColBlock, c1 = std::min(C, c0 + kColBlock);
     float aw[kColBlock] = {}, ab[kColBlock] = {};
@@ -87,7 +87,7 @@ void CpuBackend::layernorm_backward(float* dinp, float* dw, float* db, const flo
 
 void CpuBackend::rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w,
                                  int64_t N, int64_t C, float eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * C >= min_work_)
   for (int64_t n = 0; n < N; n++) {
     const float* x = inp + n * C;
     float* y = out + n * C;
@@ -104,7 +104,7 @@ void CpuBackend::rmsnorm_forward(float* out, float* rstd, const float* inp, cons
 void CpuBackend::rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp,
                                   const float* w, const float* rstd, int64_t N, int64_t C) {
   // y = w * x * r, r = (mean(x^2)+eps)^-1/2  =>  dx = r * (w*dy - x * r^2 * mean(w*dy*x)).
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * C >= min_work_)
   for (int64_t n = 0; n < N; n++) {
     const float* x = inp + n * C;
     const float* dy = dout + n * C;
@@ -118,7 +118,7 @@ void CpuBackend::rmsnorm_backward(float* dinp, float* dw, const float* dout, con
     for (int64_t c = 0; c < C; c++) dx[c] += r * (w[c] * dy[c] - x[c] * k);
   }
   const int64_t blocks = (C + kColBlock - 1) / kColBlock;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * C >= min_work_)
   for (int64_t bi = 0; bi < blocks; bi++) {
     int64_t c0 = bi * kColBlock, c1 = std::min(C, c0 + kColBlock);
     float aw[kColBlock] = {};
@@ -147,7 +147,7 @@ constexpr int64_t kChunk = 4096;
 }
 
 void CpuBackend::gelu_forward(float* out, const float* inp, int64_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= min_work_)
   for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
     const int64_t c1 = std::min(n, c0 + kChunk);
 #pragma omp simd
@@ -160,7 +160,7 @@ void CpuBackend::gelu_forward(float* out, const float* inp, int64_t n) {
 }
 
 void CpuBackend::gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= min_work_)
   for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
     const int64_t c1 = std::min(n, c0 + kChunk);
 #pragma omp simd
@@ -176,7 +176,7 @@ void CpuBackend::gelu_backward(float* dinp, const float* inp, const float* dout,
 }
 
 void CpuBackend::swiglu_forward(float* out, const float* inp, int64_t N, int64_t F) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * F >= min_work_)
   for (int64_t n = 0; n < N; n++) {
     const float* gate = inp + n * 2 * F;
     const float* up = gate + F;
@@ -192,7 +192,7 @@ void CpuBackend::swiglu_forward(float* out, const float* inp, int64_t N, int64_t
 
 void CpuBackend::swiglu_backward(float* dinp, const float* inp, const float* dout, int64_t N,
                                  int64_t F) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * F >= min_work_)
   for (int64_t n = 0; n < N; n++) {
     const float* gate = inp + n * 2 * F;
     const float* up = gate + F;

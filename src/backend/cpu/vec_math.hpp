@@ -1,8 +1,9 @@
 // Vectorisable exp/tanh/sigmoid for the CPU kernels. Hand-written because glibc's vector math
 // (libmvec) is only used by GCC under -ffast-math, which this project does not use; the scalar
 // libm calls made gelu, softmax and cross-entropy a visible share of a training step.
-// exp: Cody-Waite range reduction + the Cephes expf polynomial (max error ~2 ulp on the
-// clamped range [-87.3, 88.7]), branch-free so loops over it vectorise.
+// exp: Cody-Waite range reduction + the Cephes expf polynomial; relative error 8e-8 (about
+// 1 ulp) measured on the clamped range [-87.3, 88.72], < 4 ulp asserted in the tests.
+// Branch-free so that loops over it vectorise.
 #pragma once
 #include <bit>
 #include <cmath>
@@ -14,7 +15,7 @@ inline float exp(float x) {
   // Plain comparisons and the 1.5*2^23 rounding trick instead of fmin/fmax/floor: GCC 12 does
   // not vectorise those libm calls without -ffast-math.
   x = x < -87.3f ? -87.3f : x;
-  x = x > 88.7f ? 88.7f : x;
+  x = x > 88.72f ? 88.72f : x;
   const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
   const float r = x - n * 0.693359375f + n * 2.12194440e-4f;  // x - n*ln2, in two parts
   float p = 1.9875691500e-4f;
@@ -24,8 +25,11 @@ inline float exp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   const float e = p * r * r + r + 1.0f;
-  const int32_t bits = (int32_t(n) + 127) << 23;  // 2^n
-  return e * std::bit_cast<float>(bits);
+  // 2^n as 2^n1 * 2^n2 with n1 = floor(n/2): each factor is a normal float for every n in
+  // [-126, 128], where a single 2^n would overflow the exponent field at n = 128.
+  const int32_t ni = int32_t(n);
+  const int32_t n1 = ni >> 1, n2 = ni - n1;
+  return e * std::bit_cast<float>((n1 + 127) << 23) * std::bit_cast<float>((n2 + 127) << 23);
 }
 
 inline float sigmoid(float x) { return 1.0f / (1.0f + exp(-x)); }
