@@ -8,4 +8,7 @@ namespace exatrain::cli {
 void add_version_command(CLI::App& app);
 void add_check_command(CLI::App& app);
 void add_report_command(CLI::App& app);
+void add_validate_command(CLI::App& app);
+void add_predict_command(CLI::App& app);
+void add_plan_command(CLI::App& app);
 }  // namespace exatrain::cli

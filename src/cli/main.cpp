@@ -13,6 +13,9 @@ int main(int argc, char** argv) {
   exatrain::cli::add_version_command(app);
   exatrain::cli::add_check_command(app);
   exatrain::cli::add_report_command(app);
+  exatrain::cli::add_validate_command(app);
+  exatrain::cli::add_predict_command(app);
+  exatrain::cli::add_plan_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "core/check.hpp"
 #include "plan/comm.hpp"
 #include "plan/flops.hpp"
 #include "plan/io.hpp"
@@ -15,6 +16,25 @@ namespace exatrain::plan {
 const Calibration& default_calibration() {
   static const Calibration cal;
   return cal;
+}
+
+void Calibration::set(const std::string& a) {
+  auto eq = a.find('=');
+  EXA_CHECK(eq != std::string::npos, "calibration override '{}': expected name=value", a);
+  std::string name = a.substr(0, eq);
+  double v = std::stod(a.substr(eq + 1));
+  std::pair<const char*, double*> all[] = {
+      {"dim_half", &dim_half},         {"tokens_half", &tokens_half},
+      {"flash_relative", &flash_relative}, {"causal_skip", &causal_skip},
+      {"unfused_relative", &unfused_relative}, {"elementwise_h", &elementwise_h},
+      {"elementwise_f", &elementwise_f}, {"score_passes", &score_passes},
+      {"optimizer_bytes_per_param", &optimizer_bytes_per_param}, {"fp8_relative", &fp8_relative}};
+  std::string known;
+  for (auto& [n, ptr] : all) {
+    if (name == n) { *ptr = v; return; }
+    known += std::string(known.empty() ? "" : ", ") + n;
+  }
+  EXA_FAIL("unknown calibration constant '{}': known are {}", name, known);
 }
 
 namespace {
@@ -31,13 +51,16 @@ struct LayerTime {
 LayerTime layer_time(const ModelSpec& m, const Plan& p, const Device& d, const Calibration& c) {
   double tokens = double(p.micro_batch) * double(m.seq_len) / double(p.cp);
   double tp = double(p.tp);
-  double peak = d.peak_tflops(p.precision) * 1e12;
+  // FP8 applies to the linear layers only; attention and everything else run in bf16.
+  bool fp8 = p.precision == Precision::fp8;
+  double peak = d.peak_tflops(fp8 ? Precision::bf16 : p.precision) * 1e12;
+  double gemm_peak = fp8 ? d.peak_tflops_fp8 * 1e12 * c.fp8_relative : peak;
   double bw = d.hbm_bw_gbs * 1e9 * d.bw_efficiency;
   double elem = double(element_bytes(p.precision));
   double shard_h = double(m.hidden) / tp;
   double eff = d.gemm_efficiency / (1 + c.dim_half / shard_h) / (1 + c.tokens_half / tokens);
 
-  double gemm = layer_gemm_flops_per_token(m) * tokens / tp / (peak * eff);
+  double gemm = layer_gemm_flops_per_token(m) * tokens / tp / (gemm_peak * eff);
   // Attention core: with cp each rank's queries attend to the whole sequence (s / cp of it
   // locally per step), so its FLOPs per local token stay 4*s*h.
   double attn_flops = layer_attention_flops_per_token(m) * tokens / tp;
@@ -87,7 +110,8 @@ Prediction predict(const ModelSpec& m, const MachineSpec& mach, const Plan& p,
   // ---- compute per micro-batch on each pipeline rank ----
   LayerTime lt = layer_time(m, p, d, c);
   double eff_head = d.gemm_efficiency / (1 + c.tokens_half / tokens);
-  double head = 3 * logits_flops_per_token(m) * tokens / p.tp / (peak * eff_head) +
+  double head_peak = d.peak_tflops(p.precision == Precision::fp8 ? Precision::bf16 : p.precision) * 1e12;
+  double head = 3 * logits_flops_per_token(m) * tokens / p.tp / (head_peak * eff_head) +
                 3 * 3 * 4.0 * tokens * double(m.vocab) / p.tp / bw;  // fp32 softmax passes
   double embed = 3 * elem * tokens * m.hidden / bw;
   std::vector<int64_t> layers = layers_per_rank(m, p);
@@ -129,7 +153,14 @@ Prediction predict(const ModelSpec& m, const MachineSpec& mach, const Plan& p,
   if (p.pp > 1) {
     int64_t stride = p.tp * p.cp * p.dp;
     double msg = elem * tokens * m.hidden;
-    double t = p2p_time(msg, stride < G, mach);
+    bool same_node = stride < G;
+    double t = p2p_time(msg, same_node, mach);
+    // Megatron's scatter/gather optimisation (SC21 Sec. 4.1): across nodes each tp rank sends
+    // 1/tp of the (replicated) activation, and the receiving node all-gathers it over NVLink.
+    if (!same_node && p.tp > 1 && !p.seq_parallel)
+      t = p2p_time(msg / p.tp, false, mach) +
+          best_all_gather_time(msg, group_on_machine(p.tp, 1, G), mach);
+    if (!same_node && p.tp > 1 && p.seq_parallel) t = p2p_time(msg / p.tp, false, mach);
     b.pp_comm = 2 * (mbs * p.vp + p.pp - 1) * t;
   }
   // ---- data parallel: gradients (and ZeRO gathers) ----
