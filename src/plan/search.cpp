@@ -161,14 +161,30 @@ std::string explain_choice(const Prediction& a, const Prediction& b) {
                              {"dp_comm", y.dp_comm - x.dp_comm},   {"optimizer", y.optimizer - x.optimizer}};
   std::sort(parts.begin(), parts.end(),
             [](const Part& p, const Part& q) { return std::fabs(p.d) > std::fabs(q.d); });
-  s += "; it saves";
+  s += ". Runner-up minus best, largest first:";
   int shown = 0;
   for (const Part& p : parts) {
-    if (shown == 3 || std::fabs(p.d) < 1e-6 * a.step_time_s) break;
-    s += fmt::format("{} {} {:+.4g} s", shown ? "," : "", p.name, -p.d);
+    if (shown == 4 || std::fabs(p.d) < 1e-6 * a.step_time_s) break;
+    s += fmt::format("{} {} {:+.4g} s", shown ? "," : "", p.name, p.d);
     ++shown;
   }
-  if (!shown) s += " nothing measurable (tie)";
+  if (!shown) s += " no measurable difference (a tie)";
+  // Name the fields that differ, so the reader sees which choice bought the gain.
+  std::string fields;
+  auto diff = [&](const char* name, auto x, auto y) {
+    if (x != y) fields += fmt::format("{}{} {} vs {}", fields.empty() ? "" : ", ", name, x, y);
+  };
+  diff("tp", a.plan.tp, b.plan.tp);
+  diff("pp", a.plan.pp, b.plan.pp);
+  diff("dp", a.plan.dp, b.plan.dp);
+  diff("cp", a.plan.cp, b.plan.cp);
+  diff("vp", a.plan.vp, b.plan.vp);
+  diff("zero", a.plan.zero, b.plan.zero);
+  diff("micro_batch", a.plan.micro_batch, b.plan.micro_batch);
+  diff("recompute", std::string(to_string(a.plan.recompute)), std::string(to_string(b.plan.recompute)));
+  diff("seq_parallel", a.plan.seq_parallel, b.plan.seq_parallel);
+  diff("schedule", std::string(to_string(a.plan.schedule)), std::string(to_string(b.plan.schedule)));
+  if (!fields.empty()) s += fmt::format(".\nit differs in: {}", fields);
   s += fmt::format(".\nmemory per GPU: {:.1f} GiB vs {:.1f} GiB\n", a.memory.total / double(1 << 30),
                    b.memory.total / double(1 << 30));
   return s;
