@@ -10,12 +10,13 @@ namespace {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Bytes per parameter held as weights / gradients / optimizer state. Mixed precision (fp16,
-// bf16, fp8) keeps 16-bit weights and gradients and an fp32 master copy plus Adam's two fp32
-// moments (2 + 2 + 12 bytes, Rajbhandari et al. ZeRO, 2020); fp32 training keeps 4 + 4 + 8.
+// bf16, fp8) keeps 16-bit weights, fp32 gradients (Megatron's main_grad buffer, DeepSpeed's
+// BF16Optimizer, FSDP's fp32 reduce dtype all accumulate in fp32) and an fp32 master copy plus
+// Adam's two fp32 moments: 2 + 4 + 12 bytes. fp32 training keeps 4 + 4 + 8.
 struct BytesPerParam { double weights, grads, optimizer; };
 BytesPerParam bytes_per_param(Precision p) {
   if (p == Precision::fp32) return {4, 4, 8};
-  return {2, 2, 12};
+  return {2, 4, 12};
 }
 }  // namespace
 
@@ -48,13 +49,17 @@ double activation_bytes_per_layer(const ModelSpec& m, const Plan& p, Recompute r
   double h = m.hidden, kv = double(kv_dim(m)), f = m.ffn_hidden, tp = p.tp;
   double scale = p.precision == Precision::fp32 ? 2.0 : 1.0;  // formulas assume 2-byte values
   if (r == Recompute::full) return scale * 2 * h * t / (p.seq_parallel ? tp : 1);
-  double replicated = 10 * h;
+  // GPT-style models (GELU) train with dropout: a 1-byte mask after attention and after the
+  // MLP (2h of the 10h) and on the attention probabilities (as of the 5as). Llama-style models
+  // (SwiGLU) use no dropout.
+  bool dropout = m.activation == Activation::gelu;
+  double replicated = dropout ? 10 * h : 8 * h;
   double mlp_split = m.activation == Activation::swiglu ? 8 * f : 4 * f;
   double split = 4 * h + 4 * kv + mlp_split;
   double per_token = (p.seq_parallel ? replicated / tp : replicated) + split / tp;
   double scores = 0;
   if (r == Recompute::none && !p.flash_attention)
-    scores = 5.0 * m.heads * double(m.seq_len) / tp;  // softmax out, dropout mask and output
+    scores = (dropout ? 5.0 : 2.0) * m.heads * double(m.seq_len) / tp;  // softmax out (+ mask, dropout out)
   return scale * t * (per_token + scores);
 }
 

@@ -201,6 +201,18 @@ RunCase case_from_row(const CsvRow& row, int index) {
   std::string err = plan_error(m, p);
   if (!err.empty()) return skip("plan as stated is invalid: " + err);
 
+  // ---- memory validation points ----
+  if (has(notes, "OUT OF MEMORY")) rc.measured_oom = true;
+  for (const char* key : {"peak memory ", "memory ", "embedding-stage nodes) = "}) {
+    auto pos = notes.find(key);
+    if (pos == std::string::npos) continue;
+    try {
+      rc.measured_memory_gib = std::stod(notes.substr(pos + std::string(key).size()));
+    } catch (...) {
+    }
+    if (rc.measured_memory_gib) break;
+  }
+
   // ---- the measured step time ----
   if (auto st = number(row, "step_time_s")) {
     rc.measured_step_s = *st;
@@ -221,6 +233,8 @@ RunCase case_from_row(const CsvRow& row, int index) {
     rc.measured_step_s = model_flops_per_step(m, p.global_batch) /
                          (*mfu / 100 * d.peak_tflops(p.precision) * 1e12 * double(p.gpus));
     rc.measured_basis = "MFU";
+  } else if (rc.measured_oom || rc.measured_memory_gib) {
+    rc.memory_only = true;
   } else return skip("no measurement (step time, TFLOP/s or MFU)");
   return rc;
 }
@@ -259,12 +273,28 @@ ValidationReport validate_runs(const std::string& csv_path, const Calibration& c
   for (size_t i = 0; i < rows.size(); ++i) {
     RunCase rc = case_from_row(rows[i], int(i) + 1);
     if (!rc.skip_reason.empty()) { rep.skipped.push_back(rc); continue; }
+    if (rc.measured_memory_gib || rc.measured_oom) {
+      Prediction pr = predict(rc.model, rc.machine, rc.plan, cal);
+      rep.memory.push_back({rc, pr.memory.total / double(1 << 30), pr.fits});
+    }
+    if (rc.memory_only) continue;
     CaseResult res;
     res.run = rc;
     res.predicted_step_s = predict(rc.model, rc.machine, rc.plan, cal).step_time_s;
     res.error = (res.predicted_step_s - rc.measured_step_s) / rc.measured_step_s;
     rep.results.push_back(res);
   }
+  int with_value = 0;
+  for (const MemoryResult& mr : rep.memory) {
+    if (mr.run.measured_oom) {
+      ++rep.oom_rows;
+      if (!mr.predicted_fits) ++rep.oom_predicted;
+    } else if (mr.run.measured_memory_gib) {
+      rep.memory_mape_pct += 100 * std::fabs(mr.predicted_gib / *mr.run.measured_memory_gib - 1);
+      ++with_value;
+    }
+  }
+  if (with_value) rep.memory_mape_pct /= with_value;
   std::map<std::string, std::vector<double>> by_source;
   double sum = 0;
   for (const CaseResult& r : rep.results) {
@@ -281,18 +311,18 @@ ValidationReport validate_runs(const std::string& csv_path, const Calibration& c
     s.bias_pct /= s.rows;
     rep.sources.push_back(s);
   }
-  // Ranking: within runs of one model shape on one GPU count and device, order by throughput
-  // per GPU (tokens/s), measured vs predicted.
+  // Ranking: within runs of one model (layers x hidden) on one GPU count and device (any
+  // sequence length, batch or plan), order by throughput (tokens/s), measured vs predicted.
   std::map<std::string, std::vector<const CaseResult*>> groups;
   for (const CaseResult& r : rep.results) {
     const auto& m = r.run.model;
-    std::string key = fmt::format("{} {}x{} s{} on {} {}", r.run.source, m.layers, m.hidden,
-                                  m.seq_len, r.run.plan.gpus, r.run.machine.device);
+    std::string key = fmt::format("{} {}x{} on {} {}", r.run.source, m.layers, m.hidden,
+                                  r.run.plan.gpus, r.run.machine.device);
     groups[key].push_back(&r);
   }
   double rho_sum = 0;
   for (const auto& [key, members] : groups) {
-    if (members.size() < 3) continue;
+    if (members.size() < 2) continue;
     std::vector<double> meas, pred;
     for (const CaseResult* r : members) {
       double tokens = double(r->run.plan.global_batch) * r->run.model.seq_len;
@@ -321,15 +351,28 @@ std::string format_report(const ValidationReport& rep, bool per_row) {
       s += fmt::format("{:>4} {:<30.30} {:<28.28} {}\n", rc.row, rc.source, rc.model_name,
                        rc.skip_reason);
   }
+  if (per_row) {
+    s += "memory per GPU (most loaded rank), GiB:\n";
+    for (const MemoryResult& mr : rep.memory)
+      s += fmt::format("{:>4} {:<28.28} {:<58.58} measured {:>6} predicted {:>6.1f}{}\n",
+                       mr.run.row, mr.run.model_name, plan_summary(mr.run.plan),
+                       mr.run.measured_oom ? std::string("OOM")
+                                           : fmt::format("{:.1f}", *mr.run.measured_memory_gib),
+                       mr.predicted_gib, mr.predicted_fits ? "" : " (does not fit)");
+  }
   s += fmt::format("{:<32} {:>5} {:>9} {:>9}\n", "source", "rows", "MAPE%", "bias%");
   for (const SourceStats& st : rep.sources)
     s += fmt::format("{:<32} {:>5} {:>9.1f} {:>+9.1f}\n", st.source, st.rows, st.mape_pct,
                      st.bias_pct);
-  s += fmt::format("ranking within groups (Spearman rho of tokens/s, groups of >= 3 runs):\n");
+  s += fmt::format("ranking within groups (Spearman rho of tokens/s, groups of >= 2 runs):\n");
   for (const GroupRank& g : rep.groups)
     s += fmt::format("  {:<64} n={:<3} rho={:+.2f}\n", g.group, g.rows, g.rho);
   s += fmt::format("mean rho={:.2f} over {} groups; {} rows skipped (missing cells)\n",
                    rep.mean_rho, rep.groups.size(), rep.skipped.size());
+  s += fmt::format("memory: {} rows with a measured peak, MAPE {:.1f}%; {} of {} out-of-memory "
+                   "runs predicted not to fit\n",
+                   rep.memory.size() - rep.oom_rows, rep.memory_mape_pct, rep.oom_predicted,
+                   rep.oom_rows);
   s += fmt::format("mape_pct={:.2f} rows={}\n", rep.mape_pct, rep.results.size());
   return s;
 }

@@ -28,6 +28,11 @@ struct RunCase {
   double measured_step_s = 0;
   std::string measured_basis;  // "step_time_s" | "hardware TFLOP/s" | "model TFLOP/s" | "MFU"
   std::string skip_reason;     // empty when usable
+  // Memory validation points from the notes: peak memory per GPU (GiB; the BLOOM rows' nvidia-smi
+  // "GB" read as GiB), or an out-of-memory failure. A row may carry only these.
+  std::optional<double> measured_memory_gib;
+  bool measured_oom = false;
+  bool memory_only = false;  // no time measurement
 };
 RunCase case_from_row(const CsvRow& row, int index);
 
@@ -40,8 +45,17 @@ struct CaseResult {
 struct SourceStats { std::string source; int rows = 0; double mape_pct = 0, bias_pct = 0; };
 struct GroupRank { std::string group; int rows = 0; double rho = 0; };
 
+struct MemoryResult {
+  RunCase run;
+  double predicted_gib = 0;
+  bool predicted_fits = true;
+};
+
 struct ValidationReport {
   std::vector<CaseResult> results;
+  std::vector<MemoryResult> memory;
+  double memory_mape_pct = 0;
+  int oom_rows = 0, oom_predicted = 0;
   std::vector<RunCase> skipped;
   std::vector<SourceStats> sources;
   std::vector<GroupRank> groups;

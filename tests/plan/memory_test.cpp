@@ -70,7 +70,7 @@ TEST(Memory, HandComputedGpt2SingleDevice) {
   Memory mem = memory_per_device(m, p, find_device("a100-80g"));
   double n = 124439808;  // parameters (tied embeddings)
   EXPECT_DOUBLE_EQ(mem.params, 2 * n);
-  EXPECT_DOUBLE_EQ(mem.grads, 2 * n);
+  EXPECT_DOUBLE_EQ(mem.grads, 4 * n);  // fp32 gradient accumulation
   EXPECT_DOUBLE_EQ(mem.optimizer, 12 * n);
   double t = 8 * 1024.0, h = 768;
   double layer_inputs = 12 * 2 * t * h;                       // 12 layers x 2 sbh
