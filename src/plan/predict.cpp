@@ -97,6 +97,11 @@ Prediction predict(const ModelSpec& m, const MachineSpec& mach, const Plan& p,
                    const Calibration& c) {
   check_plan(m, p);
   const Device& d = find_device(mach.device);
+  return predict_checked(m, mach, d, p, memory_per_device(m, p, d), c);
+}
+
+Prediction predict_checked(const ModelSpec& m, const MachineSpec& mach, const Device& d,
+                           const Plan& p, const Memory& memory, const Calibration& c) {
   Prediction out;
   out.plan = p;
   out.device = d.name;
@@ -198,7 +203,7 @@ Prediction predict(const ModelSpec& m, const MachineSpec& mach, const Plan& p,
   out.mfu = out.model_tflops_per_gpu * 1e12 / peak;
   out.hfu = out.hardware_tflops_per_gpu * 1e12 / peak;
 
-  out.memory = memory_per_device(m, p, d);
+  out.memory = memory;
   out.device_memory_bytes = d.hbm_gib * kGiB;
   out.fits = out.memory.total <= out.device_memory_bytes;
 

@@ -69,6 +69,10 @@ struct Prediction {
 // Predict one plan. Checks the plan first (Error with the failing equation).
 Prediction predict(const ModelSpec& m, const MachineSpec& mach, const Plan& p,
                    const Calibration& cal = default_calibration());
+// The same for a plan already checked, on a looked-up device, with its memory already computed
+// (the search's inner loop).
+Prediction predict_checked(const ModelSpec& m, const MachineSpec& mach, const Device& d,
+                           const Plan& p, const Memory& memory, const Calibration& cal);
 
 // The contract's JSON object.
 nlohmann::json to_json(const Prediction& pred);

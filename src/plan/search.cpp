@@ -118,7 +118,7 @@ SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const Paral
                       continue;
                     }
                     ++res.feasible;
-                    Prediction pr = predict(m, mach, p, cal);
+                    Prediction pr = predict_checked(m, mach, dev, p, mem, cal);
                     top.offer(pr.step_time_s, p);
                   }
                 }
