@@ -270,7 +270,7 @@ std::string to_table(const Prediction& pr, const ModelSpec& m) {
   s += fmt::format("plan    gpus={} {} ({} micro-batches, {} precision, device {})\n",
                    pr.plan.gpus, plan_summary(pr.plan), pr.plan.micro_batches(),
                    to_string(pr.plan.precision), pr.device);
-  s += fmt::format("step    {:.4g} s   {:.4g} tokens/s   {:.1f} model TFLOP/s/GPU   "
+  s += fmt::format("step    {:.4g} s   {:.4g} tokens/s   {:.4g} model TFLOP/s/GPU   "
                    "MFU {:.1f}%   HFU {:.1f}%\n",
                    pr.step_time_s, pr.tokens_per_s, pr.model_tflops_per_gpu, 100 * pr.mfu,
                    100 * pr.hfu);
