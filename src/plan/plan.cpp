@@ -106,6 +106,15 @@ void check_plan(const ModelSpec& model, const Plan& plan) {
   EXA_CHECK(err.empty(), "invalid plan: {}", err);
 }
 
+std::vector<int64_t> balanced_layers(int64_t layers, int64_t pp) {
+  std::vector<int64_t> out(pp, layers / pp);
+  int64_t extra = layers % pp;
+  for (int64_t r = 1; r + 1 < pp && extra > 0; ++r, --extra) ++out[r];
+  if (extra > 0) { ++out[0]; --extra; }
+  if (extra > 0) { ++out[pp - 1]; --extra; }
+  return out;
+}
+
 std::vector<int64_t> layers_per_rank(const ModelSpec& m, const Plan& p) {
   if (!p.layers_per_stage.empty()) return p.layers_per_stage;
   return std::vector<int64_t>(p.pp, m.layers / p.pp);

@@ -41,6 +41,11 @@ std::string plan_error(const ModelSpec& model, const Plan& plan);
 // Throws Error(plan_error) when the plan is invalid.
 void check_plan(const ModelSpec& model, const Plan& plan);
 
+// Layers per pipeline rank when pp does not divide the layers: floor(layers/pp) each, the
+// remainder going one by one to the middle ranks first, because the first and last ranks also
+// carry the embedding and the LM head. E.g. 126 layers on 16 ranks: 7, 8 x 14, 7.
+std::vector<int64_t> balanced_layers(int64_t layers, int64_t pp);
+
 // Transformer layers on each pipeline rank (size pp): layers_per_stage when given, else even.
 std::vector<int64_t> layers_per_rank(const ModelSpec& model, const Plan& plan);
 

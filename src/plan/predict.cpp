@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "core/check.hpp"
 #include "plan/comm.hpp"
@@ -87,10 +88,13 @@ LayerTime layer_time(const ModelSpec& m, const Plan& p, const Device& d, const C
 }  // namespace
 
 std::string plan_summary(const Plan& p) {
-  return fmt::format("tp={} pp={} dp={} cp={} vp={} zero={} mb={} recompute={} sp={} {}", p.tp,
-                     p.pp, p.dp, p.cp, p.vp, p.zero, p.micro_batch, to_string(p.recompute),
-                     p.seq_parallel ? "yes" : "no",
-                     p.vp > 1 ? "interleaved-1f1b" : to_string(p.schedule));
+  std::string s = fmt::format("tp={} pp={} dp={} cp={} vp={} zero={} mb={} recompute={} sp={} {}",
+                              p.tp, p.pp, p.dp, p.cp, p.vp, p.zero, p.micro_batch,
+                              to_string(p.recompute), p.seq_parallel ? "yes" : "no",
+                              p.vp > 1 ? "interleaved-1f1b" : to_string(p.schedule));
+  if (!p.layers_per_stage.empty())
+    s += fmt::format(" stages=[{}]", fmt::join(p.layers_per_stage, ","));
+  return s;
 }
 
 Prediction predict(const ModelSpec& m, const MachineSpec& mach, const Plan& p,
@@ -248,6 +252,7 @@ nlohmann::json to_json(const Prediction& pr) {
                {"recompute", to_string(p.recompute)},
                {"seq_parallel", p.seq_parallel},
                {"schedule", to_string(p.schedule)}};
+  if (!p.layers_per_stage.empty()) j["plan"]["layers_per_stage"] = p.layers_per_stage;
   // Extensions (extra keys; the contract's keys above are unchanged).
   j["device"] = pr.device;
   j["parameters"] = pr.parameters;

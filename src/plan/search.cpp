@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <numeric>
 
 #include <fmt/format.h>
 
@@ -73,19 +74,26 @@ SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const Paral
         int64_t dp = G / (tp * cp * pp);
         if (f.dp && *f.dp != dp) continue;
         if (B % dp) continue;
+        // Stages: even when pp divides the layers, else the file's layers_per_stage, else
+        // balanced with lighter end stages. vp must divide every stage.
+        std::vector<int64_t> stages = f.layers_per_stage;
+        if (stages.empty() && m.layers % pp) stages = balanced_layers(m.layers, pp);
+        int64_t common = m.layers / pp;
+        if (!stages.empty()) {
+          common = 0;
+          for (int64_t l : stages) common = std::gcd(common, l);
+        }
         std::vector<int64_t> vps;
         if (f.vp) vps = {*f.vp};
-        else if (f.layers_per_stage.empty()) {
-          if (m.layers % pp) continue;
-          for (int64_t v : divisors(m.layers / pp))
+        else
+          for (int64_t v : divisors(std::max<int64_t>(common, 1)))
             if (v == 1 || pp > 1) vps.push_back(v);
-        } else vps = {1};
         for (int64_t zero : choices<int64_t>(f.zero, {0, 1, 2, 3})) {
           if (zero > 0 && dp * cp == 1) continue;  // nothing to shard: same as zero 0
           Plan base;
           base.gpus = G; base.tp = tp; base.cp = cp; base.pp = pp; base.dp = dp; base.zero = zero;
           base.global_batch = B; base.precision = precision;
-          base.layers_per_stage = f.layers_per_stage;
+          base.layers_per_stage = stages;
           std::vector<int64_t> mbs = choices(f.micro_batch, divisors(B / dp));
           std::vector<bool> sps = f.seq_parallel ? std::vector<bool>{*f.seq_parallel}
                                                  : tp > 1 ? std::vector<bool>{false, true}

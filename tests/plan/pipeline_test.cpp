@@ -39,3 +39,10 @@ TEST(Pipeline, PredictedBubbleIsFractionOfCompute) {
   Prediction pr = predict(m, mach, p);
   EXPECT_NEAR(pr.breakdown.pp_bubble / pr.breakdown.compute, 3.0 / (2 * 16), 0.002);
 }
+
+TEST(Pipeline, BalancedStagesGiveTheEndsFewerLayers) {
+  EXPECT_EQ(balanced_layers(126, 16), (std::vector<int64_t>{7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7}));
+  EXPECT_EQ(balanced_layers(70, 12), (std::vector<int64_t>{5, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 5}));
+  EXPECT_EQ(balanced_layers(13, 4), (std::vector<int64_t>{3, 4, 3, 3}));
+  EXPECT_EQ(balanced_layers(7, 2), (std::vector<int64_t>{4, 3}));
+}
