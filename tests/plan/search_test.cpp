@@ -1,7 +1,10 @@
 // The pruned exhaustive search against brute force on small spaces, and plan validation errors
 // that print the failing equation.
+#include <algorithm>
+
 #include <gtest/gtest.h>
 
+#include "catalog/device.hpp"
 #include "core/check.hpp"
 #include "plan/search.hpp"
 
@@ -85,4 +88,48 @@ TEST(PlanRules, ErrorsPrintTheEquation) {
   EXPECT_EQ(plan_error(m, p), "pp * vp must divide layers (or set layers_per_stage): layers % (pp * vp) "
                               "= 96 % (4 * 5) = 16, expected 0");
   EXPECT_THROW(check_plan(m, p), Error);
+}
+
+// An independent reference: every integer tuple in range, filtered only by plan_error and the
+// device's memory, with the search's two stated equivalences collapsed (ZeRO > 0 without
+// replicas is ZeRO 0; GPipe and 1F1B are the same schedule without a pipeline).
+TEST(Search, MatchesIndependentEnumeration) {
+  ModelSpec m;
+  m.layers = 4; m.hidden = 256; m.heads = 4; m.kv_heads = 4; m.ffn_hidden = 1024;
+  m.seq_len = 128; m.vocab = 1000;
+  MachineSpec mach = dgx("a100-40g");
+  const int64_t G = 8, B = 16;
+  const Device& dev = find_device(mach.device);
+  std::vector<std::pair<double, std::string>> all;
+  for (int64_t tp = 1; tp <= G; ++tp)
+    for (int64_t pp = 1; pp <= G; ++pp)
+      for (int64_t dp = 1; dp <= G; ++dp)
+        for (int64_t cp = 1; cp <= G; ++cp) {
+          if (tp * pp * dp * cp != G) continue;
+          for (int64_t vp = 1; vp <= m.layers; ++vp)
+            for (int64_t zero = 0; zero <= 3; ++zero)
+              for (int64_t mb = 1; mb <= B; ++mb)
+                for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full})
+                  for (bool sp : {false, true})
+                    for (Schedule sc : {Schedule::gpipe, Schedule::one_f_one_b}) {
+                      if (zero > 0 && dp * cp == 1) continue;
+                      if (pp == 1 && sc == Schedule::gpipe) continue;
+                      Plan p;
+                      p.gpus = G; p.tp = tp; p.pp = pp; p.dp = dp; p.cp = cp; p.vp = vp;
+                      p.zero = zero; p.micro_batch = mb; p.global_batch = B; p.recompute = rc;
+                      p.seq_parallel = sp; p.schedule = sc; p.precision = Precision::bf16;
+                      if (!plan_error(m, p).empty()) continue;
+                      Prediction pr = predict(m, mach, p);
+                      if (pr.memory.total > dev.hbm_gib * double(1 << 30)) continue;
+                      all.push_back({pr.step_time_s, plan_summary(p)});
+                    }
+        }
+  ParallelSpec f;
+  f.gpus = G; f.global_batch = B;
+  SearchResult r = search_plans(m, mach, f, Precision::bf16, 3);
+  EXPECT_EQ(r.feasible, int64_t(all.size()));
+  std::sort(all.begin(), all.end());
+  ASSERT_EQ(r.top.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_DOUBLE_EQ(r.top[i].step_time_s, all[i].first) << all[i].second;
+  EXPECT_EQ(plan_summary(r.top[0].plan), all[0].second);
 }
