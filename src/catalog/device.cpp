@@ -60,6 +60,8 @@ std::vector<Device> read_devices() {
               "{}: [{}] efficiencies must be <= 1", file, name);
     devices.push_back(d);
   }
+  std::sort(devices.begin(), devices.end(),
+            [](const Device& a, const Device& b) { return a.name < b.name; });
   return devices;
 }
 

@@ -25,7 +25,7 @@ struct Device {
   double peak_tflops(Precision p) const;
 };
 
-// All devices of catalog/devices.toml, in file order (read once, cached).
+// All devices of catalog/devices.toml, sorted by name (read once, cached).
 const std::vector<Device>& all_devices();
 // The device called `name`; throws Error listing the known names when there is none.
 const Device& find_device(const std::string& name);

@@ -25,6 +25,12 @@ Plan resolve_plan(const ParallelSpec& par, Precision precision) {
   p.cp = par.cp.value_or(1);
   p.vp = par.vp.value_or(1);
   // dp defaults to gpus / (tp * pp * cp), as the contract states.
+  if (!par.dp) {
+    int64_t model_ranks = std::max<int64_t>(1, p.tp * p.pp * p.cp);
+    EXA_CHECK(par.gpus % model_ranks == 0,
+              "[parallel] dp defaults to gpus / (tp * pp * cp) = {} / ({} * {} * {}), which is not "
+              "an integer: choose tp * pp * cp dividing gpus", par.gpus, p.tp, p.pp, p.cp);
+  }
   p.dp = par.dp ? *par.dp : par.gpus / std::max<int64_t>(1, p.tp * p.pp * p.cp);
   p.zero = need(par.zero, "zero");
   p.micro_batch = need(par.micro_batch, "micro_batch");

@@ -104,3 +104,14 @@ TEST(Io, YoungDalyInterval) {
   // sqrt(2 * C * M), M = 10000 h / 100 nodes = 360000 s.
   EXPECT_DOUBLE_EQ(*young_daly_interval_seconds(10, 100, mach), std::sqrt(2.0 * 10 * 360000));
 }
+
+TEST(Predict, DefaultDpMustBeAnInteger) {
+  Job job = parse_job(kJob, "job.toml", {"parallel.tp=3", "parallel.dp=auto"});
+  try {
+    resolve_plan(job.parallel, job.train.precision);
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gpus / (tp * pp * cp) = 64 / (3 * 8 * 1)"), std::string::npos)
+        << e.what();
+  }
+}
