@@ -37,6 +37,7 @@ void add_plan_command(CLI::App& app) {
       j["best"] = plan::to_json(res.top.front());
       j["candidates"] = nlohmann::json::array();
       for (const auto& c : res.top) j["candidates"].push_back(plan::to_json(c));
+      if (res.best_other_layout) j["best_other_layout"] = plan::to_json(*res.best_other_layout);
       j["searched"] = res.searched;
       j["feasible"] = res.feasible;
       j["evaluated"] = res.evaluated;
@@ -54,6 +55,11 @@ void add_plan_command(CLI::App& app) {
     }
     fmt::print("\n{}", plan::to_table(res.top.front(), job.model));
     if (res.top.size() > 1) fmt::print("\n{}", plan::explain_choice(res.top[0], res.top[1]));
+    if (res.best_other_layout &&
+        (res.top.size() < 2 ||
+         plan::plan_summary(res.best_other_layout->plan) != plan::plan_summary(res.top[1].plan)))
+      fmt::print("\nagainst the best plan with another tp/pp/dp/cp layout:\n{}",
+                 plan::explain_choice(res.top[0], *res.best_other_layout));
   });
 }
 }  // namespace exatrain::cli

@@ -50,7 +50,7 @@ CommBytes bytes_sent_per_step(const ModelSpec& m, const Plan& p, const RankPosit
   const int64_t mb = p.micro_batches();
   const int64_t t = p.micro_batch * m.seq_len / p.cp;  // tokens per micro-batch on the rank
   const int64_t act = t * m.hidden;                    // one activation tensor, elements
-  const int64_t layers = layers_per_rank(m, p)[pos.pp_rank];
+  const int64_t layers = layers_on_rank(m, p, pos.pp_rank);
   const bool first = pos.pp_rank == 0, last = pos.pp_rank == p.pp - 1;
   const int64_t fwd_passes = p.recompute == Recompute::full ? 2 : 1;
 

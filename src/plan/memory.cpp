@@ -31,7 +31,7 @@ int64_t parameters_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank) {
                   + (f / tp) * h;               // fc2 (row-parallel)
   if (gpt) layer += (h / tp + 2 * kv_local) + h + (f / tp) + h + 4 * h;  // biases + 2 LayerNorms
   else layer += m.norm == Norm::rmsnorm ? 2 * h : 4 * h;
-  int64_t n = layers_per_rank(m, p)[pp_rank] * layer;
+  int64_t n = layers_on_rank(m, p, pp_rank) * layer;
   int64_t vocab_rows = ceil_div(m.vocab, tp);
   if (pp_rank == 0) {
     n += vocab_rows * h;
@@ -84,7 +84,7 @@ Memory memory_of_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, bool w
   mem.optimizer = b.optimizer * (p.zero >= 1 ? n / shards : n);
   double elem = double(element_bytes(p.precision));
   double tokens = double(p.micro_batch) * double(m.seq_len) / double(p.cp);
-  int64_t layers = layers_per_rank(m, p)[pp_rank];
+  int64_t layers = layers_on_rank(m, p, pp_rank);
   // Buffers: gathered layers for ZeRO-3 (the one computing and the one prefetched), the
   // tensor-parallel all-gather / all-reduce buffer, the runtime reserve.
   double buffers = kRuntimeReserveBytes;
@@ -116,13 +116,26 @@ Memory memory_of_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, bool w
 }  // namespace
 
 Memory memory_per_device(const ModelSpec& m, const Plan& p, const Device& d) {
-  Memory worst;
-  for (int64_t r = 0; r < p.pp; ++r) {
-    // Only the first and the last ranks differ from the middle ones (embeddings, head, most
-    // micro-batches in flight); with uneven stages every rank may differ.
-    if (p.layers_per_stage.empty() && r != 0 && r != p.pp - 1) continue;
+  // Candidates for the most loaded rank: the first (embedding, most micro-batches in flight),
+  // the last (LM head) and, among the middle ranks, the first one of each distinct layer count
+  // (in-flight micro-batches only fall with the rank). Even stages: ranks 0 and pp-1.
+  Memory worst = memory_of_rank(m, p, 0, true);
+  auto consider = [&](int64_t r) {
     Memory mem = memory_of_rank(m, p, r, true);
     if (mem.total > worst.total) worst = mem;
+  };
+  if (p.pp > 1) consider(p.pp - 1);
+  if (!p.layers_per_stage.empty()) {
+    int64_t seen[4] = {-1, -1, -1, -1};  // balanced stages have at most 2 distinct counts
+    int n_seen = 0;
+    for (int64_t r = 1; r + 1 < p.pp; ++r) {
+      int64_t l = p.layers_per_stage[r];
+      bool known = false;
+      for (int i = 0; i < n_seen; ++i) known |= seen[i] == l;
+      if (known) continue;
+      if (n_seen < 4) seen[n_seen++] = l;
+      consider(r);
+    }
   }
   return worst;
 }

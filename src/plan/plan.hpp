@@ -48,6 +48,10 @@ std::vector<int64_t> balanced_layers(int64_t layers, int64_t pp);
 
 // Transformer layers on each pipeline rank (size pp): layers_per_stage when given, else even.
 std::vector<int64_t> layers_per_rank(const ModelSpec& model, const Plan& plan);
+// The same for one rank, without building the vector (hot path of the search).
+inline int64_t layers_on_rank(const ModelSpec& model, const Plan& plan, int64_t pp_rank) {
+  return plan.layers_per_stage.empty() ? model.layers / plan.pp : plan.layers_per_stage[pp_rank];
+}
 
 int64_t element_bytes(Precision p);  // 4 for fp32, 2 for fp16/bf16/fp8 (fp8 keeps bf16 weights)
 

@@ -1,6 +1,8 @@
 #include "plan/search.hpp"
 
 #include <algorithm>
+#include <array>
+#include <map>
 #include <chrono>
 #include <cmath>
 #include <numeric>
@@ -60,6 +62,7 @@ SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const Paral
   const double capacity = dev.hbm_gib * double(1 << 30);
   SearchResult res;
   TopK top{std::max(1, top_k), {}};
+  std::map<std::array<int64_t, 4>, Candidate> best_per_layout;
   const int64_t G = f.gpus, B = f.global_batch;
 
   std::vector<Recompute> recomputes =
@@ -128,6 +131,10 @@ SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const Paral
                     ++res.feasible;
                     Prediction pr = predict_checked(m, mach, dev, p, mem, cal);
                     top.offer(pr.step_time_s, p);
+                    std::array<int64_t, 4> layout{tp, pp, dp, cp};
+                    auto it = best_per_layout.find(layout);
+                    if (it == best_per_layout.end()) best_per_layout.emplace(layout, Candidate{pr.step_time_s, p});
+                    else if (pr.step_time_s < it->second.step) it->second = {pr.step_time_s, p};
                   }
                 }
           }
@@ -138,6 +145,14 @@ SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const Paral
   std::sort(top.heap.begin(), top.heap.end(),
             [](const Candidate& a, const Candidate& b) { return a.step < b.step; });
   for (const Candidate& c : top.heap) res.top.push_back(predict(m, mach, c.plan, cal));
+  if (!res.top.empty()) {
+    const Plan& w = res.top.front().plan;
+    const Candidate* other = nullptr;
+    for (const auto& [layout, c] : best_per_layout)
+      if (layout != std::array<int64_t, 4>{w.tp, w.pp, w.dp, w.cp} && (!other || c.step < other->step))
+        other = &c;
+    if (other) res.best_other_layout = predict(m, mach, other->plan, cal);
+  }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return res;
 }
@@ -158,7 +173,7 @@ SearchResult brute_force_search(const ModelSpec& m, const MachineSpec& mach,
 std::string explain_choice(const Prediction& a, const Prediction& b) {
   std::string s;
   double gain = b.step_time_s / a.step_time_s - 1;
-  s += fmt::format("best   : {}\nrunner-up: {}\n", plan_summary(a.plan), plan_summary(b.plan));
+  s += fmt::format("best   : {}\nagainst: {}\n", plan_summary(a.plan), plan_summary(b.plan));
   s += fmt::format("the best plan is {:.2f}% faster ({:.4g} s vs {:.4g} s per step)", 100 * gain,
                    a.step_time_s, b.step_time_s);
   const Breakdown &x = a.breakdown, &y = b.breakdown;

@@ -8,6 +8,7 @@
 // micro_batch that does not fit ends that loop. Pruned plans count as searched, not feasible.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "job/job.hpp"
@@ -17,6 +18,9 @@ namespace exatrain::plan {
 
 struct SearchResult {
   std::vector<Prediction> top;  // best first (at most top_k)
+  // The best plan whose layout (tp, pp, dp, cp) differs from the winner's: the near-ties in `top`
+  // often differ only in recompute or micro-batch, this one shows what the layout choice is worth.
+  std::optional<Prediction> best_other_layout;
   int64_t searched = 0;         // plans in the space (valid by the rules), pruned ones included
   int64_t evaluated = 0;        // plans whose memory model ran (the rest were pruned)
   int64_t feasible = 0;         // plans that fit in memory
