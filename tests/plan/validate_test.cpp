@@ -1,5 +1,6 @@
 // Validation machinery and the calibrated model's accuracy on the published runs.
 #include <cmath>
+#include <filesystem>
 
 #include <gtest/gtest.h>
 
@@ -16,8 +17,9 @@ TEST(Validate, Spearman) {
 
 TEST(Validate, PublishedRunsWithinTarget) {
   // The target: MAPE <= 10% over all usable rows, no source above 20%.
-  ValidationReport rep = validate_runs(std::string(EXATRAIN_SOURCE_DIR) +
-                                       "/../shared/validation/published_runs.csv");
+  std::string csv = std::string(EXATRAIN_SOURCE_DIR) + "/../shared/validation/published_runs.csv";
+  if (!std::filesystem::exists(csv)) GTEST_SKIP() << csv << " is not present in this checkout";
+  ValidationReport rep = validate_runs(csv);
   EXPECT_GE(rep.results.size(), 250u);
   EXPECT_LE(rep.mape_pct, 10.0);
   for (const auto& s : rep.sources) EXPECT_LE(s.mape_pct, 20.0) << s.source;
