@@ -94,10 +94,13 @@ std::string plan_error(const ModelSpec& m, const Plan& p) {
     int64_t sum = std::accumulate(p.layers_per_stage.begin(), p.layers_per_stage.end(), 0L);
     if (sum != m.layers)
       return fmt::format("sum(layers_per_stage) = {} must equal layers = {}", sum, m.layers);
+    // Uneven stages: every virtual stage needs a layer; chunks may differ by one layer (the
+    // end ranks' shorter chunk stands for the embedding / LM head, as Megatron's
+    // account-for-embedding split does).
     for (int64_t l : p.layers_per_stage)
-      if (l < p.vp || l % p.vp != 0)
-        return fmt::format("vp must divide every stage's layers: {} % {} = {}, expected 0", l,
-                           p.vp, l % p.vp);
+      if (l < p.vp)
+        return fmt::format("each of the vp = {} virtual stages of a pipeline rank needs a layer, "
+                           "but a rank has layers_per_stage = {} < vp", p.vp, l);
   } else {
     if (m.layers % (p.pp * p.vp) != 0)
       return fmt::format("pp * vp must divide layers (or set layers_per_stage): layers % (pp * vp)"

@@ -78,19 +78,20 @@ SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const Paral
         if (f.dp && *f.dp != dp) continue;
         if (B % dp) continue;
         // Stages: even when pp divides the layers, else the file's layers_per_stage, else
-        // balanced with lighter end stages. vp must divide every stage.
+        // balanced with lighter end stages. vp: the divisors of the layers per stage (uneven:
+        // of the largest stage, up to the smallest, so only the lighter ranks get a short chunk).
         std::vector<int64_t> stages = f.layers_per_stage;
         if (stages.empty() && m.layers % pp) stages = balanced_layers(m.layers, pp);
-        int64_t common = m.layers / pp;
+        int64_t largest = m.layers / pp, smallest = largest;
         if (!stages.empty()) {
-          common = 0;
-          for (int64_t l : stages) common = std::gcd(common, l);
+          largest = *std::max_element(stages.begin(), stages.end());
+          smallest = *std::min_element(stages.begin(), stages.end());
         }
         std::vector<int64_t> vps;
         if (f.vp) vps = {*f.vp};
         else
-          for (int64_t v : divisors(std::max<int64_t>(common, 1)))
-            if (v == 1 || pp > 1) vps.push_back(v);
+          for (int64_t v : divisors(std::max<int64_t>(largest, 1)))
+            if ((v == 1 || pp > 1) && v <= smallest) vps.push_back(v);
         for (int64_t zero : choices<int64_t>(f.zero, {0, 1, 2, 3})) {
           if (zero > 0 && dp * cp == 1) continue;  // nothing to shard: same as zero 0
           Plan base;

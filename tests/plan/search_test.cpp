@@ -88,6 +88,14 @@ TEST(PlanRules, ErrorsPrintTheEquation) {
   EXPECT_EQ(plan_error(m, p), "pp * vp must divide layers (or set layers_per_stage): layers % (pp * vp) "
                               "= 96 % (4 * 5) = 16, expected 0");
   EXPECT_THROW(check_plan(m, p), Error);
+  p.vp = 8;
+  p.layers_per_stage = {23, 25, 25, 23};  // uneven but every rank holds >= vp layers
+  EXPECT_EQ(plan_error(m, p), "");
+  p.layers_per_stage = {5, 43, 43, 5};
+  EXPECT_EQ(plan_error(m, p), "each of the vp = 8 virtual stages of a pipeline rank needs a layer, "
+                              "but a rank has layers_per_stage = 5 < vp");
+  p.layers_per_stage = {23, 25, 25, 22};
+  EXPECT_EQ(plan_error(m, p), "sum(layers_per_stage) = 95 must equal layers = 96");
 }
 
 // An independent reference: every integer tuple in range, filtered only by plan_error and the
