@@ -13,4 +13,7 @@ void add_sample_command(CLI::App& app);
 void add_export_command(CLI::App& app);
 void add_data_command(CLI::App& app);
 void add_checkpoint_command(CLI::App& app);
+void add_validate_command(CLI::App& app);
+void add_predict_command(CLI::App& app);
+void add_plan_command(CLI::App& app);
 }  // namespace exatrain::cli

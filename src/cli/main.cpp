@@ -18,6 +18,9 @@ int main(int argc, char** argv) {
   exatrain::cli::add_export_command(app);
   exatrain::cli::add_data_command(app);
   exatrain::cli::add_checkpoint_command(app);
+  exatrain::cli::add_validate_command(app);
+  exatrain::cli::add_predict_command(app);
+  exatrain::cli::add_plan_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,122 @@
+#include "catalog/device.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+
+#include <toml.hpp>
+
+#include "core/check.hpp"
+
+namespace exatrain {
+
+double Device::peak_tflops(Precision p) const {
+  switch (p) {
+    case Precision::fp32: return peak_tflops_fp32;
+    case Precision::fp16: return peak_tflops_fp16;
+    case Precision::bf16: return peak_tflops_bf16;
+    case Precision::fp8: return peak_tflops_fp8;
+  }
+  return 0;
+}
+
+std::string catalog_dir() {
+  if (const char* env = std::getenv("EXATRAIN_CATALOG")) return env;
+  return std::string(EXATRAIN_SOURCE_DIR) + "/catalog";
+}
+
+namespace {
+
+double positive(const toml::value& table, const std::string& file, const std::string& section,
+                const std::string& key) {
+  EXA_CHECK(table.contains(key), "{}: [{}] lacks key '{}'", file, section, key);
+  const toml::value& v = table.at(key);
+  double x = v.is_integer() ? double(v.as_integer()) : v.is_floating() ? v.as_floating() : -1;
+  EXA_CHECK(x > 0, "{}: [{}] {} = {} must be a positive number", file, section, key,
+            toml::format(v));
+  return x;
+}
+
+std::vector<Device> read_devices() {
+  std::string file = catalog_dir() + "/devices.toml";
+  EXA_CHECK(std::filesystem::exists(file), "device catalog {} not found", file);
+  toml::value root = toml::parse(file);
+  std::vector<Device> devices;
+  for (const auto& [name, t] : root.as_table()) {
+    EXA_CHECK(t.is_table(), "{}: '{}' must be a table [{}]", file, name, name);
+    Device d;
+    d.name = name;
+    if (t.contains("description")) d.description = t.at("description").as_string();
+    d.peak_tflops_fp32 = positive(t, file, name, "peak_tflops_fp32");
+    d.peak_tflops_fp16 = positive(t, file, name, "peak_tflops_fp16");
+    d.peak_tflops_bf16 = positive(t, file, name, "peak_tflops_bf16");
+    d.peak_tflops_fp8 = positive(t, file, name, "peak_tflops_fp8");
+    d.hbm_gib = positive(t, file, name, "hbm_gib");
+    d.hbm_bw_gbs = positive(t, file, name, "hbm_bw_gbs");
+    d.gemm_efficiency = positive(t, file, name, "gemm_efficiency");
+    d.bw_efficiency = positive(t, file, name, "bw_efficiency");
+    EXA_CHECK(d.gemm_efficiency <= 1 && d.bw_efficiency <= 1,
+              "{}: [{}] efficiencies must be <= 1", file, name);
+    devices.push_back(d);
+  }
+  std::sort(devices.begin(), devices.end(),
+            [](const Device& a, const Device& b) { return a.name < b.name; });
+  return devices;
+}
+
+}  // namespace
+
+const std::vector<Device>& all_devices() {
+  static std::once_flag once;
+  static std::vector<Device> devices;
+  std::call_once(once, [] { devices = read_devices(); });
+  return devices;
+}
+
+const Device& find_device(const std::string& name) {
+  for (const Device& d : all_devices())
+    if (d.name == name) return d;
+  std::string known;
+  for (const Device& d : all_devices()) known += (known.empty() ? "" : ", ") + d.name;
+  EXA_FAIL("unknown device '{}': the catalog ({}/devices.toml) knows {}", name, catalog_dir(),
+           known);
+}
+
+std::vector<std::string> cluster_names() {
+  std::vector<std::string> names;
+  std::string dir = catalog_dir() + "/clusters";
+  if (!std::filesystem::exists(dir)) return names;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().extension() == ".toml") names.push_back(e.path().stem().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+MachineSpec find_cluster(const std::string& name) {
+  std::string file = catalog_dir() + "/clusters/" + name + ".toml";
+  if (!std::filesystem::exists(file)) {
+    std::string known;
+    for (const auto& n : cluster_names()) known += (known.empty() ? "" : ", ") + n;
+    EXA_FAIL("unknown cluster '{}': known clusters are {}", name, known);
+  }
+  toml::value root = toml::parse(file);
+  EXA_CHECK(root.contains("machine"), "{}: lacks the [machine] table", file);
+  const toml::value& m = root.at("machine");
+  MachineSpec spec;
+  spec.preset = name;
+  EXA_CHECK(m.contains("device"), "{}: [machine] lacks key 'device'", file);
+  spec.device = m.at("device").as_string();
+  find_device(spec.device);  // fail early on a typo
+  spec.gpus_per_node = int64_t(positive(m, file, "machine", "gpus_per_node"));
+  spec.intra_node_bw_gbs = positive(m, file, "machine", "intra_node_bw_gbs");
+  spec.inter_node_bw_gbs = positive(m, file, "machine", "inter_node_bw_gbs");
+  spec.intra_node_latency_us = positive(m, file, "machine", "intra_node_latency_us");
+  spec.inter_node_latency_us = positive(m, file, "machine", "inter_node_latency_us");
+  spec.storage_bw_gbs = positive(m, file, "machine", "storage_bw_gbs");
+  if (m.contains("node_mtbf_hours"))
+    spec.node_mtbf_hours = positive(m, file, "machine", "node_mtbf_hours");
+  return spec;
+}
+
+}  // namespace exatrain

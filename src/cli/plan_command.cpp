@@ -1,0 +1,65 @@
+// `exatrain plan JOB.toml [--json] [--top K] [--set k=v ...]`: fill every auto/omitted field of
+// [parallel] by exhaustive search and rank the plans that fit by predicted step time.
+#include <fmt/format.h>
+
+#include "cli/commands.hpp"
+#include "core/check.hpp"
+#include "job/parse.hpp"
+#include "plan/predict.hpp"
+#include "plan/search.hpp"
+
+namespace exatrain::cli {
+void add_plan_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("plan", "search the best parallel plan for a job");
+  auto path = std::make_shared<std::string>();
+  auto sets = std::make_shared<std::vector<std::string>>();
+  auto json = std::make_shared<bool>(false);
+  auto top = std::make_shared<int>(5);
+  cmd->add_option("job", *path, "the job file (TOML)")->required();
+  cmd->add_option("--set", *sets, "override a key: section.key=value (repeatable)");
+  cmd->add_flag("--json", *json, "print the contract's JSON object");
+  cmd->add_option("--top", *top, "how many candidates to list (default 5)")->check(CLI::PositiveNumber);
+  cmd->callback([path, sets, json, top] {
+    Job job = load_job(*path, *sets);
+    plan::SearchResult res =
+        plan::search_plans(job.model, job.machine, job.parallel, job.train.precision, *top);
+    EXA_CHECK(res.searched > 0,
+              "{}: no valid plan for gpus = {} and global_batch = {}: every split gpus = tp * pp * "
+              "dp * cp breaks a rule (tp | heads and ffn_hidden, pp * vp | layers, dp * "
+              "micro_batch | global_batch, micro-batches >= pp); try a global_batch divisible by "
+              "more of gpus' factors", *path, job.parallel.gpus, job.parallel.global_batch);
+    EXA_CHECK(!res.top.empty(),
+              "{}: no plan fits: {} valid plans searched for {} GPUs and global_batch {}, none "
+              "fits in the device's memory ({})", *path, res.searched, job.parallel.gpus,
+              job.parallel.global_batch, job.machine.device);
+    if (*json) {
+      nlohmann::json j;
+      j["best"] = plan::to_json(res.top.front());
+      j["candidates"] = nlohmann::json::array();
+      for (const auto& c : res.top) j["candidates"].push_back(plan::to_json(c));
+      if (res.best_other_layout) j["best_other_layout"] = plan::to_json(*res.best_other_layout);
+      j["searched"] = res.searched;
+      j["feasible"] = res.feasible;
+      j["evaluated"] = res.evaluated;
+      j["search_time_s"] = res.seconds;
+      fmt::print("{}\n", j.dump(2));
+      return;
+    }
+    fmt::print("searched {} plans ({} fit in memory) in {:.3f} s\n\n", res.searched, res.feasible,
+               res.seconds);
+    fmt::print("{:>3} {:<72} {:>9} {:>7} {:>9}\n", "#", "plan", "step s", "MFU%", "mem GiB");
+    for (size_t i = 0; i < res.top.size(); ++i) {
+      const auto& c = res.top[i];
+      fmt::print("{:>3} {:<72} {:>9.4g} {:>7.1f} {:>9.1f}\n", i + 1, plan::plan_summary(c.plan),
+                 c.step_time_s, 100 * c.mfu, c.memory.total / double(1 << 30));
+    }
+    fmt::print("\n{}", plan::to_table(res.top.front(), job.model));
+    if (res.top.size() > 1) fmt::print("\n{}", plan::explain_choice(res.top[0], res.top[1]));
+    if (res.best_other_layout &&
+        (res.top.size() < 2 ||
+         plan::plan_summary(res.best_other_layout->plan) != plan::plan_summary(res.top[1].plan)))
+      fmt::print("\nagainst the best plan with another tp/pp/dp/cp layout:\n{}",
+                 plan::explain_choice(res.top[0], *res.best_other_layout));
+  });
+}
+}  // namespace exatrain::cli

@@ -1,0 +1,40 @@
+// `exatrain predict JOB.toml [--json] [--set k=v ...]`: the performance and memory model of one
+// fully specified plan (../shared/contracts/job-file.md).
+#include <fmt/format.h>
+
+#include "cli/commands.hpp"
+#include "job/parse.hpp"
+#include "plan/comm.hpp"
+#include "plan/predict.hpp"
+
+namespace exatrain::cli {
+void add_predict_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("predict", "predict step time, MFU and memory of one plan");
+  auto path = std::make_shared<std::string>();
+  auto sets = std::make_shared<std::vector<std::string>>();
+  auto json = std::make_shared<bool>(false);
+  cmd->add_option("job", *path, "the job file (TOML)")->required();
+  cmd->add_option("--set", *sets, "override a key: section.key=value (repeatable)");
+  cmd->add_flag("--json", *json, "print the contract's JSON object");
+  auto rank = std::make_shared<int64_t>(-1);
+  cmd->add_option("--rank-bytes", *rank,
+                  "print the exact bytes this rank sends per step per collective kind (JSON; the "
+                  "convention is in src/plan/comm.hpp) instead of the prediction");
+  cmd->callback([path, sets, json, rank] {
+    Job job = load_job(*path, *sets);
+    plan::Plan p = plan::resolve_plan(job.parallel, job.train.precision);
+    if (*rank >= 0) {
+      plan::check_plan(job.model, p);
+      plan::CommBytes b = plan::bytes_sent_per_step(job.model, p, plan::rank_position(p, *rank));
+      nlohmann::json j;
+      for (int k = 0; k < plan::kCommKinds; ++k)
+        j[plan::to_string(plan::CommKind(k))] = b.bytes[size_t(k)];
+      fmt::print("{}\n", j.dump(2));
+      return;
+    }
+    plan::Prediction pred = plan::predict(job.model, job.machine, p);
+    if (*json) fmt::print("{}\n", plan::to_json(pred).dump(2));
+    else fmt::print("{}", plan::to_table(pred, job.model));
+  });
+}
+}  // namespace exatrain::cli

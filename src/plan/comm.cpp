@@ -1,0 +1,177 @@
+#include "plan/comm.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/check.hpp"
+#include "plan/flops.hpp"
+#include "plan/memory.hpp"
+
+namespace exatrain::plan {
+
+const char* to_string(CommKind k) {
+  switch (k) {
+    case CommKind::tp_all_reduce: return "tp_all_reduce";
+    case CommKind::tp_reduce_scatter: return "tp_reduce_scatter";
+    case CommKind::tp_all_gather: return "tp_all_gather";
+    case CommKind::cp_send: return "cp_send";
+    case CommKind::pp_send: return "pp_send";
+    case CommKind::dp_all_reduce: return "dp_all_reduce";
+    case CommKind::dp_reduce_scatter: return "dp_reduce_scatter";
+    case CommKind::dp_all_gather: return "dp_all_gather";
+  }
+  return "?";
+}
+
+RankPosition rank_position(const Plan& p, int64_t rank) {
+  EXA_CHECK(rank >= 0 && rank < p.gpus, "rank {} outside 0..{}", rank, p.gpus - 1);
+  RankPosition pos;
+  pos.tp_rank = rank % p.tp;
+  pos.cp_rank = (rank / p.tp) % p.cp;
+  pos.dp_rank = (rank / (p.tp * p.cp)) % p.dp;
+  pos.pp_rank = rank / (p.tp * p.cp * p.dp);
+  return pos;
+}
+
+int64_t ring_chunk(int64_t e, int64_t p, int64_t c) { return e / p + (c < e % p ? 1 : 0); }
+int64_t ring_reduce_scatter_sent(int64_t e, int64_t p, int64_t r) {
+  return p <= 1 ? 0 : e - ring_chunk(e, p, r);
+}
+int64_t ring_all_gather_sent(int64_t e, int64_t p, int64_t r) {
+  return p <= 1 ? 0 : e - ring_chunk(e, p, (r + 1) % p);
+}
+int64_t ring_all_reduce_sent(int64_t e, int64_t p, int64_t r) {
+  return ring_reduce_scatter_sent(e, p, r) + ring_all_gather_sent(e, p, r);
+}
+
+CommBytes bytes_sent_per_step(const ModelSpec& m, const Plan& p, const RankPosition& pos) {
+  CommBytes out;
+  const int64_t elem = element_bytes(p.precision);
+  const int64_t mb = p.micro_batches();
+  const int64_t t = p.micro_batch * m.seq_len / p.cp;  // tokens per micro-batch on the rank
+  const int64_t act = t * m.hidden;                    // one activation tensor, elements
+  const int64_t layers = layers_on_rank(m, p, pos.pp_rank);
+  const bool first = pos.pp_rank == 0, last = pos.pp_rank == p.pp - 1;
+  const int64_t fwd_passes = p.recompute == Recompute::full ? 2 : 1;
+
+  if (p.tp > 1) {
+    const int64_t r = pos.tp_rank, q = p.tp;
+    int64_t per_mb_ar = 0, per_mb_rs = 0, per_mb_ag = 0;  // collective counts per micro-batch
+    if (p.seq_parallel) {
+      per_mb_ag += layers * 2 * (fwd_passes + 1);
+      per_mb_rs += layers * 2 * (fwd_passes + 1);
+      if (first) per_mb_rs += 1;                // embedding output
+      if (last) { per_mb_ag += 1; per_mb_rs += 1; }  // LM head input forward / its grad backward
+    } else {
+      per_mb_ar += layers * 2 * (fwd_passes + 1);
+      if (first) per_mb_ar += 1;
+      if (last) per_mb_ar += 1;
+    }
+    out[CommKind::tp_all_reduce] = mb * per_mb_ar * ring_all_reduce_sent(act, q, r) * elem;
+    out[CommKind::tp_reduce_scatter] = mb * per_mb_rs * ring_reduce_scatter_sent(act, q, r) * elem;
+    out[CommKind::tp_all_gather] = mb * per_mb_ag * ring_all_gather_sent(act, q, r) * elem;
+    if (last)  // cross entropy: 3 fp32 all-reduces of t elements per micro-batch
+      out[CommKind::tp_all_reduce] += mb * 3 * ring_all_reduce_sent(t, q, r) * 4;
+  }
+  if (p.cp > 1) {
+    int64_t kv_local = (m.kv_heads >= p.tp ? kv_dim(m) / p.tp : m.head_dim());
+    int64_t kv_msg = 2 * t * kv_local;  // K and V of the local chunk
+    int64_t sends_per_layer = (p.cp - 1) * (fwd_passes + 2);
+    out[CommKind::cp_send] = mb * layers * sends_per_layer * kv_msg * elem;
+  }
+  if (p.pp > 1) {
+    int64_t sends = mb * (p.vp - (last ? 1 : 0)) + mb * (p.vp - (first ? 1 : 0));
+    out[CommKind::pp_send] = sends * act * elem;
+  }
+  const int64_t replicas = p.dp * p.cp;
+  if (replicas > 1) {
+    const int64_t n = parameters_on_rank(m, p, pos.pp_rank);
+    const int64_t r = pos.dp_rank * p.cp + pos.cp_rank;
+    if (p.zero == 0) {
+      out[CommKind::dp_all_reduce] = ring_all_reduce_sent(n, replicas, r) * elem;
+    } else if (p.zero <= 2) {
+      out[CommKind::dp_reduce_scatter] = ring_reduce_scatter_sent(n, replicas, r) * elem;
+      out[CommKind::dp_all_gather] = ring_all_gather_sent(n, replicas, r) * elem;
+    } else {
+      out[CommKind::dp_reduce_scatter] = mb * ring_reduce_scatter_sent(n, replicas, r) * elem;
+      out[CommKind::dp_all_gather] = mb * 2 * ring_all_gather_sent(n, replicas, r) * elem;
+    }
+  }
+  return out;
+}
+
+// ---- time ----
+
+Group group_on_machine(int64_t size, int64_t stride, int64_t gpus_per_node) {
+  Group g;
+  g.size = size;
+  if (stride >= gpus_per_node) g.per_node = 1;
+  else g.per_node = std::max<int64_t>(1, std::min(size, gpus_per_node / stride));
+  return g;
+}
+
+namespace {
+
+double intra_bw(const MachineSpec& mach) { return mach.intra_node_bw_gbs * 1e9 * kBusEfficiency; }
+// NIC bandwidth one device gets when every device of its node sends across nodes.
+double nic_share(const MachineSpec& mach) {
+  return mach.inter_node_bw_gbs * 1e9 * kBusEfficiency / double(mach.gpus_per_node);
+}
+double alpha_intra(const MachineSpec& mach) { return mach.intra_node_latency_us * 1e-6; }
+double alpha_inter(const MachineSpec& mach) { return mach.inter_node_latency_us * 1e-6; }
+
+// One ring pass (reduce-scatter or all-gather) of `bytes` over g.
+double ring_pass(double bytes, const Group& g, const MachineSpec& mach) {
+  if (g.size <= 1) return 0;
+  double p = double(g.size);
+  int64_t nodes = (g.size + g.per_node - 1) / g.per_node;
+  if (nodes == 1) return (p - 1) / p * bytes / intra_bw(mach) + (p - 1) * alpha_intra(mach);
+  // The ring crosses each node's NICs once; the node's gpus_per_node / per_node concurrent
+  // rings share them.
+  double bw = std::min(intra_bw(mach), nic_share(mach) * double(g.per_node));
+  return (p - 1) / p * bytes / bw + (p - 1) * alpha_inter(mach);
+}
+
+// Intra-node pass among the per_node members, then an inter-node ring on bytes/per_node.
+double hierarchical_pass(double bytes, const Group& g, const MachineSpec& mach) {
+  if (g.size <= 1) return 0;
+  int64_t k = g.per_node, nodes = (g.size + k - 1) / k;
+  if (nodes == 1) return ring_pass(bytes, g, mach);
+  double intra = ring_pass(bytes, Group{k, k}, mach);
+  double n = double(nodes);
+  double inter = (n - 1) / n * (bytes / double(k)) / nic_share(mach) + (n - 1) * alpha_inter(mach);
+  return intra + inter;
+}
+
+double pass(double bytes, const Group& g, const MachineSpec& mach, Algorithm a) {
+  return a == Algorithm::ring ? ring_pass(bytes, g, mach) : hierarchical_pass(bytes, g, mach);
+}
+
+}  // namespace
+
+double all_reduce_time(double bytes, const Group& g, const MachineSpec& mach, Algorithm a) {
+  return 2 * pass(bytes, g, mach, a);
+}
+double reduce_scatter_time(double bytes, const Group& g, const MachineSpec& mach, Algorithm a) {
+  return pass(bytes, g, mach, a);
+}
+double all_gather_time(double bytes, const Group& g, const MachineSpec& mach, Algorithm a) {
+  return pass(bytes, g, mach, a);
+}
+double best_all_reduce_time(double bytes, const Group& g, const MachineSpec& mach) {
+  return std::min(all_reduce_time(bytes, g, mach, Algorithm::ring),
+                  all_reduce_time(bytes, g, mach, Algorithm::hierarchical));
+}
+double best_reduce_scatter_time(double bytes, const Group& g, const MachineSpec& mach) {
+  return std::min(reduce_scatter_time(bytes, g, mach, Algorithm::ring),
+                  reduce_scatter_time(bytes, g, mach, Algorithm::hierarchical));
+}
+double best_all_gather_time(double bytes, const Group& g, const MachineSpec& mach) {
+  return best_reduce_scatter_time(bytes, g, mach);
+}
+double p2p_time(double bytes, bool same_node, const MachineSpec& mach) {
+  if (same_node) return bytes / intra_bw(mach) + alpha_intra(mach);
+  return bytes / nic_share(mach) + alpha_inter(mach);
+}
+
+}  // namespace exatrain::plan

@@ -1,0 +1,41 @@
+// FLOP and parameter counts of GPT-style (GELU MLP, LayerNorm, learned positions, biases) and
+// Llama-style (SwiGLU, RMSNorm, RoPE, GQA, no biases) decoder-only transformers.
+//
+// Convention (Megatron, Narayanan et al. SC21 App. A): a multiply-add is 2 FLOPs; attention
+// counts the full s x s score matrix (QK^T and attention-over-V: 4*s*h per token per layer)
+// even when causal kernels skip half of it; backward = 2 x forward. With GPT-3 shapes this
+// gives forward+backward per step 72*B*s*l*h^2*(1 + s/6h + V/12lh) (model FLOPs) and, with full
+// recomputation, 96*B*s*l*h^2*(1 + s/6h + V/16lh) (hardware FLOPs).
+#pragma once
+#include <cstdint>
+
+#include "job/job.hpp"
+#include "plan/plan.hpp"
+
+namespace exatrain::plan {
+
+int64_t kv_dim(const ModelSpec& m);  // kv_heads * head_dim
+
+// Forward FLOPs per token of one transformer layer.
+double layer_gemm_flops_per_token(const ModelSpec& m);       // QKV, out-proj, MLP matmuls
+double layer_attention_flops_per_token(const ModelSpec& m);  // QK^T and attn@V: 4*s*h
+double logits_flops_per_token(const ModelSpec& m);           // LM head: 2*h*V
+
+// Forward FLOPs per token of the whole model.
+double forward_flops_per_token(const ModelSpec& m);
+
+// Model FLOPs of one optimizer step (forward + backward, no recomputation).
+double model_flops_per_step(const ModelSpec& m, int64_t global_batch);
+// What recomputation re-executes per step: full = one more forward of every layer; selective =
+// the attention core (QK^T, softmax, attn@V) of every layer; none = 0.
+double recompute_flops_per_step(const ModelSpec& m, int64_t global_batch, Recompute r);
+// Hardware FLOPs = model FLOPs + recomputation.
+double hardware_flops_per_step(const ModelSpec& m, int64_t global_batch, Recompute r);
+
+// Parameters.
+int64_t layer_parameters(const ModelSpec& m);    // one transformer layer (weights, biases, norms)
+int64_t embedding_parameters(const ModelSpec& m);  // word (+ learned position) embeddings
+int64_t head_parameters(const ModelSpec& m);     // final norm + untied output matrix
+int64_t total_parameters(const ModelSpec& m);
+
+}  // namespace exatrain::plan

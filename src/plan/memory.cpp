@@ -1,0 +1,151 @@
+#include "plan/memory.hpp"
+
+#include <algorithm>
+
+#include "plan/flops.hpp"
+
+namespace exatrain::plan {
+
+namespace {
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Bytes per parameter held as weights / gradients / optimizer state. Mixed precision (fp16,
+// bf16, fp8) keeps 16-bit weights, fp32 gradients (Megatron's main_grad buffer, DeepSpeed's
+// BF16Optimizer, FSDP's fp32 reduce dtype all accumulate in fp32) and an fp32 master copy plus
+// Adam's two fp32 moments: 2 + 4 + 12 bytes. fp32 training keeps 4 + 4 + 8.
+struct BytesPerParam { double weights, grads, optimizer; };
+BytesPerParam bytes_per_param(Precision p) {
+  if (p == Precision::fp32) return {4, 4, 8};
+  return {2, 4, 12};
+}
+}  // namespace
+
+int64_t parameters_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank) {
+  int64_t tp = p.tp, h = m.hidden, f = m.ffn_hidden, hd = m.head_dim();
+  int64_t kv_local = m.kv_heads >= tp ? kv_dim(m) / tp : hd;  // per rank, for K and for V
+  bool gpt = m.activation == Activation::gelu;
+  int64_t up_mats = m.activation == Activation::swiglu ? 2 : 1;
+  int64_t layer = h * (h / tp + 2 * kv_local)  // QKV (column-parallel)
+                  + (h / tp) * h                // out-proj (row-parallel)
+                  + up_mats * h * (f / tp)      // fc1 or gate+up (column-parallel)
+                  + (f / tp) * h;               // fc2 (row-parallel)
+  if (gpt) layer += (h / tp + 2 * kv_local) + h + (f / tp) + h + 4 * h;  // biases + 2 LayerNorms
+  else layer += m.norm == Norm::rmsnorm ? 2 * h : 4 * h;
+  int64_t n = layers_on_rank(m, p, pp_rank) * layer;
+  int64_t vocab_rows = ceil_div(m.vocab, tp);
+  if (pp_rank == 0) {
+    n += vocab_rows * h;
+    if (m.position == Position::learned) n += m.seq_len * h;
+  }
+  if (pp_rank == p.pp - 1) {
+    n += m.norm == Norm::rmsnorm ? h : 2 * h;
+    if (!m.tie_embeddings || p.pp > 1) n += vocab_rows * h;
+  }
+  return n;
+}
+
+double activation_bytes_per_layer(const ModelSpec& m, const Plan& p, Recompute r) {
+  double t = double(p.micro_batch) * double(m.seq_len) / double(p.cp);
+  double h = m.hidden, kv = double(kv_dim(m)), f = m.ffn_hidden, tp = p.tp;
+  double scale = p.precision == Precision::fp32 ? 2.0 : 1.0;  // formulas assume 2-byte values
+  if (r == Recompute::full) return scale * 2 * h * t / (p.seq_parallel ? tp : 1);
+  // GPT-style models (GELU) train with dropout: a 1-byte mask after attention and after the
+  // MLP (2h of the 10h) and on the attention probabilities (as of the 5as). Llama-style models
+  // (SwiGLU) use no dropout.
+  bool dropout = m.activation == Activation::gelu;
+  double replicated = dropout ? 10 * h : 8 * h;
+  double mlp_split = m.activation == Activation::swiglu ? 8 * f : 4 * f;
+  double split = 4 * h + 4 * kv + mlp_split;
+  double per_token = (p.seq_parallel ? replicated / tp : replicated) + split / tp;
+  double scores = 0;
+  if (r == Recompute::none && !p.flash_attention)
+    scores = (dropout ? 5.0 : 2.0) * m.heads * double(m.seq_len) / tp;  // softmax out (+ mask, dropout out)
+  return scale * t * (per_token + scores);
+}
+
+double microbatches_in_flight(const Plan& p) {
+  double m = double(p.micro_batches());
+  if (p.schedule == Schedule::gpipe) return m;
+  double pp = p.pp;
+  double inflight = p.vp > 1 ? pp * (1.0 + (pp - 1) / (pp * p.vp)) : pp;
+  return std::min(m, inflight);
+}
+
+namespace {
+
+Memory memory_of_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, bool with_activations) {
+  Memory mem;
+  mem.pp_rank = pp_rank;
+  BytesPerParam b = bytes_per_param(p.precision);
+  double n = double(parameters_on_rank(m, p, pp_rank));
+  double shards = double(p.dp * p.cp);  // ZeRO shards over every replica of these weights
+  mem.params = b.weights * (p.zero >= 3 ? n / shards : n);
+  mem.grads = b.grads * (p.zero >= 2 ? n / shards : n);
+  mem.optimizer = b.optimizer * (p.zero >= 1 ? n / shards : n);
+  double elem = double(element_bytes(p.precision));
+  double tokens = double(p.micro_batch) * double(m.seq_len) / double(p.cp);
+  int64_t layers = layers_on_rank(m, p, pp_rank);
+  // Buffers: gathered layers for ZeRO-3 (the one computing and the one prefetched), the
+  // tensor-parallel all-gather / all-reduce buffer, the runtime reserve.
+  double buffers = kRuntimeReserveBytes;
+  if (p.zero >= 3) buffers += 2.0 * elem * double(layer_parameters(m)) / double(p.tp);
+  if (p.tp > 1) buffers += elem * tokens * double(m.hidden);
+  if (with_activations) {
+    // In 1F1B pipeline rank r holds pp - r micro-batches (rank 0 the most).
+    double inflight = microbatches_in_flight(p);
+    if (p.schedule != Schedule::gpipe && p.vp == 1)
+      inflight = std::min<double>(double(p.micro_batches()), double(p.pp - pp_rank));
+    double act = inflight * layers * activation_bytes_per_layer(m, p, p.recompute);
+    // Full recomputation rebuilds one layer's complete activations during its backward.
+    if (p.recompute == Recompute::full)
+      act += activation_bytes_per_layer(m, p, Recompute::none) -
+             activation_bytes_per_layer(m, p, Recompute::full);
+    // Selective recomputation rebuilds one layer's attention scores (non-fused attention).
+    if (pp_rank == p.pp - 1)  // fp32 logits and their gradient for one micro-batch
+      act += 2.0 * 4.0 * tokens * double((m.vocab + p.tp - 1) / p.tp);
+    if (pp_rank == 0)  // embedding output kept for its backward
+      act += inflight * elem * tokens * double(m.hidden) / (p.seq_parallel ? p.tp : 1);
+    mem.activations = act;
+  }
+  double sum = mem.params + mem.grads + mem.optimizer + mem.activations + buffers;
+  mem.buffers = buffers + kFragmentation * sum;
+  mem.total = mem.params + mem.grads + mem.optimizer + mem.activations + mem.buffers;
+  return mem;
+}
+
+}  // namespace
+
+Memory memory_per_device(const ModelSpec& m, const Plan& p, const Device& d) {
+  // Candidates for the most loaded rank: the first (embedding, most micro-batches in flight),
+  // the last (LM head) and, among the middle ranks, the first one of each distinct layer count
+  // (in-flight micro-batches only fall with the rank). Even stages: ranks 0 and pp-1.
+  Memory worst = memory_of_rank(m, p, 0, true);
+  auto consider = [&](int64_t r) {
+    Memory mem = memory_of_rank(m, p, r, true);
+    if (mem.total > worst.total) worst = mem;
+  };
+  if (p.pp > 1) consider(p.pp - 1);
+  if (!p.layers_per_stage.empty()) {
+    int64_t seen[4] = {-1, -1, -1, -1};  // balanced stages have at most 2 distinct counts
+    int n_seen = 0;
+    for (int64_t r = 1; r + 1 < p.pp; ++r) {
+      int64_t l = p.layers_per_stage[r];
+      bool known = false;
+      for (int i = 0; i < n_seen; ++i) known |= seen[i] == l;
+      if (known) continue;
+      if (n_seen < 4) seen[n_seen++] = l;
+      consider(r);
+    }
+  }
+  return worst;
+}
+
+double static_memory_lower_bound(const ModelSpec& m, const Plan& p) {
+  // Weights, gradients, optimizer state and buffers of the first and last ranks, without
+  // activations: the most loaded rank holds at least the larger of the two.
+  double bound = 0;
+  for (int64_t r : {int64_t(0), p.pp - 1}) bound = std::max(bound, memory_of_rank(m, p, r, false).total);
+  return bound;
+}
+
+}  // namespace exatrain::plan

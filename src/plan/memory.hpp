@@ -1,0 +1,53 @@
+// Memory per device: parameters, gradients and optimizer state by ZeRO stage and precision,
+// activations per micro-batch in flight for the schedule (Korthikanti et al. 2022, "Reducing
+// Activation Recomputation in Large Transformer Models", Sec. 4), buffers and an allowance for
+// allocator fragmentation. All sizes in bytes; the report converts to GiB.
+#pragma once
+#include <cstdint>
+
+#include "catalog/device.hpp"
+#include "job/job.hpp"
+#include "plan/plan.hpp"
+
+namespace exatrain::plan {
+
+// Exact parameter count held by one rank of pipeline rank `pp_rank` with Megatron's tensor
+// sharding: column-parallel QKV and fc1 (weights and biases split by tp), row-parallel out-proj
+// and fc2 (weights split, biases replicated), norms replicated, vocabulary-parallel embedding and
+// output matrix with ceil(vocab / tp) rows per rank; the first rank holds the embeddings, the
+// last the final norm and the output matrix (a copy of the tied embedding when pp > 1).
+// kv heads fewer than tp are replicated (each rank keeps one kv head).
+int64_t parameters_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank);
+
+// Activation bytes one transformer layer keeps per micro-batch for the backward pass, on one
+// tensor-parallel rank, 2-byte elements (16-bit training; x2 for fp32). Korthikanti Table 2,
+// generalised to GQA (kv), any ffn width and SwiGLU:
+//   none:      t*(R + S/tp) + 5*a*s*t/tp        R = 10h replicated, S = 4h+4kv + mlp split part
+//   sp:        the R part is split by tp too
+//   selective: the 5*a*s*t term (attention scores) is dropped
+//   full:      2*h*t (the layer input; /tp with sp)
+// with t = micro_batch * seq_len / cp tokens. GELU mlp split part = 4f (16h at f = 4h);
+// SwiGLU = 8f (gate and up outputs, silu(gate), fc2 input). With flash attention the scores are
+// never stored, so the 5as term is 0 for every recompute mode.
+double activation_bytes_per_layer(const ModelSpec& m, const Plan& p, Recompute r);
+
+// Micro-batches whose activations pipeline rank 0 holds at the peak: gpipe = m, 1F1B = pp,
+// interleaved = pp * (1 + (pp-1)/(pp*vp)) (Korthikanti Sec. 4.2.3), never more than m.
+double microbatches_in_flight(const Plan& p);
+
+struct Memory {
+  double params = 0, grads = 0, optimizer = 0, activations = 0, buffers = 0, total = 0;  // bytes
+  int64_t pp_rank = 0;  // the most loaded pipeline rank
+};
+
+// Memory of the most loaded rank (max over pipeline ranks).
+Memory memory_per_device(const ModelSpec& m, const Plan& p, const Device& d);
+// A lower bound on the most loaded rank's memory that needs no activations (for pruning).
+double static_memory_lower_bound(const ModelSpec& m, const Plan& p);
+
+// Stated allowances (docs/planner.md): a runtime reserve for the CUDA/HIP context, BLAS and
+// collective workspaces, and the fraction of everything else lost to allocator fragmentation.
+constexpr double kRuntimeReserveBytes = 1.0 * (1 << 30);
+constexpr double kFragmentation = 0.05;
+
+}  // namespace exatrain::plan

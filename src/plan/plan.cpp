@@ -1,0 +1,132 @@
+#include "plan/plan.hpp"
+
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "core/check.hpp"
+
+namespace exatrain::plan {
+
+int64_t element_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
+
+Plan resolve_plan(const ParallelSpec& par, Precision precision) {
+  auto need = [](const auto& opt, const char* key) {
+    EXA_CHECK(opt.has_value(),
+              "[parallel] {} is auto: `predict` needs every field resolved (run `exatrain plan` "
+              "to fill it, or set {} = <value>)", key, key);
+    return *opt;
+  };
+  Plan p;
+  p.gpus = par.gpus;
+  p.global_batch = par.global_batch;
+  p.tp = need(par.tp, "tp");
+  p.pp = need(par.pp, "pp");
+  p.cp = par.cp.value_or(1);
+  p.vp = par.vp.value_or(1);
+  // dp defaults to gpus / (tp * pp * cp), as the contract states.
+  if (!par.dp) {
+    int64_t model_ranks = std::max<int64_t>(1, p.tp * p.pp * p.cp);
+    EXA_CHECK(par.gpus % model_ranks == 0,
+              "[parallel] dp defaults to gpus / (tp * pp * cp) = {} / ({} * {} * {}), which is not "
+              "an integer: choose tp * pp * cp dividing gpus", par.gpus, p.tp, p.pp, p.cp);
+  }
+  p.dp = par.dp ? *par.dp : par.gpus / std::max<int64_t>(1, p.tp * p.pp * p.cp);
+  p.zero = need(par.zero, "zero");
+  p.micro_batch = need(par.micro_batch, "micro_batch");
+  p.recompute = need(par.recompute, "recompute");
+  p.seq_parallel = par.seq_parallel.value_or(false);
+  p.schedule = par.schedule.value_or(Schedule::one_f_one_b);
+  p.layers_per_stage = par.layers_per_stage;
+  p.precision = precision;
+  return p;
+}
+
+std::string plan_error(const ModelSpec& m, const Plan& p) {
+  auto positive = [](int64_t v) { return v >= 1; };
+  if (!positive(p.tp) || !positive(p.pp) || !positive(p.dp) || !positive(p.cp) ||
+      !positive(p.vp) || !positive(p.micro_batch) || !positive(p.global_batch))
+    return fmt::format("tp, pp, dp, cp, vp, micro_batch and global_batch must be >= 1 (got tp={} "
+                       "pp={} dp={} cp={} vp={} micro_batch={} global_batch={})",
+                       p.tp, p.pp, p.dp, p.cp, p.vp, p.micro_batch, p.global_batch);
+  if (p.zero < 0 || p.zero > 3) return fmt::format("zero must be 0, 1, 2 or 3 (got {})", p.zero);
+  if (p.tp * p.pp * p.dp * p.cp != p.gpus)
+    return fmt::format("gpus = tp * pp * dp * cp: {} * {} * {} * {} = {}, but gpus = {}", p.tp,
+                       p.pp, p.dp, p.cp, p.tp * p.pp * p.dp * p.cp, p.gpus);
+  if (m.heads % p.tp != 0)
+    return fmt::format("tp must divide heads: heads % tp = {} % {} = {}, expected 0", m.heads,
+                       p.tp, m.heads % p.tp);
+  if (m.kv_heads % p.tp != 0 && p.tp % m.kv_heads != 0)
+    return fmt::format("tp must divide kv_heads (or kv_heads divide tp, replicating them): "
+                       "kv_heads % tp = {} % {} = {}", m.kv_heads, p.tp, m.kv_heads % p.tp);
+  if (m.ffn_hidden % p.tp != 0)
+    return fmt::format("tp must divide ffn_hidden: ffn_hidden % tp = {} % {} = {}, expected 0",
+                       m.ffn_hidden, p.tp, m.ffn_hidden % p.tp);
+  if (m.seq_len % p.cp != 0)
+    return fmt::format("cp must divide seq_len: seq_len % cp = {} % {} = {}, expected 0",
+                       m.seq_len, p.cp, m.seq_len % p.cp);
+  if (p.cp > 1 && (m.seq_len / p.cp) % 2 != 0)
+    return fmt::format("context parallelism splits each sequence into 2*cp load-balanced chunks: "
+                       "seq_len % (2*cp) = {} % {} = {}, expected 0", m.seq_len, 2 * p.cp,
+                       m.seq_len % (2 * p.cp));
+  if (p.global_batch % (p.dp * p.micro_batch) != 0)
+    return fmt::format("global_batch must be divisible by dp * micro_batch: {} % ({} * {}) = {}, "
+                       "expected 0", p.global_batch, p.dp, p.micro_batch,
+                       p.global_batch % (p.dp * p.micro_batch));
+  int64_t m_count = p.micro_batches();
+  if (p.pp > 1 && m_count < p.pp)
+    return fmt::format("micro-batches >= pp: global_batch / (dp * micro_batch) = {} / ({} * {}) "
+                       "= {} < pp = {}", p.global_batch, p.dp, p.micro_batch, m_count, p.pp);
+  if (p.vp > 1 && p.pp == 1)
+    return fmt::format("vp = {} > 1 (interleaved schedule) needs pp > 1", p.vp);
+  if (p.vp > 1 && p.schedule == Schedule::gpipe)
+    return fmt::format("vp = {} > 1 is the interleaved 1F1B schedule; schedule = \"gpipe\" "
+                       "needs vp = 1", p.vp);
+  if (p.vp > 1 && m_count % p.pp != 0)
+    return fmt::format("the interleaved schedule needs micro-batches % pp = 0: {} % {} = {}",
+                       m_count, p.pp, m_count % p.pp);
+  if (p.seq_parallel && p.tp == 1)
+    return "seq_parallel = true needs tp > 1 (it splits the tensor-parallel region's sequence)";
+  if (!p.layers_per_stage.empty()) {
+    if (int64_t(p.layers_per_stage.size()) != p.pp)
+      return fmt::format("layers_per_stage has {} entries, expected pp = {}",
+                         p.layers_per_stage.size(), p.pp);
+    int64_t sum = std::accumulate(p.layers_per_stage.begin(), p.layers_per_stage.end(), 0L);
+    if (sum != m.layers)
+      return fmt::format("sum(layers_per_stage) = {} must equal layers = {}", sum, m.layers);
+    // Uneven stages: every virtual stage needs a layer; chunks may differ by one layer (the
+    // end ranks' shorter chunk stands for the embedding / LM head, as Megatron's
+    // account-for-embedding split does).
+    for (int64_t l : p.layers_per_stage)
+      if (l < p.vp)
+        return fmt::format("each of the vp = {} virtual stages of a pipeline rank needs a layer, "
+                           "but a rank has layers_per_stage = {} < vp", p.vp, l);
+  } else {
+    if (m.layers % (p.pp * p.vp) != 0)
+      return fmt::format("pp * vp must divide layers (or set layers_per_stage): layers % (pp * vp)"
+                         " = {} % ({} * {}) = {}, expected 0", m.layers, p.pp, p.vp,
+                         m.layers % (p.pp * p.vp));
+  }
+  return "";
+}
+
+void check_plan(const ModelSpec& model, const Plan& plan) {
+  std::string err = plan_error(model, plan);
+  EXA_CHECK(err.empty(), "invalid plan: {}", err);
+}
+
+std::vector<int64_t> balanced_layers(int64_t layers, int64_t pp) {
+  std::vector<int64_t> out(pp, layers / pp);
+  int64_t extra = layers % pp;
+  for (int64_t r = 1; r + 1 < pp && extra > 0; ++r, --extra) ++out[r];
+  if (extra > 0) { ++out[0]; --extra; }
+  if (extra > 0) { ++out[pp - 1]; --extra; }
+  return out;
+}
+
+std::vector<int64_t> layers_per_rank(const ModelSpec& m, const Plan& p) {
+  if (!p.layers_per_stage.empty()) return p.layers_per_stage;
+  return std::vector<int64_t>(p.pp, m.layers / p.pp);
+}
+
+}  // namespace exatrain::plan

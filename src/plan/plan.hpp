@@ -1,0 +1,58 @@
+// A fully resolved parallel plan (every `auto` of [parallel] filled) and its validity rules.
+// Pure values and functions: no MPI, no tensors; the planner, the search and the runtime share it.
+//
+// Rank layout (Megatron order, tp fastest): global rank = tp_rank + tp*(cp_rank + cp*(dp_rank +
+// dp*pp_rank)). So a tp group is tp consecutive ranks, a cp group has stride tp, a dp group
+// stride tp*cp and a pipeline group stride tp*cp*dp.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "job/job.hpp"
+
+namespace exatrain::plan {
+
+struct Plan {
+  int64_t gpus = 1, tp = 1, pp = 1, dp = 1, cp = 1, vp = 1, zero = 0, micro_batch = 1;
+  int64_t global_batch = 1;
+  Recompute recompute = Recompute::none;
+  bool seq_parallel = false;
+  Schedule schedule = Schedule::one_f_one_b;
+  Precision precision = Precision::bf16;
+  // Explicit layers per pipeline rank (size pp) when layers don't divide evenly; empty = even.
+  std::vector<int64_t> layers_per_stage;
+  // Fused (flash) attention: the s x s score matrix is never stored nor streamed through HBM.
+  // Not a job-file key; true for every current framework (Megatron-LM, NeMo, torchtitan,
+  // llm-foundry). Validation turns it off for runs made before FlashAttention (2022).
+  bool flash_attention = true;
+
+  int64_t micro_batches() const { return global_batch / (dp * micro_batch); }
+  bool interleaved() const { return vp > 1; }
+};
+
+// The Plan of a Job whose [parallel] is fully resolved; throws an Error naming the first field
+// still `auto`.
+Plan resolve_plan(const ParallelSpec& parallel, Precision precision);
+
+// Every rule a plan must satisfy on this model, each error printing the equation that fails,
+// e.g. "tp must divide heads: heads % tp = 96 % 5 = 1, expected 0". Empty string: valid.
+std::string plan_error(const ModelSpec& model, const Plan& plan);
+// Throws Error(plan_error) when the plan is invalid.
+void check_plan(const ModelSpec& model, const Plan& plan);
+
+// Layers per pipeline rank when pp does not divide the layers: floor(layers/pp) each, the
+// remainder going one by one to the middle ranks first, because the first and last ranks also
+// carry the embedding and the LM head. E.g. 126 layers on 16 ranks: 7, 8 x 14, 7.
+std::vector<int64_t> balanced_layers(int64_t layers, int64_t pp);
+
+// Transformer layers on each pipeline rank (size pp): layers_per_stage when given, else even.
+std::vector<int64_t> layers_per_rank(const ModelSpec& model, const Plan& plan);
+// The same for one rank, without building the vector (hot path of the search).
+inline int64_t layers_on_rank(const ModelSpec& model, const Plan& plan, int64_t pp_rank) {
+  return plan.layers_per_stage.empty() ? model.layers / plan.pp : plan.layers_per_stage[pp_rank];
+}
+
+int64_t element_bytes(Precision p);  // 4 for fp32, 2 for fp16/bf16/fp8 (fp8 keeps bf16 weights)
+
+}  // namespace exatrain::plan

@@ -1,0 +1,217 @@
+#include "plan/search.hpp"
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "catalog/device.hpp"
+#include "plan/memory.hpp"
+
+namespace exatrain::plan {
+
+namespace {
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> d;
+  for (int64_t i = 1; i * i <= n; ++i)
+    if (n % i == 0) {
+      d.push_back(i);
+      if (i != n / i) d.push_back(n / i);
+    }
+  std::sort(d.begin(), d.end());
+  return d;
+}
+
+template <class T>
+std::vector<T> choices(const std::optional<T>& fixed, std::vector<T> all) {
+  if (fixed) return {*fixed};
+  return all;
+}
+
+struct Candidate {
+  double step;
+  Plan plan;
+};
+
+// Keeps the k best (smallest step) candidates.
+struct TopK {
+  int k;
+  std::vector<Candidate> heap;  // max-heap on step
+  void offer(double step, const Plan& p) {
+    auto cmp = [](const Candidate& a, const Candidate& b) { return a.step < b.step; };
+    if (int(heap.size()) < k) {
+      heap.push_back({step, p});
+      std::push_heap(heap.begin(), heap.end(), cmp);
+    } else if (step < heap.front().step) {
+      std::pop_heap(heap.begin(), heap.end(), cmp);
+      heap.back() = {step, p};
+      std::push_heap(heap.begin(), heap.end(), cmp);
+    }
+  }
+};
+
+SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const ParallelSpec& f,
+                        Precision precision, int top_k, const Calibration& cal, bool prune) {
+  auto start = std::chrono::steady_clock::now();
+  const Device& dev = find_device(mach.device);
+  const double capacity = dev.hbm_gib * double(1 << 30);
+  SearchResult res;
+  TopK top{std::max(1, top_k), {}};
+  std::map<std::array<int64_t, 4>, Candidate> best_per_layout;
+  const int64_t G = f.gpus, B = f.global_batch;
+
+  std::vector<Recompute> recomputes =
+      choices(f.recompute, {Recompute::none, Recompute::selective, Recompute::full});
+  for (int64_t tp : choices(f.tp, divisors(G))) {
+    if (G % tp || m.heads % tp || m.ffn_hidden % tp) continue;
+    if (m.kv_heads % tp && tp % m.kv_heads) continue;
+    for (int64_t cp : choices(f.cp, divisors(G / tp))) {
+      if ((G / tp) % cp || (cp > 1 && m.seq_len % (2 * cp))) continue;
+      for (int64_t pp : choices(f.pp, divisors(G / (tp * cp)))) {
+        if ((G / (tp * cp)) % pp || pp > m.layers) continue;
+        int64_t dp = G / (tp * cp * pp);
+        if (f.dp && *f.dp != dp) continue;
+        if (B % dp) continue;
+        // Stages: even when pp divides the layers, else the file's layers_per_stage, else
+        // balanced with lighter end stages. vp: the divisors of the layers per stage (uneven:
+        // of the largest stage, up to the smallest, so only the lighter ranks get a short chunk).
+        std::vector<int64_t> stages = f.layers_per_stage;
+        if (stages.empty() && m.layers % pp) stages = balanced_layers(m.layers, pp);
+        int64_t largest = m.layers / pp, smallest = largest;
+        if (!stages.empty()) {
+          largest = *std::max_element(stages.begin(), stages.end());
+          smallest = *std::min_element(stages.begin(), stages.end());
+        }
+        std::vector<int64_t> vps;
+        if (f.vp) vps = {*f.vp};
+        else
+          for (int64_t v : divisors(std::max<int64_t>(largest, 1)))
+            if ((v == 1 || pp > 1) && v <= smallest) vps.push_back(v);
+        for (int64_t zero : choices<int64_t>(f.zero, {0, 1, 2, 3})) {
+          if (zero > 0 && dp * cp == 1) continue;  // nothing to shard: same as zero 0
+          Plan base;
+          base.gpus = G; base.tp = tp; base.cp = cp; base.pp = pp; base.dp = dp; base.zero = zero;
+          base.global_batch = B; base.precision = precision;
+          base.layers_per_stage = stages;
+          std::vector<int64_t> mbs = choices(f.micro_batch, divisors(B / dp));
+          std::vector<bool> sps = f.seq_parallel ? std::vector<bool>{*f.seq_parallel}
+                                                 : tp > 1 ? std::vector<bool>{false, true}
+                                                          : std::vector<bool>{false};
+          bool static_fits = true;
+          if (prune) {
+            base.micro_batch = mbs.front();
+            static_fits = static_memory_lower_bound(m, base) <= capacity;
+          }
+          for (int64_t vp : vps) {
+            std::vector<Schedule> scheds =
+                f.schedule ? std::vector<Schedule>{*f.schedule}
+                : (vp > 1 || pp == 1) ? std::vector<Schedule>{Schedule::one_f_one_b}
+                                      : std::vector<Schedule>{Schedule::gpipe, Schedule::one_f_one_b};
+            for (Schedule sched : scheds)
+              for (Recompute rc : recomputes)
+                for (bool sp : sps) {
+                  bool mb_overflow = false;
+                  for (int64_t mb : mbs) {
+                    Plan p = base;
+                    p.vp = vp; p.schedule = sched; p.recompute = rc; p.seq_parallel = sp;
+                    p.micro_batch = mb;
+                    if (!plan_error(m, p).empty()) continue;
+                    ++res.searched;
+                    if (prune && (!static_fits || mb_overflow)) continue;
+                    ++res.evaluated;
+                    Memory mem = memory_per_device(m, p, dev);
+                    if (mem.total > capacity) {
+                      mb_overflow = true;  // memory grows with micro_batch
+                      continue;
+                    }
+                    ++res.feasible;
+                    Prediction pr = predict_checked(m, mach, dev, p, mem, cal);
+                    top.offer(pr.step_time_s, p);
+                    std::array<int64_t, 4> layout{tp, pp, dp, cp};
+                    auto it = best_per_layout.find(layout);
+                    if (it == best_per_layout.end()) best_per_layout.emplace(layout, Candidate{pr.step_time_s, p});
+                    else if (pr.step_time_s < it->second.step) it->second = {pr.step_time_s, p};
+                  }
+                }
+          }
+        }
+      }
+    }
+  }
+  std::sort(top.heap.begin(), top.heap.end(),
+            [](const Candidate& a, const Candidate& b) { return a.step < b.step; });
+  for (const Candidate& c : top.heap) res.top.push_back(predict(m, mach, c.plan, cal));
+  if (!res.top.empty()) {
+    const Plan& w = res.top.front().plan;
+    const Candidate* other = nullptr;
+    for (const auto& [layout, c] : best_per_layout)
+      if (layout != std::array<int64_t, 4>{w.tp, w.pp, w.dp, w.cp} && (!other || c.step < other->step))
+        other = &c;
+    if (other) res.best_other_layout = predict(m, mach, other->plan, cal);
+  }
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return res;
+}
+
+}  // namespace
+
+SearchResult search_plans(const ModelSpec& m, const MachineSpec& mach, const ParallelSpec& f,
+                          Precision precision, int top_k, const Calibration& cal) {
+  return run_search(m, mach, f, precision, top_k, cal, true);
+}
+
+SearchResult brute_force_search(const ModelSpec& m, const MachineSpec& mach,
+                                const ParallelSpec& f, Precision precision, int top_k,
+                                const Calibration& cal) {
+  return run_search(m, mach, f, precision, top_k, cal, false);
+}
+
+std::string explain_choice(const Prediction& a, const Prediction& b) {
+  std::string s;
+  double gain = b.step_time_s / a.step_time_s - 1;
+  s += fmt::format("best   : {}\nagainst: {}\n", plan_summary(a.plan), plan_summary(b.plan));
+  s += fmt::format("the best plan is {:.2f}% faster ({:.4g} s vs {:.4g} s per step)", 100 * gain,
+                   a.step_time_s, b.step_time_s);
+  const Breakdown &x = a.breakdown, &y = b.breakdown;
+  struct Part { const char* name; double d; };
+  std::vector<Part> parts = {{"compute", y.compute - x.compute},   {"tp_comm", y.tp_comm - x.tp_comm},
+                             {"cp_comm", y.cp_comm - x.cp_comm},   {"pp_comm", y.pp_comm - x.pp_comm},
+                             {"pp_bubble", y.pp_bubble - x.pp_bubble},
+                             {"dp_comm", y.dp_comm - x.dp_comm},   {"optimizer", y.optimizer - x.optimizer}};
+  std::sort(parts.begin(), parts.end(),
+            [](const Part& p, const Part& q) { return std::fabs(p.d) > std::fabs(q.d); });
+  s += ". Runner-up minus best, largest first:";
+  int shown = 0;
+  for (const Part& p : parts) {
+    if (shown == 4 || std::fabs(p.d) < 1e-6 * a.step_time_s) break;
+    s += fmt::format("{} {} {:+.4g} s", shown ? "," : "", p.name, p.d);
+    ++shown;
+  }
+  if (!shown) s += " no measurable difference (a tie)";
+  // Name the fields that differ, so the reader sees which choice bought the gain.
+  std::string fields;
+  auto diff = [&](const char* name, auto x, auto y) {
+    if (x != y) fields += fmt::format("{}{} {} vs {}", fields.empty() ? "" : ", ", name, x, y);
+  };
+  diff("tp", a.plan.tp, b.plan.tp);
+  diff("pp", a.plan.pp, b.plan.pp);
+  diff("dp", a.plan.dp, b.plan.dp);
+  diff("cp", a.plan.cp, b.plan.cp);
+  diff("vp", a.plan.vp, b.plan.vp);
+  diff("zero", a.plan.zero, b.plan.zero);
+  diff("micro_batch", a.plan.micro_batch, b.plan.micro_batch);
+  diff("recompute", std::string(to_string(a.plan.recompute)), std::string(to_string(b.plan.recompute)));
+  diff("seq_parallel", a.plan.seq_parallel, b.plan.seq_parallel);
+  diff("schedule", std::string(to_string(a.plan.schedule)), std::string(to_string(b.plan.schedule)));
+  if (!fields.empty()) s += fmt::format(".\nit differs in: {}", fields);
+  s += fmt::format(".\nmemory per GPU: {:.1f} GiB vs {:.1f} GiB\n", a.memory.total / double(1 << 30),
+                   b.memory.total / double(1 << 30));
+  return s;
+}
+
+}  // namespace exatrain::plan

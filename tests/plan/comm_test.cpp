@@ -1,0 +1,80 @@
+// Exact bytes per rank per collective (the runtime's contract) and alpha-beta times.
+#include <gtest/gtest.h>
+
+#include "plan/comm.hpp"
+#include "plan/memory.hpp"
+
+using namespace exatrain;
+using namespace exatrain::plan;
+
+TEST(Comm, RingConvention) {
+  // p divides E: all-reduce sends 2 (p-1)/p E from every rank.
+  for (int64_t r = 0; r < 4; ++r) EXPECT_EQ(ring_all_reduce_sent(1000, 4, r), 1500);
+  // E = 10 over p = 4: chunks 3,3,2,2. Reduce-scatter: all but chunk r.
+  EXPECT_EQ(ring_reduce_scatter_sent(10, 4, 0), 7);
+  EXPECT_EQ(ring_reduce_scatter_sent(10, 4, 3), 8);
+  // All-gather: all but chunk (r+1) mod p.
+  EXPECT_EQ(ring_all_gather_sent(10, 4, 0), 7);
+  EXPECT_EQ(ring_all_gather_sent(10, 4, 1), 8);
+  EXPECT_EQ(ring_all_gather_sent(10, 4, 3), 7);
+  // Over the group every pass sends (p-1) E elements in total.
+  int64_t rs = 0, ag = 0;
+  for (int64_t r = 0; r < 4; ++r) { rs += ring_reduce_scatter_sent(10, 4, r); ag += ring_all_gather_sent(10, 4, r); }
+  EXPECT_EQ(rs, 30);
+  EXPECT_EQ(ag, 30);
+  EXPECT_EQ(ring_all_reduce_sent(10, 1, 0), 0);
+}
+
+TEST(Comm, BytesPerStepForAHandComputedPlan) {
+  // GPT-2 small, fp32 (our CPU runtime), tp 2 x dp 2, 2 micro-batches of 1 x 1024 tokens, no
+  // recomputation, ZeRO 0.
+  ModelSpec m;
+  Plan p;
+  p.tp = 2; p.dp = 2; p.gpus = 4; p.micro_batch = 1; p.global_batch = 4;
+  p.precision = Precision::fp32;
+  RankPosition pos = rank_position(p, 3);  // tp_rank 1, dp_rank 1
+  EXPECT_EQ(pos.tp_rank, 1);
+  EXPECT_EQ(pos.dp_rank, 1);
+  CommBytes b = bytes_sent_per_step(m, p, pos);
+  int64_t act = 1024 * 768;  // elements of one activation
+  // Per micro-batch: 12 layers x 4 all-reduces + embedding + LM head, each sending act/2 x 2
+  // ... = act elements over 2 ranks; plus 3 cross-entropy all-reduces of 1024 fp32.
+  int64_t per_mb = (12 * 4 + 2) * act * 4 + 3 * 1024 * 4;
+  EXPECT_EQ(b[CommKind::tp_all_reduce], 2 * per_mb);
+  EXPECT_EQ(b[CommKind::tp_reduce_scatter], 0);
+  int64_t n = parameters_on_rank(m, p, 0);
+  EXPECT_EQ(b[CommKind::dp_all_reduce], ring_all_reduce_sent(n, 2, 1) * 4);
+  EXPECT_EQ(b[CommKind::pp_send], 0);
+}
+
+TEST(Comm, PipelineSendsPerRank) {
+  ModelSpec m;
+  Plan p;
+  p.pp = 4; p.vp = 3; p.gpus = 4; p.micro_batch = 2; p.global_batch = 8;
+  p.precision = Precision::bf16;
+  int64_t msg = 2 * 1024 * 768 * 2;  // tokens x hidden x 2 bytes
+  int64_t mb = 4;
+  EXPECT_EQ(bytes_sent_per_step(m, p, rank_position(p, 0))[CommKind::pp_send], (mb * 3 + mb * 2) * msg);
+  EXPECT_EQ(bytes_sent_per_step(m, p, rank_position(p, 1))[CommKind::pp_send], (mb * 3 + mb * 3) * msg);
+  EXPECT_EQ(bytes_sent_per_step(m, p, rank_position(p, 3))[CommKind::pp_send], (mb * 2 + mb * 3) * msg);
+}
+
+TEST(Comm, AlphaBetaTimes) {
+  MachineSpec mach;
+  mach.gpus_per_node = 8; mach.intra_node_bw_gbs = 100; mach.inter_node_bw_gbs = 200;
+  mach.intra_node_latency_us = 2; mach.inter_node_latency_us = 5;
+  double n = 1e9;
+  // Inside a node: 2 (p-1)/p n / B + 2 (p-1) alpha.
+  Group g = group_on_machine(8, 1, 8);
+  EXPECT_EQ(g.per_node, 8);
+  double bw = 100e9 * kBusEfficiency;
+  EXPECT_DOUBLE_EQ(all_reduce_time(n, g, mach, Algorithm::ring), 2 * (7.0 / 8) * n / bw + 2 * 7 * 2e-6);
+  // One rank per node across 4 nodes: each device gets 1/8 of the node's NICs.
+  Group across = group_on_machine(4, 8, 8);
+  EXPECT_EQ(across.per_node, 1);
+  double nic = 200e9 * kBusEfficiency / 8;
+  EXPECT_DOUBLE_EQ(reduce_scatter_time(n, across, mach, Algorithm::ring), 0.75 * n / nic + 3 * 5e-6);
+  // Hierarchical is never slower than needed: best = min(ring, hierarchical).
+  Group wide = group_on_machine(64, 1, 8);
+  EXPECT_LE(best_all_reduce_time(n, wide, mach), all_reduce_time(n, wide, mach, Algorithm::ring));
+}

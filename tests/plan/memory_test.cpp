@@ -1,0 +1,106 @@
+// Memory model against Korthikanti et al. 2022 (Table 2) and hand-computed cases.
+#include <gtest/gtest.h>
+
+#include "catalog/device.hpp"
+#include "plan/flops.hpp"
+#include "plan/memory.hpp"
+
+using namespace exatrain;
+using namespace exatrain::plan;
+
+namespace {
+ModelSpec gpt3_175b() {
+  ModelSpec m;
+  m.layers = 96; m.hidden = 12288; m.heads = 96; m.kv_heads = 96; m.ffn_hidden = 49152;
+  m.seq_len = 2048; m.vocab = 51200;
+  return m;
+}
+Plan tp_plan(int64_t tp, bool sp, int64_t mb) {
+  Plan p;
+  p.tp = tp; p.pp = 1; p.dp = 1; p.gpus = tp; p.micro_batch = mb; p.global_batch = mb;
+  p.seq_parallel = sp; p.flash_attention = false; p.precision = Precision::bf16;
+  return p;
+}
+}  // namespace
+
+TEST(Memory, KorthikantiActivationsPerLayer) {
+  ModelSpec m = gpt3_175b();
+  double s = 2048, b = 2, h = 12288, a = 96, t = 8;
+  // No parallelism: sbh (34 + 5as/h).
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, tp_plan(1, false, 2), Recompute::none),
+                   s * b * h * (34 + 5 * a * s / h));
+  // Tensor parallel: sbh (10 + 24/t + 5as/(ht)).
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, tp_plan(8, false, 2), Recompute::none),
+                   s * b * h * (10 + 24 / t + 5 * a * s / (h * t)));
+  // Tensor + sequence parallel: sbh/t (34 + 5as/h).
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, tp_plan(8, true, 2), Recompute::none),
+                   s * b * h / t * (34 + 5 * a * s / h));
+  // Selective recomputation with sequence parallelism: 34 sbh / t.
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, tp_plan(8, true, 2), Recompute::selective),
+                   34 * s * b * h / t);
+  // Full recomputation keeps the layer input: 2 sbh (/t with sp).
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, tp_plan(8, false, 2), Recompute::full), 2 * s * b * h);
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, tp_plan(8, true, 2), Recompute::full), 2 * s * b * h / t);
+}
+
+TEST(Memory, FlashAttentionDropsTheScoreTerm) {
+  ModelSpec m = gpt3_175b();
+  Plan p = tp_plan(1, false, 1);
+  p.flash_attention = true;
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, p, Recompute::none), 2048.0 * 12288 * 34);
+}
+
+TEST(Memory, InFlightMicroBatchesBySchedule) {
+  Plan p;
+  p.pp = 8; p.dp = 1; p.tp = 1; p.gpus = 8; p.micro_batch = 1; p.global_batch = 64;
+  EXPECT_DOUBLE_EQ(microbatches_in_flight(p), 8);  // 1F1B: pp
+  p.schedule = Schedule::gpipe;
+  EXPECT_DOUBLE_EQ(microbatches_in_flight(p), 64);  // GPipe: all m
+  p.schedule = Schedule::one_f_one_b;
+  p.vp = 4;  // interleaved: pp (1 + (pp-1)/(pp vp))
+  EXPECT_DOUBLE_EQ(microbatches_in_flight(p), 8 * (1 + 7.0 / 32));
+}
+
+TEST(Memory, HandComputedGpt2SingleDevice) {
+  // GPT-2 small, one A100-80GB, bf16, ZeRO 0, full recomputation, micro-batch 8 of 1024 tokens.
+  ModelSpec m;  // defaults are GPT-2 small: 12 x 768, 12 heads, seq 1024, vocab 50257
+  Plan p;
+  p.micro_batch = 8; p.global_batch = 8; p.recompute = Recompute::full;
+  p.precision = Precision::bf16;
+  Memory mem = memory_per_device(m, p, find_device("a100-80g"));
+  double n = 124439808;  // parameters (tied embeddings)
+  EXPECT_DOUBLE_EQ(mem.params, 2 * n);
+  EXPECT_DOUBLE_EQ(mem.grads, 4 * n);  // fp32 gradient accumulation
+  EXPECT_DOUBLE_EQ(mem.optimizer, 12 * n);
+  double t = 8 * 1024.0, h = 768;
+  double layer_inputs = 12 * 2 * t * h;                       // 12 layers x 2 sbh
+  double working_layer = t * h * 34 - 2 * t * h;              // one layer rebuilt (flash)
+  double logits = 2 * 4 * t * 50257;                          // fp32 logits + gradient
+  double embedding = 2 * t * h;                               // embedding output
+  EXPECT_DOUBLE_EQ(mem.activations, layer_inputs + working_layer + logits + embedding);
+  double rest = mem.params + mem.grads + mem.optimizer + mem.activations + kRuntimeReserveBytes;
+  EXPECT_DOUBLE_EQ(mem.buffers, kRuntimeReserveBytes + kFragmentation * rest);
+  EXPECT_DOUBLE_EQ(mem.total, rest + kFragmentation * rest);
+}
+
+TEST(Memory, ZeroStagesShardStates) {
+  ModelSpec m = gpt3_175b();
+  Plan p;
+  p.tp = 8; p.pp = 8; p.dp = 4; p.gpus = 256; p.micro_batch = 1; p.global_batch = 64;
+  p.precision = Precision::bf16;
+  const Device& d = find_device("a100-80g");
+  Memory z0 = memory_per_device(m, p, d);
+  p.zero = 1;
+  Memory z1 = memory_per_device(m, p, d);
+  p.zero = 3;
+  Memory z3 = memory_per_device(m, p, d);
+  EXPECT_DOUBLE_EQ(z1.optimizer, z0.optimizer / 4);
+  EXPECT_DOUBLE_EQ(z1.grads, z0.grads);
+  EXPECT_DOUBLE_EQ(z3.params, z0.params / 4);
+  EXPECT_DOUBLE_EQ(z3.grads, z0.grads / 4);
+  // Rank 0 of an 8-stage pipeline: 12 layers / tp 8 + the vocabulary-parallel embedding.
+  int64_t h = 12288;
+  int64_t layer = h * (h / 8 + 2 * h / 8) + (h / 8) * h + h * (4 * h / 8) + (4 * h / 8) * h +
+                  (h / 8 + 2 * h / 8) + h + 4 * h / 8 + h + 4 * h;
+  EXPECT_EQ(parameters_on_rank(m, p, 0), 12 * layer + 51200 / 8 * h + 2048 * h);
+}

@@ -1,0 +1,143 @@
+// The pruned exhaustive search against brute force on small spaces, and plan validation errors
+// that print the failing equation.
+#include <algorithm>
+
+#include <gtest/gtest.h>
+
+#include "catalog/device.hpp"
+#include "core/check.hpp"
+#include "plan/search.hpp"
+
+using namespace exatrain;
+using namespace exatrain::plan;
+
+namespace {
+MachineSpec dgx(const std::string& device) {
+  MachineSpec mach;
+  mach.device = device; mach.gpus_per_node = 8; mach.intra_node_bw_gbs = 300;
+  mach.inter_node_bw_gbs = 200; mach.intra_node_latency_us = 3; mach.inter_node_latency_us = 5;
+  mach.storage_bw_gbs = 1000;
+  return mach;
+}
+ModelSpec gpt(int64_t l, int64_t h, int64_t a, int64_t s) {
+  ModelSpec m;
+  m.layers = l; m.hidden = h; m.heads = a; m.kv_heads = a; m.ffn_hidden = 4 * h;
+  m.seq_len = s; m.vocab = 50257;
+  return m;
+}
+void expect_same(const SearchResult& fast, const SearchResult& brute) {
+  EXPECT_EQ(fast.searched, brute.searched);
+  EXPECT_EQ(fast.feasible, brute.feasible);
+  ASSERT_EQ(fast.top.size(), brute.top.size());
+  for (size_t i = 0; i < fast.top.size(); ++i) {
+    EXPECT_EQ(plan_summary(fast.top[i].plan), plan_summary(brute.top[i].plan));
+    EXPECT_DOUBLE_EQ(fast.top[i].step_time_s, brute.top[i].step_time_s);
+  }
+}
+}  // namespace
+
+TEST(Search, MatchesBruteForceWhenEverythingFits) {
+  ParallelSpec f;
+  f.gpus = 16; f.global_batch = 64;
+  ModelSpec m = gpt(12, 768, 12, 1024);
+  SearchResult fast = search_plans(m, dgx("a100-80g"), f, Precision::bf16, 5);
+  SearchResult brute = brute_force_search(m, dgx("a100-80g"), f, Precision::bf16, 5);
+  expect_same(fast, brute);
+  EXPECT_GT(fast.feasible, 100);
+}
+
+TEST(Search, MatchesBruteForceWhenMemoryPrunes) {
+  // 13B on 16 A100-40GB: many plans do not fit, so both pruning rules fire.
+  ParallelSpec f;
+  f.gpus = 16; f.global_batch = 128;
+  ModelSpec m = gpt(40, 5120, 40, 2048);
+  SearchResult fast = search_plans(m, dgx("a100-40g"), f, Precision::bf16, 5);
+  SearchResult brute = brute_force_search(m, dgx("a100-40g"), f, Precision::bf16, 5);
+  expect_same(fast, brute);
+  EXPECT_LT(fast.evaluated, brute.evaluated);  // pruning skipped work
+  EXPECT_LT(fast.feasible, fast.searched);
+  for (const auto& c : fast.top) EXPECT_TRUE(c.fits);
+}
+
+TEST(Search, FixedFieldsAreRespected) {
+  ParallelSpec f;
+  f.gpus = 16; f.global_batch = 64; f.tp = 2; f.recompute = Recompute::full;
+  SearchResult r = search_plans(gpt(12, 768, 12, 1024), dgx("a100-80g"), f, Precision::bf16, 3);
+  ASSERT_FALSE(r.top.empty());
+  for (const auto& c : r.top) {
+    EXPECT_EQ(c.plan.tp, 2);
+    EXPECT_EQ(c.plan.recompute, Recompute::full);
+  }
+}
+
+TEST(PlanRules, ErrorsPrintTheEquation) {
+  ModelSpec m = gpt(96, 12288, 96, 2048);
+  Plan p;
+  p.gpus = 80; p.tp = 5; p.pp = 4; p.dp = 4; p.global_batch = 64;
+  EXPECT_EQ(plan_error(m, p), "tp must divide heads: heads % tp = 96 % 5 = 1, expected 0");
+  p.tp = 8; p.gpus = 100;
+  EXPECT_EQ(plan_error(m, p), "gpus = tp * pp * dp * cp: 8 * 4 * 4 * 1 = 128, but gpus = 100");
+  p.gpus = 128;
+  p.global_batch = 62;
+  EXPECT_EQ(plan_error(m, p), "global_batch must be divisible by dp * micro_batch: 62 % (4 * 1) = "
+                              "2, expected 0");
+  p.global_batch = 8;
+  EXPECT_EQ(plan_error(m, p), "micro-batches >= pp: global_batch / (dp * micro_batch) = 8 / (4 * 1) = "
+                              "2 < pp = 4");
+  p.global_batch = 64; p.pp = 4; p.vp = 5;
+  EXPECT_EQ(plan_error(m, p), "pp * vp must divide layers (or set layers_per_stage): layers % (pp * vp) "
+                              "= 96 % (4 * 5) = 16, expected 0");
+  EXPECT_THROW(check_plan(m, p), Error);
+  p.vp = 8;
+  p.layers_per_stage = {23, 25, 25, 23};  // uneven but every rank holds >= vp layers
+  EXPECT_EQ(plan_error(m, p), "");
+  p.layers_per_stage = {5, 43, 43, 5};
+  EXPECT_EQ(plan_error(m, p), "each of the vp = 8 virtual stages of a pipeline rank needs a layer, "
+                              "but a rank has layers_per_stage = 5 < vp");
+  p.layers_per_stage = {23, 25, 25, 22};
+  EXPECT_EQ(plan_error(m, p), "sum(layers_per_stage) = 95 must equal layers = 96");
+}
+
+// An independent reference: every integer tuple in range, filtered only by plan_error and the
+// device's memory, with the search's two stated equivalences collapsed (ZeRO > 0 without
+// replicas is ZeRO 0; GPipe and 1F1B are the same schedule without a pipeline).
+TEST(Search, MatchesIndependentEnumeration) {
+  ModelSpec m;
+  m.layers = 4; m.hidden = 256; m.heads = 4; m.kv_heads = 4; m.ffn_hidden = 1024;
+  m.seq_len = 128; m.vocab = 1000;
+  MachineSpec mach = dgx("a100-40g");
+  const int64_t G = 8, B = 16;
+  const Device& dev = find_device(mach.device);
+  std::vector<std::pair<double, std::string>> all;
+  for (int64_t tp = 1; tp <= G; ++tp)
+    for (int64_t pp = 1; pp <= G; ++pp)
+      for (int64_t dp = 1; dp <= G; ++dp)
+        for (int64_t cp = 1; cp <= G; ++cp) {
+          if (tp * pp * dp * cp != G) continue;
+          for (int64_t vp = 1; vp <= m.layers; ++vp)
+            for (int64_t zero = 0; zero <= 3; ++zero)
+              for (int64_t mb = 1; mb <= B; ++mb)
+                for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full})
+                  for (bool sp : {false, true})
+                    for (Schedule sc : {Schedule::gpipe, Schedule::one_f_one_b}) {
+                      if (zero > 0 && dp * cp == 1) continue;
+                      if (pp == 1 && sc == Schedule::gpipe) continue;
+                      Plan p;
+                      p.gpus = G; p.tp = tp; p.pp = pp; p.dp = dp; p.cp = cp; p.vp = vp;
+                      p.zero = zero; p.micro_batch = mb; p.global_batch = B; p.recompute = rc;
+                      p.seq_parallel = sp; p.schedule = sc; p.precision = Precision::bf16;
+                      if (!plan_error(m, p).empty()) continue;
+                      Prediction pr = predict(m, mach, p);
+                      if (pr.memory.total > dev.hbm_gib * double(1 << 30)) continue;
+                      all.push_back({pr.step_time_s, plan_summary(p)});
+                    }
+        }
+  ParallelSpec f;
+  f.gpus = G; f.global_batch = B;
+  SearchResult r = search_plans(m, mach, f, Precision::bf16, 3);
+  EXPECT_EQ(r.feasible, int64_t(all.size()));
+  std::sort(all.begin(), all.end());
+  ASSERT_EQ(r.top.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_DOUBLE_EQ(r.top[i].step_time_s, all[i].first) << all[i].second;
+  EXPECT_EQ(plan_summary(r.top[0].plan), all[0].second);
+}
