@@ -1,0 +1,112 @@
+// Collectives over one MPI communicator ("group": tp, cp, dp, pp or world) with byte accounting.
+//
+// Choice: every reduction calls Open MPI's own collectives (MPI_Allreduce, MPI_Iallreduce,
+// MPI_Reduce_scatter_block, MPI_Allgather, ...) instead of a hand-written ring. Open MPI picks the
+// algorithm from (communicator size, message size) only, never from arrival timing, so the
+// summation order — and hence every bit of the result — is the same run to run, and the MPI
+// standard's advice (followed by Open MPI) is that all ranks receive identical bits. That is the
+// determinism the equivalence tests need (parallel == single rank to 1e-5, bitwise repeatable).
+// The blocking and non-blocking (libnbc) paths may round differently from each other; a run uses
+// one path per kind consistently.
+//
+// Byte accounting convention (THE contract with the planner, src/plan, which must count the same):
+// each call adds to ledger.bytes[kind] the bytes THIS rank sends, for the bandwidth-optimal ring
+// algorithm, whatever Open MPI actually does internally. With n = bytes of the FULL buffer
+// (the unreduced/ungathered size, i.e. p * shard for reduce-scatter and all-gather) and p = group
+// size, evaluated in double exactly as written:
+//   all-reduce      2.0 * (p - 1) * n / p        kind "<g>_allreduce"
+//   reduce-scatter  1.0 * (p - 1) * n / p        kind "<g>_reduce_scatter"
+//   all-gather      1.0 * (p - 1) * n / p        kind "<g>_allgather"
+//   broadcast       1.0 * (p - 1) * n / p        kind "<g>_broadcast" (scatter+all-gather model;
+//                                                 only used at start-up, not per step)
+//   send            n                            kind "<g>_send" (pp_send), or the kind passed
+//                                                 (e.g. "cp_exchange"); receives count 0
+// and p == 1 counts nothing (the call returns without communicating). <g> is the group name.
+// ledger.calls[kind] counts the calls; ledger.seconds[kind] the wall time spent blocked in them.
+// The ledger is reset by the caller at the start of every step.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <mpi.h>
+
+namespace exatrain::parallel {
+
+class Watchdog;
+
+// Pure forms of the convention above (the planner can include this header or copy the formulas).
+double ring_allreduce_bytes(double n_bytes, int p);
+double ring_reduce_scatter_bytes(double n_bytes, int p);
+double ring_allgather_bytes(double n_bytes, int p);
+
+struct CommLedger {
+  std::map<std::string, double> bytes;    // kind -> bytes sent by this rank since reset()
+  std::map<std::string, int64_t> calls;   // kind -> number of calls
+  std::map<std::string, double> seconds;  // kind -> seconds blocked (blocking calls and waits)
+  void add(const std::string& kind, double sent_bytes);
+  void reset();
+  double total_bytes() const;
+};
+
+// A pending non-blocking operation. Wait on it through the Group that started it.
+struct Request {
+  MPI_Request req = MPI_REQUEST_NULL;
+  std::string kind;
+  int64_t op_index = -1;
+  bool active() const { return req != MPI_REQUEST_NULL; }
+};
+
+class Group {
+ public:
+  // ledger and watchdog may be null (no accounting / no watchdog). Both outlive the group.
+  Group(MPI_Comm comm, std::string name, CommLedger* ledger, Watchdog* watchdog);
+
+  const std::string& name() const { return name_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  MPI_Comm comm() const { return comm_; }
+
+  // buf[n], in place: element-wise sum / max over the group.
+  void all_reduce_sum(float* buf, int64_t n);
+  void all_reduce_max(float* buf, int64_t n);
+  // in[size * shard] -> out[shard]: out = sum over ranks of in[rank * shard : (rank+1) * shard].
+  // in and out must not overlap.
+  void reduce_scatter_sum(const float* in, float* out, int64_t shard);
+  // out[size * shard]: gathers every rank's shard in rank order. in[shard] may be nullptr, meaning
+  // "in place": this rank's shard already sits at out + rank * shard.
+  void all_gather(const float* in, float* out, int64_t shard);
+  void broadcast(float* buf, int64_t n, int root);
+  // Point-to-point with group-local peer ranks. kind == "" means "<name>_send".
+  void send(const float* buf, int64_t n, int peer, int tag, const std::string& kind = "");
+  void recv(float* buf, int64_t n, int peer, int tag);
+
+  // Non-blocking variants: bytes are counted at launch; time is counted in wait().
+  Request iall_reduce_sum(float* buf, int64_t n);
+  Request ireduce_scatter_sum(const float* in, float* out, int64_t shard);
+  Request iall_gather(const float* in, float* out, int64_t shard);
+  Request isend(const float* buf, int64_t n, int peer, int tag, const std::string& kind = "");
+  Request irecv(float* buf, int64_t n, int peer, int tag);
+  void wait(Request& r);
+  void wait_all(std::vector<Request>& rs);
+  // Drives progress (Open MPI has no progress thread by default); true when r has completed.
+  bool test(Request& r);
+
+  void barrier();
+
+ private:
+  std::string kind_of(const char* op) const { return name_ + "_" + op; }
+  int64_t next_op() { return ++op_count_; }
+  void account(const std::string& kind, double bytes);
+  struct Blocked;  // RAII: watchdog enter/leave + time accounting
+
+  MPI_Comm comm_;
+  std::string name_;
+  CommLedger* ledger_;
+  Watchdog* watchdog_;
+  int rank_ = 0, size_ = 1;
+  int64_t op_count_ = 0;
+};
+
+}  // namespace exatrain::parallel

@@ -1,0 +1,98 @@
+#include "parallel/zero.hpp"
+
+#include <algorithm>
+#include <iterator>
+
+#include "core/check.hpp"
+
+namespace exatrain::parallel {
+
+ZeroLayout ZeroLayout::make(int64_t total, int dp, int64_t align) {
+  EXA_CHECK(total >= 0 && dp >= 1 && align >= 1, "bad ZeRO layout: total {} dp {} align {}", total,
+            dp, align);
+  ZeroLayout z;
+  z.total = total;
+  z.dp = dp;
+  int64_t unit = dp * align;
+  z.padded = (total + unit - 1) / unit * unit;
+  z.shard = z.padded / dp;
+  return z;
+}
+
+ShardRange ZeroLayout::owned(int rank) const {
+  ShardRange r = range(rank);
+  r.begin = std::min(r.begin, total);
+  r.end = std::min(r.end, total);
+  return r;
+}
+
+void reduce_scatter_grads(Group& dp, const ZeroLayout& z, const float* grads, float* shard_out,
+                          float scale) {
+  EXA_CHECK(dp.size() == z.dp, "ZeRO layout made for dp {} used on a group of {}", z.dp, dp.size());
+  dp.reduce_scatter_sum(grads, shard_out, z.shard);
+  if (scale != 1.0f)
+    for (int64_t i = 0; i < z.shard; i++) shard_out[i] *= scale;
+}
+
+void all_gather_params(Group& dp, const ZeroLayout& z, float* params) {
+  EXA_CHECK(dp.size() == z.dp, "ZeRO layout made for dp {} used on a group of {}", z.dp, dp.size());
+  dp.all_gather(nullptr, params, z.shard);
+}
+
+GradBucketer::GradBucketer(Group& dp, float* grads, int64_t n, int64_t bucket_floats)
+    : dp_(dp), grads_(grads), n_(n), bucket_(bucket_floats) {
+  EXA_CHECK(bucket_floats >= 1, "gradient bucket must hold >= 1 float, got {}", bucket_floats);
+  int64_t nb = (n + bucket_ - 1) / bucket_;
+  ready_.assign(nb, 0);
+  reqs_.resize(nb);
+  next_launch_ = nb - 1;
+}
+
+int64_t GradBucketer::bucket_size(int64_t b) const {
+  return std::min(n_, (b + 1) * bucket_) - b * bucket_;
+}
+
+void GradBucketer::mark_ready(int64_t offset, int64_t len) {
+  EXA_CHECK(offset >= 0 && len >= 0 && offset + len <= n_,
+            "mark_ready({}, {}) outside the gradient arena of {} floats", offset, len, n_);
+  if (len == 0) return;
+  // A range marked twice would be summed twice: refuse overlaps with earlier ranges.
+  auto next = marked_.lower_bound(offset);
+  bool overlaps = (next != marked_.end() && next->first < offset + len) ||
+                  (next != marked_.begin() && std::prev(next)->second > offset);
+  EXA_CHECK(!overlaps, "gradient range {}+{} marked ready twice (overlaps an earlier range)", offset,
+            len);
+  marked_[offset] = offset + len;
+  // Split the range over the buckets it touches.
+  for (int64_t pos = offset; pos < offset + len;) {
+    int64_t b = pos / bucket_;
+    int64_t end = std::min(offset + len, (b + 1) * bucket_);
+    ready_[b] += end - pos;
+    pos = end;
+  }
+  launch_ready();
+  // Poke the launched requests: Open MPI progresses non-blocking collectives only inside MPI calls.
+  for (int64_t b = next_launch_ + 1; b < buckets(); b++) dp_.test(reqs_[b]);
+}
+
+void GradBucketer::launch_ready() {
+  while (next_launch_ >= 0 && ready_[next_launch_] == bucket_size(next_launch_)) {
+    int64_t b = next_launch_;
+    reqs_[b] = dp_.iall_reduce_sum(grads_ + b * bucket_, bucket_size(b));
+    next_launch_--;
+  }
+}
+
+void GradBucketer::finish(float scale) {
+  launched_early_ = buckets() - 1 - next_launch_;
+  for (int64_t b = next_launch_; b >= 0; b--)
+    reqs_[b] = dp_.iall_reduce_sum(grads_ + b * bucket_, bucket_size(b));
+  for (int64_t b = buckets() - 1; b >= 0; b--) dp_.wait(reqs_[b]);
+  if (scale != 1.0f)
+    for (int64_t i = 0; i < n_; i++) grads_[i] *= scale;
+  std::fill(ready_.begin(), ready_.end(), 0);
+  marked_.clear();
+  next_launch_ = buckets() - 1;
+}
+
+}  // namespace exatrain::parallel
