@@ -9,17 +9,20 @@
 
 namespace exatrain::parallel {
 
-double ring_allreduce_bytes(double n_bytes, int p) {
-  return p <= 1 ? 0.0 : 2.0 * (p - 1) * n_bytes / p;
+int64_t ring_chunk(int64_t e, int64_t p, int64_t c) { return e / p + (c < e % p ? 1 : 0); }
+int64_t ring_reduce_scatter_sent(int64_t e, int64_t p, int64_t r) {
+  return p <= 1 ? 0 : e - ring_chunk(e, p, r);
 }
-double ring_reduce_scatter_bytes(double n_bytes, int p) {
-  return p <= 1 ? 0.0 : 1.0 * (p - 1) * n_bytes / p;
+int64_t ring_all_gather_sent(int64_t e, int64_t p, int64_t r) {
+  return p <= 1 ? 0 : e - ring_chunk(e, p, (r + 1) % p);
 }
-double ring_allgather_bytes(double n_bytes, int p) {
-  return p <= 1 ? 0.0 : 1.0 * (p - 1) * n_bytes / p;
+int64_t ring_all_reduce_sent(int64_t e, int64_t p, int64_t r) {
+  return ring_reduce_scatter_sent(e, p, r) + ring_all_gather_sent(e, p, r);
 }
 
-void CommLedger::add(const std::string& kind, double sent_bytes) {
+static constexpr int64_t kFloatBytes = 4;
+
+void CommLedger::add(const std::string& kind, int64_t sent_bytes) {
   bytes[kind] += sent_bytes;
   calls[kind] += 1;
 }
@@ -30,8 +33,8 @@ void CommLedger::reset() {
   seconds.clear();
 }
 
-double CommLedger::total_bytes() const {
-  double t = 0;
+int64_t CommLedger::total_bytes() const {
+  int64_t t = 0;
   for (auto& [k, b] : bytes) t += b;
   return t;
 }
@@ -64,14 +67,14 @@ Group::Group(MPI_Comm comm, std::string name, CommLedger* ledger, Watchdog* watc
   mpi_check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
 }
 
-void Group::account(const std::string& kind, double bytes) {
+void Group::account(const std::string& kind, int64_t bytes) {
   if (ledger_) ledger_->add(kind, bytes);
 }
 
 void Group::all_reduce_sum(float* buf, int64_t n) {
   if (size_ == 1) return;
-  std::string kind = kind_of("allreduce");
-  account(kind, ring_allreduce_bytes(4.0 * n, size_));
+  std::string kind = kind_of("all_reduce");
+  account(kind, kFloatBytes * ring_all_reduce_sent(n, size_, rank_));
   Blocked b(*this, kind, next_op(), "allreduce");
   mpi_check(MPI_Allreduce(MPI_IN_PLACE, buf, as_count(n), MPI_FLOAT, MPI_SUM, comm_),
             "MPI_Allreduce");
@@ -79,8 +82,8 @@ void Group::all_reduce_sum(float* buf, int64_t n) {
 
 void Group::all_reduce_max(float* buf, int64_t n) {
   if (size_ == 1) return;
-  std::string kind = kind_of("allreduce");
-  account(kind, ring_allreduce_bytes(4.0 * n, size_));
+  std::string kind = kind_of("all_reduce");
+  account(kind, kFloatBytes * ring_all_reduce_sent(n, size_, rank_));
   Blocked b(*this, kind, next_op(), "allreduce(max)");
   mpi_check(MPI_Allreduce(MPI_IN_PLACE, buf, as_count(n), MPI_FLOAT, MPI_MAX, comm_),
             "MPI_Allreduce");
@@ -92,7 +95,7 @@ void Group::reduce_scatter_sum(const float* in, float* out, int64_t shard) {
     return;
   }
   std::string kind = kind_of("reduce_scatter");
-  account(kind, ring_reduce_scatter_bytes(4.0 * shard * size_, size_));
+  account(kind, kFloatBytes * ring_reduce_scatter_sent(shard * size_, size_, rank_));
   Blocked b(*this, kind, next_op(), "reduce_scatter");
   mpi_check(MPI_Reduce_scatter_block(in, out, as_count(shard), MPI_FLOAT, MPI_SUM, comm_),
             "MPI_Reduce_scatter_block");
@@ -103,8 +106,8 @@ void Group::all_gather(const float* in, float* out, int64_t shard) {
     if (in && in != out) std::copy(in, in + shard, out);
     return;
   }
-  std::string kind = kind_of("allgather");
-  account(kind, ring_allgather_bytes(4.0 * shard * size_, size_));
+  std::string kind = kind_of("all_gather");
+  account(kind, kFloatBytes * ring_all_gather_sent(shard * size_, size_, rank_));
   Blocked b(*this, kind, next_op(), "allgather");
   const void* send = in ? static_cast<const void*>(in) : MPI_IN_PLACE;
   mpi_check(MPI_Allgather(send, as_count(shard), MPI_FLOAT, out, as_count(shard), MPI_FLOAT, comm_),
@@ -114,14 +117,14 @@ void Group::all_gather(const float* in, float* out, int64_t shard) {
 void Group::broadcast(float* buf, int64_t n, int root) {
   if (size_ == 1) return;
   std::string kind = kind_of("broadcast");
-  account(kind, ring_allgather_bytes(4.0 * n, size_));
+  account(kind, kFloatBytes * ring_all_gather_sent(n, size_, rank_));
   Blocked b(*this, kind, next_op(), "broadcast");
   mpi_check(MPI_Bcast(buf, as_count(n), MPI_FLOAT, root, comm_), "MPI_Bcast");
 }
 
 void Group::send(const float* buf, int64_t n, int peer, int tag, const std::string& kind) {
   std::string k = kind.empty() ? kind_of("send") : kind;
-  account(k, 4.0 * n);
+  account(k, kFloatBytes * n);
   Blocked b(*this, k, next_op(), "send");
   mpi_check(MPI_Send(buf, as_count(n), MPI_FLOAT, peer, tag, comm_), "MPI_Send");
 }
@@ -135,9 +138,9 @@ void Group::recv(float* buf, int64_t n, int peer, int tag) {
 Request Group::iall_reduce_sum(float* buf, int64_t n) {
   Request r;
   if (size_ == 1) return r;
-  r.kind = kind_of("allreduce");
+  r.kind = kind_of("all_reduce");
   r.op_index = next_op();
-  account(r.kind, ring_allreduce_bytes(4.0 * n, size_));
+  account(r.kind, kFloatBytes * ring_all_reduce_sent(n, size_, rank_));
   mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf, as_count(n), MPI_FLOAT, MPI_SUM, comm_, &r.req),
             "MPI_Iallreduce");
   return r;
@@ -151,7 +154,7 @@ Request Group::ireduce_scatter_sum(const float* in, float* out, int64_t shard) {
   }
   r.kind = kind_of("reduce_scatter");
   r.op_index = next_op();
-  account(r.kind, ring_reduce_scatter_bytes(4.0 * shard * size_, size_));
+  account(r.kind, kFloatBytes * ring_reduce_scatter_sent(shard * size_, size_, rank_));
   mpi_check(MPI_Ireduce_scatter_block(in, out, as_count(shard), MPI_FLOAT, MPI_SUM, comm_, &r.req),
             "MPI_Ireduce_scatter_block");
   return r;
@@ -163,9 +166,9 @@ Request Group::iall_gather(const float* in, float* out, int64_t shard) {
     if (in && in != out) std::copy(in, in + shard, out);
     return r;
   }
-  r.kind = kind_of("allgather");
+  r.kind = kind_of("all_gather");
   r.op_index = next_op();
-  account(r.kind, ring_allgather_bytes(4.0 * shard * size_, size_));
+  account(r.kind, kFloatBytes * ring_all_gather_sent(shard * size_, size_, rank_));
   const void* send = in ? static_cast<const void*>(in) : MPI_IN_PLACE;
   mpi_check(MPI_Iallgather(send, as_count(shard), MPI_FLOAT, out, as_count(shard), MPI_FLOAT, comm_,
                            &r.req),
@@ -177,7 +180,7 @@ Request Group::isend(const float* buf, int64_t n, int peer, int tag, const std::
   Request r;
   r.kind = kind.empty() ? kind_of("send") : kind;
   r.op_index = next_op();
-  account(r.kind, 4.0 * n);
+  account(r.kind, kFloatBytes * n);
   mpi_check(MPI_Isend(buf, as_count(n), MPI_FLOAT, peer, tag, comm_, &r.req), "MPI_Isend");
   return r;
 }

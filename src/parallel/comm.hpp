@@ -9,21 +9,25 @@
 // The blocking and non-blocking (libnbc) paths may round differently from each other; a run uses
 // one path per kind consistently.
 //
-// Byte accounting convention (THE contract with the planner, src/plan, which must count the same):
-// each call adds to ledger.bytes[kind] the bytes THIS rank sends, for the bandwidth-optimal ring
-// algorithm, whatever Open MPI actually does internally. With n = bytes of the FULL buffer
-// (the unreduced/ungathered size, i.e. p * shard for reduce-scatter and all-gather) and p = group
-// size, evaluated in double exactly as written:
-//   all-reduce      2.0 * (p - 1) * n / p        kind "<g>_allreduce"
-//   reduce-scatter  1.0 * (p - 1) * n / p        kind "<g>_reduce_scatter"
-//   all-gather      1.0 * (p - 1) * n / p        kind "<g>_allgather"
-//   broadcast       1.0 * (p - 1) * n / p        kind "<g>_broadcast" (scatter+all-gather model;
-//                                                 only used at start-up, not per step)
-//   send            n                            kind "<g>_send" (pp_send), or the kind passed
-//                                                 (e.g. "cp_exchange"); receives count 0
-// and p == 1 counts nothing (the call returns without communicating). <g> is the group name.
-// ledger.calls[kind] counts the calls; ledger.seconds[kind] the wall time spent blocked in them.
-// The ledger is reset by the caller at the start of every step.
+// Byte accounting convention — identical to the planner's (src/plan/comm.hpp, "BYTES
+// CONVENTION"), so a test can assert runtime == planner EXACTLY, in integers:
+// each call adds to ledger.bytes[kind] the bytes THIS rank sends for the ring algorithm, whatever
+// Open MPI actually does internally. A collective over p ranks on a buffer of E elements (the FULL
+// buffer: p * shard for reduce-scatter and all-gather) splits it into p chunks, chunk c holding
+// floor(E/p) + (c < E % p ? 1 : 0) elements; r is this rank's index in the group:
+//   reduce-scatter  E - chunk(r)                          kind "<g>_reduce_scatter"
+//   all-gather      E - chunk((r+1) mod p)                kind "<g>_all_gather"
+//   all-reduce      2E - chunk(r) - chunk((r+1) mod p)    kind "<g>_all_reduce"
+//                   (= 2 (p-1)/p E when p divides E; max/sum alike)
+//   broadcast       E - chunk((r+1) mod p)                kind "<g>_broadcast" (modelled as
+//                                                         scatter + ring all-gather; start-up only)
+//   send            E                                     kind "<g>_send" (pp_send, cp_send)
+//   receive         nothing
+// times 4 bytes per element (fp32). p = 1 sends nothing (the call returns without MPI).
+// <g> is the group name: "tp", "cp", "dp" (the dp x cp group that holds the same weights, as in
+// the planner), "pp". ledger.calls[kind] counts calls, ledger.seconds[kind] the wall time blocked
+// in them (blocking calls and waits; receives are timed under "<g>_recv"). The caller resets the
+// ledger at the start of every step.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -36,18 +40,19 @@ namespace exatrain::parallel {
 
 class Watchdog;
 
-// Pure forms of the convention above (the planner can include this header or copy the formulas).
-double ring_allreduce_bytes(double n_bytes, int p);
-double ring_reduce_scatter_bytes(double n_bytes, int p);
-double ring_allgather_bytes(double n_bytes, int p);
+// Pure forms of the convention above, in ELEMENTS, same names and meaning as the planner's.
+int64_t ring_chunk(int64_t elements, int64_t p, int64_t c);
+int64_t ring_reduce_scatter_sent(int64_t elements, int64_t p, int64_t r);
+int64_t ring_all_gather_sent(int64_t elements, int64_t p, int64_t r);
+int64_t ring_all_reduce_sent(int64_t elements, int64_t p, int64_t r);
 
 struct CommLedger {
-  std::map<std::string, double> bytes;    // kind -> bytes sent by this rank since reset()
+  std::map<std::string, int64_t> bytes;   // kind -> bytes sent by this rank since reset()
   std::map<std::string, int64_t> calls;   // kind -> number of calls
   std::map<std::string, double> seconds;  // kind -> seconds blocked (blocking calls and waits)
-  void add(const std::string& kind, double sent_bytes);
+  void add(const std::string& kind, int64_t sent_bytes);
   void reset();
-  double total_bytes() const;
+  int64_t total_bytes() const;
 };
 
 // A pending non-blocking operation. Wait on it through the Group that started it.
@@ -98,7 +103,7 @@ class Group {
  private:
   std::string kind_of(const char* op) const { return name_ + "_" + op; }
   int64_t next_op() { return ++op_count_; }
-  void account(const std::string& kind, double bytes);
+  void account(const std::string& kind, int64_t bytes);
   struct Blocked;  // RAII: watchdog enter/leave + time accounting
 
   MPI_Comm comm_;

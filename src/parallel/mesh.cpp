@@ -81,6 +81,18 @@ std::vector<int> group_ranks(const MeshShape& s, int rank, Axis axis) {
   return ranks;
 }
 
+std::vector<int> replica_ranks(const MeshShape& s, int rank) {
+  MeshCoord c = coord_of(s, rank);
+  std::vector<int> ranks;
+  for (int d = 0; d < s.dp; d++)
+    for (int k = 0; k < s.cp; k++) {
+      c.dp = d;
+      c.cp = k;
+      ranks.push_back(rank_of(s, c));
+    }
+  return ranks;
+}
+
 int split_colour(const MeshShape& s, int rank, Axis axis) {
   // The rank with coordinate 0 on `axis` names the group: unique and equal within it.
   MeshCoord c = coord_of(s, rank);
@@ -114,6 +126,11 @@ Mesh Mesh::create(MPI_Comm world, const MeshShape& shape) {
     mpi_check(MPI_Comm_split(world, split_colour(shape, m.world_rank, a), coord_ref(c, a), out),
               "MPI_Comm_split");
   }
+  MeshCoord named = m.coord;  // the replica group is named by its member with dp = cp = 0
+  named.dp = named.cp = 0;
+  mpi_check(MPI_Comm_split(world, rank_of(shape, named), m.coord.dp * shape.cp + m.coord.cp,
+                           &m.replica_comm),
+            "MPI_Comm_split");
   return m;
 }
 
@@ -128,7 +145,7 @@ MPI_Comm Mesh::comm(Axis a) const {
 }
 
 void Mesh::free() {
-  for (MPI_Comm* c : {&tp_comm, &cp_comm, &dp_comm, &pp_comm})
+  for (MPI_Comm* c : {&tp_comm, &cp_comm, &dp_comm, &pp_comm, &replica_comm})
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
 

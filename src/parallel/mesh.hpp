@@ -41,6 +41,11 @@ int rank_of(const MeshShape& s, const MeshCoord& c);
 // result is the rank with coordinate i on that axis; the group-local rank equals the coordinate).
 std::vector<int> group_ranks(const MeshShape& s, int rank, Axis axis);
 
+// The data-parallel replica group: every rank with the same tp and pp coordinates (dp x cp
+// ranks hold the same weights and average their gradients), index = dp * cp_degree + cp — the
+// planner's dp group. Equals group_ranks(.., Axis::dp) when cp = 1.
+std::vector<int> replica_ranks(const MeshShape& s, int rank);
+
 // Colour for MPI_Comm_split: equal for exactly the ranks that share every coordinate but `axis`.
 int split_colour(const MeshShape& s, int rank, Axis axis);
 
@@ -52,8 +57,9 @@ struct Mesh {
   MPI_Comm world = MPI_COMM_NULL;
   MPI_Comm tp_comm = MPI_COMM_NULL, cp_comm = MPI_COMM_NULL, dp_comm = MPI_COMM_NULL,
            pp_comm = MPI_COMM_NULL;
+  MPI_Comm replica_comm = MPI_COMM_NULL;  // dp x cp, see replica_ranks: gradients sync here
 
-  // Splits `world` (collective over it). The caller keeps `world` alive; free() releases the four
+  // Splits `world` (collective over it). The caller keeps `world` alive; free() releases the five
   // communicators.
   static Mesh create(MPI_Comm world, const MeshShape& shape);
   MPI_Comm comm(Axis a) const;

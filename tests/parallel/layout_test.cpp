@@ -40,13 +40,21 @@ TEST(VocabParallel, RangesSplitTheVocabularyContiguously) {
   EXPECT_EQ(next, vocab);
 }
 
-TEST(ByteConvention, RingFormulas) {
-  // 1 MiB over 4 ranks: all-reduce sends 2 * 3/4 MiB, reduce-scatter and all-gather 3/4 MiB.
-  double n = 1 << 20;
-  EXPECT_EQ(ring_allreduce_bytes(n, 4), 1.5 * n);
-  EXPECT_EQ(ring_reduce_scatter_bytes(n, 4), 0.75 * n);
-  EXPECT_EQ(ring_allgather_bytes(n, 4), 0.75 * n);
-  EXPECT_EQ(ring_allreduce_bytes(n, 1), 0.0);
-  // Reduce-scatter followed by all-gather costs exactly one all-reduce.
-  EXPECT_EQ(ring_reduce_scatter_bytes(n, 8) + ring_allgather_bytes(n, 8), ring_allreduce_bytes(n, 8));
+TEST(ByteConvention, RingFormulasInElements) {
+  // Even split: 2 (p-1)/p E for all-reduce, (p-1)/p E for reduce-scatter and all-gather.
+  EXPECT_EQ(ring_all_reduce_sent(1000, 4, 0), 1500);
+  EXPECT_EQ(ring_reduce_scatter_sent(1000, 4, 3), 750);
+  EXPECT_EQ(ring_all_gather_sent(1000, 4, 2), 750);
+  EXPECT_EQ(ring_all_reduce_sent(1000, 1, 0), 0);
+  // Uneven split, E = 10 over p = 4: chunks 3 3 2 2. Rank 1 sends every chunk but its own (3)
+  // in reduce-scatter and every chunk but chunk 2 (2) in all-gather.
+  EXPECT_EQ(ring_chunk(10, 4, 1), 3);
+  EXPECT_EQ(ring_chunk(10, 4, 2), 2);
+  EXPECT_EQ(ring_reduce_scatter_sent(10, 4, 1), 7);
+  EXPECT_EQ(ring_all_gather_sent(10, 4, 1), 8);
+  EXPECT_EQ(ring_all_reduce_sent(10, 4, 1), 15);
+  // Summed over the ring, every chunk is sent p-1 times in each pass.
+  int64_t total = 0;
+  for (int r = 0; r < 4; r++) total += ring_all_reduce_sent(10, 4, r);
+  EXPECT_EQ(total, 2 * 3 * 10);
 }

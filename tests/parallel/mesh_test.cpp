@@ -69,3 +69,12 @@ TEST(Mesh, GroupsPartitionTheWorld) {
     EXPECT_EQ(static_cast<int>(colours.size()), s.world() / deg) << axis_name(a);
   }
 }
+
+TEST(Mesh, ReplicaGroupIsDpTimesCpWithCpInner) {
+  MeshShape s{2, 2, 2, 2};  // tp cp dp pp
+  // rank 1 = (tp 1, cp 0, dp 0, pp 0); its replicas vary cp (stride 2) and dp (stride 4).
+  EXPECT_EQ(replica_ranks(s, 1), (std::vector<int>{1, 3, 5, 7}));
+  EXPECT_EQ(replica_ranks(s, 15), (std::vector<int>{9, 11, 13, 15}));
+  MeshShape no_cp{2, 1, 3, 1};
+  EXPECT_EQ(replica_ranks(no_cp, 2), group_ranks(no_cp, 2, Axis::dp));
+}

@@ -56,6 +56,9 @@ TEST(MeshMpi, EveryFactorisationBuildsGroupsMatchingTheArithmetic) {
           EXPECT_EQ(got, expect) << "tp" << tp << " cp" << cp << " pp" << pp << " axis "
                                  << axis_name(a);
         }
+        std::vector<int> rep = replica_ranks(s, me), got(rep.size());
+        MPI_Allgather(&me, 1, MPI_INT, got.data(), 1, MPI_INT, m.replica_comm);
+        EXPECT_EQ(got, rep);
         m.free();
       }
 }
@@ -65,7 +68,6 @@ TEST(CollectivesMpi, MatchTheReferenceAndCountBytesByTheRingConvention) {
   Group g(MPI_COMM_WORLD, "dp", &ledger, nullptr);
   int p = g.size(), me = g.rank();
   const int64_t n = 1003;  // odd on purpose
-  double n_bytes = 4.0 * n;
 
   // all-reduce: sum over ranks, every rank bit-identical.
   std::vector<float> buf(n);
@@ -114,21 +116,24 @@ TEST(CollectivesMpi, MatchTheReferenceAndCountBytesByTheRingConvention) {
   g.broadcast(buf.data(), n, p - 1);
   for (int64_t i = 0; i < n; i++) EXPECT_EQ(buf[i], value(p - 1, i));
 
-  // Ledger: exactly the convention in comm.hpp (p == 1 counts nothing).
+  // Ledger: exactly the convention in comm.hpp, written out here independently: chunk c of E
+  // elements holds E/p (+1 for the first E % p chunks); 4 bytes per float; p == 1 counts nothing.
+  auto chunk = [&](int64_t e, int c) { return e / p + (c < e % p ? 1 : 0); };
   if (p > 1) {
-    EXPECT_EQ(ledger.bytes["dp_allreduce"], 2 * (2.0 * (p - 1) * n_bytes / p));
-    EXPECT_EQ(ledger.calls["dp_allreduce"], 2);
-    EXPECT_EQ(ledger.bytes["dp_reduce_scatter"], 1.0 * (p - 1) * (4.0 * p * shard) / p);
-    EXPECT_EQ(ledger.bytes["dp_allgather"], 2 * (1.0 * (p - 1) * (4.0 * p * shard) / p));
-    EXPECT_EQ(ledger.bytes["dp_broadcast"], 1.0 * (p - 1) * n_bytes / p);
+    int next = (me + 1) % p;
+    EXPECT_EQ(ledger.bytes["dp_all_reduce"], 2 * 4 * (2 * n - chunk(n, me) - chunk(n, next)));
+    EXPECT_EQ(ledger.calls["dp_all_reduce"], 2);
+    EXPECT_EQ(ledger.bytes["dp_reduce_scatter"], 4 * (p - 1) * shard);
+    EXPECT_EQ(ledger.bytes["dp_all_gather"], 2 * 4 * (p - 1) * shard);
+    EXPECT_EQ(ledger.bytes["dp_broadcast"], 4 * (n - chunk(n, next)));
   } else {
-    EXPECT_EQ(ledger.total_bytes(), 0.0);
+    EXPECT_EQ(ledger.total_bytes(), 0);
   }
 }
 
 TEST(CollectivesMpi, NonBlockingVariantsAgreeWithBlockingOnes) {
   CommLedger ledger;
-  Group g(MPI_COMM_WORLD, "tp", &ledger, nullptr);
+  Group g(MPI_COMM_WORLD, "cp", &ledger, nullptr);
   int p = g.size(), me = g.rank();
   const int64_t n = 517;
   std::vector<float> a(n), b(n);
@@ -157,12 +162,12 @@ TEST(CollectivesMpi, NonBlockingVariantsAgreeWithBlockingOnes) {
     for (int64_t i = 0; i < n; i++) out[i] = value(me, i);
     int next = (me + 1) % p, prev = (me + p - 1) % p;
     Request rr = g.irecv(in.data(), n, prev, 7);
-    Request sr = g.isend(out.data(), n, next, 7, "cp_exchange");
+    Request sr = g.isend(out.data(), n, next, 7);
     g.wait(rr);
     g.wait(sr);
     for (int64_t i = 0; i < n; i++) EXPECT_EQ(in[i], value(prev, i));
-    EXPECT_EQ(ledger.bytes["cp_exchange"], 4.0 * n);
-    EXPECT_EQ(ledger.bytes.count("tp_recv"), 0u);  // receiving sends nothing
+    EXPECT_EQ(ledger.bytes["cp_send"], 4 * n);
+    EXPECT_EQ(ledger.bytes.count("cp_recv"), 0u);  // receiving sends nothing
     // Blocking pair: even ranks send first (no deadlock on any p).
     if (me % 2 == 0) {
       g.send(out.data(), n, next, 8);
@@ -172,6 +177,6 @@ TEST(CollectivesMpi, NonBlockingVariantsAgreeWithBlockingOnes) {
       g.send(out.data(), n, next, 8);
     }
     for (int64_t i = 0; i < n; i++) EXPECT_EQ(in[i], value(prev, i));
-    EXPECT_EQ(ledger.bytes["tp_send"], 4.0 * n);
+    EXPECT_EQ(ledger.bytes["cp_send"], 2 * 4 * n);
   }
 }

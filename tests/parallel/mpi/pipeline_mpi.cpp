@@ -109,7 +109,7 @@ TEST(PipelineMpi, EverySchedulesGradientsEqualTheSingleProcessResult) {
     }
     // Accounting: every stage except the last sends one activation per micro-batch per chunk,
     // every stage except the first one gradient: bytes = 4 * width * sends.
-    double sends = 0;
+    int64_t sends = 0;
     for (const PipelinePlan& p : {PipelinePlan{PipeSchedule::gpipe, pp_deg, 1, m},
                                   PipelinePlan{PipeSchedule::one_f_one_b, pp_deg, 1, m + 1},
                                   PipelinePlan{PipeSchedule::interleaved, pp_deg, 2, m},
@@ -120,7 +120,7 @@ TEST(PipelineMpi, EverySchedulesGradientsEqualTheSingleProcessResult) {
         sends += p.micro_batches * ((s < p.stages() - 1) + (s > 0));
       }
     }
-    EXPECT_EQ(ledger.bytes["pp_send"], 4.0 * kWidth * sends);
+    EXPECT_EQ(ledger.bytes["pp_send"], 4 * kWidth * sends);
     mesh.free();
   }
 }

@@ -42,7 +42,7 @@ TEST(TpRegionsMpi, RegionPairsAreAllReduceOrIdentity) {
   y = x;
   copy_to_tp_region_backward(tp, y.data(), n);
   for (int64_t i = 0; i < n; i++) EXPECT_NEAR(y[i], ref[i], tol);
-  EXPECT_EQ(ledger.calls["tp_allreduce"], p > 1 ? 2 : 0);
+  EXPECT_EQ(ledger.calls["tp_all_reduce"], p > 1 ? 2 : 0);
 }
 
 TEST(TpRegionsMpi, SequenceParallelPairsShardAlongTheSequence) {
@@ -137,8 +137,8 @@ TEST(ZeroMpi, ReduceScatterThenAllGatherGivesTheMeanEverywhere) {
     EXPECT_NEAR(params[i], -ref / p, 1e-6 * (1 + p)) << i;  // padding stays 0
   }
   if (p > 1) {
-    EXPECT_EQ(ledger.bytes["dp_reduce_scatter"], (p - 1) * 4.0 * z.padded / p);
-    EXPECT_EQ(ledger.bytes["dp_allgather"], (p - 1) * 4.0 * z.padded / p);
+    EXPECT_EQ(ledger.bytes["dp_reduce_scatter"], 4 * (p - 1) * z.padded / p);
+    EXPECT_EQ(ledger.bytes["dp_all_gather"], 4 * (p - 1) * z.padded / p);
   }
 }
 
@@ -169,7 +169,7 @@ TEST(ZeroMpi, BucketedAllReduceOverlapsAndEqualsTheMean) {
     }
   }
   if (p > 1) {
-    EXPECT_EQ(ledger.calls["dp_allreduce"], 2 * 16);
+    EXPECT_EQ(ledger.calls["dp_all_reduce"], 2 * 16);
   }
   // Marking a range twice is an error.
   GradBucketer twice(dp, grads.data(), n, bucket);
