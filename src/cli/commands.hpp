@@ -6,4 +6,6 @@
 namespace exatrain::cli {
 // Each add_* registers one subcommand; the callback runs it. Declare new ones here.
 void add_version_command(CLI::App& app);
+void add_check_command(CLI::App& app);
+void add_report_command(CLI::App& app);
 }  // namespace exatrain::cli

@@ -11,6 +11,8 @@ int main(int argc, char** argv) {
   CLI::App app{"exatrain: plan, predict and train large models on supercomputers"};
   app.require_subcommand(1);
   exatrain::cli::add_version_command(app);
+  exatrain::cli::add_check_command(app);
+  exatrain::cli::add_report_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,17 @@
+// `exatrain check JOB.toml [--set k=v ...]`: validate a job file and print it fully resolved
+// (presets applied, defaults explicit) — the quickest way to see what a run will use.
+#include <fmt/format.h>
+
+#include "cli/commands.hpp"
+#include "job/parse.hpp"
+
+namespace exatrain::cli {
+void add_check_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("check", "validate a job file and print it fully resolved");
+  auto path = std::make_shared<std::string>();
+  auto sets = std::make_shared<std::vector<std::string>>();
+  cmd->add_option("job", *path, "the job file (TOML)")->required();
+  cmd->add_option("--set", *sets, "override a key: section.key=value (repeatable)");
+  cmd->callback([path, sets] { fmt::print("{}", job_to_toml(load_job(*path, *sets))); });
+}
+}  // namespace exatrain::cli

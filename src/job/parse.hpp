@@ -1,0 +1,27 @@
+// Reading a job file (../shared/contracts/job-file.md) into a validated Job.
+//
+// Order of precedence, lowest first: built-in defaults < the section's `preset` file
+// (models/NAME.toml for [model], catalog/clusters/NAME.toml for [machine]) < the job file's keys
+// < `--set section.key=value` overrides. Every problem (unknown key, wrong type, out-of-range value,
+// impossible shape) is collected and reported together in one exatrain::Error, one line each,
+// naming where the value came from, the key, the value and what was expected.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "job/job.hpp"
+
+namespace exatrain {
+
+// Reads and validates the job file at `path`; `sets` are "section.key=value" overrides.
+Job load_job(const std::string& path, const std::vector<std::string>& sets = {});
+
+// The same from TOML text; `source_name` stands for the file in error messages.
+Job parse_job(const std::string& toml_text, const std::string& source_name,
+              const std::vector<std::string>& sets = {});
+
+// The resolved job as TOML (every key explicit; "auto" for unresolved parallel fields).
+// Parsing this text again gives the same Job: checkpoints store it.
+std::string job_to_toml(const Job& job);
+
+}  // namespace exatrain

@@ -1,0 +1,102 @@
+#include "report/report.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "core/check.hpp"
+#include "report/metrics.hpp"
+#include "report/svg_chart.hpp"
+
+namespace exatrain::report {
+namespace {
+double median(std::vector<double> v) {
+  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+bool is_step(const nlohmann::json& r) { return r.contains("step") && r.contains("loss"); }
+bool is_eval(const nlohmann::json& r) { return r.contains("step") && r.contains("val_loss"); }
+}  // namespace
+
+RunSummary summarize(const std::vector<nlohmann::json>& records) {
+  RunSummary s;
+  s.best_val_loss = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> tps, mfu;
+  for (const auto& r : records) {
+    if (is_step(r)) {
+      double loss = r["loss"].get<double>();
+      if (s.steps == 0) s.first_loss = loss;
+      s.last_loss = loss;
+      ++s.steps;
+      // The first step includes warm-up (page faults, thread start): leave it out of medians.
+      if (s.steps > 1 && r.contains("tokens_per_s")) tps.push_back(r["tokens_per_s"].get<double>());
+      if (s.steps > 1 && r.contains("mfu")) mfu.push_back(r["mfu"].get<double>());
+    }
+    if (is_eval(r)) {
+      double v = r["val_loss"].get<double>();
+      if (!(v >= s.best_val_loss)) s.best_val_loss = v, s.best_val_step = r["step"].get<int64_t>();
+    }
+  }
+  s.median_tokens_per_s = median(tps);
+  s.median_mfu = median(mfu);
+  return s;
+}
+
+RunSummary write_report(const std::string& run_dir) {
+  std::vector<nlohmann::json> records = read_metrics(run_dir + "/metrics.jsonl");
+  RunSummary s = summarize(records);
+  EXA_CHECK(s.steps > 0, "{}/metrics.jsonl has no training-step records (expected lines with \"step\" and "
+                         "\"loss\")", run_dir);
+  Series loss{"train loss", "#1f77b4", {}, {}, false}, val{"val loss", "#d62728", {}, {}, true};
+  Series tps{"tokens/s", "#2ca02c", {}, {}, false}, mfu{"MFU %", "#9467bd", {}, {}, false};
+  for (const auto& r : records) {
+    if (is_step(r)) {
+      double step = r["step"].get<double>();
+      loss.xs.push_back(step), loss.ys.push_back(r["loss"].get<double>());
+      if (r.contains("tokens_per_s")) tps.xs.push_back(step), tps.ys.push_back(r["tokens_per_s"].get<double>());
+      if (r.contains("mfu")) mfu.xs.push_back(step), mfu.ys.push_back(100.0 * r["mfu"].get<double>());
+    }
+    if (is_eval(r)) val.xs.push_back(r["step"].get<double>()), val.ys.push_back(r["val_loss"].get<double>());
+  }
+  std::vector<Chart> charts;
+  charts.push_back(Chart{"Loss", "step", "cross-entropy (nats)", {loss, val}, false});
+  charts.push_back(Chart{"Throughput", "step", "tokens per second", {tps}, false});
+  if (!mfu.xs.empty()) charts.push_back(Chart{"Model FLOPs utilisation", "step", "MFU (%)", {mfu}, false});
+  std::string svg = svg_document(charts);
+
+  // Written under a temporary name and renamed, so a reader never sees half a file.
+  s.svg_path = run_dir + "/report.svg";
+  std::string tmp = s.svg_path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    EXA_CHECK(out.good(), "cannot write '{}'", tmp);
+    out << svg;
+    out.flush();
+    EXA_CHECK(out.good(), "cannot write '{}' (disk full?)", tmp);
+  }
+  EXA_SYSCHECK(std::rename(tmp.c_str(), s.svg_path.c_str()) == 0, "cannot rename '{}' to '{}'", tmp, s.svg_path);
+  return s;
+}
+
+std::string format_summary(const RunSummary& s, const std::string& run_dir) {
+  std::string out = fmt::format("run {}\n", run_dir);
+  out += fmt::format("  steps             {}\n", s.steps);
+  out += fmt::format("  train loss        {:.4f} -> {:.4f}\n", s.first_loss, s.last_loss);
+  if (std::isfinite(s.best_val_loss))
+    out += fmt::format("  best val loss     {:.4f} (step {})\n", s.best_val_loss, s.best_val_step);
+  else
+    out += "  best val loss     (no evaluation records)\n";
+  if (std::isfinite(s.median_tokens_per_s))
+    out += fmt::format("  tokens/s (median) {:.1f}\n", s.median_tokens_per_s);
+  if (std::isfinite(s.median_mfu)) out += fmt::format("  MFU (median)      {:.1f}%\n", 100 * s.median_mfu);
+  if (!s.svg_path.empty()) out += fmt::format("  plot              {}\n", s.svg_path);
+  return out;
+}
+
+}  // namespace exatrain::report

@@ -1,0 +1,28 @@
+// `exatrain report RUN_DIR`: reads RUN_DIR/metrics.jsonl, draws RUN_DIR/report.svg (loss and
+// validation loss, throughput and MFU against the step) and returns a one-screen summary.
+#pragma once
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace exatrain::report {
+
+struct RunSummary {
+  int64_t steps = 0;             // training-step records
+  double first_loss = 0, last_loss = 0;
+  double best_val_loss = 0;      // NaN when there were no evaluations
+  int64_t best_val_step = -1;
+  double median_tokens_per_s = 0, median_mfu = 0;
+  std::string svg_path;
+};
+
+RunSummary summarize(const std::vector<nlohmann::json>& records);
+
+// Writes the SVG next to the metrics and returns the summary (svg_path set).
+RunSummary write_report(const std::string& run_dir);
+
+// The one-screen text a person reads after a run.
+std::string format_summary(const RunSummary& s, const std::string& run_dir);
+
+}  // namespace exatrain::report

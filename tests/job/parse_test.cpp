@@ -1,0 +1,201 @@
+// The job-file parser: defaults, presets, overrides, round trip, and one clear error per problem.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "core/check.hpp"
+#include "job/parse.hpp"
+
+using namespace exatrain;
+
+namespace {
+// Returns the error text of parsing `text`, or "" when it parsed.
+std::string error_of(const std::string& text, const std::vector<std::string>& sets = {}) {
+  try {
+    parse_job(text, "job.toml", sets);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+}  // namespace
+
+TEST(JobParse, ContractExampleReadsEveryKey) {
+  Job j = parse_job(R"(
+[model]
+layers = 96
+hidden = 12288
+heads = 96
+kv_heads = 8
+ffn_hidden = 49152
+seq_len = 2048
+vocab = 51200
+activation = "swiglu"
+norm = "rmsnorm"
+position = "rope"
+tie_embeddings = false
+[machine]
+device = "mi250x-gcd"
+gpus_per_node = 8
+intra_node_bw_gbs = 50
+inter_node_bw_gbs = 100
+intra_node_latency_us = 2
+inter_node_latency_us = 4
+storage_bw_gbs = 5000
+node_mtbf_hours = 50000
+[parallel]
+gpus = 1024
+tp = 4
+pp = 16
+dp = 16
+cp = 1
+vp = 1
+zero = 1
+micro_batch = 1
+global_batch = 1024
+recompute = "full"
+seq_parallel = false
+schedule = "1f1b"
+[train]
+precision = "bf16"
+optimizer = "adamw"
+steps = 1000
+seed = 1234
+lr = 6e-4
+warmup_steps = 100
+data = "data/corpus"
+run_dir = "runs/my-run"
+checkpoint_every = 100
+)", "job.toml");
+  EXPECT_EQ(j.model.layers, 96);
+  EXPECT_EQ(j.model.kv_heads, 8);
+  EXPECT_EQ(j.model.activation, Activation::swiglu);
+  EXPECT_EQ(j.model.norm, Norm::rmsnorm);
+  EXPECT_EQ(j.model.position, Position::rope);
+  EXPECT_FALSE(j.model.tie_embeddings);
+  EXPECT_FALSE(j.model.vocab_from_data);
+  EXPECT_EQ(j.machine.device, "mi250x-gcd");
+  EXPECT_DOUBLE_EQ(j.machine.inter_node_bw_gbs, 100);
+  ASSERT_TRUE(j.machine.node_mtbf_hours.has_value());
+  EXPECT_EQ(*j.parallel.tp, 4);
+  EXPECT_EQ(*j.parallel.dp, 16);
+  EXPECT_EQ(*j.parallel.zero, 1);
+  EXPECT_EQ(*j.parallel.recompute, Recompute::full);
+  EXPECT_EQ(*j.parallel.schedule, Schedule::one_f_one_b);
+  EXPECT_EQ(j.train.precision, Precision::bf16);
+  EXPECT_DOUBLE_EQ(j.train.lr, 6e-4);
+  EXPECT_EQ(j.train.checkpoint_every, 100);
+}
+
+TEST(JobParse, DefaultsFollowTheContract) {
+  Job j = parse_job("[model]\nhidden = 256\nheads = 8\n", "job.toml");
+  EXPECT_EQ(j.model.kv_heads, 8);         // default: heads
+  EXPECT_EQ(j.model.ffn_hidden, 1024);    // default: 4 * hidden
+  EXPECT_TRUE(j.model.vocab_from_data);   // train takes the dataset's vocabulary
+  EXPECT_FALSE(j.parallel.tp.has_value());
+  EXPECT_FALSE(j.parallel.recompute.has_value());
+}
+
+TEST(JobParse, AutoLeavesParallelFieldsOpen) {
+  Job j = parse_job("[parallel]\ngpus = 8\ntp = \"auto\"\nrecompute = \"auto\"\nseq_parallel = \"auto\"\n", "job.toml");
+  EXPECT_FALSE(j.parallel.tp.has_value());
+  EXPECT_FALSE(j.parallel.recompute.has_value());
+  EXPECT_FALSE(j.parallel.seq_parallel.has_value());
+}
+
+TEST(JobParse, SetOverridesFileAndParsesTypes) {
+  Job j = parse_job("[model]\nhidden = 256\nheads = 8\n[parallel]\ntp = 2\n", "job.toml",
+                    {"model.hidden=512", "parallel.tp=auto", "model.activation=swiglu", "train.lr=0.01"});
+  EXPECT_EQ(j.model.hidden, 512);
+  EXPECT_FALSE(j.parallel.tp.has_value());
+  EXPECT_EQ(j.model.activation, Activation::swiglu);
+  EXPECT_DOUBLE_EQ(j.train.lr, 0.01);
+}
+
+TEST(JobParse, UnknownKeyIsNamedWithSuggestion) {
+  std::string e = error_of("[model]\nhiden = 256\n");
+  EXPECT_TRUE(contains(e, "job.toml: [model] unknown key \"hiden\" (did you mean \"hidden\"?)")) << e;
+}
+
+TEST(JobParse, UnknownSectionIsNamed) {
+  std::string e = error_of("[modle]\nhidden = 256\n");
+  EXPECT_TRUE(contains(e, "unknown section [modle]")) << e;
+}
+
+TEST(JobParse, WrongTypeNamesKeyValueAndExpectation) {
+  std::string e = error_of("[model]\nlayers = \"twelve\"\n");
+  EXPECT_TRUE(contains(e, "job.toml: [model] layers = \"twelve\": expected an integer")) << e;
+  e = error_of("[model]\nactivation = \"relu\"\n");
+  EXPECT_TRUE(contains(e, "[model] activation = \"relu\": expected one of \"gelu\" \"swiglu\"")) << e;
+  e = error_of("[parallel]\nzero = 4\n");
+  EXPECT_TRUE(contains(e, "[parallel] zero = 4: expected an integer in [0, 3] or \"auto\"")) << e;
+}
+
+TEST(JobParse, ImpossibleShapesPrintTheEquation) {
+  std::string e = error_of("[model]\nhidden = 770\nheads = 12\n");
+  EXPECT_TRUE(contains(e, "hidden = 770 is not divisible by heads = 12")) << e;
+  e = error_of("[model]\nhidden = 768\nheads = 12\nkv_heads = 5\n");
+  EXPECT_TRUE(contains(e, "heads = 12 is not divisible by kv_heads = 5")) << e;
+}
+
+TEST(JobParse, AllProblemsReportedTogether) {
+  std::string e = error_of("[model]\nhiden = 1\nlayers = -3\n[train]\nlr = \"fast\"\n");
+  EXPECT_TRUE(contains(e, "3 problems in job job.toml")) << e;
+}
+
+TEST(JobParse, SetErrorsAreNamed) {
+  std::string e = error_of("", {"model.hidden=abc"});
+  EXPECT_TRUE(contains(e, "--set: [model] hidden = \"abc\": expected an integer")) << e;
+  e = error_of("", {"nosection"});
+  EXPECT_TRUE(contains(e, "--set nosection: expected section.key=value")) << e;
+}
+
+TEST(JobParse, SyntaxErrorNamesTheFile) {
+  std::string e = error_of("[model\nhidden = 1\n");
+  EXPECT_TRUE(contains(e, "job.toml: not valid TOML")) << e;
+}
+
+TEST(JobParse, MissingPresetIsNamed) {
+  std::string e = error_of("[model]\npreset = \"no-such-model\"\n");
+  EXPECT_TRUE(contains(e, "preset = \"no-such-model\": expected the name of a file models/no-such-model.toml")) << e;
+}
+
+TEST(JobParse, MissingFileIsNamed) {
+  try {
+    load_job("/nonexistent/job.toml");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "cannot open job file '/nonexistent/job.toml'")) << e.what();
+  }
+}
+
+TEST(JobParse, RoundTripThroughToml) {
+  Job a = parse_job("[model]\nhidden = 256\nheads = 8\nkv_heads = 2\nvocab = 1000\nposition = \"rope\"\n"
+                    "[parallel]\ngpus = 4\ntp = 2\nlayers_per_stage = [1, 2]\n[train]\nlr = 0.001\nseed = 7\n",
+                    "job.toml");
+  Job b = parse_job(job_to_toml(a), "roundtrip.toml");
+  EXPECT_EQ(job_to_toml(a), job_to_toml(b));
+  EXPECT_EQ(b.model.kv_heads, 2);
+  EXPECT_EQ(b.parallel.layers_per_stage, (std::vector<int64_t>{1, 2}));
+  EXPECT_FALSE(b.parallel.pp.has_value());
+  EXPECT_EQ(b.train.seed, 7u);
+}
+
+TEST(JobParse, PresetThenFileThenSet) {
+  // A private data root with one model preset, so the test does not depend on shipped presets.
+  std::string root = testing::TempDir() + "/exatrain_home";
+  std::filesystem::create_directories(root + "/models");
+  std::ofstream(root + "/models/tiny.toml") << "[model]\nlayers = 2\nhidden = 64\nheads = 4\nvocab = 300\n";
+  setenv("EXATRAIN_HOME", root.c_str(), 1);
+  Job j = parse_job("[model]\npreset = \"tiny\"\nheads = 8\n", "job.toml", {"model.layers=3"});
+  unsetenv("EXATRAIN_HOME");
+  EXPECT_EQ(j.model.preset, "tiny");
+  EXPECT_EQ(j.model.hidden, 64);   // from the preset
+  EXPECT_EQ(j.model.heads, 8);     // the file overrides the preset
+  EXPECT_EQ(j.model.kv_heads, 8);  // default follows the final heads
+  EXPECT_EQ(j.model.layers, 3);    // --set overrides the file
+  EXPECT_FALSE(j.model.vocab_from_data);
+}

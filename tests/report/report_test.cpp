@@ -1,0 +1,113 @@
+// metrics.jsonl reading/writing, the summary's numbers, and the SVG report.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "core/check.hpp"
+#include "report/metrics.hpp"
+#include "report/report.hpp"
+#include "report/svg_chart.hpp"
+
+using namespace exatrain;
+using namespace exatrain::report;
+
+namespace {
+std::string fresh_dir(const std::string& name) {
+  std::string d = testing::TempDir() + "/" + name;
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+size_t count(const std::string& s, const std::string& part) {
+  size_t n = 0;
+  for (size_t p = s.find(part); p != std::string::npos; p = s.find(part, p + 1)) ++n;
+  return n;
+}
+}  // namespace
+
+TEST(SvgChart, NiceTicksAreRoundAndCoverTheRange) {
+  EXPECT_EQ(nice_ticks(0, 10, 5), (std::vector<double>{0, 2, 4, 6, 8, 10}));
+  auto f = nice_ticks(0.13, 0.91, 4);
+  std::vector<double> want{0.2, 0.4, 0.6, 0.8};
+  ASSERT_EQ(f.size(), want.size());
+  for (size_t i = 0; i < f.size(); ++i) EXPECT_NEAR(f[i], want[i], 1e-12);
+  auto t = nice_ticks(1, 200, 6);
+  EXPECT_EQ(t.front(), 50);
+  EXPECT_EQ(t.back(), 200);
+}
+
+TEST(Metrics, WriteThenReadRoundTripsAndAppends) {
+  std::string d = fresh_dir("metrics_rt");
+  {
+    MetricsWriter w(d + "/metrics.jsonl");
+    w.write({{"step", 1}, {"loss", 5.5}});
+  }
+  {
+    MetricsWriter w(d + "/metrics.jsonl");  // a resumed run appends
+    w.write({{"step", 2}, {"loss", 4.5}});
+  }
+  auto r = read_metrics(d + "/metrics.jsonl");
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[1]["step"], 2);
+  EXPECT_DOUBLE_EQ(r[1]["loss"].get<double>(), 4.5);
+}
+
+TEST(Metrics, TornLastLineIsSkippedButCorruptionElsewhereIsNamed) {
+  std::string d = fresh_dir("metrics_torn");
+  std::ofstream(d + "/metrics.jsonl") << "{\"step\":1,\"loss\":3}\n{\"step\":2,\"lo";
+  EXPECT_EQ(read_metrics(d + "/metrics.jsonl").size(), 1u);
+  std::ofstream(d + "/metrics.jsonl") << "{\"step\":1,\"loss\":3}\ngarbage\n{\"step\":2,\"loss\":2}\n";
+  try {
+    read_metrics(d + "/metrics.jsonl");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("metrics.jsonl:2: not a JSON object"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Report, SummaryNumbersAndSvgSeries) {
+  std::string d = fresh_dir("report_run");
+  {
+    MetricsWriter w(d + "/metrics.jsonl");
+    for (int s = 1; s <= 10; ++s) {
+      // Step 1 is slow (warm-up) and must not enter the medians.
+      w.write({{"step", s}, {"loss", 10.0 - s}, {"grad_norm", 1.0}, {"lr", 1e-3},
+               {"tokens_per_s", s == 1 ? 1.0 : 100.0 * s}, {"mfu", s == 1 ? 0.0 : 0.01 * s}});
+      if (s % 5 == 0) w.write({{"step", s}, {"val_loss", s == 5 ? 4.0 : 4.5}});
+    }
+  }
+  RunSummary s = write_report(d);
+  EXPECT_EQ(s.steps, 10);
+  EXPECT_DOUBLE_EQ(s.first_loss, 9.0);
+  EXPECT_DOUBLE_EQ(s.last_loss, 0.0);
+  EXPECT_DOUBLE_EQ(s.best_val_loss, 4.0);
+  EXPECT_EQ(s.best_val_step, 5);
+  EXPECT_DOUBLE_EQ(s.median_tokens_per_s, 600.0);  // median of 200..1000
+  EXPECT_NEAR(s.median_mfu, 0.06, 1e-12);
+  std::ifstream in(s.svg_path);
+  std::string svg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_EQ(count(svg, "<polyline"), 4u);  // train loss, val loss, tokens/s, MFU
+  EXPECT_EQ(count(svg, "<circle"), 2u);    // the two validation points
+  std::string text = format_summary(s, d);
+  EXPECT_NE(text.find("best val loss     4.0000 (step 5)"), std::string::npos) << text;
+}
+
+TEST(Report, MissingOrEmptyMetricsAreClearErrors) {
+  std::string d = fresh_dir("report_empty");
+  try {
+    write_report(d);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot open metrics file"), std::string::npos) << e.what();
+  }
+  std::ofstream(d + "/metrics.jsonl") << "{\"step\":5,\"val_loss\":3}\n";
+  try {
+    write_report(d);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has no training-step records"), std::string::npos) << e.what();
+  }
+}
