@@ -25,7 +25,8 @@ int message_tag(const PipelinePlan& p, bool grad, int mb, int dst_stage) {
 
 }  // namespace
 
-void run_pipeline(Group& pp, const PipelineTable& t, int64_t act_floats, const StageCallbacks& cb) {
+void run_pipeline(Group& pp, const PipelineTable& t, int64_t act_floats, const StageCallbacks& cb,
+                  PipelineTiming* timing) {
   const PipelinePlan& p = t.plan;
   EXA_CHECK(pp.size() == p.pp, "pipeline table built for pp {} run on a group of {} ranks", p.pp,
             pp.size());
@@ -42,6 +43,18 @@ void run_pipeline(Group& pp, const PipelineTable& t, int64_t act_floats, const S
   std::map<Unit, Pending> act_in, grad_in;  // received, waiting for their compute
   std::map<Unit, Pending> act_out, grad_out_send;  // produced, being sent
   std::vector<Pending> sending;  // completed computes whose sends are in flight
+
+  // Timing: `timed(cat, name, fn)` runs fn and books its duration.
+  auto timed = [&](bool compute, auto&& name, auto&& fn) {
+    if (!timing) return fn();
+    double t0 = MPI_Wtime();
+    fn();
+    double t1 = MPI_Wtime();
+    (compute ? timing->compute_s : timing->bubble_s) += t1 - t0;
+    if (timing->events)
+      timing->events->push_back({name(), compute ? "compute" : "wait",
+                                 (t0 - timing->trace_origin) * 1e6, (t1 - t0) * 1e6});
+  };
 
   // Send buffers are kept until their request completes; completed ones are released as we go.
   auto reap_sends = [&] {
@@ -77,7 +90,8 @@ void run_pipeline(Group& pp, const PipelineTable& t, int64_t act_floats, const S
           auto it = act_in.find(u);
           EXA_CHECK(it != act_in.end(), "rank {} Forward(mb {}, chunk {}) has no posted receive", r,
                     a.mb, a.chunk);
-          pp.wait(it->second.req);
+          timed(false, [&] { return fmt::format("wait act mb{} c{}", a.mb, a.chunk); },
+                [&] { pp.wait(it->second.req); });
           in = it->second.buf.data();
         }
         float* out = nullptr;
@@ -85,7 +99,8 @@ void run_pipeline(Group& pp, const PipelineTable& t, int64_t act_floats, const S
           act_out[u].buf.resize(act_floats);
           out = act_out[u].buf.data();
         }
-        cb.forward(a.mb, a.chunk, in, out);
+        timed(true, [&] { return fmt::format("F mb{} c{}", a.mb, a.chunk); },
+              [&] { cb.forward(a.mb, a.chunk, in, out); });
         act_in.erase(u);  // the callback stashed what backward needs
         break;
       }
@@ -105,7 +120,8 @@ void run_pipeline(Group& pp, const PipelineTable& t, int64_t act_floats, const S
           auto it = grad_in.find(u);
           EXA_CHECK(it != grad_in.end(), "rank {} Backward(mb {}, chunk {}) has no posted receive",
                     r, a.mb, a.chunk);
-          pp.wait(it->second.req);
+          timed(false, [&] { return fmt::format("wait grad mb{} c{}", a.mb, a.chunk); },
+                [&] { pp.wait(it->second.req); });
           g_out = it->second.buf.data();
         }
         float* g_in = nullptr;
@@ -113,7 +129,8 @@ void run_pipeline(Group& pp, const PipelineTable& t, int64_t act_floats, const S
           grad_out_send[u].buf.resize(act_floats);
           g_in = grad_out_send[u].buf.data();
         }
-        cb.backward(a.mb, a.chunk, g_out, g_in);
+        timed(true, [&] { return fmt::format("B mb{} c{}", a.mb, a.chunk); },
+              [&] { cb.backward(a.mb, a.chunk, g_out, g_in); });
         grad_in.erase(u);
         break;
       }
@@ -129,7 +146,8 @@ void run_pipeline(Group& pp, const PipelineTable& t, int64_t act_floats, const S
       }
     }
   }
-  for (Pending& msg : sending) pp.wait(msg.req);
+  timed(false, [] { return std::string("wait sends"); },
+        [&] { for (Pending& msg : sending) pp.wait(msg.req); });
   EXA_CHECK(act_in.empty() && grad_in.empty(), "rank {} finished its table with {} unused receives",
             r, act_in.size() + grad_in.size());
 }

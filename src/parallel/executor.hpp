@@ -19,6 +19,7 @@
 
 #include "parallel/comm.hpp"
 #include "parallel/schedule.hpp"
+#include "parallel/trace.hpp"
 
 namespace exatrain::parallel {
 
@@ -27,9 +28,19 @@ struct StageCallbacks {
   std::function<void(int mb, int chunk, const float* grad_out, float* grad_in)> backward;
 };
 
+// Where the step's time went on this rank. compute_s: inside the callbacks; bubble_s: blocked
+// waiting for a pipeline message (the bubble as this rank experiences it, including transfer time
+// not hidden behind compute); with `events` non-null every compute and wait is also recorded as a
+// trace event relative to `trace_origin` (an MPI_Wtime value taken after a common barrier).
+struct PipelineTiming {
+  double compute_s = 0, bubble_s = 0;
+  std::vector<TraceEvent>* events = nullptr;
+  double trace_origin = 0;
+};
+
 // pp.rank() selects the table row; pp.size() must equal table.plan.pp. Returns when every action
 // has run and every send has completed (so the next step may reuse tags).
 void run_pipeline(Group& pp, const PipelineTable& table, int64_t act_floats,
-                  const StageCallbacks& cb);
+                  const StageCallbacks& cb, PipelineTiming* timing = nullptr);
 
 }  // namespace exatrain::parallel
