@@ -81,9 +81,8 @@ void reduce_scatter_to_sp_region_backward(Group& tp, const float* dy_shard, floa
 
 VocabRange vocab_range(int64_t vocab, int tp, int rank) {
   EXA_CHECK(vocab >= tp, "vocab-parallel needs vocab >= tp: vocab {} < tp {}", vocab, tp);
-  int64_t base = vocab / tp, extra = vocab % tp;
-  int64_t begin = rank * base + std::min<int64_t>(rank, extra);
-  return {begin, begin + base + (rank < extra ? 1 : 0)};
+  int64_t slice = (vocab + tp - 1) / tp;
+  return {std::min(vocab, rank * slice), std::min(vocab, (rank + 1) * slice)};
 }
 
 void vocab_parallel_max(Group& tp, float* row_max, int64_t n) { tp.all_reduce_max(row_max, n); }
