@@ -21,6 +21,7 @@
 #include "parallel/comm.hpp"
 #include "parallel/executor.hpp"
 #include "parallel/mesh.hpp"
+#include "parallel/zero.hpp"
 
 using namespace exatrain::parallel;
 
@@ -49,23 +50,27 @@ static std::vector<double> reference_grads(int S, int m, double* loss) {
   return dw;
 }
 
-static void run_and_check(Group& pp, const PipelinePlan& plan, PipelineTiming* timing = nullptr) {
+// Runs the toy model through the executor on micro-batches [mb_offset, mb_offset + m) and
+// returns dL/dw of this rank's chunks [vp]; *loss gets the last stage's loss (0 elsewhere).
+static std::vector<float> run_toy(Group& pp, const PipelinePlan& plan, int mb_offset, float* loss,
+                                  PipelineTiming* timing) {
   PipelineTable table = build_pipeline(plan);
-  int r = pp.rank(), S = plan.stages();
+  int r = pp.rank();
   std::map<std::pair<int, int>, std::vector<float>> stash;  // (mb, chunk) -> stage input
   std::vector<float> dw(plan.vp, 0.f);
-  float loss = 0;
+  *loss = 0;
   StageCallbacks cb;
   cb.forward = [&](int mb, int chunk, const float* in, float* out) {
     int s = stage_of(plan, r, chunk);
     std::vector<float>& x = stash[{mb, chunk}];
     x.resize(kWidth);
-    for (int64_t i = 0; i < kWidth; i++) x[i] = in ? in[i] : static_cast<float>(input(mb, i));
+    for (int64_t i = 0; i < kWidth; i++)
+      x[i] = in ? in[i] : static_cast<float>(input(mb_offset + mb, i));
     float w = static_cast<float>(weight(s));
     for (int64_t i = 0; i < kWidth; i++) {
       float y = std::tanh(w * x[i]);
       if (out) out[i] = y;
-      else loss += y;  // last stage
+      else *loss += y;  // last stage
     }
   };
   cb.backward = [&](int mb, int chunk, const float* g_out, float* g_in) {
@@ -84,6 +89,13 @@ static void run_and_check(Group& pp, const PipelinePlan& plan, PipelineTiming* t
   };
   run_pipeline(pp, table, kWidth, cb, timing);
   EXPECT_TRUE(stash.empty());
+  return dw;
+}
+
+static void run_and_check(Group& pp, const PipelinePlan& plan, PipelineTiming* timing = nullptr) {
+  int r = pp.rank(), S = plan.stages();
+  float loss = 0;
+  std::vector<float> dw = run_toy(pp, plan, 0, &loss, timing);
   double ref_loss = 0;
   std::vector<double> ref = reference_grads(S, plan.micro_batches, &ref_loss);
   std::string what = fmt::format("{} pp{} vp{} m{} rank {}", to_string(plan.schedule), plan.pp,
@@ -168,4 +180,32 @@ TEST(PipelineMpi, TraceShowsEveryRanksScheduleInOrder) {
     for (int r = 0; r < W; r++) EXPECT_EQ(computes[r], 2 * plan.micro_batches * plan.vp) << r;
     std::remove(path.c_str());
   }
+}
+
+TEST(PipelineMpi, DataParallelPipelinesWithBucketedAllReduceEqualOneProcess) {
+  // dp x pp mesh: each replica runs its own micro-batches through its pipeline, the replica group
+  // sums the stage gradients with the bucketed all-reduce; the result equals one process running
+  // every micro-batch through every stage.
+  int W = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  if (W < 4) GTEST_SKIP() << "needs dp >= 2 and pp >= 2";
+  int pp_deg = 2, vp = 2, m = 4;
+  Mesh mesh = Mesh::create(MPI_COMM_WORLD, resolve_mesh_shape(W, 1, 1, pp_deg, std::nullopt));
+  int dp = mesh.shape.dp;
+  CommLedger ledger;
+  Group pp(mesh.pp_comm, "pp", &ledger, nullptr), replicas(mesh.replica_comm, "dp", &ledger, nullptr);
+  PipelinePlan plan{PipeSchedule::interleaved, pp_deg, vp, m};
+  float loss = 0;
+  std::vector<float> dw = run_toy(pp, plan, mesh.coord.dp * m, &loss, nullptr);
+  GradBucketer bucketer(replicas, dw.data(), vp, 1);  // one bucket per chunk's weight
+  for (int c = vp - 1; c >= 0; c--) bucketer.mark_ready(c, 1);
+  bucketer.finish(1.0f);  // the loss is a sum over all micro-batches: no 1/dp
+  double ref_loss = 0;
+  std::vector<double> ref = reference_grads(plan.stages(), dp * m, &ref_loss);
+  for (int c = 0; c < vp; c++) {
+    double want = ref[stage_of(plan, pp.rank(), c)];
+    EXPECT_NEAR(dw[c], want, 1e-5 * (1 + std::fabs(want))) << "chunk " << c;
+  }
+  EXPECT_EQ(ledger.calls["dp_all_reduce"], vp);
+  mesh.free();
 }
