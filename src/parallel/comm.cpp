@@ -39,6 +39,17 @@ int64_t CommLedger::total_bytes() const {
   return t;
 }
 
+std::map<std::string, double> comm_breakdown_s(const CommLedger& ledger) {
+  std::map<std::string, double> out{
+      {"tp_comm", 0}, {"cp_comm", 0}, {"dp_comm", 0}, {"pp_comm", 0}, {"pp_bubble", 0}};
+  for (const auto& [kind, sec] : ledger.seconds) {
+    std::string group = kind.substr(0, kind.find('_'));
+    if (kind == "pp_recv") out["pp_bubble"] += sec;
+    else if (group == "tp" || group == "cp" || group == "dp" || group == "pp") out[group + "_comm"] += sec;
+  }
+  return out;
+}
+
 // MPI counts are int: refuse anything larger rather than truncating silently.
 static int as_count(int64_t n) {
   EXA_CHECK(n >= 0 && n <= INT_MAX, "message of {} floats exceeds MPI's int count", n);

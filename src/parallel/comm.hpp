@@ -55,6 +55,13 @@ struct CommLedger {
   int64_t total_bytes() const;
 };
 
+// Measured communication time of a step under the planner's `breakdown_s` names, so that
+// `exatrain report` can put measured next to predicted: "tp_comm", "cp_comm", "dp_comm" sum the
+// seconds blocked in every kind of that group; "pp_bubble" is the time blocked waiting for a
+// pipeline message ("pp_recv": idle stages plus transfer time not hidden behind compute) and
+// "pp_comm" the time blocked completing pipeline sends. Other groups (e.g. "world") are ignored.
+std::map<std::string, double> comm_breakdown_s(const CommLedger& ledger);
+
 // A pending non-blocking operation. Wait on it through the Group that started it.
 struct Request {
   MPI_Request req = MPI_REQUEST_NULL;

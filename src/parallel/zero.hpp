@@ -55,6 +55,8 @@ class GradBucketer {
   void mark_ready(int64_t offset, int64_t len);
   void finish(float scale);
   int64_t buckets() const { return static_cast<int64_t>(ready_.size()); }
+  // Buckets started so far in this step (before finish()).
+  int64_t launched() const { return buckets() - 1 - next_launch_; }
   // Buckets launched before finish() in the last step (overlap achieved), for tests and logs.
   int64_t launched_early() const { return launched_early_; }
 

@@ -59,3 +59,21 @@ TEST(ByteConvention, RingFormulasInElements) {
   for (int r = 0; r < 4; r++) total += ring_all_reduce_sent(10, 4, r);
   EXPECT_EQ(total, 2 * 3 * 10);
 }
+
+TEST(ByteConvention, MeasuredTimesMapToThePlannersBreakdownNames) {
+  CommLedger l;
+  l.seconds["tp_all_reduce"] = 1.0;
+  l.seconds["tp_all_gather"] = 0.5;
+  l.seconds["dp_reduce_scatter"] = 0.25;
+  l.seconds["pp_recv"] = 2.0;
+  l.seconds["pp_send"] = 0.125;
+  l.seconds["cp_send"] = 4.0;
+  l.seconds["world_barrier"] = 8.0;
+  auto b = comm_breakdown_s(l);
+  EXPECT_EQ(b.size(), 5u);
+  EXPECT_DOUBLE_EQ(b["tp_comm"], 1.5);
+  EXPECT_DOUBLE_EQ(b["dp_comm"], 0.25);
+  EXPECT_DOUBLE_EQ(b["pp_bubble"], 2.0);
+  EXPECT_DOUBLE_EQ(b["pp_comm"], 0.125);
+  EXPECT_DOUBLE_EQ(b["cp_comm"], 4.0);
+}

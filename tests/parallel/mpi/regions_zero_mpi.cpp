@@ -158,6 +158,8 @@ TEST(ZeroMpi, BucketedAllReduceOverlapsAndEqualsTheMean) {
     for (int64_t s : sizes) {
       bk.mark_ready(end - s, s);
       end -= s;
+      // Started as soon as complete: every bucket lying wholly in [end, n) and none below.
+      EXPECT_EQ(bk.launched(), (n - end) >= 40 ? 1 + (n - 40 - end) / bucket : 0) << end;
     }
     bk.mark_ready(0, end);  // the rest (embedding) last
     bk.finish(1.0f / p);
