@@ -8,4 +8,5 @@ namespace exatrain::cli {
 void add_version_command(CLI::App& app);
 void add_check_command(CLI::App& app);
 void add_report_command(CLI::App& app);
+void add_pipeline_command(CLI::App& app);
 }  // namespace exatrain::cli

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   exatrain::cli::add_version_command(app);
   exatrain::cli::add_check_command(app);
   exatrain::cli::add_report_command(app);
+  exatrain::cli::add_pipeline_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -186,6 +186,7 @@ SimResult simulate_pipeline(const PipelineTable& t, double t_fwd, double t_bwd) 
   std::vector<int> in_flight(p.pp, 0);
   SimResult res;
   res.peak_in_flight.assign(p.pp, 0);
+  res.timeline.resize(p.pp);
   std::vector<std::set<std::pair<int, int>>> fwd_done(p.pp), bwd_done(p.pp);
 
   auto input_key = [&](int r, const Action& a, Key* k) {
@@ -252,6 +253,7 @@ SimResult simulate_pipeline(const PipelineTable& t, double t_fwd, double t_bwd) 
             in_flight[r]--;
           }
           clock[r] = start + (fwd ? t_fwd : t_bwd);
+          res.timeline[r].push_back({start, clock[r], a.kind, a.mb, a.chunk});
         }
         pc[r]++;
         progress = true;
@@ -279,6 +281,28 @@ SimResult simulate_pipeline(const PipelineTable& t, double t_fwd, double t_bwd) 
   res.busy_per_rank = units * (t_fwd + t_bwd);
   res.bubble_fraction = (res.makespan - res.busy_per_rank) / res.busy_per_rank;
   return res;
+}
+
+std::string render_timeline(const PipelineTable& t, const SimResult& sim) {
+  int units = static_cast<int>(sim.makespan + 0.5);
+  std::vector<std::vector<std::string>> cells(t.plan.pp, std::vector<std::string>(units, "."));
+  size_t width = 1;
+  for (int r = 0; r < t.plan.pp; r++)
+    for (const SimSlot& s : sim.timeline[r]) {
+      std::string label = fmt::format("{}{}", s.kind == ActionKind::forward ? 'F' : 'B', s.mb);
+      if (t.plan.vp > 1) label += static_cast<char>('a' + s.chunk);
+      width = std::max(width, label.size());
+      for (int u = static_cast<int>(s.start + 0.5); u < static_cast<int>(s.end + 0.5); u++)
+        cells[r][u] = label;
+    }
+  std::string out;
+  for (int r = 0; r < t.plan.pp; r++) {
+    std::string row = fmt::format("rank {} |", r);
+    for (const std::string& c : cells[r]) row += " " + c + std::string(width - c.size(), ' ');
+    while (!row.empty() && row.back() == ' ') row.pop_back();
+    out += row + "\n";
+  }
+  return out;
 }
 
 static std::vector<StageLayers> describe(const std::vector<double>& layer_cost, double embed_cost,

@@ -66,13 +66,26 @@ double expected_bubble_fraction(const PipelinePlan& plan);
 // communication. Checks as it goes and throws exatrain::Error on: a backward before its forward,
 // a unit run twice or never, a receive without a matching send (or with the wrong peer), and
 // deadlock (every unfinished rank waiting for a message nobody will send).
+struct SimSlot {
+  double start = 0, end = 0;
+  ActionKind kind;  // forward or backward
+  int mb = 0, chunk = 0;
+};
 struct SimResult {
   double makespan = 0;               // time the last rank finishes
   double busy_per_rank = 0;          // m * vp * (t_fwd + t_bwd)
   double bubble_fraction = 0;        // (makespan - busy) / busy
   std::vector<int> peak_in_flight;   // [pp] max forwards not yet backwarded
+  std::vector<std::vector<SimSlot>> timeline;  // [pp] computes in time order
 };
 SimResult simulate_pipeline(const PipelineTable& table, double t_fwd, double t_bwd);
+
+// Text picture of a simulated schedule with integer unit times: one row per rank, one cell per
+// time unit, "F3" / "B3" (micro-batch 3; "F3b" = chunk 1 when vp > 1) and "." when idle, e.g.
+// 1F1B, pp 2, m 2, t_fwd 1, t_bwd 2:
+//   rank 0 | F0 F1 .  .  B0 B0 .  B1 B1
+//   rank 1 | .  F0 B0 B0 F1 B1 B1 .  .
+std::string render_timeline(const PipelineTable& table, const SimResult& sim);
 
 // Stage balancing: contiguous layer ranges for S = pp * vp stages.
 struct StageLayers {

@@ -165,3 +165,16 @@ TEST(StageBalance, ExplicitListIsChecked) {
   EXPECT_NE(error_of([&] { balance_stages(layers, 0, 0, 8); }).find("layers 6 < stages 8"),
             std::string::npos);
 }
+
+TEST(Pipeline, TimelineOfTheSmallest1F1B) {
+  // Worked by hand: rank 1 runs F0 at t=1 (after rank 0's F0), B0 at 2..4; rank 0's B0 waits for
+  // that gradient (4..6); rank 1's F1 waits for rank 0's F1 (done at 2) but runs after its own
+  // B0, at 4; B1 5..7; rank 0's B1 7..9. Makespan 9, busy 6: bubble 0.5 = (pp-1)/m.
+  PipelineTable t = build_pipeline({PipeSchedule::one_f_one_b, 2, 1, 2});
+  SimResult sim = simulate_pipeline(t, 1, 2);
+  EXPECT_EQ(render_timeline(t, sim),
+            "rank 0 | F0 F1 .  .  B0 B0 .  B1 B1\n"
+            "rank 1 | .  F0 B0 B0 F1 B1 B1 .  .\n");
+  EXPECT_DOUBLE_EQ(sim.makespan, 9);
+  EXPECT_DOUBLE_EQ(sim.bubble_fraction, 0.5);
+}
