@@ -1,6 +1,8 @@
 // Everything a rank needs to communicate, built once at start-up from a RuntimePlan: the mesh,
 // one Group per axis (tp, cp, pp and the dp x cp replica group named "dp", as the planner counts
 // it), one byte ledger shared by all of them and the watchdog. The training loop owns one.
+// MPI must be initialised with MPI_Init_thread(..., MPI_THREAD_FUNNELED, ...) or higher: the
+// watchdog thread never calls MPI, and OpenMP kernels run between MPI calls of the main thread.
 #pragma once
 #include <memory>
 

@@ -30,6 +30,13 @@ static void unpack_by_shard(const float* packed, float* full, int64_t B, int64_t
                   sizeof(float) * Ts * C);
 }
 
+// The packing buffer is reused across calls (one per thread) instead of allocated per layer.
+static std::vector<float>& scratch(int64_t n) {
+  static thread_local std::vector<float> buf;
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
+  return buf;
+}
+
 static void check_seq(const Group& tp, int64_t T) {
   EXA_CHECK(T % tp.size() == 0,
             "sequence parallelism needs seq_len divisible by tp: seq_len {} % tp {} = {}", T,
@@ -44,7 +51,7 @@ static void all_gather_seq(Group& tp, const float* shard, float* full, int64_t B
     std::copy(shard, shard + n_shard, full);
     return;
   }
-  std::vector<float> packed(n_shard * tp.size());  // [tp, B, T/tp, C]
+  std::vector<float>& packed = scratch(n_shard * tp.size());  // [tp, B, T/tp, C]
   tp.all_gather(shard, packed.data(), n_shard);
   unpack_by_shard(packed.data(), full, B, T, C, tp.size());
 }
@@ -57,7 +64,7 @@ static void reduce_scatter_seq(Group& tp, const float* full, float* shard, int64
     std::copy(full, full + n_shard, shard);
     return;
   }
-  std::vector<float> packed(n_shard * tp.size());  // [tp, B, T/tp, C]
+  std::vector<float>& packed = scratch(n_shard * tp.size());  // [tp, B, T/tp, C]
   pack_by_shard(full, packed.data(), B, T, C, tp.size());
   tp.reduce_scatter_sum(packed.data(), shard, n_shard);
 }

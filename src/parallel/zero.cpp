@@ -30,8 +30,10 @@ void reduce_scatter_grads(Group& dp, const ZeroLayout& z, const float* grads, fl
                           float scale) {
   EXA_CHECK(dp.size() == z.dp, "ZeRO layout made for dp {} used on a group of {}", z.dp, dp.size());
   dp.reduce_scatter_sum(grads, shard_out, z.shard);
-  if (scale != 1.0f)
+  if (scale != 1.0f) {
+#pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < z.shard; i++) shard_out[i] *= scale;
+  }
 }
 
 void all_gather_params(Group& dp, const ZeroLayout& z, float* params) {
@@ -88,8 +90,10 @@ void GradBucketer::finish(float scale) {
   for (int64_t b = next_launch_; b >= 0; b--)
     reqs_[b] = dp_.iall_reduce_sum(grads_ + b * bucket_, bucket_size(b));
   for (int64_t b = buckets() - 1; b >= 0; b--) dp_.wait(reqs_[b]);
-  if (scale != 1.0f)
+  if (scale != 1.0f) {
+#pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n_; i++) grads_[i] *= scale;
+  }
   std::fill(ready_.begin(), ready_.end(), 0);
   marked_.clear();
   next_launch_ = buckets() - 1;

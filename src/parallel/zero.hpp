@@ -49,6 +49,8 @@ void all_gather_params(Group& dp, const ZeroLayout& z, float* params);
 // launched strictly from the last to the first (the order backward produces them when the arena
 // is in forward order); a complete bucket waits for its successors. finish() launches the rest,
 // waits and scales by `scale`. One object serves every step: finish() re-arms it.
+// Call mark_ready from the thread that initialised MPI (MPI_THREAD_FUNNELED), e.g. between the
+// OpenMP-parallel kernels of backward, not from inside a parallel region.
 class GradBucketer {
  public:
   GradBucketer(Group& dp, float* grads, int64_t n, int64_t bucket_floats);
