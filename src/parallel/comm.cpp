@@ -102,13 +102,14 @@ void Group::all_reduce_max(float* buf, int64_t n) {
 
 void Group::reduce_scatter_sum(const float* in, float* out, int64_t shard) {
   if (size_ == 1) {
-    if (out != in) std::copy(in, in + shard, out);
+    if (in && out != in) std::copy(in, in + shard, out);
     return;
   }
   std::string kind = kind_of("reduce_scatter");
   account(kind, kFloatBytes * ring_reduce_scatter_sent(shard * size_, size_, rank_));
   Blocked b(*this, kind, next_op(), "reduce_scatter");
-  mpi_check(MPI_Reduce_scatter_block(in, out, as_count(shard), MPI_FLOAT, MPI_SUM, comm_),
+  const void* send = in ? static_cast<const void*>(in) : MPI_IN_PLACE;
+  mpi_check(MPI_Reduce_scatter_block(send, out, as_count(shard), MPI_FLOAT, MPI_SUM, comm_),
             "MPI_Reduce_scatter_block");
 }
 
@@ -160,14 +161,16 @@ Request Group::iall_reduce_sum(float* buf, int64_t n) {
 Request Group::ireduce_scatter_sum(const float* in, float* out, int64_t shard) {
   Request r;
   if (size_ == 1) {
-    if (out != in) std::copy(in, in + shard, out);
+    if (in && out != in) std::copy(in, in + shard, out);
     return r;
   }
   r.kind = kind_of("reduce_scatter");
   r.op_index = next_op();
   account(r.kind, kFloatBytes * ring_reduce_scatter_sent(shard * size_, size_, rank_));
-  mpi_check(MPI_Ireduce_scatter_block(in, out, as_count(shard), MPI_FLOAT, MPI_SUM, comm_, &r.req),
-            "MPI_Ireduce_scatter_block");
+  const void* send = in ? static_cast<const void*>(in) : MPI_IN_PLACE;
+  mpi_check(
+      MPI_Ireduce_scatter_block(send, out, as_count(shard), MPI_FLOAT, MPI_SUM, comm_, &r.req),
+      "MPI_Ireduce_scatter_block");
   return r;
 }
 

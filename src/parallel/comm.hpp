@@ -84,7 +84,8 @@ class Group {
   void all_reduce_sum(float* buf, int64_t n);
   void all_reduce_max(float* buf, int64_t n);
   // in[size * shard] -> out[shard]: out = sum over ranks of in[rank * shard : (rank+1) * shard].
-  // in and out must not overlap.
+  // in and out must not overlap; in == nullptr means "in place": the input is out[size * shard]
+  // and the result lands in out[0 : shard] (MPI_IN_PLACE semantics).
   void reduce_scatter_sum(const float* in, float* out, int64_t shard);
   // out[size * shard]: gathers every rank's shard in rank order. in[shard] may be nullptr, meaning
   // "in place": this rank's shard already sits at out + rank * shard.

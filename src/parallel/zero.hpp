@@ -51,12 +51,27 @@ void all_gather_params(Group& dp, const ZeroLayout& z, float* params);
 // waits and scales by `scale`. One object serves every step: finish() re-arms it.
 // Call mark_ready from the thread that initialised MPI (MPI_THREAD_FUNNELED), e.g. between the
 // OpenMP-parallel kernels of backward, not from inside a parallel region.
+//
+// ZeRO 2 (BucketOp::reduce_scatter): each complete bucket is reduce-scattered instead, so rank r
+// ends up owning chunk r of EVERY bucket ([b*B + r*B/p, b*B + (r+1)*B/p), listed by
+// owned_ranges(r)): the optimizer steps on those ranges only, and gather_params() all-gathers the
+// updated parameters bucket by bucket. Needs dp to divide bucket_floats and n (pad the arena, e.g.
+// with ZeroLayout). By the ledger's convention the reduce-scatters then add up to exactly one
+// reduce-scatter of the whole arena, as the planner counts it. The non-owned gradient elements
+// are left holding partial sums: do not read them.
+enum class BucketOp { all_reduce, reduce_scatter };
+
 class GradBucketer {
  public:
-  GradBucketer(Group& dp, float* grads, int64_t n, int64_t bucket_floats);
+  GradBucketer(Group& dp, float* grads, int64_t n, int64_t bucket_floats,
+               BucketOp op = BucketOp::all_reduce);
   void mark_ready(int64_t offset, int64_t len);
   void finish(float scale);
   int64_t buckets() const { return static_cast<int64_t>(ready_.size()); }
+  // reduce_scatter mode: the arena ranges rank r owns (one per bucket, in arena order).
+  std::vector<ShardRange> owned_ranges(int rank) const;
+  // reduce_scatter mode: params[n] holds this rank's updated owned ranges; fills in the rest.
+  void gather_params(float* params);
   // Buckets started so far in this step (before finish()).
   int64_t launched() const { return buckets() - 1 - next_launch_; }
   // Buckets launched before finish() in the last step (overlap achieved), for tests and logs.
@@ -66,9 +81,12 @@ class GradBucketer {
   void launch_ready();
   int64_t bucket_size(int64_t b) const;
 
+  void launch(int64_t b);
+
   Group& dp_;
   float* grads_;
   int64_t n_, bucket_;
+  BucketOp op_;
   std::vector<int64_t> ready_;  // elements marked ready per bucket
   std::map<int64_t, int64_t> marked_;  // begin -> end of every range marked this step
   std::vector<Request> reqs_;

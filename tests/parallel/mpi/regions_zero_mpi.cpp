@@ -178,3 +178,56 @@ TEST(ZeroMpi, BucketedAllReduceOverlapsAndEqualsTheMean) {
   twice.mark_ready(0, 10);
   EXPECT_THROW(twice.mark_ready(5, 10), exatrain::Error);
 }
+
+TEST(ZeroMpi, Zero2BucketsReduceScatterAndGatherLikeOneFlatReduceScatter) {
+  CommLedger ledger;
+  Group dp(MPI_COMM_WORLD, "dp", &ledger, nullptr);
+  int p = dp.size(), me = dp.rank();
+  ZeroLayout z = ZeroLayout::make(1003, p, 8);  // arena padded to a multiple of dp * 8
+  const int64_t bucket = 64 * p;                // dp divides every bucket
+  std::vector<float> grads(z.padded, 0.f);
+  GradBucketer bk(dp, grads.data(), z.padded, bucket, BucketOp::reduce_scatter);
+  for (int step = 0; step < 2; step++) {
+    ledger.reset();
+    for (int64_t i = 0; i < z.total; i++) grads[i] = value(me + step, i);
+    std::fill(grads.begin() + z.total, grads.end(), 0.f);
+    for (int64_t end = z.padded; end > 0; end -= std::min<int64_t>(end, 123))
+      bk.mark_ready(end - std::min<int64_t>(end, 123), std::min<int64_t>(end, 123));
+    bk.finish(1.0f / p);
+    // My ranges hold the mean; "optimizer": params = -grad on them, then gather the rest.
+    std::vector<float> params(z.padded, 99.f);
+    int64_t owned = 0;
+    for (ShardRange r : bk.owned_ranges(me)) {
+      owned += r.size();
+      for (int64_t i = r.begin; i < r.end; i++) {
+        double ref = 0;
+        if (i < z.total)
+          for (int q = 0; q < p; q++) ref += value(q + step, i);
+        EXPECT_NEAR(grads[i], ref / p, 1e-6 * (1 + 2 * p)) << i;
+        params[i] = -grads[i];
+      }
+    }
+    EXPECT_EQ(owned * p, z.padded);
+    bk.gather_params(params.data());
+    for (int64_t i = 0; i < z.padded; i++) {
+      double ref = 0;
+      if (i < z.total)
+        for (int q = 0; q < p; q++) ref += value(q + step, i);
+      EXPECT_NEAR(params[i], -ref / p, 1e-6 * (1 + 2 * p)) << i;
+    }
+    // Bytes: the buckets add up to one reduce-scatter and one all-gather of the whole arena.
+    if (p > 1) {
+      EXPECT_EQ(ledger.bytes["dp_reduce_scatter"], 4 * ring_reduce_scatter_sent(z.padded, p, me));
+      EXPECT_EQ(ledger.bytes["dp_all_gather"], 4 * ring_all_gather_sent(z.padded, p, me));
+    }
+  }
+  if (p > 1) {
+    try {
+      GradBucketer bad(dp, grads.data(), z.padded, 64 * p + 1, BucketOp::reduce_scatter);
+      ADD_FAILURE() << "expected an error";
+    } catch (const exatrain::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fmt::format("bucket {} % dp {} = 1", 64 * p + 1, p)),
+                std::string::npos);
+    }
+  }
+}
