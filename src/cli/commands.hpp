@@ -16,4 +16,5 @@ void add_checkpoint_command(CLI::App& app);
 void add_validate_command(CLI::App& app);
 void add_predict_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
+void add_pipeline_command(CLI::App& app);
 }  // namespace exatrain::cli

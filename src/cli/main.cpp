@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   exatrain::cli::add_validate_command(app);
   exatrain::cli::add_predict_command(app);
   exatrain::cli::add_plan_command(app);
+  exatrain::cli::add_pipeline_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,57 @@
+// Tensor-parallel regions (Megatron-LM, Shoeybi et al. 2019, and sequence parallelism, Korthikanti
+// et al. 2022) as named forward/backward pairs on float buffers. Every one is a no-op (or a plain
+// copy) when the tp group has one rank, so the model calls them unconditionally.
+//
+//   region                           forward          backward
+//   copy_to_tp_region        (f)     identity         all-reduce
+//   reduce_from_tp_region    (g)     all-reduce       identity
+//   gather_from_sp_region    (f~)    all-gather seq   reduce-scatter seq
+//   reduce_scatter_to_sp_region (g~) reduce-scatter   all-gather seq
+//
+// The sequence-parallel pairs take activations laid out [B, T, C] (batch, sequence, width) as the
+// engine stores them; the shard of rank r is the sequence rows [r*T/tp, (r+1)*T/tp) of every
+// batch element, [B, T/tp, C]. Since T is not the outermost dimension the shards are packed into
+// one contiguous [tp, B, T/tp, C] block around the collective (cost: one copy of the buffer).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "parallel/comm.hpp"
+
+namespace exatrain::parallel {
+
+// f: x[n] enters the region replicated. Forward: identity. Backward: dx[n] all-reduced in place.
+inline void copy_to_tp_region_forward(Group&, float*, int64_t) {}
+void copy_to_tp_region_backward(Group& tp, float* dx, int64_t n);
+
+// g: partial sums y[n] leave the region. Forward: all-reduce in place. Backward: identity.
+void reduce_from_tp_region_forward(Group& tp, float* y, int64_t n);
+inline void reduce_from_tp_region_backward(Group&, float*, int64_t) {}
+
+// f~: x_shard[B, T/tp, C] -> x_full[B, T, C] (forward all-gather along T);
+//     dx_full[B, T, C] -> dx_shard[B, T/tp, C] (backward reduce-scatter along T).
+void gather_from_sp_region_forward(Group& tp, const float* x_shard, float* x_full, int64_t B,
+                                   int64_t T, int64_t C);
+void gather_from_sp_region_backward(Group& tp, const float* dx_full, float* dx_shard, int64_t B,
+                                    int64_t T, int64_t C);
+
+// g~: y_partial[B, T, C] -> y_shard[B, T/tp, C] (forward reduce-scatter along T);
+//     dy_shard[B, T/tp, C] -> dy_full[B, T, C] (backward all-gather along T).
+void reduce_scatter_to_sp_region_forward(Group& tp, const float* y_partial, float* y_shard,
+                                         int64_t B, int64_t T, int64_t C);
+void reduce_scatter_to_sp_region_backward(Group& tp, const float* dy_shard, float* dy_full,
+                                          int64_t B, int64_t T, int64_t C);
+
+// Vocabulary-parallel embedding and cross-entropy: rank r owns vocabulary rows [begin, end).
+struct VocabRange {
+  int64_t begin = 0, end = 0;
+};
+// Contiguous slices of ceil(vocab / tp) rows, the last one shorter — the engine's split
+// (src/model/layout.hpp), so that the runtime and the model agree on who owns which row.
+VocabRange vocab_range(int64_t vocab, int tp, int rank);
+// Cross-entropy across vocabulary shards: global max of the logits (numerical stability), then
+// the global sum of exp(logit - max) and of the target logit. In place on [n] buffers.
+void vocab_parallel_max(Group& tp, float* row_max, int64_t n);
+void vocab_parallel_sum(Group& tp, float* partial_sum, int64_t n);
+
+}  // namespace exatrain::parallel

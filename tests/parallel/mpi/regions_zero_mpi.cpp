@@ -1,0 +1,233 @@
+// Under mpirun: tensor-parallel regions, sequence-parallel pairs, vocab-parallel cross-entropy,
+// ZeRO reduce-scatter/all-gather and the bucketed gradient all-reduce, each against a single-rank
+// reference that every rank computes locally.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+
+#include "core/check.hpp"
+#include "parallel/comm.hpp"
+#include "parallel/tp_regions.hpp"
+#include "parallel/zero.hpp"
+
+using namespace exatrain::parallel;
+
+// Computed in double and rounded once: with FMA contraction (g++ default for C++) a float
+// expression can round differently at two inlined call sites.
+static float value(int rank, int64_t i) {
+  return static_cast<float>(std::cos(0.11 * i - 0.7 * rank) * (1 + rank));
+}
+
+TEST(TpRegionsMpi, RegionPairsAreAllReduceOrIdentity) {
+  CommLedger ledger;
+  Group tp(MPI_COMM_WORLD, "tp", &ledger, nullptr);
+  int p = tp.size(), me = tp.rank();
+  const int64_t n = 64;
+  std::vector<float> x(n), ref(n, 0.f);
+  double tol = 0;  // |value(r, .)| <= 1 + r: float sums of p such terms
+  for (int64_t i = 0; i < n; i++) {
+    x[i] = value(me, i);
+    double s = 0;
+    for (int r = 0; r < p; r++) s += value(r, i), tol = std::max(tol, 1e-6 * (1 + p + p * p / 2.0));
+    ref[i] = static_cast<float>(s);
+  }
+  std::vector<float> y = x;
+  copy_to_tp_region_forward(tp, y.data(), n);  // identity
+  EXPECT_EQ(y, x);
+  reduce_from_tp_region_backward(tp, y.data(), n);  // identity
+  EXPECT_EQ(y, x);
+  reduce_from_tp_region_forward(tp, y.data(), n);
+  for (int64_t i = 0; i < n; i++) EXPECT_NEAR(y[i], ref[i], tol);
+  y = x;
+  copy_to_tp_region_backward(tp, y.data(), n);
+  for (int64_t i = 0; i < n; i++) EXPECT_NEAR(y[i], ref[i], tol);
+  EXPECT_EQ(ledger.calls["tp_all_reduce"], p > 1 ? 2 : 0);
+}
+
+TEST(TpRegionsMpi, SequenceParallelPairsShardAlongTheSequence) {
+  Group tp(MPI_COMM_WORLD, "tp", nullptr, nullptr);
+  int p = tp.size(), me = tp.rank();
+  const int64_t B = 3, T = 4 * p, C = 5, Ts = T / p;
+  auto at = [&](int64_t b, int64_t t, int64_t c) { return (b * T + t) * C + c; };
+  // y_partial[B, T, C] differs per rank; g~ forward gives my rows of the sum.
+  std::vector<float> partial(B * T * C), shard(B * Ts * C);
+  for (int64_t i = 0; i < B * T * C; i++) partial[i] = value(me, i);
+  reduce_scatter_to_sp_region_forward(tp, partial.data(), shard.data(), B, T, C);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < Ts; t++)
+      for (int64_t c = 0; c < C; c++) {
+        double ref = 0;
+        for (int r = 0; r < p; r++) ref += value(r, at(b, me * Ts + t, c));
+        EXPECT_NEAR(shard[(b * Ts + t) * C + c], ref, 1e-6 * (1 + p * p));
+      }
+  // f~ forward (all-gather along T) of the g~ output is the full all-reduce (Megatron-SP's
+  // identity: reduce-scatter + all-gather == all-reduce).
+  std::vector<float> full(B * T * C), allreduced = partial;
+  gather_from_sp_region_forward(tp, shard.data(), full.data(), B, T, C);
+  tp.all_reduce_sum(allreduced.data(), B * T * C);
+  for (int64_t i = 0; i < B * T * C; i++)
+    EXPECT_NEAR(full[i], allreduced[i], 1e-6 * (1 + p * p));
+  // Backward pairs are the transposes: f~ backward = reduce-scatter, g~ backward = all-gather.
+  std::vector<float> dshard(B * Ts * C), dfull(B * T * C);
+  gather_from_sp_region_backward(tp, partial.data(), dshard.data(), B, T, C);
+  EXPECT_EQ(dshard, shard);
+  reduce_scatter_to_sp_region_backward(tp, shard.data(), dfull.data(), B, T, C);
+  EXPECT_EQ(dfull, full);
+  // Indivisible sequence is an error naming the numbers.
+  if (p > 1) {
+    try {
+      gather_from_sp_region_forward(tp, shard.data(), full.data(), B, T + 1, C);
+      ADD_FAILURE() << "expected an error";
+    } catch (const exatrain::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fmt::format("seq_len {} % tp {} = 1", T + 1, p)),
+                std::string::npos);
+    }
+  }
+}
+
+TEST(TpRegionsMpi, VocabParallelCrossEntropyMatchesTheFullSoftmax) {
+  Group tp(MPI_COMM_WORLD, "tp", nullptr, nullptr);
+  int p = tp.size(), me = tp.rank();
+  const int64_t N = 6, V = 37;  // tokens, vocabulary (not divisible by 2, 4 or 8)
+  auto logit = [](int64_t n, int64_t v) { return static_cast<float>(3.0 * std::sin(0.9 * v + 2.1 * n)); };
+  auto target = [](int64_t n) { return (n * 7 + 3) % 37; };
+  VocabRange vr = vocab_range(V, p, me);
+  // Local pieces: max over my columns, then sum of exp and my share of the target logit.
+  std::vector<float> mx(N), sum(N), tgt(N, 0.f);
+  for (int64_t n = 0; n < N; n++) {
+    mx[n] = -INFINITY;
+    for (int64_t v = vr.begin; v < vr.end; v++) mx[n] = std::max(mx[n], logit(n, v));
+  }
+  vocab_parallel_max(tp, mx.data(), N);
+  for (int64_t n = 0; n < N; n++) {
+    sum[n] = 0;
+    for (int64_t v = vr.begin; v < vr.end; v++) sum[n] += std::exp(logit(n, v) - mx[n]);
+    if (target(n) >= vr.begin && target(n) < vr.end) tgt[n] = logit(n, target(n));
+  }
+  vocab_parallel_sum(tp, sum.data(), N);
+  vocab_parallel_sum(tp, tgt.data(), N);
+  for (int64_t n = 0; n < N; n++) {
+    double m = -1e30, s = 0;
+    for (int64_t v = 0; v < V; v++) m = std::max(m, double(logit(n, v)));
+    for (int64_t v = 0; v < V; v++) s += std::exp(logit(n, v) - m);
+    double ref = std::log(s) + m - logit(n, target(n));
+    double got = std::log(double(sum[n])) + mx[n] - tgt[n];
+    EXPECT_NEAR(got, ref, 1e-5 * (1 + std::fabs(ref))) << n;
+  }
+}
+
+TEST(ZeroMpi, ReduceScatterThenAllGatherGivesTheMeanEverywhere) {
+  CommLedger ledger;
+  Group dp(MPI_COMM_WORLD, "dp", &ledger, nullptr);
+  int p = dp.size(), me = dp.rank();
+  ZeroLayout z = ZeroLayout::make(1003, p);
+  std::vector<float> grads(z.padded, 0.f);
+  for (int64_t i = 0; i < z.total; i++) grads[i] = value(me, i);
+  std::vector<float> shard(z.shard);
+  reduce_scatter_grads(dp, z, grads.data(), shard.data(), 1.0f / p);
+  // "Optimizer step" on my shard: params = -grad mean; then gather everyone's shard.
+  std::vector<float> params(z.padded, 99.f);
+  for (int64_t j = 0; j < z.shard; j++) params[me * z.shard + j] = -shard[j];
+  all_gather_params(dp, z, params.data());
+  for (int64_t i = 0; i < z.padded; i++) {
+    double ref = 0;
+    if (i < z.total)
+      for (int r = 0; r < p; r++) ref += value(r, i);
+    EXPECT_NEAR(params[i], -ref / p, 1e-6 * (1 + p)) << i;  // padding stays 0
+  }
+  if (p > 1) {
+    EXPECT_EQ(ledger.bytes["dp_reduce_scatter"], 4 * (p - 1) * z.padded / p);
+    EXPECT_EQ(ledger.bytes["dp_all_gather"], 4 * (p - 1) * z.padded / p);
+  }
+}
+
+TEST(ZeroMpi, BucketedAllReduceOverlapsAndEqualsTheMean) {
+  CommLedger ledger;
+  Group dp(MPI_COMM_WORLD, "dp", &ledger, nullptr);
+  int p = dp.size(), me = dp.rank();
+  const int64_t n = 1000, bucket = 64;
+  std::vector<float> grads(n);
+  GradBucketer bk(dp, grads.data(), n, bucket);
+  EXPECT_EQ(bk.buckets(), 16);
+  for (int step = 0; step < 2; step++) {  // the bucketer re-arms after finish()
+    for (int64_t i = 0; i < n; i++) grads[i] = value(me + step, i);
+    // "Backward": layers of uneven sizes finish from the end of the arena to the start.
+    const int64_t sizes[] = {100, 3, 250, 77, 70};
+    int64_t end = n;
+    for (int64_t s : sizes) {
+      bk.mark_ready(end - s, s);
+      end -= s;
+      // Started as soon as complete: every bucket lying wholly in [end, n) and none below.
+      EXPECT_EQ(bk.launched(), (n - end) >= 40 ? 1 + (n - 40 - end) / bucket : 0) << end;
+    }
+    bk.mark_ready(0, end);  // the rest (embedding) last
+    bk.finish(1.0f / p);
+    EXPECT_EQ(bk.launched_early(), bk.buckets());  // all launched as backward produced them
+    for (int64_t i = 0; i < n; i++) {
+      double ref = 0;
+      for (int r = 0; r < p; r++) ref += value(r + step, i);
+      EXPECT_NEAR(grads[i], ref / p, 1e-6 * (1 + 2 * p)) << i;
+    }
+  }
+  if (p > 1) {
+    EXPECT_EQ(ledger.calls["dp_all_reduce"], 2 * 16);
+  }
+  // Marking a range twice is an error.
+  GradBucketer twice(dp, grads.data(), n, bucket);
+  twice.mark_ready(0, 10);
+  EXPECT_THROW(twice.mark_ready(5, 10), exatrain::Error);
+}
+
+TEST(ZeroMpi, Zero2BucketsReduceScatterAndGatherLikeOneFlatReduceScatter) {
+  CommLedger ledger;
+  Group dp(MPI_COMM_WORLD, "dp", &ledger, nullptr);
+  int p = dp.size(), me = dp.rank();
+  ZeroLayout z = ZeroLayout::make(1003, p, 8);  // arena padded to a multiple of dp * 8
+  const int64_t bucket = 64 * p;                // dp divides every bucket
+  std::vector<float> grads(z.padded, 0.f);
+  GradBucketer bk(dp, grads.data(), z.padded, bucket, BucketOp::reduce_scatter);
+  for (int step = 0; step < 2; step++) {
+    ledger.reset();
+    for (int64_t i = 0; i < z.total; i++) grads[i] = value(me + step, i);
+    std::fill(grads.begin() + z.total, grads.end(), 0.f);
+    for (int64_t end = z.padded; end > 0; end -= std::min<int64_t>(end, 123))
+      bk.mark_ready(end - std::min<int64_t>(end, 123), std::min<int64_t>(end, 123));
+    bk.finish(1.0f / p);
+    // My ranges hold the mean; "optimizer": params = -grad on them, then gather the rest.
+    std::vector<float> params(z.padded, 99.f);
+    int64_t owned = 0;
+    for (ShardRange r : bk.owned_ranges(me)) {
+      owned += r.size();
+      for (int64_t i = r.begin; i < r.end; i++) {
+        double ref = 0;
+        if (i < z.total)
+          for (int q = 0; q < p; q++) ref += value(q + step, i);
+        EXPECT_NEAR(grads[i], ref / p, 1e-6 * (1 + 2 * p)) << i;
+        params[i] = -grads[i];
+      }
+    }
+    EXPECT_EQ(owned * p, z.padded);
+    bk.gather_params(params.data());
+    for (int64_t i = 0; i < z.padded; i++) {
+      double ref = 0;
+      if (i < z.total)
+        for (int q = 0; q < p; q++) ref += value(q + step, i);
+      EXPECT_NEAR(params[i], -ref / p, 1e-6 * (1 + 2 * p)) << i;
+    }
+    // Bytes: the buckets add up to one reduce-scatter and one all-gather of the whole arena.
+    if (p > 1) {
+      EXPECT_EQ(ledger.bytes["dp_reduce_scatter"], 4 * ring_reduce_scatter_sent(z.padded, p, me));
+      EXPECT_EQ(ledger.bytes["dp_all_gather"], 4 * ring_all_gather_sent(z.padded, p, me));
+    }
+  }
+  if (p > 1) {
+    try {
+      GradBucketer bad(dp, grads.data(), z.padded, 64 * p + 1, BucketOp::reduce_scatter);
+      ADD_FAILURE() << "expected an error";
+    } catch (const exatrain::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fmt::format("bucket {} % dp {} = 1", 64 * p + 1, p)),
+                std::string::npos);
+    }
+  }
+}

@@ -1,0 +1,38 @@
+// MpiParallelHooks (active once the engine's model/parallel_hooks.hpp is in the tree): each hook
+// is the tensor-parallel collective the engine documents for it.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+
+#include "parallel/tp_hooks.hpp"
+
+#ifdef EXATRAIN_HAS_MPI_PARALLEL_HOOKS
+using namespace exatrain::parallel;
+
+TEST(TpHooksMpi, HooksAreSumAndMaxOverTheTpGroup) {
+  CommLedger ledger;
+  Group tp(MPI_COMM_WORLD, "tp", &ledger, nullptr);
+  MpiParallelHooks hooks(tp);
+  exatrain::ParallelHooks& h = hooks;
+  int p = tp.size(), me = tp.rank();
+  const int64_t n = 9;
+  auto v = [](int r, int64_t i) { return static_cast<float>(std::sin(0.3 * i + r)); };
+  std::vector<float> a(n), b(n), c(n), d(n);
+  for (int64_t i = 0; i < n; i++) a[i] = b[i] = c[i] = d[i] = v(me, i);
+  h.input_grad_allreduce(a.data(), n);
+  h.partial_sum_allreduce(b.data(), n);
+  h.vocab_sum_allreduce(c.data(), n);
+  h.vocab_max_allreduce(d.data(), n);
+  for (int64_t i = 0; i < n; i++) {
+    double sum = 0;
+    float mx = v(0, i);
+    for (int r = 0; r < p; r++) sum += v(r, i), mx = std::max(mx, v(r, i));
+    EXPECT_NEAR(a[i], sum, 1e-5 * (1 + p));
+    EXPECT_NEAR(b[i], sum, 1e-5 * (1 + p));
+    EXPECT_NEAR(c[i], sum, 1e-5 * (1 + p));
+    EXPECT_EQ(d[i], mx);
+  }
+  EXPECT_EQ(ledger.calls["tp_all_reduce"], p > 1 ? 4 : 0);
+}
+#endif

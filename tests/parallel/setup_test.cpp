@@ -1,0 +1,69 @@
+// [parallel] of a parsed job file -> RuntimePlan, and the start-up errors for bad combinations.
+#include <gtest/gtest.h>
+
+#include "core/check.hpp"
+#include "job/parse.hpp"
+#include "parallel/setup.hpp"
+
+using namespace exatrain;
+using namespace exatrain::parallel;
+
+static Job job_with(const std::string& parallel) {
+  std::string toml =
+      "[model]\nlayers = 8\nhidden = 64\nheads = 8\nkv_heads = 2\nffn_hidden = 256\n"
+      "seq_len = 32\nvocab = 100\n[parallel]\n" + parallel;
+  return parse_job(toml, "test.toml");
+}
+
+static std::string error_of(const Job& job, int world) {
+  try {
+    runtime_plan_from_job(job, world);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+static const char* kFull =
+    "tp = 2\npp = 2\ncp = 1\nvp = 2\nzero = 1\nmicro_batch = 2\nrecompute = \"none\"\n"
+    "seq_parallel = true\nschedule = \"1f1b\"\n";
+
+TEST(Setup, ResolvesDpMicroBatchesAndTheInterleavedSchedule) {
+  RuntimePlan r = runtime_plan_from_job(job_with(std::string("gpus = 8\nglobal_batch = 16\n") + kFull), 8);
+  EXPECT_EQ(r.mesh.dp, 2);
+  EXPECT_EQ(r.micro_batches, 4);  // 16 / (2 * 2)
+  EXPECT_EQ(r.pipeline.schedule, PipeSchedule::interleaved);
+  EXPECT_EQ(r.pipeline.vp, 2);
+  EXPECT_TRUE(r.seq_parallel);
+}
+
+TEST(Setup, BadCombinationsPrintTheEquation) {
+  std::string base = std::string("gpus = 8\nglobal_batch = 16\n") + kFull;
+  EXPECT_NE(error_of(job_with(base), 4).find("gpus = 8 but the job runs on 4 MPI ranks"),
+            std::string::npos);
+  EXPECT_NE(error_of(job_with(std::string("gpus = 8\nglobal_batch = 10\n") + kFull), 8)
+                .find("global_batch 10 is not divisible by micro_batch 2 * dp 2 = 4"),
+            std::string::npos);
+  EXPECT_NE(error_of(job_with("gpus = 6\nglobal_batch = 12\ntp = 4\npp = 1\ncp = 1\nvp = 1\n"
+                              "zero = 0\nmicro_batch = 1\nrecompute = \"none\"\n"
+                              "seq_parallel = false\nschedule = \"1f1b\"\n"),
+                     6)
+                .find("cannot infer dp: world 6 is not divisible by tp 4 * cp 1 * pp 1 = 4"),
+            std::string::npos);
+  EXPECT_NE(error_of(job_with("gpus = 3\nglobal_batch = 12\ntp = 3\npp = 1\ncp = 1\nvp = 1\n"
+                              "zero = 0\nmicro_batch = 1\nrecompute = \"none\"\n"
+                              "seq_parallel = false\nschedule = \"1f1b\"\n"),
+                     3)
+                .find("tp 3 must divide heads 8: 8 % 3 = 2"),
+            std::string::npos);
+  // global_batch 4 / (micro_batch 1 * dp 1) = 4 micro-batches cannot fill 8 pipeline stages.
+  EXPECT_NE(error_of(job_with("gpus = 8\nglobal_batch = 4\ntp = 1\npp = 8\ncp = 1\nvp = 1\n"
+                              "zero = 0\nmicro_batch = 1\nrecompute = \"none\"\n"
+                              "seq_parallel = false\nschedule = \"1f1b\"\n"),
+                     8)
+                .find("micro_batches 4 < pp 8"),
+            std::string::npos);
+  EXPECT_NE(error_of(job_with("gpus = 8\nglobal_batch = 16\ntp = 2\npp = 2\nvp = 2\n"), 8)
+                .find("is \"auto\""),
+            std::string::npos);
+}
