@@ -21,6 +21,14 @@ class MpiParallelHooks final : public ParallelHooks {
   }
   void vocab_max_allreduce(float* data, int64_t n) override { vocab_parallel_max(tp_, data, n); }
   void vocab_sum_allreduce(float* data, int64_t n) override { vocab_parallel_sum(tp_, data, n); }
+  // Sequence parallelism: the engine splits the flat [B*T] token rows into tp contiguous chunks
+  // (rank r holds rows [r*N/tp, (r+1)*N/tp)), so these are plain flat all-gather/reduce-scatter.
+  void sp_all_gather(const float* local, float* full, int64_t n_local) override {
+    tp_.all_gather(local, full, n_local);
+  }
+  void sp_reduce_scatter(const float* full, float* local, int64_t n_local) override {
+    tp_.reduce_scatter_sum(full, local, n_local);
+  }
 
  private:
   Group& tp_;

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "backend/cpu/cpu_backend.hpp"
+#include "backend/backend.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "core/check.hpp"
 #include "data/tokenizer.hpp"
@@ -32,7 +32,8 @@ SampleResult sample_from_checkpoint(const std::string& dir, const SampleOptions&
   // One sequence of the model's full context; causal attention means the padding after the
   // current position cannot influence the logits at it.
   const int64_t T = job.model.seq_len, V = job.model.vocab;
-  CpuBackend backend(so.threads > 0 ? so.threads : omp_get_num_procs());
+  std::unique_ptr<Backend> backend_owner = make_cpu_backend(so.threads > 0 ? so.threads : omp_get_num_procs());
+  Backend& backend = *backend_owner;
   GptOptions go;
   go.model = job.model;
   go.micro_batch = 1;

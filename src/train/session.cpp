@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "backend/cpu/cpu_backend.hpp"
+#include "backend/backend.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "core/check.hpp"
 #include "core/fileio.hpp"
@@ -144,7 +144,8 @@ TrainRunResult run_training(const Job& job_in, const TrainRunOptions& opt) {
             result.dataset_dir, loader.train_windows(), job.model.seq_len, to.micro_batch);
 
   const int threads = job.train.threads > 0 ? int(job.train.threads) : omp_get_num_procs();
-  CpuBackend backend(threads);
+  std::unique_ptr<Backend> backend_owner = make_cpu_backend(threads);
+  Backend& backend = *backend_owner;
   LoaderSource source(loader);
   Trainer trainer(backend, to, source);
 

@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "backend/cpu/cpu_backend.hpp"
+#include "backend/backend.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/export.hpp"
 #include "data/prepare.hpp"
@@ -52,7 +52,8 @@ int main(int argc, char** argv) {
   // Our logits from the checkpoint's weights, through the same loading path as `sample`.
   checkpoint::CheckpointReader reader(r.last_checkpoint);
   Job saved = parse_job(reader.blob("job.toml"), "job.toml");
-  CpuBackend be(1);
+  std::unique_ptr<Backend> be_owner = make_cpu_backend(1);
+  Backend& be = *be_owner;
   GptOptions go;
   go.model = saved.model;
   go.micro_batch = 1;
