@@ -255,27 +255,37 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
   std::map<std::string, Section> sections;
   for (const char* s : {"model", "machine", "parallel", "train"}) sections.emplace(s, Section(s, errors));
 
+  // A preset named by --set replaces the file's: it is applied first, like the file's would be.
+  std::map<std::string, std::string> preset_sets;  // section -> the --set text
+  std::vector<std::string> other_sets;
+  for (const auto& s : sets) {
+    bool is_preset = false;
+    for (const char* sec : {"model", "machine"})
+      if (s.rfind(std::string(sec) + ".preset=", 0) == 0) preset_sets[sec] = s, is_preset = true;
+    if (!is_preset) other_sets.push_back(s);
+  }
   for (const auto& [name, table] : root.as_table()) {
-    auto it = sections.find(name);
-    if (it == sections.end()) {
+    if (!sections.count(name)) {
       errors.push_back(fmt::format("{}: unknown section [{}]; expected [model], [machine], [parallel], [train]",
                                    source, name));
       continue;
     }
-    if (!table.is_table()) {
-      errors.push_back(fmt::format("{}: {} must be a table [{}]", source, name, name));
-      continue;
-    }
-    Section& sec = it->second;
-    // The preset goes in first so that the file's own keys override it.
-    if (table.contains("preset")) {
-      sec.put("preset", table.at("preset"), source);
-      apply_preset(sec, name == "model" ? "models" : "catalog/clusters", source, errors);
-    }
-    for (const auto& [key, v] : table.as_table())
-      if (key != "preset") sec.put(key, v, source);
+    if (!table.is_table()) errors.push_back(fmt::format("{}: {} must be a table [{}]", source, name, name));
   }
-  for (const auto& s : sets) apply_set(sections, s, errors);
+  for (auto& [name, sec] : sections) {
+    const toml::value* table = nullptr;
+    if (root.contains(name) && root.at(name).is_table()) table = &root.at(name);
+    // The preset goes in first so that the file's own keys (and --set) override it.
+    if (preset_sets.count(name)) apply_set(sections, preset_sets[name], errors);
+    else if (table && table->contains("preset")) sec.put("preset", table->at("preset"), source);
+    if (sec.has("preset"))
+      apply_preset(sec, name == "model" ? "models" : "catalog/clusters", preset_sets.count(name) ? "--set" : source,
+                   errors);
+    if (table)
+      for (const auto& [key, v] : table->as_table())
+        if (key != "preset") sec.put(key, v, source);
+  }
+  for (const auto& s : other_sets) apply_set(sections, s, errors);
 
   Job job;
   job.source = source;

@@ -2,6 +2,7 @@
 
 #include <omp.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -39,17 +40,24 @@ double cached_sgemm_peak_gflops(Backend& backend, int threads) {
   const char* home = std::getenv("HOME");
   fs::path dir = xdg ? fs::path(xdg) : fs::path(home ? home : "/tmp") / ".cache";
   fs::path file = dir / "exatrain" / ("sgemm_peak_t" + std::to_string(threads) + ".txt");
+  double cached = 0;
   {
     std::ifstream in(file);
-    double v = 0;
-    if (in >> v && v > 0) return v;
+    if (!(in >> cached) || !(cached > 0)) cached = 0;
   }
-  double v = measure_sgemm_gflops(backend);
+  const double now = measure_sgemm_gflops(backend, 1024, 3);
+  if (now <= cached) return cached;
   std::error_code ec;  // a read-only cache directory is not an error: just measure next time
   fs::create_directories(file.parent_path(), ec);
-  std::ofstream out(file);
-  if (out) out << v << "\n";
-  return v;
+  // Written under a temporary name and renamed: concurrent runs never read half a number.
+  fs::path tmp = file;
+  tmp += ".tmp" + std::to_string(getpid());
+  {
+    std::ofstream out(tmp);
+    if (out) out << now << "\n";
+  }
+  fs::rename(tmp, file, ec);
+  return now;
 }
 
 int64_t peak_rss_bytes() {

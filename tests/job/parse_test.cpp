@@ -190,8 +190,18 @@ TEST(JobParse, PresetThenFileThenSet) {
   std::filesystem::create_directories(root + "/models");
   std::ofstream(root + "/models/tiny.toml") << "[model]\nlayers = 2\nhidden = 64\nheads = 4\nvocab = 300\n";
   setenv("EXATRAIN_HOME", root.c_str(), 1);
+  std::ofstream(root + "/models/other.toml") << "[model]\nlayers = 5\nhidden = 96\nheads = 6\n";
   Job j = parse_job("[model]\npreset = \"tiny\"\nheads = 8\n", "job.toml", {"model.layers=3"});
+  // --set model.preset replaces the file's preset; the file's keys still override it.
+  Job k = parse_job("[model]\npreset = \"tiny\"\nheads = 8\n", "job.toml", {"model.preset=other"});
+  Job l = parse_job("", "empty.toml", {"model.preset=other"});
   unsetenv("EXATRAIN_HOME");
+  EXPECT_EQ(k.model.preset, "other");
+  EXPECT_EQ(k.model.hidden, 96);
+  EXPECT_EQ(k.model.layers, 5);
+  EXPECT_EQ(k.model.heads, 8);
+  EXPECT_EQ(l.model.hidden, 96);
+  EXPECT_EQ(l.model.heads, 6);
   EXPECT_EQ(j.model.preset, "tiny");
   EXPECT_EQ(j.model.hidden, 64);   // from the preset
   EXPECT_EQ(j.model.heads, 8);     // the file overrides the preset
