@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.hpp"
+#include "core/splitmix.hpp"
 #include "core/sha256.hpp"
 #include "data/shard.hpp"
 
@@ -16,12 +17,6 @@ namespace exatrain::data {
 namespace fs = std::filesystem;
 
 namespace {
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 // First position of an id >= vocab in tokens[0, count), or count when all are valid.
 template <typename T>

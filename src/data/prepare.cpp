@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/check.hpp"
+#include "core/splitmix.hpp"
 #include "core/fileio.hpp"
 #include "data/shard.hpp"
 
@@ -19,12 +20,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 // Cuts at most `max_bytes` without splitting a UTF-8 character.
 void cut_utf8(std::string& s, size_t max_bytes) {

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/check.hpp"
+#include "core/splitmix.hpp"
 
 namespace exatrain {
 
@@ -24,12 +25,8 @@ const ParamInfo& ParamLayout::find(const std::string& name) const {
 
 namespace {
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
+// Stateless: hash of x + the golden-ratio increment (one splitmix64 step from state x).
+uint64_t splitmix_hash(uint64_t x) { return splitmix64_mix(x + 0x9e3779b97f4a7c15ULL); }
 
 uint64_t hash_name(const std::string& s) {  // FNV-1a
   uint64_t h = 1469598103934665603ULL;
@@ -39,8 +36,8 @@ uint64_t hash_name(const std::string& s) {  // FNV-1a
 
 // Standard normal from a counter-based generator (Box-Muller on two hashed uniforms).
 float normal_at(uint64_t key, uint64_t index) {
-  uint64_t a = splitmix64(key ^ splitmix64(2 * index));
-  uint64_t b = splitmix64(key ^ splitmix64(2 * index + 1));
+  uint64_t a = splitmix_hash(key ^ splitmix_hash(2 * index));
+  uint64_t b = splitmix_hash(key ^ splitmix_hash(2 * index + 1));
   double u1 = (double(a >> 11) + 0.5) * (1.0 / 9007199254740992.0);  // (0, 1)
   double u2 = double(b >> 11) * (1.0 / 9007199254740992.0);          // [0, 1)
   return float(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
@@ -54,7 +51,7 @@ void init_param_range(const ParamInfo& p, uint64_t seed, int64_t first, int64_t 
     for (int64_t i = 0; i < count; i++) out[i] = p.init_value;
     return;
   }
-  const uint64_t key = splitmix64(seed) ^ hash_name(p.name);
+  const uint64_t key = splitmix_hash(seed) ^ hash_name(p.name);
   // Shard element (r, c) -> global flat index; 1-D tensors are treated as [n, 1].
   const int64_t cols = p.numel / p.shard_shape[0];
   const int64_t global_cols = p.global_shape.size() > 1 ? p.global_shape[1] : 1;

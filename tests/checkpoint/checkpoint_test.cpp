@@ -12,7 +12,7 @@
 #include "checkpoint/checkpoint.hpp"
 #include "core/check.hpp"
 #include "core/fileio.hpp"
-#include "temp_dir.hpp"
+#include "../test_util/temp_dir.hpp"
 
 using namespace exatrain;
 using namespace exatrain::checkpoint;

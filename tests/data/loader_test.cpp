@@ -14,7 +14,7 @@
 #include "core/sha256.hpp"
 #include "data/loader.hpp"
 #include "data/shard.hpp"
-#include "temp_dir.hpp"
+#include "../test_util/temp_dir.hpp"
 
 using namespace exatrain;
 using namespace exatrain::data;

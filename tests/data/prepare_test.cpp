@@ -13,7 +13,7 @@
 #include "data/manifest.hpp"
 #include "data/prepare.hpp"
 #include "data/shard.hpp"
-#include "temp_dir.hpp"
+#include "../test_util/temp_dir.hpp"
 
 using namespace exatrain;
 using namespace exatrain::data;

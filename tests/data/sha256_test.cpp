@@ -6,7 +6,7 @@
 #include <string>
 
 #include "core/sha256.hpp"
-#include "temp_dir.hpp"
+#include "../test_util/temp_dir.hpp"
 
 using exatrain::Sha256;
 using exatrain::sha256_hex;
