@@ -1,10 +1,9 @@
-// SHA-256 (FIPS 180-4), used for the checksums in data and checkpoint manifests.
-// Hand-written (~100 lines) because the build links no crypto library and the manifests must
-// be checkable with the standard `sha256sum` tool; tested against FIPS vectors and sha256sum.
-// Uses the x86 SHA extensions when the processor has them (checked at run time).
+// SHA-256 (FIPS 180-4) for the checksums in data and checkpoint manifests, through OpenSSL's
+// libcrypto (EVP interface; it uses the processor's SHA extensions where present). The digests
+// are the ones `sha256sum` prints, so a manifest can be checked by hand.
 #pragma once
 #include <cstddef>
-#include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -13,17 +12,15 @@ namespace exatrain {
 class Sha256 {
  public:
   Sha256();
+  ~Sha256();
+  Sha256(Sha256&&) noexcept;
+  Sha256& operator=(Sha256&&) noexcept;
   void update(const void* data, size_t bytes);
   std::string hex_digest();  // finishes the hash; 64 lowercase hex characters
-  // Tests: use the portable code even where the x86 SHA extensions exist (not thread-safe).
-  static void force_portable(bool on);
 
  private:
-  void compress(const uint8_t* block);  // one 64-byte block
-  uint32_t state_[8];
-  uint8_t buffer_[64];
-  size_t buffered_ = 0;
-  uint64_t total_bytes_ = 0;
+  struct Ctx;  // OpenSSL's EVP_MD_CTX, kept out of this header
+  std::unique_ptr<Ctx> ctx_;
 };
 
 std::string sha256_hex(std::string_view bytes);
