@@ -2,7 +2,7 @@
 //
 //   CHECKPOINTS_ROOT/                 (e.g. RUN_DIR/checkpoints)
 //     step_00000100/
-//       model.safetensors, optimizer.safetensors, rng.bin, data_cursor.json, job.toml, ...
+//       model.safetensors, optimizer.safetensors, trainer_state.json, job.toml, ... (the trainer's)
 //       manifest.json                 {"step": 100, "files": {NAME: {"bytes", "sha256"}}}
 //       COMPLETE                      written last: {"step": 100, "manifest_sha256": ...}
 //

@@ -1,5 +1,6 @@
 #include "checkpoint/export.hpp"
 
+#include <cstdio>
 #include <filesystem>
 #include <map>
 
@@ -165,7 +166,12 @@ std::string export_checkpoint(const std::string& dir, const ExportOptions& o) {
   const DType dt = o.dtype == "bf16" ? DType::BF16 : DType::F32;
   for (const auto& [name, t] : e.tensors) w.add(name, t.shape, t.data.data(), dt);
   w.set_metadata("format", "pt");  // transformers refuses safetensors files without it
-  write_safetensors(o.out_dir + "/model.safetensors", w);
+  // Temporary name, fsync, rename: an interrupted export never leaves a half-written file.
+  const std::string final_path = o.out_dir + "/model.safetensors", tmp = final_path + ".tmp";
+  const std::string sha = write_safetensors(tmp, w);
+  EXA_SYSCHECK(std::rename(tmp.c_str(), final_path.c_str()) == 0, "cannot rename '{}' to '{}'", tmp, final_path);
+  fsync_directory(o.out_dir);
+  write_file_atomic(o.out_dir + "/model.safetensors.sha256", sha + "  model.safetensors\n");
   if (o.format == "hf") {
     write_file_atomic(o.out_dir + "/config.json", e.config.dump(2) + "\n");
     if (r.has("tokenizer.model")) write_file_atomic(o.out_dir + "/tokenizer.model", r.blob("tokenizer.model"));

@@ -6,6 +6,7 @@
 
 #include "cli/commands.hpp"
 #include "data/loader.hpp"
+#include "data/manifest.hpp"
 #include "data/prepare.hpp"
 
 namespace exatrain::cli {
@@ -50,7 +51,8 @@ void add_data_command(CLI::App& app) {
     data::LoaderOptions lo;
     lo.seq_len = 1;
     lo.val_fraction = 0;
-    data::TokenLoader loader(*dir, lo);  // verifies everything on open
+    data::TokenLoader loader(*dir, lo);  // verifies the shards on open
+    data::open_dataset_tokenizer(*dir);   // and the tokenizer against its checksum
     const auto& m = loader.manifest();
     fmt::print("{}: OK: {} tokens in {} shard(s), tokenizer {} (vocab {}), {} input file(s)\n",
                *dir, m.total_tokens, m.shards.size(), m.tokenizer_type, m.vocab_size,

@@ -102,15 +102,23 @@ DatasetManifest read_manifest(const std::string& dataset_dir) {
   return manifest_from_json(read_file_bytes(path), path);
 }
 
-std::unique_ptr<Tokenizer> open_dataset_tokenizer(const std::string& dataset_dir) {
+std::string read_dataset_tokenizer_model(const std::string& dataset_dir) {
   DatasetManifest m = read_manifest(dataset_dir);
-  if (m.tokenizer_type == "byte") return make_byte_tokenizer();
+  if (m.tokenizer_type == "byte") return "";
   std::string path = (std::filesystem::path(dataset_dir) / m.tokenizer_file).string();
   std::string bytes = read_file_bytes(path);
   std::string actual = sha256_hex(bytes);
   EXA_CHECK(actual == m.tokenizer_sha256,
             "tokenizer model {} is corrupted: sha256 {} but the manifest says {}", path, actual,
             m.tokenizer_sha256);
+  return bytes;
+}
+
+std::unique_ptr<Tokenizer> open_dataset_tokenizer(const std::string& dataset_dir) {
+  DatasetManifest m = read_manifest(dataset_dir);
+  if (m.tokenizer_type == "byte") return make_byte_tokenizer();
+  std::string path = (std::filesystem::path(dataset_dir) / m.tokenizer_file).string();
+  std::string bytes = read_dataset_tokenizer_model(dataset_dir);
   auto tok = make_sentencepiece_tokenizer(bytes, path);
   EXA_CHECK(tok->vocab_size() == m.vocab_size,
             "tokenizer model {} has {} pieces but the manifest says vocab_size {}", path,

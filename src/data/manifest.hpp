@@ -49,6 +49,9 @@ std::string manifest_to_json(const DatasetManifest& m);  // deterministic text
 DatasetManifest manifest_from_json(const std::string& text, const std::string& source_name);
 DatasetManifest read_manifest(const std::string& dataset_dir);
 
+// The bytes of the dataset's tokenizer.model, checked against the manifest's sha256 ("" for the
+// byte tokenizer).
+std::string read_dataset_tokenizer_model(const std::string& dataset_dir);
 // Loads the dataset's tokenizer (checks the tokenizer file's checksum).
 std::unique_ptr<Tokenizer> open_dataset_tokenizer(const std::string& dataset_dir);
 

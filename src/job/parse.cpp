@@ -415,6 +415,18 @@ Job load_job(const std::string& path, const std::vector<std::string>& sets) {
   return parse_job(read_file(path, "job file"), path, sets);
 }
 
+namespace {
+// A TOML basic string: quotes and backslashes escaped, so any path round-trips.
+std::string quoted(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+}  // namespace
+
 std::string job_to_toml(const Job& job) {
   auto opt = [](const auto& o) -> std::string {
     if (!o) return "\"auto\"";
@@ -432,9 +444,9 @@ std::string job_to_toml(const Job& job) {
       m.layers, m.hidden, m.heads, m.kv_heads, m.ffn_hidden, m.seq_len, m.vocab, to_string(m.activation),
       to_string(m.norm), to_string(m.position), m.tie_embeddings, m.norm_eps, m.rope_theta);
   out += fmt::format(
-      "[machine]\ndevice = \"{}\"\ngpus_per_node = {}\nintra_node_bw_gbs = {:.17g}\ninter_node_bw_gbs = {:.17g}\n"
+      "[machine]\ndevice = {}\ngpus_per_node = {}\nintra_node_bw_gbs = {:.17g}\ninter_node_bw_gbs = {:.17g}\n"
       "intra_node_latency_us = {:.17g}\ninter_node_latency_us = {:.17g}\nstorage_bw_gbs = {:.17g}\n",
-      mc.device, mc.gpus_per_node, mc.intra_node_bw_gbs, mc.inter_node_bw_gbs, mc.intra_node_latency_us,
+      quoted(mc.device), mc.gpus_per_node, mc.intra_node_bw_gbs, mc.inter_node_bw_gbs, mc.intra_node_latency_us,
       mc.inter_node_latency_us, mc.storage_bw_gbs);
   if (mc.node_mtbf_hours) out += fmt::format("node_mtbf_hours = {:.17g}\n", *mc.node_mtbf_hours);
   out += fmt::format(
@@ -447,10 +459,10 @@ std::string job_to_toml(const Job& job) {
   out += fmt::format(
       "\n[train]\nprecision = \"{}\"\noptimizer = \"{}\"\nsteps = {}\nseed = {}\nlr = {:.17g}\nmin_lr = {:.17g}\n"
       "warmup_steps = {}\nweight_decay = {:.17g}\nbeta1 = {:.17g}\nbeta2 = {:.17g}\neps = {:.17g}\n"
-      "grad_clip = {:.17g}\ndata = \"{}\"\nrun_dir = \"{}\"\ncheckpoint_every = {}\nkeep_checkpoints = {}\n"
+      "grad_clip = {:.17g}\ndata = {}\nrun_dir = {}\ncheckpoint_every = {}\nkeep_checkpoints = {}\n"
       "eval_every = {}\neval_batches = {}\nlog_every = {}\nthreads = {}\nnan_policy = \"{}\"\n",
       to_string(t.precision), t.optimizer, t.steps, t.seed, t.lr, t.min_lr, t.warmup_steps, t.weight_decay,
-      t.beta1, t.beta2, t.eps, t.grad_clip, t.data, t.run_dir, t.checkpoint_every, t.keep_checkpoints,
+      t.beta1, t.beta2, t.eps, t.grad_clip, quoted(t.data), quoted(t.run_dir), t.checkpoint_every, t.keep_checkpoints,
       t.eval_every, t.eval_batches, t.log_every, t.threads, t.nan_policy);
   return out;
 }

@@ -21,6 +21,9 @@
 namespace exatrain {
 
 SampleResult sample_from_checkpoint(const std::string& dir, const SampleOptions& so) {
+  EXA_CHECK(so.temperature >= 0, "sample: --temperature {}: expected a number >= 0 (0 = greedy)", so.temperature);
+  EXA_CHECK(so.top_k >= 0, "sample: --top-k {}: expected an integer >= 0 (0 = the whole vocabulary)", so.top_k);
+  EXA_CHECK(so.max_new_tokens >= 1, "sample: --tokens {}: expected at least 1", so.max_new_tokens);
   checkpoint::CheckpointReader reader(dir);  // verifies every file
   Job job = parse_job(reader.blob("job.toml"), dir + "/job.toml");
   nlohmann::json state = nlohmann::json::parse(reader.blob("trainer_state.json"));

@@ -93,6 +93,16 @@ double evaluate(Trainer& trainer, const data::TokenLoader& loader, int64_t batch
   return sum / double(batches);
 }
 
+// A resumed run continues from the checkpoint's step: records of later steps (written before a
+// crash, or by a longer earlier run) are dropped, so metrics.jsonl holds one record per step.
+void drop_metrics_after(const std::string& path, int64_t step) {
+  if (!fs::exists(path)) return;
+  std::string kept;
+  for (const auto& r : report::read_metrics(path))
+    if (r.contains("step") && r["step"].get<int64_t>() <= step) kept += r.dump() + "\n";
+  write_file_atomic(path, kept);
+}
+
 }  // namespace
 
 std::string resolve_dataset(const Job& job, std::FILE* log) {
@@ -149,11 +159,9 @@ TrainRunResult run_training(const Job& job_in, const TrainRunOptions& opt) {
   LoaderSource source(loader);
   Trainer trainer(backend, to, source);
 
-  std::string tokenizer_model;
-  const data::DatasetManifest& manifest = loader.manifest();
-  if (!manifest.tokenizer_file.empty())
-    tokenizer_model = read_file_bytes(result.dataset_dir + "/" + manifest.tokenizer_file);
-  TrainerExtras extras{"", job_to_toml(job), manifest.tokenizer_type, tokenizer_model};
+  // The tokenizer travels with every checkpoint (so `sample` needs only the checkpoint).
+  TrainerExtras extras{"", job_to_toml(job), loader.manifest().tokenizer_type,
+                       data::read_dataset_tokenizer_model(result.dataset_dir)};
 
   const std::string ckpt_root = job.train.run_dir + "/checkpoints";
   const bool resuming = !opt.resume.empty() && opt.resume != "none";
@@ -164,11 +172,13 @@ TrainRunResult run_training(const Job& job_in, const TrainRunOptions& opt) {
   fs::create_directories(job.train.run_dir);
   if (auto ref = checkpoint::resolve_resume(opt.resume, ckpt_root, opt.out)) {
     checkpoint::CheckpointReader reader(ref->dir);
+    check_same_model(reader, job.model);
     TrainerExtras saved = load_trainer_state(reader, backend, trainer);
     loader.restore_cursor(saved.data_cursor_json);
     fmt::print(opt.out, "resumed from {} (step {})\n", ref->dir, trainer.step());
   }
   result.first_step = trainer.step();
+  if (resuming) drop_metrics_after(job.train.run_dir + "/metrics.jsonl", result.first_step);
   write_file_atomic(job.train.run_dir + "/job.toml", extras.job_toml);
 
   report::MetricsWriter metrics(job.train.run_dir + "/metrics.jsonl");

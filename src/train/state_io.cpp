@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.hpp"
+#include "job/parse.hpp"
 
 namespace exatrain {
 namespace {
@@ -105,6 +106,37 @@ TrainerExtras load_trainer_state(const checkpoint::CheckpointReader& r, Backend&
   extras.job_toml = r.blob("job.toml");
   if (r.has("tokenizer.model")) extras.tokenizer_model = r.blob("tokenizer.model");
   return extras;
+}
+
+namespace {
+// The [model] keys that define the weights, as text for comparison and messages.
+std::vector<std::pair<std::string, std::string>> model_fields(const ModelSpec& m) {
+  return {{"layers", std::to_string(m.layers)},
+          {"hidden", std::to_string(m.hidden)},
+          {"heads", std::to_string(m.heads)},
+          {"kv_heads", std::to_string(m.kv_heads)},
+          {"ffn_hidden", std::to_string(m.ffn_hidden)},
+          {"seq_len", std::to_string(m.seq_len)},
+          {"vocab", std::to_string(m.vocab)},
+          {"activation", fmt::format("\"{}\"", to_string(m.activation))},
+          {"norm", fmt::format("\"{}\"", to_string(m.norm))},
+          {"position", fmt::format("\"{}\"", to_string(m.position))},
+          {"tie_embeddings", m.tie_embeddings ? "true" : "false"},
+          {"norm_eps", fmt::format("{}", m.norm_eps)},
+          {"rope_theta", fmt::format("{}", m.rope_theta)}};
+}
+}  // namespace
+
+void check_same_model(const checkpoint::CheckpointReader& r, const ModelSpec& model) {
+  const Job saved = parse_job(r.blob("job.toml"), r.dir() + "/job.toml");
+  const auto was = model_fields(saved.model), now = model_fields(model);
+  std::string diffs;
+  for (size_t i = 0; i < was.size(); ++i)
+    if (was[i].second != now[i].second)
+      diffs += fmt::format("\n  [model] {}: the checkpoint has {}, this job has {}", was[i].first, was[i].second,
+                           now[i].second);
+  EXA_CHECK(diffs.empty(), "checkpoint {} is of a different model than this job (expected the same [model]):{}",
+            r.dir(), diffs);
 }
 
 void load_model_params(const checkpoint::CheckpointReader& r, Backend& be, Gpt& model) {

@@ -29,6 +29,10 @@ void add_trainer_state(checkpoint::CheckpointWriter& w, Backend& be, Trainer& tr
 // model is an error naming the tensor and both shapes); returns the extras stored with them.
 TrainerExtras load_trainer_state(const checkpoint::CheckpointReader& r, Backend& be, Trainer& trainer);
 
+// The checkpoint's job.toml must describe the same [model] as `model` (vocab included): a
+// checkpoint of another model is an error listing every key that differs.
+void check_same_model(const checkpoint::CheckpointReader& r, const ModelSpec& model);
+
 // Parameters alone (for `sample`): the model must have the checkpoint's shapes.
 void load_model_params(const checkpoint::CheckpointReader& r, Backend& be, Gpt& model);
 

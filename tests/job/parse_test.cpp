@@ -182,6 +182,9 @@ TEST(JobParse, RoundTripThroughToml) {
   EXPECT_EQ(b.parallel.layers_per_stage, (std::vector<int64_t>{1, 2}));
   EXPECT_FALSE(b.parallel.pp.has_value());
   EXPECT_EQ(b.train.seed, 7u);
+  // Paths with quotes and backslashes survive the round trip.
+  a.train.run_dir = "runs/a \"quoted\" \\ dir";
+  EXPECT_EQ(parse_job(job_to_toml(a), "roundtrip.toml").train.run_dir, a.train.run_dir);
 }
 
 TEST(JobParse, PresetThenFileThenSet) {

@@ -14,6 +14,7 @@
 #include "data/prepare.hpp"
 #include "job/parse.hpp"
 #include "report/metrics.hpp"
+#include "train/sample.hpp"
 #include "train/session.hpp"
 
 using namespace exatrain;
@@ -156,7 +157,10 @@ TEST(Session, CheckpointOfAnotherModelIsRejected) {
   o.resume = "auto";
   std::string e = error_of([&] { run_training(tiny_job(run, {"model.hidden=64"}), o); });
   EXPECT_TRUE(has(e, "different model")) << e;
-  EXPECT_TRUE(has(e, "model.safetensors")) << e;
+  EXPECT_TRUE(has(e, "[model] hidden: the checkpoint has 32, this job has 64")) << e;
+  // Same shapes, different function: still another model.
+  e = error_of([&] { run_training(tiny_job(run, {"model.norm=rmsnorm"}), o); });
+  EXPECT_TRUE(has(e, "[model] norm: the checkpoint has \"layernorm\", this job has \"rmsnorm\"")) << e;
 }
 
 TEST(Session, FullDiskDuringSaveKeepsThePreviousCheckpoint) {
@@ -166,10 +170,12 @@ TEST(Session, FullDiskDuringSaveKeepsThePreviousCheckpoint) {
   TrainRunResult first = run_training(tiny_job(run), o);
   // The next save runs out of space part-way through.
   o.resume = "auto";
-  inject_write_failure_after(1000);
+  // Past the run's job.toml (about 1 kB), inside the checkpoint's model.safetensors (~150 kB).
+  inject_write_failure_after(20000);
   std::string e = error_of([&] { run_training(tiny_job(run), o); });
   inject_write_failure_after(-1);
   EXPECT_TRUE(has(e, "No space left on device")) << e;
+  EXPECT_TRUE(has(e, ".tmp-step_00000006")) << e;  // it failed while writing the new checkpoint
   auto latest = checkpoint::find_latest_valid(run + "/checkpoints", nullptr);
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(latest->step, 3);
@@ -195,6 +201,43 @@ TEST(Session, CorruptedCheckpointIsNamedAndSkippedByAuto) {
   o.resume = "auto";
   TrainRunResult again = run_training(tiny_job(run), o);
   EXPECT_EQ(again.first_step, 3);  // the corrupted step-6 checkpoint was skipped
+}
+
+TEST(Session, ResumingAnEarlierCheckpointKeepsOneRecordPerStep) {
+  std::string run = fresh("rewind");
+  run_training(tiny_job(run), quiet());  // steps 1..6, checkpoints at 3 and 6
+  TrainRunOptions o = quiet();
+  o.resume = run + "/checkpoints/step_00000003";
+  run_training(tiny_job(run), o);  // steps 4..6 again
+  std::vector<int64_t> steps;
+  for (const auto& r : report::read_metrics(run + "/metrics.jsonl"))
+    if (r.contains("loss")) steps.push_back(r["step"].get<int64_t>());
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+}
+
+TEST(Session, SampleIsSeededGreedyIsTopOneAndOptionsAreChecked) {
+  std::string run = fresh("sample");
+  TrainRunResult r = run_training(tiny_job(run, {"train.steps=20"}), quiet());
+  SampleOptions so;
+  so.prompt = "line 1";
+  so.max_new_tokens = 12;
+  so.threads = 1;
+  SampleResult a = sample_from_checkpoint(r.last_checkpoint, so), b = sample_from_checkpoint(r.last_checkpoint, so);
+  EXPECT_EQ(a.text, b.text);  // same seed, same text
+  EXPECT_EQ(a.new_tokens, 12);
+  EXPECT_EQ(a.text.rfind("line 1", 0), 0u);
+  SampleOptions greedy = so, top1 = so;
+  greedy.temperature = 0;
+  top1.temperature = 1.0;
+  top1.top_k = 1;
+  top1.seed = 99;
+  EXPECT_EQ(sample_from_checkpoint(r.last_checkpoint, greedy).text, sample_from_checkpoint(r.last_checkpoint, top1).text);
+  SampleOptions bad = so;
+  bad.temperature = -1;
+  EXPECT_TRUE(has(error_of([&] { sample_from_checkpoint(r.last_checkpoint, bad); }), "--temperature -1: expected a number >= 0"));
+  bad = so;
+  bad.top_k = -2;
+  EXPECT_TRUE(has(error_of([&] { sample_from_checkpoint(r.last_checkpoint, bad); }), "--top-k -2"));
 }
 
 TEST(Session, BadJobsAreRejectedUpFront) {
