@@ -155,11 +155,12 @@ int main(int argc, char** argv) try {
     else if (a == "--rounds" && i + 1 < argc) rounds = std::atoi(argv[++i]);
     else if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (a == "--no-pytorch") pytorch = false;
-    else EXA_FAIL("bench_train_step: unknown argument '{}' (--threads N, --rounds N, --steps N, "
+    else EXA_FAIL("unknown argument '{}' (--threads N, --rounds N, --steps N, "
                   "--no-pytorch)", a);
   }
   EXA_CHECK(threads >= 1 && rounds >= 1 && steps >= 1,
-            "bench_train_step: --threads, --rounds and --steps must be >= 1");
+            "--threads, --rounds and --steps must be >= 1 (got {}, {}, {})", threads, rounds,
+            steps);
 
   // The shared data: 100k random tokens, written for the PyTorch side (raw int32).
   std::mt19937 rng(1);
