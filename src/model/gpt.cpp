@@ -9,7 +9,8 @@
 namespace exatrain {
 
 Gpt::Gpt(Backend& backend, const GptOptions& options, ParallelHooks* hooks)
-    : be_(backend), opt_(options), hooks_(hooks ? hooks : &no_hooks_) {
+    : be_(backend), opt_(options), recompute_{options.recompute},
+      hooks_(hooks ? hooks : &no_hooks_) {
   const ModelSpec& m = opt_.model;
   const int tp = opt_.tp.size;
   if (opt_.stage.last_layer < 0) opt_.stage.last_layer = m.layers;
@@ -174,20 +175,21 @@ void Gpt::allocate_activations() {
   const bool ln = opt_.model.norm == Norm::layernorm;
   const int64_t qkv_w = (Hq_ + 2 * Hkv_) * D_;
   const int64_t fc_w = opt_.model.activation == Activation::swiglu ? 2 * F_ : F_;
-  const Recompute rc = opt_.recompute;
   // none: every layer keeps everything; selective: everything but the attention
   // probabilities (one shared buffer, recomputed in backward); full: one shared set, the
   // layer is re-run from its input (the slot's res[l]) in backward.
-  if (rc == Recompute::selective) shared_probs_ = alloc_act(B_ * Hq_ * T_ * T_);
-  if (rc == Recompute::full && L_ > 0) {
+  const RecomputePolicy rc = recompute_;
+  if (rc.layer_keeps_activations() && !rc.layer_keeps_probs())
+    shared_probs_ = alloc_act(B_ * Hq_ * T_ * T_);
+  if (!rc.layer_keeps_activations() && L_ > 0) {
     recompute_out_ = alloc_act(Ns_ * C);
     full_acts_ = make_acts(true);
   }
   slots_.resize(size_t(opt_.activation_slots));
   for (Slot& s : slots_) {
     for (int64_t l = 0; l <= L_; l++) s.res.push_back(alloc_act(Ns_ * C));
-    if (rc != Recompute::full)
-      for (int64_t l = 0; l < L_; l++) s.acts.push_back(make_acts(rc == Recompute::none));
+    if (rc.layer_keeps_activations())
+      for (int64_t l = 0; l < L_; l++) s.acts.push_back(make_acts(rc.layer_keeps_probs()));
     s.tokens = static_cast<int32_t*>(be_.alloc_bytes(sizeof(int32_t) * size_t(N)));
     s.targets = static_cast<int32_t*>(be_.alloc_bytes(sizeof(int32_t) * size_t(N)));
     owned_.push_back(s.tokens);
@@ -225,7 +227,7 @@ Gpt::Slot& Gpt::slot_at(int64_t slot) {
 }
 
 Gpt::Acts& Gpt::acts_for(Slot& s, int64_t l) {
-  return opt_.recompute == Recompute::full ? *full_acts_ : *s.acts[size_t(l)];
+  return recompute_.layer_keeps_activations() ? *s.acts[size_t(l)] : *full_acts_;
 }
 
 void Gpt::init_weights(uint64_t seed) {
@@ -341,7 +343,7 @@ void Gpt::backward(const float* output_grad, float loss_scale, int64_t slot) {
   float* other = dres_b_;
   for (int64_t l = L_ - 1; l >= 0; l--) {
     Acts& a = acts_for(s, l);
-    if (opt_.recompute == Recompute::full) {  // re-run: refill the shared acts
+    if (recompute_.rerun_layer_before_backward()) {  // refill the shared acts
       hooks_->before_layer(first_ + l, Pass::recompute);
       layer_forward(l, s.res[size_t(l)], recompute_out_, a);
       hooks_->after_layer(first_ + l, Pass::recompute);

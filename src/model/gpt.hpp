@@ -20,6 +20,7 @@
 #include "job/job.hpp"
 #include "model/layout.hpp"
 #include "model/parallel_hooks.hpp"
+#include "model/recompute_policy.hpp"
 
 namespace exatrain {
 
@@ -113,6 +114,7 @@ class Gpt {
 
   Backend& be_;
   GptOptions opt_;
+  RecomputePolicy recompute_;  // {opt_.recompute}
   NoParallelHooks no_hooks_;
   ParallelHooks* hooks_;
   // shapes

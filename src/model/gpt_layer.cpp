@@ -59,7 +59,7 @@ void Gpt::layer_backward(int64_t l, const float* x, const float* dout, float* dx
   const float* P = params_;
   float* G = grads_;
 
-  if (opt_.recompute == Recompute::selective)  // probabilities were not kept: recompute them
+  if (recompute_.recompute_probs_before_backward())  // probabilities were not kept
     be_.attention_forward(nullptr, a.probs, a.qkv, B_, T_, Hq_, Hkv_, D_);
 
   // ---- MLP block: dout is d/d out [Ns, C] ----

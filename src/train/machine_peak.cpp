@@ -4,9 +4,11 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <string>
 #include <vector>
 
 #include "core/check.hpp"
@@ -34,12 +36,39 @@ double measure_sgemm_gflops(Backend& backend, int64_t n, int repeats) {
   return 2.0 * double(n) * double(n) * double(n) / best / 1e9;
 }
 
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");  // absent or without "model name": not an error
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const size_t first = line.find_first_not_of(" \t", colon + 1);
+    if (first != std::string::npos) return line.substr(first);
+  }
+  return "unknown-cpu";
+}
+
+std::string sgemm_peak_cache_name(const std::string& cpu_model, int threads) {
+  std::string key;
+  for (char c : cpu_model) {
+    const bool keep = std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.';
+    if (keep) key += c;
+    else if (!key.empty() && key.back() != '_') key += '_';  // runs of others -> one '_'
+  }
+  while (!key.empty() && key.back() == '_') key.pop_back();
+  if (key.empty()) key = "unknown-cpu";
+  return "sgemm_peak_" + key + "_t" + std::to_string(threads) + ".txt";
+}
+
 double cached_sgemm_peak_gflops(Backend& backend, int threads) {
   namespace fs = std::filesystem;
   const char* xdg = std::getenv("XDG_CACHE_HOME");
   const char* home = std::getenv("HOME");
   fs::path dir = xdg ? fs::path(xdg) : fs::path(home ? home : "/tmp") / ".cache";
-  fs::path file = dir / "exatrain" / ("sgemm_peak_t" + std::to_string(threads) + ".txt");
+  // Keyed by CPU model as well as thread count: a home directory shared by the login and
+  // compute nodes of a cluster must not mix their peaks.
+  fs::path file = dir / "exatrain" / sgemm_peak_cache_name(cpu_model_name(), threads);
   double cached = 0;
   {
     std::ifstream in(file);

@@ -1,8 +1,11 @@
-// Per-op harness (parallel paths forced: parallel_min_work = 0): every Backend op's forward against a naive double-precision reference and
-// its backward against central finite differences of that reference, on random shapes that
-// include odd sizes.
+// Per-op harness (parallel paths forced: parallel_min_work = 0): every Backend op's forward
+// against a naive double-precision reference and its backward against central finite
+// differences of that reference (or the closed form), on random shapes that include odd sizes;
+// GEMMs above the threading threshold, vocabulary slices with vocab_start > 0, the += contract
+// of the norm backwards, and stability cases with values around 1e3.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <memory>
 
 #include "backend/backend.hpp"
@@ -23,6 +26,12 @@ constexpr double kBwdTol = 1e-4;  // float backward vs double finite differences
 
 int64_t pick(std::mt19937& rng, int64_t lo, int64_t hi) {
   return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+}
+
+Vec plus(const Vec& a, const Vec& b) {
+  Vec c(a);
+  for (size_t i = 0; i < c.size(); i++) c[i] += b[i];
+  return c;
 }
 
 // ---- GEMM ---------------------------------------------------------------------------------------
@@ -50,6 +59,25 @@ TEST(Ops, GemmAllTransposesOddShapes) {
     Buf a(be(), A), b(be(), B), c(be(), C);
     be().gemm(ta, tb, M, N, K, 0.5f, a.p, ta ? M : K, b.p, tb ? K : N, 2.0f, c.p, N);
     expect_close(c.get(), naive_gemm(ta, tb, M, N, K, 0.5, A, B, 2.0, C), kFwdTol, "gemm");
+  }
+}
+
+// Above the backend's threading threshold (2*M*N*K >= 4e6 flops) with sizes that are not
+// multiples of 16, so the per-thread split of C (into multiples of 16) leaves ragged edge
+// blocks; both split directions (N >= M splits columns, else rows).
+TEST(Ops, GemmMultithreadedSplitRaggedShapes) {
+  std::mt19937 rng(21);
+  for (auto [M, N, K] : {std::array<int64_t, 3>{300, 517, 129}, {517, 300, 129}}) {
+    for (int trial = 0; trial < 4; trial++) {
+      const bool ta = trial & 1, tb = trial & 2;
+      SCOPED_TRACE(testing::Message() << "M " << M << " N " << N << " K " << K << " ta " << ta
+                                      << " tb " << tb);
+      Vec A = random_vec(rng, size_t(M * K)), B = random_vec(rng, size_t(K * N)),
+          C = random_vec(rng, size_t(M * N));
+      Buf a(be(), A), b(be(), B), c(be(), C);
+      be().gemm(ta, tb, M, N, K, 0.75f, a.p, ta ? M : K, b.p, tb ? K : N, -1.0f, c.p, N);
+      expect_close(c.get(), naive_gemm(ta, tb, M, N, K, 0.75, A, B, -1.0, C), kFwdTol, "gemm");
+    }
   }
 }
 
@@ -154,12 +182,16 @@ TEST(Ops, LayerNormForwardBackward) {
         rstd(be(), size_t(N));
     be().layernorm_forward(out.p, mean.p, rstd.p, bx.p, bw.p, bb.p, N, C, float(eps));
     expect_close(out.get(), naive_layernorm(x, w, b, N, C, eps), kFwdTol, "layernorm fwd");
-    Buf dout(be(), proj), dx(be(), size_t(N * C)), dw(be(), size_t(C)), db(be(), size_t(C));
+    // dinp, dw and db ACCUMULATE: start them from non-zero values (the residual stream's
+    // gradient already in dinp, earlier micro-batches in dw / db).
+    const Vec dx0 = random_vec(rng, size_t(N * C)), dw0 = random_vec(rng, size_t(C)),
+              db0 = random_vec(rng, size_t(C));
+    Buf dout(be(), proj), dx(be(), dx0), dw(be(), dw0), db(be(), db0);
     be().layernorm_backward(dx.p, dw.p, db.p, dout.p, bx.p, bw.p, mean.p, rstd.p, N, C);
     Fn f = [&](const std::vector<Vec>& in) { return naive_layernorm(in[0], in[1], in[2], N, C, eps); };
-    expect_close(dx.get(), fd_grad(f, {x, w, b}, 0, proj), kBwdTol, "layernorm dx");
-    expect_close(dw.get(), fd_grad(f, {x, w, b}, 1, proj), kBwdTol, "layernorm dw");
-    expect_close(db.get(), fd_grad(f, {x, w, b}, 2, proj), kBwdTol, "layernorm db");
+    expect_close(dx.get(), plus(dx0, fd_grad(f, {x, w, b}, 0, proj)), kBwdTol, "layernorm dx");
+    expect_close(dw.get(), plus(dw0, fd_grad(f, {x, w, b}, 1, proj)), kBwdTol, "layernorm dw");
+    expect_close(db.get(), plus(db0, fd_grad(f, {x, w, b}, 2, proj)), kBwdTol, "layernorm db");
   }
 }
 
@@ -173,11 +205,12 @@ TEST(Ops, RmsNormForwardBackward) {
     Buf bx(be(), x), bw(be(), w), out(be(), size_t(N * C)), rstd(be(), size_t(N));
     be().rmsnorm_forward(out.p, rstd.p, bx.p, bw.p, N, C, float(eps));
     expect_close(out.get(), naive_rmsnorm(x, w, N, C, eps), kFwdTol, "rmsnorm fwd");
-    Buf dout(be(), proj), dx(be(), size_t(N * C)), dw(be(), size_t(C));
+    const Vec dx0 = random_vec(rng, size_t(N * C)), dw0 = random_vec(rng, size_t(C));
+    Buf dout(be(), proj), dx(be(), dx0), dw(be(), dw0);  // accumulate (+=), as layernorm
     be().rmsnorm_backward(dx.p, dw.p, dout.p, bx.p, bw.p, rstd.p, N, C);
     Fn f = [&](const std::vector<Vec>& in) { return naive_rmsnorm(in[0], in[1], N, C, eps); };
-    expect_close(dx.get(), fd_grad(f, {x, w}, 0, proj), kBwdTol, "rmsnorm dx");
-    expect_close(dw.get(), fd_grad(f, {x, w}, 1, proj), kBwdTol, "rmsnorm dw");
+    expect_close(dx.get(), plus(dx0, fd_grad(f, {x, w}, 0, proj)), kBwdTol, "rmsnorm dx");
+    expect_close(dw.get(), plus(dw0, fd_grad(f, {x, w}, 1, proj)), kBwdTol, "rmsnorm dw");
   }
 }
 
@@ -202,26 +235,30 @@ Vec naive_swiglu(const Vec& x, int64_t N, int64_t F) {
 
 TEST(Ops, GeluForwardBackward) {
   std::mt19937 rng(7);
-  const int64_t n = 257;
-  Vec x = random_vec(rng, size_t(n), 2.0), proj = random_vec(rng, size_t(n));
-  Buf bx(be(), x), out(be(), size_t(n)), dout(be(), proj), dx(be(), size_t(n));
-  be().gelu_forward(out.p, bx.p, n);
-  expect_close(out.get(), naive_gelu(x), kFwdTol, "gelu fwd");
-  be().gelu_backward(dx.p, bx.p, dout.p, n);
-  Fn f = [&](const std::vector<Vec>& in) { return naive_gelu(in[0]); };
-  expect_close(dx.get(), fd_grad(f, {x}, 0, proj), kBwdTol, "gelu bwd");
+  for (int trial = 0; trial < 4; trial++) {
+    const int64_t n = pick(rng, 1, 3001);
+    Vec x = random_vec(rng, size_t(n), 2.0), proj = random_vec(rng, size_t(n));
+    Buf bx(be(), x), out(be(), size_t(n)), dout(be(), proj), dx(be(), size_t(n));
+    be().gelu_forward(out.p, bx.p, n);
+    expect_close(out.get(), naive_gelu(x), kFwdTol, "gelu fwd");
+    be().gelu_backward(dx.p, bx.p, dout.p, n);
+    Fn f = [&](const std::vector<Vec>& in) { return naive_gelu(in[0]); };
+    expect_close(dx.get(), fd_grad(f, {x}, 0, proj), kBwdTol, "gelu bwd");
+  }
 }
 
 TEST(Ops, SwigluForwardBackward) {
   std::mt19937 rng(8);
-  const int64_t N = 7, F = 19;
-  Vec x = random_vec(rng, size_t(N * 2 * F), 2.0), proj = random_vec(rng, size_t(N * F));
-  Buf bx(be(), x), out(be(), size_t(N * F)), dout(be(), proj), dx(be(), size_t(N * 2 * F));
-  be().swiglu_forward(out.p, bx.p, N, F);
-  expect_close(out.get(), naive_swiglu(x, N, F), kFwdTol, "swiglu fwd");
-  be().swiglu_backward(dx.p, bx.p, dout.p, N, F);
-  Fn f = [&](const std::vector<Vec>& in) { return naive_swiglu(in[0], N, F); };
-  expect_close(dx.get(), fd_grad(f, {x}, 0, proj), kBwdTol, "swiglu bwd");
+  for (int trial = 0; trial < 4; trial++) {
+    const int64_t N = pick(rng, 1, 13), F = pick(rng, 1, 45);
+    Vec x = random_vec(rng, size_t(N * 2 * F), 2.0), proj = random_vec(rng, size_t(N * F));
+    Buf bx(be(), x), out(be(), size_t(N * F)), dout(be(), proj), dx(be(), size_t(N * 2 * F));
+    be().swiglu_forward(out.p, bx.p, N, F);
+    expect_close(out.get(), naive_swiglu(x, N, F), kFwdTol, "swiglu fwd");
+    be().swiglu_backward(dx.p, bx.p, dout.p, N, F);
+    Fn f = [&](const std::vector<Vec>& in) { return naive_swiglu(in[0], N, F); };
+    expect_close(dx.get(), fd_grad(f, {x}, 0, proj), kBwdTol, "swiglu bwd");
+  }
 }
 
 // ---- rope ---------------------------------------------------------------------------------------
@@ -242,16 +279,19 @@ Vec naive_rope(const Vec& x, int64_t B, int64_t T, int64_t W, int64_t H, int64_t
 
 TEST(Ops, RopeForwardAndInverseIsBackward) {
   std::mt19937 rng(9);
-  const int64_t B = 2, T = 7, H = 3, D = 6, W = H * D + 5;  // extra untouched columns
-  const double theta = 10000.0;
-  Vec x = random_vec(rng, size_t(B * T * W)), proj = random_vec(rng, size_t(B * T * W));
-  Buf bx(be(), x);
-  be().rope(bx.p, B, T, W, H, D, float(theta), false);
-  expect_close(bx.get(), naive_rope(x, B, T, W, H, D, theta), kFwdTol, "rope fwd");
-  Buf g(be(), proj);
-  be().rope(g.p, B, T, W, H, D, float(theta), true);
-  Fn f = [&](const std::vector<Vec>& in) { return naive_rope(in[0], B, T, W, H, D, theta); };
-  expect_close(g.get(), fd_grad(f, {x}, 0, proj), kBwdTol, "rope bwd");
+  for (int trial = 0; trial < 4; trial++) {
+    const int64_t B = pick(rng, 1, 3), T = pick(rng, 1, 40), H = pick(rng, 1, 4),
+                  D = 2 * pick(rng, 1, 8), W = H * D + pick(rng, 0, 5);  // extra untouched columns
+    const double theta = trial % 2 ? 500000.0 : 10000.0;
+    Vec x = random_vec(rng, size_t(B * T * W)), proj = random_vec(rng, size_t(B * T * W));
+    Buf bx(be(), x);
+    be().rope(bx.p, B, T, W, H, D, float(theta), false);
+    expect_close(bx.get(), naive_rope(x, B, T, W, H, D, theta), kFwdTol, "rope fwd");
+    Buf g(be(), proj);
+    be().rope(g.p, B, T, W, H, D, float(theta), true);
+    Fn f = [&](const std::vector<Vec>& in) { return naive_rope(in[0], B, T, W, H, D, theta); };
+    expect_close(g.get(), fd_grad(f, {x}, 0, proj), kBwdTol, "rope bwd");
+  }
 }
 
 // ---- attention ----------------------------------------------------------------------------------
@@ -303,43 +343,56 @@ void check_attention(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, u
 TEST(Ops, AttentionMultiHead) { check_attention(2, 5, 3, 3, 4, 10); }
 TEST(Ops, AttentionGroupedQuery) { check_attention(1, 7, 4, 2, 3, 11); }
 TEST(Ops, AttentionMultiQuery) { check_attention(2, 3, 3, 1, 5, 12); }
+TEST(Ops, AttentionRandomShapes) {  // T up to 40, odd head sizes, MHA / GQA / MQA
+  std::mt19937 rng(22);
+  for (int trial = 0; trial < 5; trial++) {
+    const int64_t B = pick(rng, 1, 2), T = pick(rng, 1, 40), Hkv = pick(rng, 1, 2),
+                  Hq = Hkv * pick(rng, 1, 3), D = pick(rng, 1, 7);
+    SCOPED_TRACE(testing::Message() << "B " << B << " T " << T << " Hq " << Hq << " Hkv " << Hkv
+                                    << " D " << D);
+    check_attention(B, T, Hq, Hkv, D, 100 + unsigned(trial));
+  }
+}
 
 // ---- embeddings ---------------------------------------------------------------------------------
 
 TEST(Ops, VocabParallelEmbeddingAndPositional) {
   std::mt19937 rng(13);
-  const int64_t V = 11, start = 4, B = 2, T = 5, N = B * T, C = 67;
-  std::vector<int32_t> tok(static_cast<size_t>(N));
-  for (auto& t : tok) t = int32_t(pick(rng, 0, 20));  // some outside [start, start+V)
-  tok[0] = tok[1] = int32_t(start + 3);               // a repeated token
-  Vec wte = random_vec(rng, size_t(V * C)), wpe = random_vec(rng, size_t(T * C));
-  Buf bw(be(), wte), bp(be(), wpe), out(be(), size_t(N * C));
-  auto* dtok = static_cast<int32_t*>(be().alloc_bytes(sizeof(int32_t) * size_t(N)));
-  be().upload(dtok, tok.data(), sizeof(int32_t) * size_t(N));
-  be().embedding_forward(out.p, dtok, bw.p, start, V, N, C);
-  be().positional_forward(out.p, bp.p, B, T, C);
-  Vec want(size_t(N * C), 0.0);
-  for (int64_t n = 0; n < N; n++)
-    for (int64_t c = 0; c < C; c++) {
-      const int64_t r = tok[size_t(n)] - start;
-      want[size_t(n * C + c)] = (r >= 0 && r < V ? wte[size_t(r * C + c)] : 0.0) + wpe[size_t((n % T) * C + c)];
-    }
-  expect_close(out.get(), want, kFwdTol, "embedding fwd");
-  // backward = the transpose of the lookup (exact sums)
-  Vec proj = random_vec(rng, size_t(N * C));
-  Buf dout(be(), proj), dwte(be(), size_t(V * C)), dwpe(be(), size_t(T * C));
-  be().embedding_backward(dwte.p, dout.p, dtok, start, V, N, C);
-  be().positional_backward(dwpe.p, dout.p, B, T, C);
-  Vec want_dwte(size_t(V * C), 0.0), want_dwpe(size_t(T * C), 0.0);
-  for (int64_t n = 0; n < N; n++)
-    for (int64_t c = 0; c < C; c++) {
-      const int64_t r = tok[size_t(n)] - start;
-      if (r >= 0 && r < V) want_dwte[size_t(r * C + c)] += proj[size_t(n * C + c)];
-      want_dwpe[size_t((n % T) * C + c)] += proj[size_t(n * C + c)];
-    }
-  expect_close(dwte.get(), want_dwte, kFwdTol, "embedding bwd");
-  expect_close(dwpe.get(), want_dwpe, kFwdTol, "positional bwd");
-  be().free_bytes(dtok);
+  for (int trial = 0; trial < 4; trial++) {
+    const int64_t V = pick(rng, 1, 23), start = pick(rng, 0, 9), B = pick(rng, 1, 3),
+                  T = pick(rng, 1, 9), N = B * T, C = pick(rng, 1, 131);
+    std::vector<int32_t> tok(static_cast<size_t>(N));
+    for (auto& t : tok) t = int32_t(pick(rng, 0, start + V + 5));  // some outside the slice
+    tok[0] = tok[size_t(N - 1)] = int32_t(start + V / 2);           // a repeated token
+    Vec wte = random_vec(rng, size_t(V * C)), wpe = random_vec(rng, size_t(T * C));
+    Buf bw(be(), wte), bp(be(), wpe), out(be(), size_t(N * C));
+    auto* dtok = static_cast<int32_t*>(be().alloc_bytes(sizeof(int32_t) * size_t(N)));
+    be().upload(dtok, tok.data(), sizeof(int32_t) * size_t(N));
+    be().embedding_forward(out.p, dtok, bw.p, start, V, N, C);
+    be().positional_forward(out.p, bp.p, B, T, C);
+    Vec want(size_t(N * C), 0.0);
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t c = 0; c < C; c++) {
+        const int64_t r = tok[size_t(n)] - start;
+        want[size_t(n * C + c)] = (r >= 0 && r < V ? wte[size_t(r * C + c)] : 0.0) + wpe[size_t((n % T) * C + c)];
+      }
+    expect_close(out.get(), want, kFwdTol, "embedding fwd");
+    // backward = the transpose of the lookup (exact sums)
+    Vec proj = random_vec(rng, size_t(N * C));
+    Buf dout(be(), proj), dwte(be(), size_t(V * C)), dwpe(be(), size_t(T * C));
+    be().embedding_backward(dwte.p, dout.p, dtok, start, V, N, C);
+    be().positional_backward(dwpe.p, dout.p, B, T, C);
+    Vec want_dwte(size_t(V * C), 0.0), want_dwpe(size_t(T * C), 0.0);
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t c = 0; c < C; c++) {
+        const int64_t r = tok[size_t(n)] - start;
+        if (r >= 0 && r < V) want_dwte[size_t(r * C + c)] += proj[size_t(n * C + c)];
+        want_dwpe[size_t((n % T) * C + c)] += proj[size_t(n * C + c)];
+      }
+    expect_close(dwte.get(), want_dwte, kFwdTol, "embedding bwd");
+    expect_close(dwpe.get(), want_dwpe, kFwdTol, "positional bwd");
+    be().free_bytes(dtok);
+  }
 }
 
 // ---- cross-entropy ------------------------------------------------------------------------------
@@ -373,6 +426,143 @@ TEST(Ops, CrossEntropyForwardBackward) {
   be().xent_backward(bl.p, rowmax.p, stats.p, dt, 0, 1.0f / float(N), N, V);
   expect_close(bl.get(), fd_grad(naive_loss, {logits}, 0, Vec{1.0}), kBwdTol, "xent bwd");
   be().free_bytes(dt);
+}
+
+// The full-vocabulary loss of logits[N, V] (double, max-subtracted).
+Vec naive_xent(const Vec& logits, const std::vector<int32_t>& tgt, int64_t N, int64_t V) {
+  double total = 0;
+  for (int64_t n = 0; n < N; n++) {
+    double mx = -1e300, z = 0;
+    for (int64_t v = 0; v < V; v++) mx = std::max(mx, logits[size_t(n * V + v)]);
+    for (int64_t v = 0; v < V; v++) z += std::exp(logits[size_t(n * V + v)] - mx);
+    total += std::log(z) + mx - logits[size_t(n * V + tgt[size_t(n)])];
+  }
+  return Vec{total / double(N)};
+}
+
+// d loss / d logits = (softmax - onehot(target)) / N, in double.
+Vec naive_xent_grad(const Vec& logits, const std::vector<int32_t>& tgt, int64_t N, int64_t V) {
+  Vec g(logits.size());
+  for (int64_t n = 0; n < N; n++) {
+    double mx = -1e300, z = 0;
+    for (int64_t v = 0; v < V; v++) mx = std::max(mx, logits[size_t(n * V + v)]);
+    for (int64_t v = 0; v < V; v++) z += std::exp(logits[size_t(n * V + v)] - mx);
+    for (int64_t v = 0; v < V; v++)
+      g[size_t(n * V + v)] = (std::exp(logits[size_t(n * V + v)] - mx) / z -
+                              (v == tgt[size_t(n)] ? 1.0 : 0.0)) / double(N);
+  }
+  return g;
+}
+
+// The vocabulary-parallel path with two slices [0, S) and [S, V) (as tp = 2 runs it): each slice
+// has its own vocab_start, targets mostly fall outside one of them; the host combines the
+// partial results as the MAX / SUM all-reduces would. The combined loss and the two slices'
+// gradients must equal the full-vocabulary reference. `scale` sets the logits' magnitude
+// (1e3: a stability case where exp without max-subtraction overflows).
+void check_sliced_xent(int64_t N, int64_t V, int64_t S, double scale, double tol, unsigned seed) {
+  std::mt19937 rng(seed);
+  Vec logits = random_vec(rng, size_t(N * V), scale);
+  std::vector<int32_t> tgt(static_cast<size_t>(N));
+  for (auto& t : tgt) t = int32_t(pick(rng, 0, V - 1));
+  auto* dt = static_cast<int32_t*>(be().alloc_bytes(sizeof(int32_t) * size_t(N)));
+  be().upload(dt, tgt.data(), sizeof(int32_t) * size_t(N));
+  const int64_t start[2] = {0, S}, width[2] = {S, V - S};
+  std::vector<std::unique_ptr<Buf>> slice(2);
+  Vec rowmax(size_t(N), -1e300), sumexp(size_t(N), 0.0), target_logit(size_t(N), 0.0);
+  for (int s = 0; s < 2; s++) {  // step 1 on each slice, then "all-reduce MAX"
+    Vec part(size_t(N * width[s]));
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t v = 0; v < width[s]; v++)
+        part[size_t(n * width[s] + v)] = logits[size_t(n * V + start[s] + v)];
+    slice[size_t(s)] = std::make_unique<Buf>(be(), part);
+    Buf mx(be(), size_t(N));
+    be().xent_max(mx.p, slice[size_t(s)]->p, N, width[s]);
+    Vec m = mx.get();
+    for (int64_t n = 0; n < N; n++) rowmax[size_t(n)] = std::max(rowmax[size_t(n)], m[size_t(n)]);
+  }
+  Buf dmax(be(), rowmax);
+  for (int s = 0; s < 2; s++) {  // step 2 on each slice, then "all-reduce SUM"
+    Buf st(be(), size_t(2 * N));
+    be().xent_stats(st.p, st.p + N, slice[size_t(s)]->p, dmax.p, dt, start[s], N, width[s]);
+    Vec v = st.get();
+    for (int64_t n = 0; n < N; n++) {
+      sumexp[size_t(n)] += v[size_t(n)];
+      target_logit[size_t(n)] += v[size_t(N + n)];  // 0 from the slice without the target
+    }
+  }
+  double loss = 0;
+  for (int64_t n = 0; n < N; n++)
+    loss += std::log(sumexp[size_t(n)]) + rowmax[size_t(n)] - target_logit[size_t(n)];
+  loss /= double(N);
+  ASSERT_TRUE(std::isfinite(loss));
+  const double want = naive_xent(logits, tgt, N, V)[0];
+  EXPECT_NEAR(loss, want, tol * std::max(1.0, std::fabs(want)));
+  const Vec want_grad = naive_xent_grad(logits, tgt, N, V);
+  Buf dsum(be(), sumexp);
+  for (int s = 0; s < 2; s++) {  // step 3 on each slice
+    be().xent_backward(slice[size_t(s)]->p, dmax.p, dsum.p, dt, start[s], 1.0f / float(N), N,
+                       width[s]);
+    Vec got = slice[size_t(s)]->get(), want_s(got.size());
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t v = 0; v < width[s]; v++)
+        want_s[size_t(n * width[s] + v)] = want_grad[size_t(n * V + start[s] + v)];
+    for (double g : got) ASSERT_TRUE(std::isfinite(g));
+    expect_close(got, want_s, tol, s == 0 ? "xent bwd slice 0" : "xent bwd slice 1");
+  }
+  be().free_bytes(dt);
+}
+
+TEST(Ops, CrossEntropyRandomShapesAndVocabularySlices) {
+  std::mt19937 rng(23);
+  for (int trial = 0; trial < 4; trial++) {
+    const int64_t N = pick(rng, 1, 17), V = pick(rng, 2, 301), S = pick(rng, 1, V - 1);
+    SCOPED_TRACE(testing::Message() << "N " << N << " V " << V << " slice at " << S);
+    check_sliced_xent(N, V, S, 3.0, kBwdTol, 200 + unsigned(trial));
+  }
+}
+
+// ---- stability: large logits / scores ----------------------------------------------------------
+
+TEST(Ops, CrossEntropyStableForLogitsAround1e3) {
+  // float rounding of 1e3-sized logits is ~6e-5 absolute, hence the looser tolerance.
+  check_sliced_xent(9, 101, 40, 1e3, 1e-3, 31);
+}
+
+TEST(Ops, AttentionStableForScoresAround1e3) {
+  std::mt19937 rng(32);
+  const int64_t B = 1, T = 9, Hq = 2, Hkv = 1, D = 4, W = (Hq + 2 * Hkv) * D;
+  Vec qkv = random_vec(rng, size_t(B * T * W), 30.0);  // q.k / sqrt(D) ~ 1e3
+  Buf bq(be(), qkv), out(be(), size_t(B * T * Hq * D)), probs(be(), size_t(B * Hq * T * T));
+  be().attention_forward(out.p, probs.p, bq.p, B, T, Hq, Hkv, D);
+  Vec got = out.get();
+  for (double v : got) ASSERT_TRUE(std::isfinite(v));
+  expect_close(got, naive_attention(qkv, B, T, Hq, Hkv, D), 1e-3, "attention fwd, large scores");
+  Vec proj = random_vec(rng, size_t(B * T * Hq * D));
+  Buf dout(be(), proj), dqkv(be(), size_t(B * T * W));
+  be().attention_backward(dqkv.p, dout.p, bq.p, probs.p, B, T, Hq, Hkv, D);
+  Fn f = [&](const std::vector<Vec>& in) { return naive_attention(in[0], B, T, Hq, Hkv, D); };
+  expect_close(dqkv.get(), fd_grad(f, {qkv}, 0, proj, 1e-4), 1e-3, "attention bwd, large scores");
+}
+
+TEST(Ops, ActivationsStableForInputsAround1e3) {
+  const Vec x = {-1000.0, -300.0, -90.0, 90.0, 300.0, 1000.0};
+  const int64_t n = int64_t(x.size());
+  const Vec proj(x.size(), 1.0);
+  Buf bx(be(), x), out(be(), x.size()), dout(be(), proj), dx(be(), x.size());
+  be().gelu_forward(out.p, bx.p, n);
+  expect_close(out.get(), naive_gelu(x), kFwdTol, "gelu fwd, large inputs");
+  be().gelu_backward(dx.p, bx.p, dout.p, n);
+  expect_close(dx.get(), Vec{0, 0, 0, 1, 1, 1}, kFwdTol, "gelu bwd, large inputs");
+  // swiglu rows [gate | up] with F = 3: gates of both signs, ups of moderate size.
+  const Vec g = {-1000.0, 90.0, 1000.0, 2.0, -3.0, 0.5, -90.0, 300.0, -300.0, 1.5, -2.0, 0.25};
+  Buf bg(be(), g), sout(be(), size_t(6)), sdout(be(), Vec(6, 1.0)), sdx(be(), size_t(12));
+  be().swiglu_forward(sout.p, bg.p, 2, 3);
+  expect_close(sout.get(), naive_swiglu(g, 2, 3), kFwdTol, "swiglu fwd, large inputs");
+  be().swiglu_backward(sdx.p, bg.p, sdout.p, 2, 3);
+  Fn f = [&](const std::vector<Vec>& in) { return naive_swiglu(in[0], 2, 3); };
+  Vec got = sdx.get();
+  for (double v : got) ASSERT_TRUE(std::isfinite(v));
+  expect_close(got, fd_grad(f, {g}, 0, Vec(6, 1.0), 1e-4), 1e-4, "swiglu bwd, large inputs");
 }
 
 // ---- AdamW --------------------------------------------------------------------------------------

@@ -154,8 +154,15 @@ def main():
     # ---- 10 AdamW steps ----
     t = meta["train"]
     P = make_params(meta, flat)
-    decay = [P[p["name"]] for p in meta["params"] if p["decay"]]
-    no_decay = [P[p["name"]] for p in meta["params"] if not p["decay"]]
+    # The decay set, decided here as nanoGPT does (tensors of dim >= 2: matrices and
+    # embeddings; not biases or norm weights), not read from our meta.json flags; a flag that
+    # disagrees is a failure of its own.
+    decay = [w for w in P.values() if w.dim() >= 2]
+    no_decay = [w for w in P.values() if w.dim() < 2]
+    for p in meta["params"]:
+        if p["decay"] != (P[p["name"]].dim() >= 2):
+            failures.append(f"decay flag of {p['name']} is {p['decay']}, expected "
+                            f"{P[p['name']].dim() >= 2} (dim {P[p['name']].dim()})")
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": t["weight_decay"]},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=t["lr"], betas=(t["beta1"], t["beta2"]), eps=t["eps"])
