@@ -8,6 +8,7 @@
 #include "job/parse.hpp"
 #include "report/report.hpp"
 #include "train/sample.hpp"
+#include "train/dist_session.hpp"
 #include "train/session.hpp"
 
 namespace exatrain::cli {
@@ -29,6 +30,16 @@ void add_train_command(CLI::App& app) {
     TrainRunOptions o;
     o.resume = a->resume;
     if (a->plain) o.interactive = 0;
+    if (wants_distributed(job)) {  // several MPI ranks, or a [parallel] degree other than 1
+      TrainRunResult r = run_distributed_training(job, o);
+      if (!r.run_dir.empty()) {  // rank 0
+        report::RunSummary s = report::write_report(r.run_dir);
+        fmt::print("\n{}", report::format_summary(s, r.run_dir));
+        fmt::print("  metrics           {}/metrics.jsonl\n", r.run_dir);
+      }
+      finalize_mpi();
+      return;
+    }
     TrainRunResult r = run_training(job, o);
     report::RunSummary s = report::write_report(r.run_dir);
     fmt::print("\n{}", report::format_summary(s, r.run_dir));

@@ -1,0 +1,351 @@
+#include "parallel/distributed_trainer.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/check.hpp"
+#include "optim/adamw.hpp"
+#include "parallel/executor.hpp"
+#include "parallel/tp_regions.hpp"
+#include "parallel/zero.hpp"
+
+namespace exatrain::parallel {
+
+namespace {
+struct Range {
+  int64_t offset = 0, len = 0;
+};
+}  // namespace
+
+// The engine's ParallelHooks over the tp group (as MpiParallelHooks) plus the layer boundaries,
+// which the trainer uses for the data-parallel side.
+class DistHooks final : public ParallelHooks {
+ public:
+  DistHooks(Group& tp, DistributedTrainer& owner, int chunk) : tp_(tp), owner_(owner), chunk_(chunk) {}
+  void input_grad_allreduce(float* g, int64_t n) override { copy_to_tp_region_backward(tp_, g, n); }
+  void partial_sum_allreduce(float* d, int64_t n) override { reduce_from_tp_region_forward(tp_, d, n); }
+  void vocab_max_allreduce(float* d, int64_t n) override { vocab_parallel_max(tp_, d, n); }
+  void vocab_sum_allreduce(float* d, int64_t n) override { vocab_parallel_sum(tp_, d, n); }
+  void sp_all_gather(const float* local, float* full, int64_t n) override {
+    tp_.all_gather(local, full, n);
+  }
+  void sp_reduce_scatter(const float* full, float* local, int64_t n) override {
+    tp_.reduce_scatter_sum(full, local, n);
+  }
+  void after_layer(int64_t unit, Pass pass) override {
+    owner_.on_after_layer(chunk_, unit, pass == Pass::backward);
+  }
+
+ private:
+  Group& tp_;
+  DistributedTrainer& owner_;
+  int chunk_;
+};
+
+struct DistributedTrainer::Chunk {
+  int stage = 0;
+  std::unique_ptr<DistHooks> hooks;
+  std::unique_ptr<Gpt> model;
+  std::map<int64_t, std::vector<Range>> unit_ranges;  // layer / kEmbedding / kHead -> arena ranges
+  std::vector<Range> sp_partial;   // sequence parallel: gradients that are partial sums over tp
+  std::vector<uint8_t> counted;    // [total] 1 = this element counts in the global grad norm
+  Range tied_wte;                  // the tied embedding's range on the first or last stage (len 0: none)
+  int backward_count = 0;          // backwards of this step so far (the m-th one is the last)
+  std::unique_ptr<GradBucketer> bucketer;  // ZeRO 0 with dp > 1
+  std::unique_ptr<AdamW> adamw;            // ZeRO 0
+  // ZeRO 1/2: padded arenas and this rank's shard of the optimizer state.
+  ZeroLayout zl;
+  std::vector<float> grad_pad, param_pad, grad_shard, m, v;
+};
+
+static int64_t unit_of(const std::string& name) {
+  if (name.rfind("h.", 0) == 0) return std::stoll(name.substr(2, name.find('.', 2) - 2));
+  if (name.rfind("ln_f.", 0) == 0 || name.rfind("lm_head.", 0) == 0) return ParallelHooks::kHead;
+  return ParallelHooks::kEmbedding;  // wte, wpe
+}
+
+DistributedTrainer::DistributedTrainer(Backend& backend, ParallelRuntime& rt, const DistOptions& options,
+                                       TokenSource& data)
+    : be_(backend), rt_(rt), opt_(options), data_(data), plan_(rt.plan()) {
+  const MeshShape& mesh = plan_.mesh;
+  EXA_CHECK(mesh.cp == 1, "[parallel] cp = {}: context parallelism is planned but not run by the trainer "
+            "(expected cp = 1)", mesh.cp);
+  EXA_CHECK(plan_.zero <= 2, "[parallel] zero = 3: the distributed trainer runs ZeRO 0, 1 and 2 "
+            "(ZeRO 3's per-layer parameter gathering is not implemented yet)");
+  EXA_CHECK(opt_.train.optimizer == "adamw", "train.optimizer = \"{}\": only \"adamw\" is implemented",
+            opt_.train.optimizer);
+  B_ = plan_.micro_batch;
+  T_ = opt_.model.seq_len;
+  m_ = plan_.micro_batches;
+  const int pp = mesh.pp, vp = plan_.pipeline.vp, S = pp * vp;
+  const int pp_rank = rt_.mesh().coord.pp;
+  // Contiguous, balanced layer ranges (equal layer costs) for the S stages.
+  std::vector<double> layer_cost(size_t(opt_.model.layers), 1.0);
+  const std::vector<StageLayers> stages = balance_stages(layer_cost, 0.0, 0.0, S);
+  const int dp = rt_.dp().size(), dp_rank = rt_.dp().rank();
+  for (int c = 0; c < vp; c++) {
+    auto ch = std::make_unique<Chunk>();
+    ch->stage = stage_of(plan_.pipeline, pp_rank, c);
+    GptOptions g;
+    g.model = opt_.model;
+    g.tp = TensorParallel{rt_.mesh().coord.tp, mesh.tp, plan_.seq_parallel};
+    g.stage = StageRange{stages[size_t(ch->stage)].first, stages[size_t(ch->stage)].end, ch->stage == 0,
+                         ch->stage == S - 1};
+    g.recompute = plan_.recompute;
+    g.micro_batch = B_;
+    g.seq = T_;
+    g.activation_slots = pp > 1 ? m_ : 1;  // pipeline: micro-batch mb keeps slot mb
+    ch->hooks = std::make_unique<DistHooks>(rt_.tp(), *this, c);
+    ch->model = std::make_unique<Gpt>(be_, g, ch->hooks.get());
+    ch->model->init_weights(opt_.train.seed);
+    const ParamLayout& layout = ch->model->layout();
+    ch->counted.assign(size_t(layout.total()), 0);
+    const bool tied_copy = g.stage.has_head && !g.stage.has_embedding && opt_.model.tie_embeddings;
+    for (const ParamInfo& p : layout.entries()) {
+      int64_t unit = unit_of(p.name);
+      if (p.name == "wte.weight" && tied_copy) unit = ParallelHooks::kHead;  // only the head reads it
+      ch->unit_ranges[unit].push_back({p.offset, p.numel});
+      if (p.sp_partial_grad) ch->sp_partial.push_back({p.offset, p.numel});
+      if (p.name == "wte.weight" && opt_.model.tie_embeddings && S > 1) ch->tied_wte = {p.offset, p.numel};
+      // Count each global element once: tp-replicated on tp rank 0; the tied copy not at all.
+      const bool count = (p.split_dim >= 0 || rt_.mesh().coord.tp == 0) && !(tied_copy && p.name == "wte.weight");
+      if (count) std::fill_n(ch->counted.begin() + p.offset, p.numel, uint8_t(1));
+    }
+    AdamWConfig ac{float(opt_.train.beta1), float(opt_.train.beta2), float(opt_.train.eps),
+                   float(opt_.train.weight_decay)};
+    if (plan_.zero == 0) {
+      ch->adamw = std::make_unique<AdamW>(be_, layout, ac);
+      if (dp > 1)
+        ch->bucketer = std::make_unique<GradBucketer>(rt_.dp(), ch->model->grads(), layout.total(),
+                                                      std::min(opt_.bucket_floats, layout.total()));
+    } else {
+      ch->zl = ZeroLayout::make(layout.total(), dp);
+      ch->grad_pad.assign(size_t(ch->zl.padded), 0.0f);
+      ch->param_pad.assign(size_t(ch->zl.padded), 0.0f);
+      ch->grad_shard.assign(size_t(ch->zl.shard), 0.0f);
+      ch->m.assign(size_t(ch->zl.shard), 0.0f);
+      ch->v.assign(size_t(ch->zl.shard), 0.0f);
+      (void)dp_rank;
+    }
+    chunks_.push_back(std::move(ch));
+  }
+  tokens_.resize(size_t(m_ * B_ * T_));
+  targets_.resize(size_t(m_ * B_ * T_));
+}
+
+DistributedTrainer::~DistributedTrainer() = default;
+
+Gpt& DistributedTrainer::chunk(int c) { return *chunks_.at(size_t(c))->model; }
+float* DistributedTrainer::moment_m(int c) {
+  Chunk& ch = *chunks_.at(size_t(c));
+  return ch.adamw ? ch.adamw->m() : ch.m.data();
+}
+float* DistributedTrainer::moment_v(int c) {
+  Chunk& ch = *chunks_.at(size_t(c));
+  return ch.adamw ? ch.adamw->v() : ch.v.data();
+}
+int64_t DistributedTrainer::moment_offset(int c) const {
+  const Chunk& ch = *chunks_.at(size_t(c));
+  return ch.adamw ? 0 : ch.zl.range(rt_.dp().rank()).begin;
+}
+int64_t DistributedTrainer::moment_size(int c) const {
+  const Chunk& ch = *chunks_.at(size_t(c));
+  return ch.adamw ? ch.model->num_params() : ch.zl.shard;
+}
+int64_t DistributedTrainer::params_on_rank() const {
+  int64_t n = 0;
+  for (const auto& ch : chunks_) n += ch->model->num_params();
+  return n;
+}
+
+// After the LAST micro-batch's backward through a unit its gradients are final on this rank:
+// finish the sequence-parallel partial sums, then hand the unit to the dp bucketer (ZeRO 0), whose
+// all-reduces run while backward continues with the earlier layers.
+void DistributedTrainer::on_after_layer(int c, int64_t unit, bool backward) {
+  Chunk& ch = *chunks_[size_t(c)];
+  if (!backward || ch.backward_count != m_) return;
+  auto it = ch.unit_ranges.find(unit);
+  if (it == ch.unit_ranges.end()) return;
+  float* g = ch.model->grads();
+  for (const Range& r : it->second)
+    for (const Range& s : ch.sp_partial)
+      if (s.offset >= r.offset && s.offset + s.len <= r.offset + r.len) rt_.tp().all_reduce_sum(g + s.offset, s.len);
+  if (ch.bucketer)
+    for (const Range& r : it->second) ch.bucketer->mark_ready(r.offset, r.len);
+}
+
+void DistributedTrainer::run_micro_batches(double* loss_sum, double* compute_s, double* bubble_s) {
+  const int64_t n = B_ * T_;
+  const int dp = rt_.dp().size();
+  const float scale = 1.0f / float(m_ * dp);  // d(global mean loss) / d(micro-batch mean loss)
+  const int S = plan_.pipeline.stages();
+  // Floats of one stage boundary message: [B, T, C], or this rank's [B*T/tp, C] rows under sp.
+  const int64_t act = (plan_.seq_parallel ? n / plan_.mesh.tp : n) * opt_.model.hidden;
+  auto fwd = [&](int mb, int c, const float* in, float* out) {
+    Chunk& ch = *chunks_[size_t(c)];
+    const bool first = ch.stage == 0, last = ch.stage == S - 1;
+    const int64_t slot = plan_.mesh.pp > 1 ? mb : 0;
+    const float loss = ch.model->forward(first ? tokens_.data() + mb * n : nullptr, in,
+                                         last ? targets_.data() + mb * n : nullptr, slot);
+    if (last) *loss_sum += double(loss);
+    if (out) be_.copy(out, ch.model->output(slot), sizeof(float) * size_t(act));
+  };
+  auto bwd = [&](int mb, int c, const float* grad_out, float* grad_in) {
+    Chunk& ch = *chunks_[size_t(c)];
+    ch.backward_count++;
+    const int64_t slot = plan_.mesh.pp > 1 ? mb : 0;
+    ch.model->backward(grad_out, scale, slot);
+    if (grad_in)
+      be_.copy(grad_in, ch.model->input_grad(), sizeof(float) * size_t(act));
+  };
+  if (plan_.mesh.pp == 1) {
+    const double t0 = omp_get_wtime();
+    for (int mb = 0; mb < int(m_); mb++) {
+      fwd(mb, 0, nullptr, nullptr);
+      bwd(mb, 0, nullptr, nullptr);
+    }
+    *compute_s = omp_get_wtime() - t0;
+    *bubble_s = 0;
+    return;
+  }
+  const PipelineTable table = build_pipeline(plan_.pipeline);
+  PipelineTiming timing;
+  run_pipeline(rt_.pp(), table, act, StageCallbacks{fwd, bwd}, &timing);
+  *compute_s = timing.compute_s;
+  *bubble_s = timing.bubble_s;
+}
+
+// The first and last stage each hold the tied embedding; the full gradient is the sum of both
+// copies' (Megatron's embedding group). Both ranks compute a + b (commutative: identical bits).
+// Not counted in the ledger, as the planner does not count it (plan/comm.hpp).
+void DistributedTrainer::tied_embedding_sum() {
+  const int pp = plan_.mesh.pp;
+  if (!opt_.model.tie_embeddings || plan_.pipeline.stages() == 1) return;
+  for (auto& ch : chunks_) {
+    if (ch->tied_wte.len == 0) continue;
+    const int peer = ch->stage == 0 ? pp - 1 : 0;
+    float* g = ch->model->grads() + ch->tied_wte.offset;
+    std::vector<float> other(size_t(ch->tied_wte.len));
+    mpi_check(MPI_Sendrecv(g, int(ch->tied_wte.len), MPI_FLOAT, peer, 7001, other.data(), int(ch->tied_wte.len),
+                           MPI_FLOAT, peer, 7001, rt_.pp().comm(), MPI_STATUS_IGNORE),
+              "MPI_Sendrecv (tied embedding gradient)");
+    for (int64_t i = 0; i < ch->tied_wte.len; i++) g[i] += other[size_t(i)];
+  }
+}
+
+void DistributedTrainer::reduce_gradients() {
+  if (plan_.zero == 0) {
+    for (auto& ch : chunks_)
+      if (ch->bucketer) ch->bucketer->finish(1.0f);
+    tied_embedding_sum();
+    return;
+  }
+  tied_embedding_sum();
+  for (auto& ch : chunks_) {
+    const int64_t total = ch->model->num_params();
+    std::copy_n(ch->model->grads(), total, ch->grad_pad.begin());
+    reduce_scatter_grads(rt_.dp(), ch->zl, ch->grad_pad.data(), ch->grad_shard.data(), 1.0f);
+  }
+}
+
+double DistributedTrainer::grad_norm_squared() {
+  double local = 0;
+  const int dp_rank = rt_.dp().rank();
+  for (auto& ch : chunks_) {
+    if (plan_.zero == 0) {
+      if (dp_rank != 0) continue;  // every replica holds the same reduced gradients
+      const float* g = ch->model->grads();
+      for (int64_t i = 0; i < ch->model->num_params(); i++)
+        if (ch->counted[size_t(i)]) local += double(g[i]) * double(g[i]);
+    } else {
+      const ShardRange own = ch->zl.owned(dp_rank);
+      const int64_t base = ch->zl.range(dp_rank).begin;
+      for (int64_t i = own.begin; i < own.end; i++)
+        if (ch->counted[size_t(i)]) local += double(ch->grad_shard[size_t(i - base)]) * ch->grad_shard[size_t(i - base)];
+    }
+  }
+  double global = 0;
+  mpi_check(MPI_Allreduce(&local, &global, 1, MPI_DOUBLE, MPI_SUM, rt_.mesh().world), "MPI_Allreduce (grad norm)");
+  return global;
+}
+
+void DistributedTrainer::optimizer_step(float lr, float clip_scale) {
+  const float b1 = float(opt_.train.beta1), b2 = float(opt_.train.beta2);
+  const float bc1 = 1.0f - std::pow(b1, float(step_ + 1));
+  const float bc2 = 1.0f - std::pow(b2, float(step_ + 1));
+  const int dp_rank = rt_.dp().rank();
+  for (auto& ch : chunks_) {
+    if (ch->adamw) {
+      ch->adamw->set_step(step_);
+      ch->adamw->update(ch->model->params(), ch->model->grads(), lr, clip_scale);
+      continue;
+    }
+    // ZeRO 1/2: AdamW on this rank's shard, entry by entry (weight decay is per parameter).
+    const ShardRange own = ch->zl.owned(dp_rank);
+    const int64_t base = ch->zl.range(dp_rank).begin;
+    float* params = ch->param_pad.data();
+    std::copy_n(ch->model->params(), ch->model->num_params(), params);
+    for (const ParamInfo& p : ch->model->layout().entries()) {
+      const int64_t lo = std::max(own.begin, p.offset), hi = std::min(own.end, p.offset + p.numel);
+      if (lo >= hi) continue;
+      be_.adamw_update(params + lo, ch->grad_shard.data() + (lo - base), ch->m.data() + (lo - base),
+                       ch->v.data() + (lo - base), hi - lo, lr, b1, b2, float(opt_.train.eps),
+                       p.decay ? float(opt_.train.weight_decay) : 0.0f, bc1, bc2, clip_scale);
+    }
+    all_gather_params(rt_.dp(), ch->zl, params);
+    std::copy_n(params, ch->model->num_params(), ch->model->params());
+  }
+  step_ += 1;
+}
+
+DistStepMetrics DistributedTrainer::train_step() {
+  const double t0 = omp_get_wtime();
+  rt_.ledger().reset();
+  for (auto& ch : chunks_) {
+    ch->model->zero_grad();
+    ch->backward_count = 0;
+  }
+  // Every rank reads its replica's m micro-batches (all pipeline ranks alike, to stay in step).
+  const int64_t n = B_ * T_;
+  for (int64_t mb = 0; mb < m_; mb++)
+    data_.next_batch(B_, T_, tokens_.data() + mb * n, targets_.data() + mb * n);
+
+  double loss_sum = 0, compute_s = 0, bubble_s = 0;
+  run_micro_batches(&loss_sum, &compute_s, &bubble_s);
+  reduce_gradients();
+
+  // The global mean loss: the last stage's sums over dp (tp rank 0 only: tp ranks agree).
+  DistStepMetrics s;
+  const bool reports = rt_.holds_loss() && rt_.mesh().coord.tp == 0;
+  double mine = reports ? loss_sum : 0.0, total = 0;
+  mpi_check(MPI_Allreduce(&mine, &total, 1, MPI_DOUBLE, MPI_SUM, rt_.mesh().world), "MPI_Allreduce (loss)");
+  s.loss = total / double(m_ * rt_.dp().size());
+
+  const double t_opt = omp_get_wtime();
+  s.grad_norm = std::sqrt(grad_norm_squared());
+  double clip_scale = 1.0;  // as torch.nn.utils.clip_grad_norm_ and the single-rank trainer
+  if (opt_.train.grad_clip > 0) clip_scale = std::min(1.0, opt_.train.grad_clip / (s.grad_norm + 1e-6));
+  const TrainSpec& ts = opt_.train;
+  s.lr = lr_at(step_, ts.lr, ts.min_lr, ts.warmup_steps, ts.steps);
+  optimizer_step(float(s.lr), float(clip_scale));
+  s.step = step_;
+  const double t1 = omp_get_wtime();
+  s.seconds = t1 - t0;
+  s.tokens_per_s = double(m_ * rt_.dp().size() * n) / s.seconds;
+
+  s.breakdown_s = comm_breakdown_s(rt_.ledger());
+  // Communication inside the compute callbacks (tp collectives, pipeline waits) is reported under
+  // its own name, so compute excludes it.
+  // (run_pipeline's compute_s already excludes its pipeline waits; dp buckets are non-blocking.)
+  s.breakdown_s["compute"] = std::max(0.0, compute_s - s.breakdown_s["tp_comm"]);
+  s.breakdown_s["optimizer"] = t1 - t_opt;
+  s.breakdown_s["pp_bubble"] = std::max(s.breakdown_s["pp_bubble"], bubble_s);
+  s.bytes = rt_.ledger().bytes;
+  for (auto& ch : chunks_)
+    if (ch->bucketer) s.buckets_launched_early += ch->bucketer->launched_early();
+  return s;
+}
+
+}  // namespace exatrain::parallel
