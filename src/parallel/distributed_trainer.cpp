@@ -121,7 +121,8 @@ DistributedTrainer::DistributedTrainer(Backend& backend, ParallelRuntime& rt, co
         ch->bucketer = std::make_unique<GradBucketer>(rt_.dp(), ch->model->grads(), layout.total(),
                                                       std::min(opt_.bucket_floats, layout.total()));
     } else {
-      ch->zl = ZeroLayout::make(layout.total(), dp);
+      // align 1: no padding when dp divides the arena, so the bytes equal the planner's flat buffer.
+      ch->zl = ZeroLayout::make(layout.total(), dp, 1);
       ch->grad_pad.assign(size_t(ch->zl.padded), 0.0f);
       ch->param_pad.assign(size_t(ch->zl.padded), 0.0f);
       ch->grad_shard.assign(size_t(ch->zl.shard), 0.0f);
