@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/check.hpp"
 #include "optim/adamw.hpp"
@@ -34,9 +35,8 @@ class DistHooks final : public ParallelHooks {
   void sp_reduce_scatter(const float* full, float* local, int64_t n) override {
     tp_.reduce_scatter_sum(full, local, n);
   }
-  void after_layer(int64_t unit, Pass pass) override {
-    owner_.on_after_layer(chunk_, unit, pass == Pass::backward);
-  }
+  void before_layer(int64_t unit, Pass pass) override { owner_.on_before_layer(chunk_, unit, pass); }
+  void after_layer(int64_t unit, Pass pass) override { owner_.on_after_layer(chunk_, unit, pass); }
 
  private:
   Group& tp_;
@@ -58,6 +58,16 @@ struct DistributedTrainer::Chunk {
   // ZeRO 1/2: padded arenas and this rank's shard of the optimizer state.
   ZeroLayout zl;
   std::vector<float> grad_pad, param_pad, grad_shard, m, v;
+  // ZeRO 3: every unit's contiguous arena range is sharded on its own over dp; this rank keeps
+  // only its shard of the parameters (the master copy), gradients and moments.
+  struct Segment {
+    Range range;          // in the model's arena
+    ZeroLayout zl;
+    std::vector<float> param, grad, m, v;  // [zl.shard]
+  };
+  std::vector<Segment> segments;
+  std::map<int64_t, std::vector<int>> gather_segments;  // unit -> segments its pass reads
+  std::map<int64_t, std::vector<int>> own_segments;     // unit -> segments whose gradients it makes
 };
 
 static int64_t unit_of(const std::string& name) {
@@ -72,8 +82,10 @@ DistributedTrainer::DistributedTrainer(Backend& backend, ParallelRuntime& rt, co
   const MeshShape& mesh = plan_.mesh;
   EXA_CHECK(mesh.cp == 1, "[parallel] cp = {}: context parallelism is planned but not run by the trainer "
             "(expected cp = 1)", mesh.cp);
-  EXA_CHECK(plan_.zero <= 2, "[parallel] zero = 3: the distributed trainer runs ZeRO 0, 1 and 2 "
-            "(ZeRO 3's per-layer parameter gathering is not implemented yet)");
+  EXA_CHECK(!(plan_.zero == 3 && plan_.pipeline.stages() > 1 && opt_.model.tie_embeddings),
+            "[parallel] zero = 3 with pp {} and tie_embeddings = true: the tied embedding's two copies "
+            "would be sharded differently; expected zero <= 2, pp = 1 or untied embeddings",
+            plan_.mesh.pp);
   EXA_CHECK(opt_.train.optimizer == "adamw", "train.optimizer = \"{}\": only \"adamw\" is implemented",
             opt_.train.optimizer);
   B_ = plan_.micro_batch;
@@ -120,6 +132,8 @@ DistributedTrainer::DistributedTrainer(Backend& backend, ParallelRuntime& rt, co
       if (dp > 1)
         ch->bucketer = std::make_unique<GradBucketer>(rt_.dp(), ch->model->grads(), layout.total(),
                                                       std::min(opt_.bucket_floats, layout.total()));
+    } else if (plan_.zero == 3) {
+      setup_zero3(*ch);
     } else {
       // align 1: no padding when dp divides the arena, so the bytes equal the planner's flat buffer.
       ch->zl = ZeroLayout::make(layout.total(), dp, 1);
@@ -155,25 +169,119 @@ int64_t DistributedTrainer::moment_size(int c) const {
   const Chunk& ch = *chunks_.at(size_t(c));
   return ch.adamw ? ch.model->num_params() : ch.zl.shard;
 }
+void DistributedTrainer::gather_full_params() {
+  if (plan_.zero != 3) return;
+  for (auto& ch : chunks_)
+    for (int sidx = 0; sidx < int(ch->segments.size()); sidx++) gather_segment(*ch, sidx);
+}
+
+void DistributedTrainer::release_full_params() {
+  if (plan_.zero != 3) return;
+  for (auto& ch : chunks_)
+    for (int sidx = 0; sidx < int(ch->segments.size()); sidx++) release_segment(*ch, sidx);
+}
+
 int64_t DistributedTrainer::params_on_rank() const {
   int64_t n = 0;
   for (const auto& ch : chunks_) n += ch->model->num_params();
   return n;
 }
 
-// After the LAST micro-batch's backward through a unit its gradients are final on this rank:
-// finish the sequence-parallel partial sums, then hand the unit to the dp bucketer (ZeRO 0), whose
-// all-reduces run while backward continues with the earlier layers.
-void DistributedTrainer::on_after_layer(int c, int64_t unit, bool backward) {
+void DistributedTrainer::setup_zero3(Chunk& ch) {
+  const int dp = rt_.dp().size(), r = rt_.dp().rank();
+  float* params = ch.model->params();
+  for (auto& [unit, ranges] : ch.unit_ranges) {
+    std::vector<Range> sorted = ranges;
+    std::sort(sorted.begin(), sorted.end(), [](const Range& a, const Range& b) { return a.offset < b.offset; });
+    std::vector<Range> merged;
+    for (const Range& x : sorted) {
+      if (!merged.empty() && merged.back().offset + merged.back().len == x.offset) merged.back().len += x.len;
+      else merged.push_back(x);
+    }
+    for (const Range& x : merged) {
+      Chunk::Segment seg;
+      seg.range = x;
+      seg.zl = ZeroLayout::make(x.len, dp, 1);
+      const size_t shard = size_t(seg.zl.shard);
+      seg.param.assign(shard, 0.0f), seg.grad.assign(shard, 0.0f), seg.m.assign(shard, 0.0f), seg.v.assign(shard, 0.0f);
+      const ShardRange own = seg.zl.owned(r);
+      for (int64_t i = own.begin; i < own.end; i++) seg.param[size_t(i - seg.zl.range(r).begin)] = params[x.offset + i];
+      ch.own_segments[unit].push_back(int(ch.segments.size()));
+      ch.gather_segments[unit].push_back(int(ch.segments.size()));
+      ch.segments.push_back(std::move(seg));
+    }
+  }
+  // The head of a single-stage model reads the tied embedding too.
+  if (opt_.model.tie_embeddings && ch.model->options().stage.has_head && ch.model->options().stage.has_embedding)
+    for (int sidx : ch.own_segments[ParallelHooks::kEmbedding]) ch.gather_segments[ParallelHooks::kHead].push_back(sidx);
+  // Released parameters read as NaN: a pass that used one without gathering it would poison the loss.
+  std::fill_n(params, ch.model->num_params(), std::numeric_limits<float>::quiet_NaN());
+}
+
+// ZeRO 3: all-gather a segment's parameters into the model's arena (in place over a staging copy).
+void DistributedTrainer::gather_segment(Chunk& ch, int sidx) {
+  Chunk::Segment& seg = ch.segments[size_t(sidx)];
+  const int r = rt_.dp().rank();
+  std::vector<float>& staging = ch.param_pad;
+  staging.resize(std::max(staging.size(), size_t(seg.zl.padded)));
+  std::copy(seg.param.begin(), seg.param.end(), staging.begin() + seg.zl.range(r).begin);
+  rt_.dp().all_gather(nullptr, staging.data(), seg.zl.shard);
+  std::copy_n(staging.begin(), seg.range.len, ch.model->params() + seg.range.offset);
+}
+
+void DistributedTrainer::release_segment(Chunk& ch, int sidx) {
+  const Range& x = ch.segments[size_t(sidx)].range;
+  std::fill_n(ch.model->params() + x.offset, x.len, std::numeric_limits<float>::quiet_NaN());
+}
+
+// ZeRO 3: this micro-batch's gradients of a segment, reduce-scattered over dp into my shard.
+void DistributedTrainer::reduce_scatter_segment(Chunk& ch, int sidx) {
+  Chunk::Segment& seg = ch.segments[size_t(sidx)];
+  std::vector<float>& staging = ch.grad_pad;
+  staging.assign(size_t(seg.zl.padded), 0.0f);
+  float* g = ch.model->grads() + seg.range.offset;
+  std::copy_n(g, seg.range.len, staging.begin());
+  std::fill_n(g, seg.range.len, 0.0f);
+  std::vector<float>& out = ch.grad_shard;
+  out.resize(size_t(seg.zl.shard));
+  reduce_scatter_grads(rt_.dp(), seg.zl, staging.data(), out.data(), 1.0f);
+  for (int64_t i = 0; i < seg.zl.shard; i++) seg.grad[size_t(i)] += out[size_t(i)];
+}
+
+void DistributedTrainer::on_before_layer(int c, int64_t unit, ParallelHooks::Pass) {
+  if (plan_.zero != 3) return;
   Chunk& ch = *chunks_[size_t(c)];
-  if (!backward || ch.backward_count != m_) return;
+  for (int sidx : ch.gather_segments[unit]) gather_segment(ch, sidx);
+}
+
+void DistributedTrainer::reduce_sp_partial(Chunk& ch, int64_t unit) {
   auto it = ch.unit_ranges.find(unit);
   if (it == ch.unit_ranges.end()) return;
   float* g = ch.model->grads();
   for (const Range& r : it->second)
     for (const Range& s : ch.sp_partial)
       if (s.offset >= r.offset && s.offset + s.len <= r.offset + r.len) rt_.tp().all_reduce_sum(g + s.offset, s.len);
-  if (ch.bucketer)
+}
+
+// After the LAST micro-batch's backward through a unit its gradients are final on this rank:
+// finish the sequence-parallel partial sums, then hand the unit to the dp bucketer (ZeRO 0), whose
+// all-reduces run while backward continues with the earlier layers.
+void DistributedTrainer::on_after_layer(int c, int64_t unit, ParallelHooks::Pass pass) {
+  Chunk& ch = *chunks_[size_t(c)];
+  const bool backward = pass == ParallelHooks::Pass::backward;
+  if (plan_.zero == 3) {
+    // ZeRO 3: gradients leave for their owners after every micro-batch; parameters are released.
+    if (backward) {
+      reduce_sp_partial(ch, unit);  // per micro-batch here: the owner only sees the sum
+      for (int sidx : ch.own_segments[unit]) reduce_scatter_segment(ch, sidx);
+    }
+    for (int sidx : ch.gather_segments[unit]) release_segment(ch, sidx);
+    return;
+  }
+  if (!backward || ch.backward_count != m_) return;
+  reduce_sp_partial(ch, unit);
+  auto it = ch.unit_ranges.find(unit);
+  if (ch.bucketer && it != ch.unit_ranges.end())
     for (const Range& r : it->second) ch.bucketer->mark_ready(r.offset, r.len);
 }
 
@@ -243,6 +351,7 @@ void DistributedTrainer::reduce_gradients() {
     tied_embedding_sum();
     return;
   }
+  if (plan_.zero == 3) return;  // reduce-scattered during backward
   tied_embedding_sum();
   for (auto& ch : chunks_) {
     const int64_t total = ch->model->num_params();
@@ -255,7 +364,15 @@ double DistributedTrainer::grad_norm_squared() {
   double local = 0;
   const int dp_rank = rt_.dp().rank();
   for (auto& ch : chunks_) {
-    if (plan_.zero == 0) {
+    if (plan_.zero == 3) {
+      for (const Chunk::Segment& seg : ch->segments) {
+        const ShardRange own = seg.zl.owned(dp_rank);
+        const int64_t base = seg.zl.range(dp_rank).begin;
+        for (int64_t i = own.begin; i < own.end; i++)
+          if (ch->counted[size_t(seg.range.offset + i)])
+            local += double(seg.grad[size_t(i - base)]) * seg.grad[size_t(i - base)];
+      }
+    } else if (plan_.zero == 0) {
       if (dp_rank != 0) continue;  // every replica holds the same reduced gradients
       const float* g = ch->model->grads();
       for (int64_t i = 0; i < ch->model->num_params(); i++)
@@ -281,6 +398,23 @@ void DistributedTrainer::optimizer_step(float lr, float clip_scale) {
     if (ch->adamw) {
       ch->adamw->set_step(step_);
       ch->adamw->update(ch->model->params(), ch->model->grads(), lr, clip_scale);
+      continue;
+    }
+    if (plan_.zero == 3) {  // AdamW on my shard of every segment, the master copy of the weights
+      for (Chunk::Segment& seg : ch->segments) {
+        const ShardRange own = seg.zl.owned(dp_rank);
+        const int64_t base = seg.zl.range(dp_rank).begin;
+        for (const ParamInfo& p : ch->model->layout().entries()) {
+          const int64_t lo = std::max(seg.range.offset + own.begin, p.offset);
+          const int64_t hi = std::min(seg.range.offset + own.end, p.offset + p.numel);
+          if (lo >= hi) continue;
+          const size_t k = size_t(lo - seg.range.offset - base);
+          be_.adamw_update(seg.param.data() + k, seg.grad.data() + k, seg.m.data() + k, seg.v.data() + k, hi - lo,
+                           lr, b1, b2, float(opt_.train.eps), p.decay ? float(opt_.train.weight_decay) : 0.0f, bc1,
+                           bc2, clip_scale);
+        }
+        std::fill(seg.grad.begin(), seg.grad.end(), 0.0f);
+      }
       continue;
     }
     // ZeRO 1/2: AdamW on this rank's shard, entry by entry (weight decay is per parameter).

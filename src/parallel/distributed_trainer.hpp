@@ -11,7 +11,10 @@
 //      tp as each layer's last backward ends; ZeRO 0 launches the bucketed non-blocking dp
 //      all-reduce from the same after_layer(l, backward) hook (overlapped with the rest of
 //      backward); the tied embedding's two copies (first and last stage) are summed;
-//      ZeRO 1/2 reduce-scatter the gradient arena over dp instead;
+//      ZeRO 1/2 reduce-scatter the gradient arena over dp instead; ZeRO 3 keeps only a shard of
+//      every unit's (layer's, embedding's, head's) parameters, all-gathers a unit before each
+//      pass through it (before_layer), releases it after (after_layer; released values read NaN)
+//      and reduce-scatters the unit's gradients after every micro-batch's backward;
 //   4. global gradient norm: each parameter element counted once (tp-replicated ones on tp rank 0,
 //      dp-replicated ones on dp rank 0 or by their ZeRO owner, the tied copy on the first stage),
 //      summed over the world; clipping and AdamW as the single-rank trainer (ZeRO 1/2: on this
@@ -76,8 +79,13 @@ class DistributedTrainer {
   const DistOptions& options() const { return opt_; }
 
   struct Chunk;  // one model chunk (Gpt stage) with its hooks, ranges and optimizer state
+  // ZeRO 3: gathers every parameter into the chunks' arenas (collective over dp), e.g. to compare
+  // or save them; release_full_params() drops them again. No-ops for ZeRO 0-2.
+  void gather_full_params();
+  void release_full_params();
   // Called by the chunks' hooks (public for them; not for users).
-  void on_after_layer(int chunk, int64_t unit, bool backward);
+  void on_before_layer(int chunk, int64_t unit, ParallelHooks::Pass pass);
+  void on_after_layer(int chunk, int64_t unit, ParallelHooks::Pass pass);
 
  private:
   void run_micro_batches(double* loss_sum, double* compute_s, double* bubble_s);
@@ -85,6 +93,11 @@ class DistributedTrainer {
   double grad_norm_squared();
   void optimizer_step(float lr, float clip_scale);
   void tied_embedding_sum();
+  void setup_zero3(Chunk& ch);
+  void gather_segment(Chunk& ch, int segment);
+  void release_segment(Chunk& ch, int segment);
+  void reduce_scatter_segment(Chunk& ch, int segment);
+  void reduce_sp_partial(Chunk& ch, int64_t unit);
 
   Backend& be_;
   ParallelRuntime& rt_;

@@ -36,6 +36,7 @@ static std::vector<Config> configs_for(int world) {
     a = c(2, 1, 2); a.vp = 2; a.zero = 1; v.push_back(a);
     a = c(4, 1, 1); a.zero = 2; a.micro_batches = 2; v.push_back(a);
     a = c(1, 2, 2); a.recompute = Recompute::full; a.schedule = Schedule::gpipe; v.push_back(a);
+    a = c(2, 2, 1); a.zero = 3; a.untied = true; v.push_back(a);
   } else if (world == 8) {
     Config a = c(2, 2, 2); a.sp = true; a.zero = 1; a.recompute = Recompute::full; v.push_back(a);
     a = c(2, 2, 2); a.vp = 2; v.push_back(a);

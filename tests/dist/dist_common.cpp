@@ -32,7 +32,7 @@ void SyntheticSource::next_batch(int64_t B, int64_t T, int32_t* inputs, int32_t*
 std::string Config::name() const {
   return fmt::format("dp{} tp{}{} pp{} vp{} {} zero{} recompute={} B={} m={}{}", dp, tp, sp ? "+sp" : "", pp, vp,
                      schedule == Schedule::gpipe ? "gpipe" : "1f1b", zero, to_string(recompute), micro_batch,
-                     micro_batches, llama ? " llama" : "");
+                     micro_batches, llama ? " llama" : untied ? " untied" : "");
 }
 
 ModelSpec tiny_model(bool llama) {
@@ -57,6 +57,7 @@ Job job_for(const Config& c, int steps) {
   Job j;
   j.source = "dist-test";
   j.model = tiny_model(c.llama);
+  if (c.untied) j.model.tie_embeddings = false;
   ParallelSpec& p = j.parallel;
   p.gpus = c.dp * c.tp * c.pp;
   p.tp = c.tp, p.pp = c.pp, p.dp = c.dp, p.cp = 1, p.vp = c.vp, p.zero = c.zero;

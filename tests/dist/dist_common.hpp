@@ -34,6 +34,7 @@ struct Config {
   exatrain::Schedule schedule = exatrain::Schedule::one_f_one_b;
   int64_t micro_batch = 1, micro_batches = 4;  // per pipeline per step
   bool llama = false;  // swiglu + rmsnorm + rope + untied head (else GPT-2 style, tied)
+  bool untied = false; // GPT-2 style with a separate lm_head
   std::string name() const;
 };
 

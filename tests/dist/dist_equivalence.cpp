@@ -39,6 +39,8 @@ static std::vector<Config> configs_for(int world) {
     a = c(2, 1, 1); a.zero = 2; a.llama = true; a.micro_batch = 2; a.micro_batches = 2; v.push_back(a);
     v.push_back(c(1, 2, 1));
     a = c(1, 2, 1); a.sp = true; v.push_back(a);
+    a = c(2, 1, 1); a.zero = 3; v.push_back(a);
+    a = c(2, 1, 1); a.zero = 3; a.recompute = R::full; a.untied = true; v.push_back(a);
     a = c(1, 2, 1); a.sp = true; a.llama = true; a.recompute = R::selective; v.push_back(a);
     a = c(1, 1, 2); a.schedule = S::gpipe; v.push_back(a);
     a = c(1, 1, 2); a.recompute = R::full; v.push_back(a);
@@ -51,9 +53,12 @@ static std::vector<Config> configs_for(int world) {
     a = c(2, 1, 2); a.schedule = S::gpipe; a.recompute = R::selective; v.push_back(a);
     a = c(1, 1, 4); v.push_back(a);
     a = c(2, 1, 2); a.vp = 2; a.zero = 1; v.push_back(a);
+    a = c(2, 2, 1); a.sp = true; a.zero = 3; a.recompute = R::selective; v.push_back(a);
+    a = c(2, 1, 2); a.zero = 3; a.llama = true; v.push_back(a);
   } else if (world == 8) {
     Config a = c(2, 2, 2); a.sp = true; a.zero = 1; a.recompute = R::selective; v.push_back(a);
     a = c(2, 2, 2); a.vp = 2; a.llama = true; a.recompute = R::full; v.push_back(a);
+    a = c(2, 2, 2); a.sp = true; a.zero = 3; a.untied = true; v.push_back(a);
   }
   return v;
 }
@@ -67,12 +72,13 @@ int main(int argc, char** argv) {
   omp_set_num_threads(1);
   const int steps = 10;
   auto backend = make_cpu_backend(1);
-  std::map<std::tuple<bool, int64_t, int64_t>, dist_test::Reference> refs;
+  std::map<std::tuple<bool, bool, int64_t, int64_t>, dist_test::Reference> refs;
   int failures = 0;
   const std::vector<Config> configs = configs_for(world);
   for (const Config& cfg : configs) {
     const Job job = dist_test::job_for(cfg, steps);
-    auto key = std::make_tuple(cfg.llama, cfg.micro_batch, job.parallel.global_batch);
+    auto key = std::make_tuple(job.model.activation == Activation::swiglu, job.model.tie_embeddings, cfg.micro_batch,
+                               job.parallel.global_batch);
     if (!refs.count(key)) refs[key] = dist_test::run_single_rank(job);
     const dist_test::Reference& ref = refs[key];
 
@@ -95,6 +101,7 @@ int main(int argc, char** argv) {
       early += m.buckets_launched_early;
       if (s == 0 || s == steps - 1) trace += fmt::format(" step{} {:.6f}/{:.6f}", s + 1, m.loss, ref.losses[size_t(s)]);
     }
+    trainer.gather_full_params();  // ZeRO 3: the weights live in shards
     double worst_w = 0;
     for (int c = 0; c < trainer.chunks(); c++) worst_w = std::max(worst_w, dist_test::max_weight_diff(trainer.chunk(c), ref));
     double both[2] = {worst_loss, worst_w}, all[2];
