@@ -181,6 +181,89 @@ void DistributedTrainer::release_full_params() {
     for (int sidx = 0; sidx < int(ch->segments.size()); sidx++) release_segment(*ch, sidx);
 }
 
+std::vector<DistributedTrainer::ChunkState> DistributedTrainer::export_state() {
+  gather_full_params();
+  std::vector<ChunkState> out;
+  const int r = rt_.dp().rank();
+  for (auto& ch : chunks_) {
+    ChunkState st;
+    const int64_t n = ch->model->num_params();
+    st.params.assign(ch->model->params(), ch->model->params() + n);
+    if (ch->adamw) {
+      st.m.assign(ch->adamw->m(), ch->adamw->m() + n);
+      st.v.assign(ch->adamw->v(), ch->adamw->v() + n);
+    } else if (plan_.zero <= 2) {
+      for (std::vector<float>* dst : {&st.m, &st.v}) {
+        std::vector<float> full(size_t(ch->zl.padded), 0.0f);
+        const std::vector<float>& mine = dst == &st.m ? ch->m : ch->v;
+        std::copy(mine.begin(), mine.end(), full.begin() + ch->zl.range(r).begin);
+        rt_.dp().all_gather(nullptr, full.data(), ch->zl.shard);
+        dst->assign(full.begin(), full.begin() + n);
+      }
+    } else {
+      st.m.assign(size_t(n), 0.0f);
+      st.v.assign(size_t(n), 0.0f);
+      for (Chunk::Segment& seg : ch->segments)
+        for (std::vector<float>* dst : {&st.m, &st.v}) {
+          std::vector<float> full(size_t(seg.zl.padded), 0.0f);
+          const std::vector<float>& mine = dst == &st.m ? seg.m : seg.v;
+          std::copy(mine.begin(), mine.end(), full.begin() + seg.zl.range(r).begin);
+          rt_.dp().all_gather(nullptr, full.data(), seg.zl.shard);
+          std::copy_n(full.begin(), seg.range.len, dst->begin() + seg.range.offset);
+        }
+    }
+    out.push_back(std::move(st));
+  }
+  release_full_params();
+  return out;
+}
+
+void DistributedTrainer::import_state(const std::vector<ChunkState>& state, int64_t step) {
+  EXA_CHECK(state.size() == chunks_.size(), "import_state: {} chunks given, the trainer has {}", state.size(),
+            chunks_.size());
+  const int r = rt_.dp().rank();
+  for (size_t c = 0; c < chunks_.size(); c++) {
+    Chunk& ch = *chunks_[c];
+    const ChunkState& st = state[c];
+    const int64_t n = ch.model->num_params();
+    EXA_CHECK(int64_t(st.params.size()) == n && int64_t(st.m.size()) == n && int64_t(st.v.size()) == n,
+              "import_state: chunk {} needs arenas of {} floats", c, n);
+    std::copy(st.params.begin(), st.params.end(), ch.model->params());
+    if (ch.adamw) {
+      std::copy(st.m.begin(), st.m.end(), ch.adamw->m());
+      std::copy(st.v.begin(), st.v.end(), ch.adamw->v());
+    } else if (plan_.zero <= 2) {
+      const int64_t b = ch.zl.range(r).begin;
+      for (int64_t i = 0; i < ch.zl.shard; i++) {
+        ch.m[size_t(i)] = b + i < n ? st.m[size_t(b + i)] : 0.0f;
+        ch.v[size_t(i)] = b + i < n ? st.v[size_t(b + i)] : 0.0f;
+      }
+    } else {
+      for (Chunk::Segment& seg : ch.segments) {
+        const int64_t b = seg.zl.range(r).begin;
+        for (int64_t i = 0; i < seg.zl.shard; i++) {
+          const bool real = b + i < seg.range.len;
+          const size_t k = size_t(seg.range.offset + b + i);
+          seg.param[size_t(i)] = real ? st.params[k] : 0.0f;
+          seg.m[size_t(i)] = real ? st.m[k] : 0.0f;
+          seg.v[size_t(i)] = real ? st.v[k] : 0.0f;
+        }
+      }
+      std::fill_n(ch.model->params(), n, std::numeric_limits<float>::quiet_NaN());
+    }
+  }
+  step_ = step;
+}
+
+bool DistributedTrainer::saves_entry(int c, const ParamInfo& p) const {
+  const Chunk& ch = *chunks_.at(size_t(c));
+  if (rt_.dp().rank() != 0) return false;
+  if (p.split_dim < 0 && rt_.mesh().coord.tp != 0) return false;
+  const StageRange& st = ch.model->options().stage;
+  const bool tied_copy = st.has_head && !st.has_embedding && opt_.model.tie_embeddings;
+  return !(tied_copy && p.name == "wte.weight");
+}
+
 int64_t DistributedTrainer::params_on_rank() const {
   int64_t n = 0;
   for (const auto& ch : chunks_) n += ch->model->num_params();

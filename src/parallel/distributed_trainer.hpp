@@ -83,6 +83,18 @@ class DistributedTrainer {
   // or save them; release_full_params() drops them again. No-ops for ZeRO 0-2.
   void gather_full_params();
   void release_full_params();
+  // Checkpoints: every chunk's full arenas (parameters and AdamW moments in the chunk's layout),
+  // whatever the ZeRO stage; collective over dp (ZeRO 1-3 all-gather the shards). import_state
+  // takes the same arenas and keeps this rank's part of them (no communication).
+  struct ChunkState {
+    std::vector<float> params, m, v;
+  };
+  std::vector<ChunkState> export_state();
+  void import_state(const std::vector<ChunkState>& state, int64_t step);
+  // True when this rank's copy of entry p is the one to save (tp rank 0 for tp-replicated
+  // entries, dp rank 0, not the last stage's copy of a tied embedding).
+  bool saves_entry(int chunk, const ParamInfo& p) const;
+
   // Called by the chunks' hooks (public for them; not for users).
   void on_before_layer(int chunk, int64_t unit, ParallelHooks::Pass pass);
   void on_after_layer(int chunk, int64_t unit, ParallelHooks::Pass pass);
