@@ -35,6 +35,7 @@ void add_train_command(CLI::App& app) {
       if (!r.run_dir.empty()) {  // rank 0
         report::RunSummary s = report::write_report(r.run_dir);
         fmt::print("\n{}", report::format_summary(s, r.run_dir));
+        if (!r.last_checkpoint.empty()) fmt::print("  checkpoint        {}\n", r.last_checkpoint);
         fmt::print("  metrics           {}/metrics.jsonl\n", r.run_dir);
       }
       finalize_mpi();

@@ -18,6 +18,9 @@
 #include "job/parse.hpp"
 #include "parallel/distributed_trainer.hpp"
 #include "parallel/setup.hpp"
+#include "checkpoint/checkpoint.hpp"
+#include "data/manifest.hpp"
+#include "train/dist_checkpoint.hpp"
 #include "report/metrics.hpp"
 #include "report/progress.hpp"
 
@@ -76,9 +79,6 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   Job job = job_in;
-  EXA_CHECK(opt.resume.empty() || opt.resume == "none",
-            "{}: --resume {}: resuming a multi-rank run is not implemented yet (checkpoints of the "
-            "distributed trainer are future work); expected a fresh run", job.source, opt.resume);
   EXA_CHECK(job.train.precision == Precision::fp32, "{}: [train] precision = \"{}\": the CPU backend trains in "
             "\"fp32\" only", job.source, to_string(job.train.precision));
   TrainRunResult result;
@@ -118,14 +118,37 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
   dopt.train = job.train;
   parallel::DistributedTrainer trainer(*backend, rt, dopt, source);
 
+  // Resume: rank 0 picks the checkpoint (newest complete one for "auto"), every rank loads its
+  // slices of it: the checkpoint may come from any topology (train/dist_checkpoint.hpp).
+  const std::string ckpt_root = job.train.run_dir + "/checkpoints";
+  const bool resuming = !opt.resume.empty() && opt.resume != "none";
+  std::string resume_dir;
+  if (rank == 0)
+    if (auto ref = checkpoint::resolve_resume(opt.resume, ckpt_root, opt.out)) resume_dir = ref->dir;
+  int len = int(resume_dir.size());
+  MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  resume_dir.resize(size_t(len));
+  MPI_Bcast(resume_dir.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD);
+  TrainerExtras extras;
+  extras.job_toml = job_to_toml(job);
+  extras.tokenizer_type = loader.manifest().tokenizer_type;
+  if (!loader.manifest().tokenizer_file.empty())
+    extras.tokenizer_model = read_file_bytes(result.dataset_dir + "/" + loader.manifest().tokenizer_file);
+  if (!resume_dir.empty()) {
+    const TrainerExtras saved = load_distributed_checkpoint(trainer, resume_dir);
+    loader.restore_cursor(saved.data_cursor_json);
+    if (rank == 0) fmt::print(opt.out, "resumed from {} (step {})\n", resume_dir, trainer.step());
+  }
+  result.first_step = trainer.step();
+
   std::unique_ptr<report::MetricsWriter> metrics;
   std::unique_ptr<report::Progress> progress;
   if (rank == 0) {
-    EXA_CHECK(!fs::exists(job.train.run_dir + "/metrics.jsonl"),
-              "{}: [train] run_dir = \"{}\" already holds a run (metrics.jsonl); expected a new directory "
-              "(--set train.run_dir=OTHER)", job.source, job.train.run_dir);
+    EXA_CHECK(resuming || !fs::exists(job.train.run_dir + "/metrics.jsonl"),
+              "{}: [train] run_dir = \"{}\" already holds a run (metrics.jsonl); expected a new directory: pass "
+              "--resume auto to continue it, or --set train.run_dir=OTHER", job.source, job.train.run_dir);
     fs::create_directories(job.train.run_dir);
-    write_file_atomic(job.train.run_dir + "/job.toml", job_to_toml(job));
+    write_file_atomic(job.train.run_dir + "/job.toml", extras.job_toml);
     metrics = std::make_unique<report::MetricsWriter>(job.train.run_dir + "/metrics.jsonl");
     progress = std::make_unique<report::Progress>(job.train.steps, opt.out, opt.interactive);
     const parallel::MeshShape& s = plan.mesh;
@@ -163,7 +186,17 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
       if (m.step % job.train.log_every == 0 || m.step == job.train.steps)
         progress->update({m.step, m.loss, m.lr, m.grad_norm, m.tokens_per_s, 0.0, m.seconds});
     }
-    if (m.step == opt.stop_after_steps) break;
+    const bool last = m.step == job.train.steps || m.step - result.first_step == opt.stop_after_steps;
+    if ((job.train.checkpoint_every > 0 && m.step % job.train.checkpoint_every == 0) || last) {
+      extras.data_cursor_json = loader.cursor_json();  // the global position: the same on every rank
+      const std::string dir = save_distributed_checkpoint(trainer, MPI_COMM_WORLD, ckpt_root, extras,
+                                                          job.train.keep_checkpoints);
+      if (rank == 0) {
+        result.last_checkpoint = dir;
+        progress->note(fmt::format("checkpoint saved: {}", dir));
+      }
+    }
+    if (last) break;
   }
   if (rank == 0) {
     progress->finish();
