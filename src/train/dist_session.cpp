@@ -18,6 +18,8 @@
 #include "job/parse.hpp"
 #include "parallel/distributed_trainer.hpp"
 #include "parallel/setup.hpp"
+#include "plan/io.hpp"
+#include "plan/search.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "data/manifest.hpp"
 #include "train/dist_checkpoint.hpp"
@@ -49,6 +51,35 @@ class LoaderSource final : public TokenSource {
 
 const char* kBreakdownNames[] = {"compute", "tp_comm", "pp_comm", "pp_bubble", "dp_comm", "optimizer"};
 constexpr int kBreakdown = 6;
+
+// [parallel] fields left "auto" (or omitted) on several ranks: the planner's best plan for this
+// world size on the `local` machine (catalog/clusters/local.toml) fills them, and rank 0 prints
+// it. Context parallelism is fixed to 1 (the trainer does not run it). Every rank searches (the
+// search is deterministic), so no plan needs to be sent around.
+void resolve_auto_parallel(Job& job, int world, std::FILE* log) {
+  ParallelSpec& p = job.parallel;
+  const bool any_auto = !p.tp || !p.pp || !p.dp || !p.cp || !p.vp || !p.zero || !p.micro_batch || !p.recompute ||
+                        !p.seq_parallel || !p.schedule;
+  if (!any_auto) return;
+  ParallelSpec fixed = p;
+  fixed.gpus = world;
+  if (!fixed.cp) fixed.cp = 1;
+  const MachineSpec local = parse_job("[machine]\npreset = \"local\"\n", "local machine", {}).machine;
+  const plan::SearchResult res = plan::search_plans(job.model, local, fixed, job.train.precision, 1);
+  EXA_CHECK(!res.top.empty(), "{}: [parallel] has \"auto\" fields, and the planner found no plan for {} ranks on "
+            "the local machine ({} plans searched, none fits); set the degrees explicitly", job.source, world,
+            res.searched);
+  const plan::Plan& b = res.top.front().plan;
+  p.gpus = world;
+  p.tp = b.tp, p.pp = b.pp, p.dp = b.dp, p.cp = b.cp, p.vp = b.vp, p.zero = b.zero, p.micro_batch = b.micro_batch;
+  p.recompute = b.recompute, p.seq_parallel = b.seq_parallel, p.schedule = b.schedule;
+  if (log) {
+    fmt::print(log, "[parallel] auto: the planner's best plan for {} ranks on the local machine ({} plans searched): "
+               "{} (predicted {:.4g} s per step)\n", world, res.searched, plan::plan_summary(b),
+               res.top.front().step_time_s);
+    std::fflush(log);
+  }
+}
 
 }  // namespace
 
@@ -102,6 +133,7 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
     data::TokenLoader probe(result.dataset_dir, lo);
     if (job.model.vocab_from_data) job.model.vocab = probe.vocab_size();
   }
+  resolve_auto_parallel(job, world, rank == 0 ? opt.out : nullptr);
   const parallel::RuntimePlan plan = parallel::runtime_plan_from_job(job, world);
   parallel::ParallelRuntime rt(MPI_COMM_WORLD, plan);
   data::LoaderOptions lo;
