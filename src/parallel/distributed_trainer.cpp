@@ -53,7 +53,8 @@ struct DistributedTrainer::Chunk {
   std::vector<uint8_t> counted;    // [total] 1 = this element counts in the global grad norm
   Range tied_wte;                  // the tied embedding's range on the first or last stage (len 0: none)
   int backward_count = 0;          // backwards of this step so far (the m-th one is the last)
-  std::unique_ptr<GradBucketer> bucketer;  // ZeRO 0 with dp > 1
+  std::unique_ptr<GradBucketer> bucketer;  // ZeRO 0 with dp > 1 (all-reduce); ZeRO 2 (reduce-scatter)
+  std::vector<ShardRange> owned;           // ZeRO 2 buckets: the arena ranges this rank updates
   std::unique_ptr<AdamW> adamw;            // ZeRO 0
   // ZeRO 1/2: padded arenas and this rank's shard of the optimizer state.
   ZeroLayout zl;
@@ -132,6 +133,16 @@ DistributedTrainer::DistributedTrainer(Backend& backend, ParallelRuntime& rt, co
       if (dp > 1)
         ch->bucketer = std::make_unique<GradBucketer>(rt_.dp(), ch->model->grads(), layout.total(),
                                                       std::min(opt_.bucket_floats, layout.total()));
+    } else if (plan_.zero == 2 && dp > 1 && layout.total() % dp == 0) {
+      int64_t bucket = std::min(opt_.bucket_floats, layout.total());
+      bucket -= bucket % dp;  // dp divides every bucket: equal chunks, the planner's bytes
+      ch->bucketer = std::make_unique<GradBucketer>(rt_.dp(), ch->model->grads(), layout.total(), bucket,
+                                                    BucketOp::reduce_scatter);
+      ch->owned = ch->bucketer->owned_ranges(dp_rank);
+      int64_t mine = 0;
+      for (const ShardRange& r : ch->owned) mine += r.size();
+      ch->m.assign(size_t(mine), 0.0f);
+      ch->v.assign(size_t(mine), 0.0f);
     } else if (plan_.zero == 3) {
       setup_zero3(*ch);
     } else {
@@ -142,7 +153,6 @@ DistributedTrainer::DistributedTrainer(Backend& backend, ParallelRuntime& rt, co
       ch->grad_shard.assign(size_t(ch->zl.shard), 0.0f);
       ch->m.assign(size_t(ch->zl.shard), 0.0f);
       ch->v.assign(size_t(ch->zl.shard), 0.0f);
-      (void)dp_rank;
     }
     chunks_.push_back(std::move(ch));
   }
@@ -153,22 +163,6 @@ DistributedTrainer::DistributedTrainer(Backend& backend, ParallelRuntime& rt, co
 DistributedTrainer::~DistributedTrainer() = default;
 
 Gpt& DistributedTrainer::chunk(int c) { return *chunks_.at(size_t(c))->model; }
-float* DistributedTrainer::moment_m(int c) {
-  Chunk& ch = *chunks_.at(size_t(c));
-  return ch.adamw ? ch.adamw->m() : ch.m.data();
-}
-float* DistributedTrainer::moment_v(int c) {
-  Chunk& ch = *chunks_.at(size_t(c));
-  return ch.adamw ? ch.adamw->v() : ch.v.data();
-}
-int64_t DistributedTrainer::moment_offset(int c) const {
-  const Chunk& ch = *chunks_.at(size_t(c));
-  return ch.adamw ? 0 : ch.zl.range(rt_.dp().rank()).begin;
-}
-int64_t DistributedTrainer::moment_size(int c) const {
-  const Chunk& ch = *chunks_.at(size_t(c));
-  return ch.adamw ? ch.model->num_params() : ch.zl.shard;
-}
 void DistributedTrainer::gather_full_params() {
   if (plan_.zero != 3) return;
   for (auto& ch : chunks_)
@@ -192,6 +186,17 @@ std::vector<DistributedTrainer::ChunkState> DistributedTrainer::export_state() {
     if (ch->adamw) {
       st.m.assign(ch->adamw->m(), ch->adamw->m() + n);
       st.v.assign(ch->adamw->v(), ch->adamw->v() + n);
+    } else if (ch->bucketer) {  // bucketed ZeRO 2: my ranges, then the buckets' all-gather
+      for (std::vector<float>* dst : {&st.m, &st.v}) {
+        dst->assign(size_t(n), 0.0f);
+        const std::vector<float>& mine = dst == &st.m ? ch->m : ch->v;
+        int64_t k = 0;
+        for (const ShardRange& r : ch->owned) {
+          std::copy_n(mine.begin() + k, r.size(), dst->begin() + r.begin);
+          k += r.size();
+        }
+        ch->bucketer->gather_params(dst->data());
+      }
     } else if (plan_.zero <= 2) {
       for (std::vector<float>* dst : {&st.m, &st.v}) {
         std::vector<float> full(size_t(ch->zl.padded), 0.0f);
@@ -232,6 +237,13 @@ void DistributedTrainer::import_state(const std::vector<ChunkState>& state, int6
     if (ch.adamw) {
       std::copy(st.m.begin(), st.m.end(), ch.adamw->m());
       std::copy(st.v.begin(), st.v.end(), ch.adamw->v());
+    } else if (ch.bucketer) {
+      int64_t k = 0;
+      for (const ShardRange& r : ch.owned) {
+        std::copy_n(st.m.begin() + r.begin, r.size(), ch.m.begin() + k);
+        std::copy_n(st.v.begin() + r.begin, r.size(), ch.v.begin() + k);
+        k += r.size();
+      }
     } else if (plan_.zero <= 2) {
       const int64_t b = ch.zl.range(r).begin;
       for (int64_t i = 0; i < ch.zl.shard; i++) {
@@ -365,7 +377,8 @@ void DistributedTrainer::on_after_layer(int c, int64_t unit, ParallelHooks::Pass
   reduce_sp_partial(ch, unit);
   auto it = ch.unit_ranges.find(unit);
   if (ch.bucketer && it != ch.unit_ranges.end())
-    for (const Range& r : it->second) ch.bucketer->mark_ready(r.offset, r.len);
+    for (const Range& r : it->second)  // the tied embedding waits for the other stage's copy
+      if (!(ch.tied_wte.len > 0 && r.offset == ch.tied_wte.offset)) ch.bucketer->mark_ready(r.offset, r.len);
 }
 
 void DistributedTrainer::run_micro_batches(double* loss_sum, double* compute_s, double* bubble_s) {
@@ -428,18 +441,17 @@ void DistributedTrainer::tied_embedding_sum() {
 }
 
 void DistributedTrainer::reduce_gradients() {
-  if (plan_.zero == 0) {
-    for (auto& ch : chunks_)
-      if (ch->bucketer) ch->bucketer->finish(1.0f);
-    tied_embedding_sum();
-    return;
-  }
   if (plan_.zero == 3) return;  // reduce-scattered during backward
-  tied_embedding_sum();
+  tied_embedding_sum();  // before the dp reduction: linear, and ZeRO shards need the full sum
   for (auto& ch : chunks_) {
-    const int64_t total = ch->model->num_params();
-    std::copy_n(ch->model->grads(), total, ch->grad_pad.begin());
-    reduce_scatter_grads(rt_.dp(), ch->zl, ch->grad_pad.data(), ch->grad_shard.data(), 1.0f);
+    if (ch->bucketer) {  // ZeRO 0 / bucketed ZeRO 2: the last ranges, then wait for every bucket
+      if (ch->tied_wte.len > 0) ch->bucketer->mark_ready(ch->tied_wte.offset, ch->tied_wte.len);
+      ch->bucketer->finish(1.0f);
+    } else if (plan_.zero >= 1) {
+      const int64_t total = ch->model->num_params();
+      std::copy_n(ch->model->grads(), total, ch->grad_pad.begin());
+      reduce_scatter_grads(rt_.dp(), ch->zl, ch->grad_pad.data(), ch->grad_shard.data(), 1.0f);
+    }
   }
 }
 
@@ -455,6 +467,11 @@ double DistributedTrainer::grad_norm_squared() {
           if (ch->counted[size_t(seg.range.offset + i)])
             local += double(seg.grad[size_t(i - base)]) * seg.grad[size_t(i - base)];
       }
+    } else if (plan_.zero == 2 && ch->bucketer) {
+      const float* g = ch->model->grads();
+      for (const ShardRange& r : ch->owned)
+        for (int64_t i = r.begin; i < r.end; i++)
+          if (ch->counted[size_t(i)]) local += double(g[i]) * double(g[i]);
     } else if (plan_.zero == 0) {
       if (dp_rank != 0) continue;  // every replica holds the same reduced gradients
       const float* g = ch->model->grads();
@@ -498,6 +515,23 @@ void DistributedTrainer::optimizer_step(float lr, float clip_scale) {
         }
         std::fill(seg.grad.begin(), seg.grad.end(), 0.0f);
       }
+      continue;
+    }
+    if (ch->bucketer) {  // bucketed ZeRO 2: AdamW on my chunk of every bucket, then gather them
+      float* params = ch->model->params();
+      const float* grads = ch->model->grads();
+      int64_t k = 0;  // position in m/v
+      for (const ShardRange& r : ch->owned) {
+        for (const ParamInfo& p : ch->model->layout().entries()) {
+          const int64_t lo = std::max(r.begin, p.offset), hi = std::min(r.end, p.offset + p.numel);
+          if (lo >= hi) continue;
+          be_.adamw_update(params + lo, grads + lo, ch->m.data() + k + (lo - r.begin),
+                           ch->v.data() + k + (lo - r.begin), hi - lo, lr, b1, b2, float(opt_.train.eps),
+                           p.decay ? float(opt_.train.weight_decay) : 0.0f, bc1, bc2, clip_scale);
+        }
+        k += r.size();
+      }
+      ch->bucketer->gather_params(params);
       continue;
     }
     // ZeRO 1/2: AdamW on this rank's shard, entry by entry (weight decay is per parameter).

@@ -11,7 +11,10 @@
 //      tp as each layer's last backward ends; ZeRO 0 launches the bucketed non-blocking dp
 //      all-reduce from the same after_layer(l, backward) hook (overlapped with the rest of
 //      backward); the tied embedding's two copies (first and last stage) are summed;
-//      ZeRO 1/2 reduce-scatter the gradient arena over dp instead; ZeRO 3 keeps only a shard of
+//      ZeRO 2 (when dp divides the chunk's arena) reduce-scatters each gradient bucket as soon as
+//      backward completes it (GradBucketer, BucketOp::reduce_scatter), so a rank keeps the summed
+//      gradients of its chunk of every bucket only; ZeRO 1 (and ZeRO 2 when dp does not divide
+//      the arena) reduce-scatters the whole arena after backward; ZeRO 3 keeps only a shard of
 //      every unit's (layer's, embedding's, head's) parameters, all-gathers a unit before each
 //      pass through it (before_layer), releases it after (after_layer; released values read NaN)
 //      and reduce-scatters the unit's gradients after every micro-batch's backward;
@@ -68,12 +71,6 @@ class DistributedTrainer {
   void set_step(int64_t s) { step_ = s; }
   int chunks() const { return int(chunks_.size()); }
   Gpt& chunk(int c);
-  // AdamW moments of chunk c: arenas of the chunk's layout (ZeRO 0) or of its shard (ZeRO >= 1):
-  // the shard holds arena elements [moment_offset(c), moment_offset(c) + moment_size(c)).
-  float* moment_m(int c);
-  float* moment_v(int c);
-  int64_t moment_offset(int c) const;
-  int64_t moment_size(int c) const;
   int64_t params_on_rank() const;  // sum of the chunks' arenas
   ParallelRuntime& runtime() { return rt_; }
   const DistOptions& options() const { return opt_; }

@@ -1,5 +1,5 @@
 // Topology-independent checkpoints on 4 ranks: a run saved at tp2 x pp2 (sequence parallel)
-// resumes at dp4 (ZeRO 1), and one saved at dp4 (ZeRO 3) resumes at tp2 x pp2; in both cases
+// resumes at dp4 (ZeRO 1), and runs saved at dp4 (ZeRO 3, ZeRO 2) resume at tp2 x pp2; in all cases
 // the 5 steps after the resume have the losses of an uninterrupted 10-step run (1e-5 relative)
 // and end on its weights. Exits non-zero on any mismatch.
 #include <mpi.h>
@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
 
   int failures = 0;
   struct Case { Config save, resume; int save_zero, resume_zero; };
-  const Case cases[] = {{tp_pp, dp4, 0, 1}, {dp4, tp_pp, 3, 0}};
+  const Case cases[] = {{tp_pp, dp4, 0, 1}, {dp4, tp_pp, 3, 0}, {dp4, tp_pp, 2, 0}};
   int case_index = 0;
   for (Case cs : cases) {
     cs.save.zero = cs.save_zero, cs.resume.zero = cs.resume_zero;
