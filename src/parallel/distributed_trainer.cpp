@@ -96,7 +96,9 @@ DistributedTrainer::DistributedTrainer(Backend& backend, ParallelRuntime& rt, co
   const int pp_rank = rt_.mesh().coord.pp;
   // Contiguous, balanced layer ranges (equal layer costs) for the S stages.
   std::vector<double> layer_cost(size_t(opt_.model.layers), 1.0);
-  const std::vector<StageLayers> stages = balance_stages(layer_cost, 0.0, 0.0, S);
+  const std::vector<StageLayers> stages =
+      opt_.layers_per_stage.empty() ? balance_stages(layer_cost, 0.0, 0.0, S)
+                                    : stages_from_list(layer_cost, 0.0, 0.0, opt_.layers_per_stage, S);
   const int dp = rt_.dp().size(), dp_rank = rt_.dp().rank();
   for (int c = 0; c < vp; c++) {
     auto ch = std::make_unique<Chunk>();

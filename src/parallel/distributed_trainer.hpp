@@ -44,6 +44,8 @@ struct DistOptions {
   // Gradient bucket size of the overlapped ZeRO-0 all-reduce, in floats. One bucket that holds the
   // whole arena reproduces the planner's single flat all-reduce byte for byte.
   int64_t bucket_floats = 1 << 18;
+  // Layers of each of the pp * vp stages ([parallel] layers_per_stage); empty = balanced evenly.
+  std::vector<int64_t> layers_per_stage;
 };
 
 struct DistStepMetrics {

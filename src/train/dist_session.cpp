@@ -148,6 +148,7 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
   parallel::DistOptions dopt;
   dopt.model = job.model;
   dopt.train = job.train;
+  dopt.layers_per_stage = job.parallel.layers_per_stage;
   parallel::DistributedTrainer trainer(*backend, rt, dopt, source);
 
   // Resume: rank 0 picks the checkpoint (newest complete one for "auto"), every rank loads its

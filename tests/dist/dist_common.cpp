@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "backend/backend.hpp"
 #include "train/trainer.hpp"
@@ -30,9 +31,10 @@ void SyntheticSource::next_batch(int64_t B, int64_t T, int32_t* inputs, int32_t*
 }
 
 std::string Config::name() const {
-  return fmt::format("dp{} tp{}{} pp{} vp{} {} zero{} recompute={} B={} m={}{}", dp, tp, sp ? "+sp" : "", pp, vp,
+  return fmt::format("dp{} tp{}{} pp{} vp{} {} zero{} recompute={} B={} m={}{}{}", dp, tp, sp ? "+sp" : "", pp, vp,
                      schedule == Schedule::gpipe ? "gpipe" : "1f1b", zero, to_string(recompute), micro_batch,
-                     micro_batches, llama ? " llama" : untied ? " untied" : "");
+                     micro_batches, llama ? " llama" : untied ? " untied" : "",
+                     layers_per_stage.empty() ? "" : fmt::format(" layers_per_stage {}", fmt::join(layers_per_stage, ",")));
 }
 
 ModelSpec tiny_model(bool llama) {
@@ -66,6 +68,7 @@ Job job_for(const Config& c, int steps) {
   p.recompute = c.recompute;
   p.seq_parallel = c.sp;
   p.schedule = c.schedule;
+  p.layers_per_stage = c.layers_per_stage;
   j.train.steps = steps;
   j.train.lr = 3e-3;
   j.train.warmup_steps = 2;

@@ -46,6 +46,7 @@ static std::vector<Config> configs_for(int world) {
     a = c(1, 1, 2); a.recompute = R::full; v.push_back(a);
     a = c(1, 1, 2); a.vp = 2; v.push_back(a);
     a = c(1, 1, 2); a.llama = true; a.micro_batches = 3; v.push_back(a);
+    a = c(1, 1, 2); a.layers_per_stage = {1, 3}; v.push_back(a);
   } else if (world == 4) {
     Config a = c(4, 1, 1); a.zero = 1; a.micro_batches = 2; v.push_back(a);
     a = c(2, 2, 1); a.sp = true; a.zero = 2; v.push_back(a);
@@ -91,6 +92,7 @@ int main(int argc, char** argv) {
     o.model = job.model;
     o.train = job.train;
     o.bucket_floats = 1000;  // several buckets: exercises the overlapped launch order
+    o.layers_per_stage = job.parallel.layers_per_stage;
     DistributedTrainer trainer(*backend, rt, o, src);
     double worst_loss = 0;
     int64_t early = 0;
