@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 
+#include <fmt/format.h>
+
 #include "core/check.hpp"
 #include "optim/adamw.hpp"
 #include "parallel/executor.hpp"
@@ -410,8 +412,14 @@ void DistributedTrainer::run_micro_batches(double* loss_sum, double* compute_s, 
   if (plan_.mesh.pp == 1) {
     const double t0 = omp_get_wtime();
     for (int mb = 0; mb < int(m_); mb++) {
+      const double f0 = trace_us_since(trace_origin_);
       fwd(mb, 0, nullptr, nullptr);
+      const double b0 = trace_us_since(trace_origin_);
       bwd(mb, 0, nullptr, nullptr);
+      if (trace_) {
+        trace_->push_back({fmt::format("F mb{}", mb), "compute", f0, b0 - f0});
+        trace_->push_back({fmt::format("B mb{}", mb), "compute", b0, trace_us_since(trace_origin_) - b0});
+      }
     }
     *compute_s = omp_get_wtime() - t0;
     *bubble_s = 0;
@@ -419,6 +427,8 @@ void DistributedTrainer::run_micro_batches(double* loss_sum, double* compute_s, 
   }
   const PipelineTable table = build_pipeline(plan_.pipeline);
   PipelineTiming timing;
+  timing.events = trace_;
+  timing.trace_origin = trace_origin_;
   run_pipeline(rt_.pp(), table, act, StageCallbacks{fwd, bwd}, &timing);
   *compute_s = timing.compute_s;
   *bubble_s = timing.bubble_s;

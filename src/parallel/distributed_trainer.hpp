@@ -34,6 +34,7 @@
 #include "job/job.hpp"
 #include "model/gpt.hpp"
 #include "parallel/runtime.hpp"
+#include "parallel/trace.hpp"
 #include "train/token_source.hpp"
 
 namespace exatrain::parallel {
@@ -68,6 +69,9 @@ class DistributedTrainer {
   DistributedTrainer& operator=(const DistributedTrainer&) = delete;
 
   DistStepMetrics train_step();
+  // Record every forward/backward (and pipeline wait) of the following steps as trace events
+  // relative to `origin` (MPI_Wtime after a common barrier); nullptr stops recording.
+  void trace_into(std::vector<TraceEvent>* events, double origin) { trace_ = events, trace_origin_ = origin; }
 
   int64_t step() const { return step_; }
   void set_step(int64_t s) { step_ = s; }
@@ -119,6 +123,8 @@ class DistributedTrainer {
   int64_t step_ = 0;
   std::vector<std::unique_ptr<Chunk>> chunks_;
   std::vector<int32_t> tokens_, targets_;  // [m][B*T]
+  std::vector<TraceEvent>* trace_ = nullptr;
+  double trace_origin_ = 0;
 };
 
 }  // namespace exatrain::parallel

@@ -18,6 +18,7 @@
 #include "job/parse.hpp"
 #include "parallel/distributed_trainer.hpp"
 #include "parallel/setup.hpp"
+#include "parallel/trace.hpp"
 #include "plan/io.hpp"
 #include "plan/search.hpp"
 #include "checkpoint/checkpoint.hpp"
@@ -193,8 +194,21 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
                plan.micro_batches, plan.micro_batch);
     std::fflush(opt.out);
   }
+  // Optional trace of the first steps of this run (every rank's timeline, one file by rank 0).
+  std::vector<parallel::TraceEvent> events;
+  const int64_t trace_steps = std::min<int64_t>(3, job.train.steps - trainer.step());
+  if (!opt.trace.empty()) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    trainer.trace_into(&events, MPI_Wtime());
+  }
   while (trainer.step() < job.train.steps) {
     const parallel::DistStepMetrics m = trainer.train_step();
+    if (!opt.trace.empty() && m.step - result.first_step == trace_steps) {
+      trainer.trace_into(nullptr, 0);
+      parallel::write_chrome_trace(MPI_COMM_WORLD, events, opt.trace);
+      if (rank == 0) progress->note(fmt::format("trace of steps {}-{} of every rank: {} (ui.perfetto.dev)",
+                                                result.first_step + 1, m.step, opt.trace));
+    }
     EXA_CHECK(std::isfinite(m.loss) && std::isfinite(m.grad_norm),
               "train: step {}: the loss is {} and the gradient norm {} (non-finite); stopped", m.step, m.loss,
               m.grad_norm);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `exatrain train` under mpirun (2 ranks, dp 2, ZeRO 1): kill -9 of rank 1 ends the job promptly
 # with a message naming the rank (no hang), and `--resume auto` continues from the last complete
-# checkpoint to the end. Usage: dist_fault_resume.sh MPIEXEC EXATRAIN WORKDIR
+# checkpoint to the end (writing a Perfetto trace of its first steps). Usage: dist_fault_resume.sh MPIEXEC EXATRAIN WORKDIR
 set -u
 MPIEXEC=$1 EXA=$2 WORK=$3
 rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK"
@@ -62,9 +62,18 @@ grep -q "rank 1" run1.log && echo "ok: the message names rank 1: $(grep -m1 'ran
   || { echo "FAIL: no message naming rank 1"; cat run1.log; failures=$((failures + 1)); }
 last=$(ls -d run/checkpoints/step_*/COMPLETE | sort | tail -1 | sed 's|.*step_0*\([0-9]*\)/COMPLETE|\1|')
 target=$((last + 3))
-"${MPIRUN[@]}" "$EXA" train job.toml --plain --resume auto --set train.steps=$target > run2.log 2>&1 \
+"${MPIRUN[@]}" "$EXA" train job.toml --plain --resume auto --set train.steps=$target --trace trace.json > run2.log 2>&1 \
   || { echo "FAIL: resumed run"; cat run2.log; failures=$((failures + 1)); }
 grep -q "resumed from .*step_0*$last (step $last)" run2.log && grep -q "step *$target/$target" run2.log \
   && echo "ok: --resume auto continued from step $last to step $target" \
   || { echo "FAIL: resume from step $last"; cat run2.log; failures=$((failures + 1)); }
+# The resumed run also wrote a Chrome/Perfetto trace of its 3 steps: forward and backward events of both ranks.
+/usr/bin/python3 - <<'PY' && echo "ok: trace.json" || { echo "FAIL: trace.json"; failures=$((failures + 1)); }
+import json
+events = json.load(open("trace.json"))
+events = events["traceEvents"] if isinstance(events, dict) else events
+for rank in (0, 1):
+    names = [e["name"] for e in events if e.get("pid") == rank and e.get("ph") == "X"]
+    assert any(n.startswith("F ") for n in names) and any(n.startswith("B ") for n in names), (rank, names[:5])
+PY
 exit $failures
