@@ -8,6 +8,7 @@
 #include "job/parse.hpp"
 #include "report/report.hpp"
 #include "train/sample.hpp"
+#include "train/dist_session.hpp"
 #include "train/session.hpp"
 
 namespace exatrain::cli {
@@ -17,6 +18,7 @@ void add_train_command(CLI::App& app) {
     std::string job, resume;
     std::vector<std::string> sets;
     bool plain = false;
+    std::string trace;
   };
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("train", "train the job's model (metrics, checkpoints and a report in run_dir)");
@@ -24,11 +26,24 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--set", a->sets, "override a key: section.key=value (repeatable)");
   cmd->add_option("--resume", a->resume, "auto (newest valid checkpoint in run_dir), none, or a checkpoint directory");
   cmd->add_flag("--plain", a->plain, "plain log lines instead of a progress bar");
+  cmd->add_option("--trace", a->trace, "multi-rank runs: write a Chrome/Perfetto trace of the first 3 steps of every rank");
   cmd->callback([a] {
     Job job = load_job(a->job, a->sets);
     TrainRunOptions o;
     o.resume = a->resume;
     if (a->plain) o.interactive = 0;
+    o.trace = a->trace;
+    if (wants_distributed(job)) {  // several MPI ranks, or a [parallel] degree other than 1
+      TrainRunResult r = run_distributed_training(job, o);
+      if (!r.run_dir.empty()) {  // rank 0
+        report::RunSummary s = report::write_report(r.run_dir);
+        fmt::print("\n{}", report::format_summary(s, r.run_dir));
+        if (!r.last_checkpoint.empty()) fmt::print("  checkpoint        {}\n", r.last_checkpoint);
+        fmt::print("  metrics           {}/metrics.jsonl\n", r.run_dir);
+      }
+      finalize_mpi();
+      return;
+    }
     TrainRunResult r = run_training(job, o);
     report::RunSummary s = report::write_report(r.run_dir);
     fmt::print("\n{}", report::format_summary(s, r.run_dir));

@@ -60,7 +60,7 @@ CommBytes bytes_sent_per_step(const ModelSpec& m, const Plan& p, const RankPosit
     if (p.seq_parallel) {
       per_mb_ag += layers * 2 * (fwd_passes + 1);
       per_mb_rs += layers * 2 * (fwd_passes + 1);
-      if (first) per_mb_rs += 1;                // embedding output
+      if (first) { per_mb_rs += 1; per_mb_ag += 1; }  // embedding output / its gradient back to all rows
       if (last) { per_mb_ag += 1; per_mb_rs += 1; }  // LM head input forward / its grad backward
     } else {
       per_mb_ar += layers * 2 * (fwd_passes + 1);
@@ -72,6 +72,18 @@ CommBytes bytes_sent_per_step(const ModelSpec& m, const Plan& p, const RankPosit
     out[CommKind::tp_all_gather] = mb * per_mb_ag * ring_all_gather_sent(act, q, r) * elem;
     if (last)  // cross entropy: 3 fp32 all-reduces of t elements per micro-batch
       out[CommKind::tp_all_reduce] += mb * 3 * ring_all_reduce_sent(t, q, r) * 4;
+    if (p.seq_parallel) {
+      // Once per step: the gradients of the weights used on this rank's sequence rows only
+      // (norms, the biases after row-parallel layers) are partial sums over tp and are
+      // all-reduced before the optimizer (Megatron's allreduce_sequence_parallel_grads).
+      const int64_t h = m.hidden;
+      const bool ln = m.norm == Norm::layernorm;
+      int64_t per_layer = ln ? 4 * h : 2 * h;
+      if (m.activation == Activation::gelu) per_layer += 2 * h;  // o_proj and fc2 biases
+      int64_t sp_elems = layers * per_layer;
+      if (last) sp_elems += ln ? 2 * h : h;  // ln_f
+      out[CommKind::tp_all_reduce] += ring_all_reduce_sent(sp_elems, q, r) * elem;
+    }
   }
   if (p.cp > 1) {
     int64_t kv_local = (m.kv_heads >= p.tp ? kv_dim(m) / p.tp : m.head_dim());
@@ -81,7 +93,8 @@ CommBytes bytes_sent_per_step(const ModelSpec& m, const Plan& p, const RankPosit
   }
   if (p.pp > 1) {
     int64_t sends = mb * (p.vp - (last ? 1 : 0)) + mb * (p.vp - (first ? 1 : 0));
-    out[CommKind::pp_send] = sends * act * elem;
+    // Under sequence parallelism a stage boundary carries this rank's t/tp rows only.
+    out[CommKind::pp_send] = sends * (p.seq_parallel ? act / p.tp : act) * elem;
   }
   const int64_t replicas = p.dp * p.cp;
   if (replicas > 1) {

@@ -20,13 +20,17 @@
 //      no sequence parallelism: 2 all-reduces forward + 2 backward;
 //      sequence parallelism:   2 all-gathers + 2 reduce-scatters forward, the same backward;
 //    per micro-batch on the first stage the vocabulary-parallel embedding's forward all-reduce
-//    (reduce-scatter with sp) of t*h; on the last stage the LM head input gradient's all-reduce
+//    (reduce-scatter with sp, plus the all-gather of its gradient backward) of t*h; on the last stage the LM head input gradient's all-reduce
 //    (reduce-scatter with sp, plus an all-gather forward) of t*h and the vocabulary-parallel
-//    cross entropy's 3 fp32 all-reduces of t elements (max, sum of exp, target logit).
+//    cross entropy's 3 fp32 all-reduces of t elements (max, sum of exp, target logit);
+//    with sequence parallelism, once per step, an all-reduce of the gradients that are partial
+//    sums over tp (norm weights/biases and the o_proj/fc2 biases of the rank's layers, ln_f on
+//    the last stage; the runtime does one per parameter: equal when tp divides hidden).
 //  * cp (cp > 1), per layer per micro-batch, ring attention: forward cp-1 point-to-point sends of
 //    the local K and V (2*t*kv_dim/tp elements each); backward cp-1 sends of K,V and cp-1 of
 //    dK,dV.
-//  * pp (pp > 1), per micro-batch per virtual stage boundary: one send of t*h elements forward
+//  * pp (pp > 1), per micro-batch per virtual stage boundary: one send of t*h elements (t*h/tp
+//    with sequence parallelism, as Megatron's scatter-gather of the boundary tensor) forward
 //    and one backward; rank r sends m*(vp - [r == pp-1]) forward and m*(vp - [r == 0]) backward.
 //  * dp (dp*cp > 1), over the dp*cp ranks holding the same weights, on one flat buffer of the
 //    rank's N = parameters_on_rank elements (no bucketing):

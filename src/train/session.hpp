@@ -15,6 +15,7 @@ struct TrainRunOptions {
   std::FILE* out = stdout;
   int64_t stop_after_steps = -1;  // stop early (still checkpointing) after this many steps of this run
   int64_t inject_nan_at_step = -1;  // test hook: the loss of this step reads as NaN
+  std::string trace;     // multi-rank runs: Chrome/Perfetto trace of the first 3 steps to this file
 };
 
 struct TrainRunResult {

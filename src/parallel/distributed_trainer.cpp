@@ -1,0 +1,615 @@
+#include "parallel/distributed_trainer.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "core/check.hpp"
+#include "optim/adamw.hpp"
+#include "parallel/executor.hpp"
+#include "parallel/tp_regions.hpp"
+#include "parallel/zero.hpp"
+
+namespace exatrain::parallel {
+
+namespace {
+struct Range {
+  int64_t offset = 0, len = 0;
+};
+}  // namespace
+
+// The engine's ParallelHooks over the tp group (as MpiParallelHooks) plus the layer boundaries,
+// which the trainer uses for the data-parallel side.
+class DistHooks final : public ParallelHooks {
+ public:
+  DistHooks(Group& tp, DistributedTrainer& owner, int chunk) : tp_(tp), owner_(owner), chunk_(chunk) {}
+  void input_grad_allreduce(float* g, int64_t n) override { copy_to_tp_region_backward(tp_, g, n); }
+  void partial_sum_allreduce(float* d, int64_t n) override { reduce_from_tp_region_forward(tp_, d, n); }
+  void vocab_max_allreduce(float* d, int64_t n) override { vocab_parallel_max(tp_, d, n); }
+  void vocab_sum_allreduce(float* d, int64_t n) override { vocab_parallel_sum(tp_, d, n); }
+  void sp_all_gather(const float* local, float* full, int64_t n) override {
+    tp_.all_gather(local, full, n);
+  }
+  void sp_reduce_scatter(const float* full, float* local, int64_t n) override {
+    tp_.reduce_scatter_sum(full, local, n);
+  }
+  void before_layer(int64_t unit, Pass pass) override { owner_.on_before_layer(chunk_, unit, pass); }
+  void after_layer(int64_t unit, Pass pass) override { owner_.on_after_layer(chunk_, unit, pass); }
+
+ private:
+  Group& tp_;
+  DistributedTrainer& owner_;
+  int chunk_;
+};
+
+struct DistributedTrainer::Chunk {
+  int stage = 0;
+  std::unique_ptr<DistHooks> hooks;
+  std::unique_ptr<Gpt> model;
+  std::map<int64_t, std::vector<Range>> unit_ranges;  // layer / kEmbedding / kHead -> arena ranges
+  std::vector<Range> sp_partial;   // sequence parallel: gradients that are partial sums over tp
+  std::vector<uint8_t> counted;    // [total] 1 = this element counts in the global grad norm
+  Range tied_wte;                  // the tied embedding's range on the first or last stage (len 0: none)
+  int backward_count = 0;          // backwards of this step so far (the m-th one is the last)
+  std::unique_ptr<GradBucketer> bucketer;  // ZeRO 0 with dp > 1 (all-reduce); ZeRO 2 (reduce-scatter)
+  std::vector<ShardRange> owned;           // ZeRO 2 buckets: the arena ranges this rank updates
+  std::unique_ptr<AdamW> adamw;            // ZeRO 0
+  // ZeRO 1/2: padded arenas and this rank's shard of the optimizer state.
+  ZeroLayout zl;
+  std::vector<float> grad_pad, param_pad, grad_shard, m, v;
+  // ZeRO 3: every unit's contiguous arena range is sharded on its own over dp; this rank keeps
+  // only its shard of the parameters (the master copy), gradients and moments.
+  struct Segment {
+    Range range;          // in the model's arena
+    ZeroLayout zl;
+    std::vector<float> param, grad, m, v;  // [zl.shard]
+  };
+  std::vector<Segment> segments;
+  std::map<int64_t, std::vector<int>> gather_segments;  // unit -> segments its pass reads
+  std::map<int64_t, std::vector<int>> own_segments;     // unit -> segments whose gradients it makes
+};
+
+static int64_t unit_of(const std::string& name) {
+  if (name.rfind("h.", 0) == 0) return std::stoll(name.substr(2, name.find('.', 2) - 2));
+  if (name.rfind("ln_f.", 0) == 0 || name.rfind("lm_head.", 0) == 0) return ParallelHooks::kHead;
+  return ParallelHooks::kEmbedding;  // wte, wpe
+}
+
+DistributedTrainer::DistributedTrainer(Backend& backend, ParallelRuntime& rt, const DistOptions& options,
+                                       TokenSource& data)
+    : be_(backend), rt_(rt), opt_(options), data_(data), plan_(rt.plan()) {
+  const MeshShape& mesh = plan_.mesh;
+  EXA_CHECK(mesh.cp == 1, "[parallel] cp = {}: context parallelism is planned but not run by the trainer "
+            "(expected cp = 1)", mesh.cp);
+  EXA_CHECK(!(plan_.zero == 3 && plan_.pipeline.stages() > 1 && opt_.model.tie_embeddings),
+            "[parallel] zero = 3 with pp {} and tie_embeddings = true: the tied embedding's two copies "
+            "would be sharded differently; expected zero <= 2, pp = 1 or untied embeddings",
+            plan_.mesh.pp);
+  EXA_CHECK(opt_.train.optimizer == "adamw", "train.optimizer = \"{}\": only \"adamw\" is implemented",
+            opt_.train.optimizer);
+  B_ = plan_.micro_batch;
+  T_ = opt_.model.seq_len;
+  m_ = plan_.micro_batches;
+  const int pp = mesh.pp, vp = plan_.pipeline.vp, S = pp * vp;
+  const int pp_rank = rt_.mesh().coord.pp;
+  // Contiguous, balanced layer ranges (equal layer costs) for the S stages.
+  std::vector<double> layer_cost(size_t(opt_.model.layers), 1.0);
+  const std::vector<StageLayers> stages =
+      opt_.layers_per_stage.empty() ? balance_stages(layer_cost, 0.0, 0.0, S)
+                                    : stages_from_list(layer_cost, 0.0, 0.0, opt_.layers_per_stage, S);
+  const int dp = rt_.dp().size(), dp_rank = rt_.dp().rank();
+  for (int c = 0; c < vp; c++) {
+    auto ch = std::make_unique<Chunk>();
+    ch->stage = stage_of(plan_.pipeline, pp_rank, c);
+    GptOptions g;
+    g.model = opt_.model;
+    g.tp = TensorParallel{rt_.mesh().coord.tp, mesh.tp, plan_.seq_parallel};
+    g.stage = StageRange{stages[size_t(ch->stage)].first, stages[size_t(ch->stage)].end, ch->stage == 0,
+                         ch->stage == S - 1};
+    g.recompute = plan_.recompute;
+    g.micro_batch = B_;
+    g.seq = T_;
+    g.activation_slots = pp > 1 ? m_ : 1;  // pipeline: micro-batch mb keeps slot mb
+    ch->hooks = std::make_unique<DistHooks>(rt_.tp(), *this, c);
+    ch->model = std::make_unique<Gpt>(be_, g, ch->hooks.get());
+    ch->model->init_weights(opt_.train.seed);
+    const ParamLayout& layout = ch->model->layout();
+    ch->counted.assign(size_t(layout.total()), 0);
+    const bool tied_copy = g.stage.has_head && !g.stage.has_embedding && opt_.model.tie_embeddings;
+    for (const ParamInfo& p : layout.entries()) {
+      int64_t unit = unit_of(p.name);
+      if (p.name == "wte.weight" && tied_copy) unit = ParallelHooks::kHead;  // only the head reads it
+      ch->unit_ranges[unit].push_back({p.offset, p.numel});
+      if (p.sp_partial_grad) ch->sp_partial.push_back({p.offset, p.numel});
+      if (p.name == "wte.weight" && opt_.model.tie_embeddings && S > 1) ch->tied_wte = {p.offset, p.numel};
+      // Count each global element once: tp-replicated on tp rank 0; the tied copy not at all.
+      const bool count = (p.split_dim >= 0 || rt_.mesh().coord.tp == 0) && !(tied_copy && p.name == "wte.weight");
+      if (count) std::fill_n(ch->counted.begin() + p.offset, p.numel, uint8_t(1));
+    }
+    AdamWConfig ac{float(opt_.train.beta1), float(opt_.train.beta2), float(opt_.train.eps),
+                   float(opt_.train.weight_decay)};
+    if (plan_.zero == 0) {
+      ch->adamw = std::make_unique<AdamW>(be_, layout, ac);
+      if (dp > 1)
+        ch->bucketer = std::make_unique<GradBucketer>(rt_.dp(), ch->model->grads(), layout.total(),
+                                                      std::min(opt_.bucket_floats, layout.total()));
+    } else if (plan_.zero == 2 && dp > 1 && layout.total() % dp == 0) {
+      int64_t bucket = std::min(opt_.bucket_floats, layout.total());
+      bucket -= bucket % dp;  // dp divides every bucket: equal chunks, the planner's bytes
+      ch->bucketer = std::make_unique<GradBucketer>(rt_.dp(), ch->model->grads(), layout.total(), bucket,
+                                                    BucketOp::reduce_scatter);
+      ch->owned = ch->bucketer->owned_ranges(dp_rank);
+      int64_t mine = 0;
+      for (const ShardRange& r : ch->owned) mine += r.size();
+      ch->m.assign(size_t(mine), 0.0f);
+      ch->v.assign(size_t(mine), 0.0f);
+    } else if (plan_.zero == 3) {
+      setup_zero3(*ch);
+    } else {
+      // align 1: no padding when dp divides the arena, so the bytes equal the planner's flat buffer.
+      ch->zl = ZeroLayout::make(layout.total(), dp, 1);
+      ch->grad_pad.assign(size_t(ch->zl.padded), 0.0f);
+      ch->param_pad.assign(size_t(ch->zl.padded), 0.0f);
+      ch->grad_shard.assign(size_t(ch->zl.shard), 0.0f);
+      ch->m.assign(size_t(ch->zl.shard), 0.0f);
+      ch->v.assign(size_t(ch->zl.shard), 0.0f);
+    }
+    chunks_.push_back(std::move(ch));
+  }
+  tokens_.resize(size_t(m_ * B_ * T_));
+  targets_.resize(size_t(m_ * B_ * T_));
+}
+
+DistributedTrainer::~DistributedTrainer() = default;
+
+Gpt& DistributedTrainer::chunk(int c) { return *chunks_.at(size_t(c))->model; }
+void DistributedTrainer::gather_full_params() {
+  if (plan_.zero != 3) return;
+  for (auto& ch : chunks_)
+    for (int sidx = 0; sidx < int(ch->segments.size()); sidx++) gather_segment(*ch, sidx);
+}
+
+void DistributedTrainer::release_full_params() {
+  if (plan_.zero != 3) return;
+  for (auto& ch : chunks_)
+    for (int sidx = 0; sidx < int(ch->segments.size()); sidx++) release_segment(*ch, sidx);
+}
+
+std::vector<DistributedTrainer::ChunkState> DistributedTrainer::export_state() {
+  gather_full_params();
+  std::vector<ChunkState> out;
+  const int r = rt_.dp().rank();
+  for (auto& ch : chunks_) {
+    ChunkState st;
+    const int64_t n = ch->model->num_params();
+    st.params.assign(ch->model->params(), ch->model->params() + n);
+    if (ch->adamw) {
+      st.m.assign(ch->adamw->m(), ch->adamw->m() + n);
+      st.v.assign(ch->adamw->v(), ch->adamw->v() + n);
+    } else if (ch->bucketer) {  // bucketed ZeRO 2: my ranges, then the buckets' all-gather
+      for (std::vector<float>* dst : {&st.m, &st.v}) {
+        dst->assign(size_t(n), 0.0f);
+        const std::vector<float>& mine = dst == &st.m ? ch->m : ch->v;
+        int64_t k = 0;
+        for (const ShardRange& r : ch->owned) {
+          std::copy_n(mine.begin() + k, r.size(), dst->begin() + r.begin);
+          k += r.size();
+        }
+        ch->bucketer->gather_params(dst->data());
+      }
+    } else if (plan_.zero <= 2) {
+      for (std::vector<float>* dst : {&st.m, &st.v}) {
+        std::vector<float> full(size_t(ch->zl.padded), 0.0f);
+        const std::vector<float>& mine = dst == &st.m ? ch->m : ch->v;
+        std::copy(mine.begin(), mine.end(), full.begin() + ch->zl.range(r).begin);
+        rt_.dp().all_gather(nullptr, full.data(), ch->zl.shard);
+        dst->assign(full.begin(), full.begin() + n);
+      }
+    } else {
+      st.m.assign(size_t(n), 0.0f);
+      st.v.assign(size_t(n), 0.0f);
+      for (Chunk::Segment& seg : ch->segments)
+        for (std::vector<float>* dst : {&st.m, &st.v}) {
+          std::vector<float> full(size_t(seg.zl.padded), 0.0f);
+          const std::vector<float>& mine = dst == &st.m ? seg.m : seg.v;
+          std::copy(mine.begin(), mine.end(), full.begin() + seg.zl.range(r).begin);
+          rt_.dp().all_gather(nullptr, full.data(), seg.zl.shard);
+          std::copy_n(full.begin(), seg.range.len, dst->begin() + seg.range.offset);
+        }
+    }
+    out.push_back(std::move(st));
+  }
+  release_full_params();
+  return out;
+}
+
+void DistributedTrainer::import_state(const std::vector<ChunkState>& state, int64_t step) {
+  EXA_CHECK(state.size() == chunks_.size(), "import_state: {} chunks given, the trainer has {}", state.size(),
+            chunks_.size());
+  const int r = rt_.dp().rank();
+  for (size_t c = 0; c < chunks_.size(); c++) {
+    Chunk& ch = *chunks_[c];
+    const ChunkState& st = state[c];
+    const int64_t n = ch.model->num_params();
+    EXA_CHECK(int64_t(st.params.size()) == n && int64_t(st.m.size()) == n && int64_t(st.v.size()) == n,
+              "import_state: chunk {} needs arenas of {} floats", c, n);
+    std::copy(st.params.begin(), st.params.end(), ch.model->params());
+    if (ch.adamw) {
+      std::copy(st.m.begin(), st.m.end(), ch.adamw->m());
+      std::copy(st.v.begin(), st.v.end(), ch.adamw->v());
+    } else if (ch.bucketer) {
+      int64_t k = 0;
+      for (const ShardRange& r : ch.owned) {
+        std::copy_n(st.m.begin() + r.begin, r.size(), ch.m.begin() + k);
+        std::copy_n(st.v.begin() + r.begin, r.size(), ch.v.begin() + k);
+        k += r.size();
+      }
+    } else if (plan_.zero <= 2) {
+      const int64_t b = ch.zl.range(r).begin;
+      for (int64_t i = 0; i < ch.zl.shard; i++) {
+        ch.m[size_t(i)] = b + i < n ? st.m[size_t(b + i)] : 0.0f;
+        ch.v[size_t(i)] = b + i < n ? st.v[size_t(b + i)] : 0.0f;
+      }
+    } else {
+      for (Chunk::Segment& seg : ch.segments) {
+        const int64_t b = seg.zl.range(r).begin;
+        for (int64_t i = 0; i < seg.zl.shard; i++) {
+          const bool real = b + i < seg.range.len;
+          const size_t k = size_t(seg.range.offset + b + i);
+          seg.param[size_t(i)] = real ? st.params[k] : 0.0f;
+          seg.m[size_t(i)] = real ? st.m[k] : 0.0f;
+          seg.v[size_t(i)] = real ? st.v[k] : 0.0f;
+        }
+      }
+      std::fill_n(ch.model->params(), n, std::numeric_limits<float>::quiet_NaN());
+    }
+  }
+  step_ = step;
+}
+
+bool DistributedTrainer::saves_entry(int c, const ParamInfo& p) const {
+  const Chunk& ch = *chunks_.at(size_t(c));
+  if (rt_.dp().rank() != 0) return false;
+  if (p.split_dim < 0 && rt_.mesh().coord.tp != 0) return false;
+  const StageRange& st = ch.model->options().stage;
+  const bool tied_copy = st.has_head && !st.has_embedding && opt_.model.tie_embeddings;
+  return !(tied_copy && p.name == "wte.weight");
+}
+
+int64_t DistributedTrainer::params_on_rank() const {
+  int64_t n = 0;
+  for (const auto& ch : chunks_) n += ch->model->num_params();
+  return n;
+}
+
+void DistributedTrainer::setup_zero3(Chunk& ch) {
+  const int dp = rt_.dp().size(), r = rt_.dp().rank();
+  float* params = ch.model->params();
+  for (auto& [unit, ranges] : ch.unit_ranges) {
+    std::vector<Range> sorted = ranges;
+    std::sort(sorted.begin(), sorted.end(), [](const Range& a, const Range& b) { return a.offset < b.offset; });
+    std::vector<Range> merged;
+    for (const Range& x : sorted) {
+      if (!merged.empty() && merged.back().offset + merged.back().len == x.offset) merged.back().len += x.len;
+      else merged.push_back(x);
+    }
+    for (const Range& x : merged) {
+      Chunk::Segment seg;
+      seg.range = x;
+      seg.zl = ZeroLayout::make(x.len, dp, 1);
+      const size_t shard = size_t(seg.zl.shard);
+      seg.param.assign(shard, 0.0f), seg.grad.assign(shard, 0.0f), seg.m.assign(shard, 0.0f), seg.v.assign(shard, 0.0f);
+      const ShardRange own = seg.zl.owned(r);
+      for (int64_t i = own.begin; i < own.end; i++) seg.param[size_t(i - seg.zl.range(r).begin)] = params[x.offset + i];
+      ch.own_segments[unit].push_back(int(ch.segments.size()));
+      ch.gather_segments[unit].push_back(int(ch.segments.size()));
+      ch.segments.push_back(std::move(seg));
+    }
+  }
+  // The head of a single-stage model reads the tied embedding too.
+  if (opt_.model.tie_embeddings && ch.model->options().stage.has_head && ch.model->options().stage.has_embedding)
+    for (int sidx : ch.own_segments[ParallelHooks::kEmbedding]) ch.gather_segments[ParallelHooks::kHead].push_back(sidx);
+  // Released parameters read as NaN: a pass that used one without gathering it would poison the loss.
+  std::fill_n(params, ch.model->num_params(), std::numeric_limits<float>::quiet_NaN());
+}
+
+// ZeRO 3: all-gather a segment's parameters into the model's arena (in place over a staging copy).
+void DistributedTrainer::gather_segment(Chunk& ch, int sidx) {
+  Chunk::Segment& seg = ch.segments[size_t(sidx)];
+  const int r = rt_.dp().rank();
+  std::vector<float>& staging = ch.param_pad;
+  staging.resize(std::max(staging.size(), size_t(seg.zl.padded)));
+  std::copy(seg.param.begin(), seg.param.end(), staging.begin() + seg.zl.range(r).begin);
+  rt_.dp().all_gather(nullptr, staging.data(), seg.zl.shard);
+  std::copy_n(staging.begin(), seg.range.len, ch.model->params() + seg.range.offset);
+}
+
+void DistributedTrainer::release_segment(Chunk& ch, int sidx) {
+  const Range& x = ch.segments[size_t(sidx)].range;
+  std::fill_n(ch.model->params() + x.offset, x.len, std::numeric_limits<float>::quiet_NaN());
+}
+
+// ZeRO 3: this micro-batch's gradients of a segment, reduce-scattered over dp into my shard.
+void DistributedTrainer::reduce_scatter_segment(Chunk& ch, int sidx) {
+  Chunk::Segment& seg = ch.segments[size_t(sidx)];
+  std::vector<float>& staging = ch.grad_pad;
+  staging.assign(size_t(seg.zl.padded), 0.0f);
+  float* g = ch.model->grads() + seg.range.offset;
+  std::copy_n(g, seg.range.len, staging.begin());
+  std::fill_n(g, seg.range.len, 0.0f);
+  std::vector<float>& out = ch.grad_shard;
+  out.resize(size_t(seg.zl.shard));
+  reduce_scatter_grads(rt_.dp(), seg.zl, staging.data(), out.data(), 1.0f);
+  for (int64_t i = 0; i < seg.zl.shard; i++) seg.grad[size_t(i)] += out[size_t(i)];
+}
+
+void DistributedTrainer::on_before_layer(int c, int64_t unit, ParallelHooks::Pass) {
+  if (plan_.zero != 3) return;
+  Chunk& ch = *chunks_[size_t(c)];
+  for (int sidx : ch.gather_segments[unit]) gather_segment(ch, sidx);
+}
+
+void DistributedTrainer::reduce_sp_partial(Chunk& ch, int64_t unit) {
+  auto it = ch.unit_ranges.find(unit);
+  if (it == ch.unit_ranges.end()) return;
+  float* g = ch.model->grads();
+  for (const Range& r : it->second)
+    for (const Range& s : ch.sp_partial)
+      if (s.offset >= r.offset && s.offset + s.len <= r.offset + r.len) rt_.tp().all_reduce_sum(g + s.offset, s.len);
+}
+
+// After the LAST micro-batch's backward through a unit its gradients are final on this rank:
+// finish the sequence-parallel partial sums, then hand the unit to the dp bucketer (ZeRO 0), whose
+// all-reduces run while backward continues with the earlier layers.
+void DistributedTrainer::on_after_layer(int c, int64_t unit, ParallelHooks::Pass pass) {
+  Chunk& ch = *chunks_[size_t(c)];
+  const bool backward = pass == ParallelHooks::Pass::backward;
+  if (plan_.zero == 3) {
+    // ZeRO 3: gradients leave for their owners after every micro-batch; parameters are released.
+    if (backward) {
+      reduce_sp_partial(ch, unit);  // per micro-batch here: the owner only sees the sum
+      for (int sidx : ch.own_segments[unit]) reduce_scatter_segment(ch, sidx);
+    }
+    for (int sidx : ch.gather_segments[unit]) release_segment(ch, sidx);
+    return;
+  }
+  if (!backward || ch.backward_count != m_) return;
+  reduce_sp_partial(ch, unit);
+  auto it = ch.unit_ranges.find(unit);
+  if (ch.bucketer && it != ch.unit_ranges.end())
+    for (const Range& r : it->second)  // the tied embedding waits for the other stage's copy
+      if (!(ch.tied_wte.len > 0 && r.offset == ch.tied_wte.offset)) ch.bucketer->mark_ready(r.offset, r.len);
+}
+
+void DistributedTrainer::run_micro_batches(double* loss_sum, double* compute_s, double* bubble_s) {
+  const int64_t n = B_ * T_;
+  const int dp = rt_.dp().size();
+  const float scale = 1.0f / float(m_ * dp);  // d(global mean loss) / d(micro-batch mean loss)
+  const int S = plan_.pipeline.stages();
+  // Floats of one stage boundary message: [B, T, C], or this rank's [B*T/tp, C] rows under sp.
+  const int64_t act = (plan_.seq_parallel ? n / plan_.mesh.tp : n) * opt_.model.hidden;
+  auto fwd = [&](int mb, int c, const float* in, float* out) {
+    Chunk& ch = *chunks_[size_t(c)];
+    const bool first = ch.stage == 0, last = ch.stage == S - 1;
+    const int64_t slot = plan_.mesh.pp > 1 ? mb : 0;
+    const float loss = ch.model->forward(first ? tokens_.data() + mb * n : nullptr, in,
+                                         last ? targets_.data() + mb * n : nullptr, slot);
+    if (last) *loss_sum += double(loss);
+    if (out) be_.copy(out, ch.model->output(slot), sizeof(float) * size_t(act));
+  };
+  auto bwd = [&](int mb, int c, const float* grad_out, float* grad_in) {
+    Chunk& ch = *chunks_[size_t(c)];
+    ch.backward_count++;
+    const int64_t slot = plan_.mesh.pp > 1 ? mb : 0;
+    ch.model->backward(grad_out, scale, slot);
+    if (grad_in)
+      be_.copy(grad_in, ch.model->input_grad(), sizeof(float) * size_t(act));
+  };
+  if (plan_.mesh.pp == 1) {
+    const double t0 = omp_get_wtime();
+    for (int mb = 0; mb < int(m_); mb++) {
+      const double f0 = trace_us_since(trace_origin_);
+      fwd(mb, 0, nullptr, nullptr);
+      const double b0 = trace_us_since(trace_origin_);
+      bwd(mb, 0, nullptr, nullptr);
+      if (trace_) {
+        trace_->push_back({fmt::format("F mb{}", mb), "compute", f0, b0 - f0});
+        trace_->push_back({fmt::format("B mb{}", mb), "compute", b0, trace_us_since(trace_origin_) - b0});
+      }
+    }
+    *compute_s = omp_get_wtime() - t0;
+    *bubble_s = 0;
+    return;
+  }
+  const PipelineTable table = build_pipeline(plan_.pipeline);
+  PipelineTiming timing;
+  timing.events = trace_;
+  timing.trace_origin = trace_origin_;
+  run_pipeline(rt_.pp(), table, act, StageCallbacks{fwd, bwd}, &timing);
+  *compute_s = timing.compute_s;
+  *bubble_s = timing.bubble_s;
+}
+
+// The first and last stage each hold the tied embedding; the full gradient is the sum of both
+// copies' (Megatron's embedding group). Both ranks compute a + b (commutative: identical bits).
+// Not counted in the ledger, as the planner does not count it (plan/comm.hpp).
+void DistributedTrainer::tied_embedding_sum() {
+  const int pp = plan_.mesh.pp;
+  if (!opt_.model.tie_embeddings || plan_.pipeline.stages() == 1) return;
+  for (auto& ch : chunks_) {
+    if (ch->tied_wte.len == 0) continue;
+    const int peer = ch->stage == 0 ? pp - 1 : 0;
+    float* g = ch->model->grads() + ch->tied_wte.offset;
+    std::vector<float> other(size_t(ch->tied_wte.len));
+    mpi_check(MPI_Sendrecv(g, int(ch->tied_wte.len), MPI_FLOAT, peer, 7001, other.data(), int(ch->tied_wte.len),
+                           MPI_FLOAT, peer, 7001, rt_.pp().comm(), MPI_STATUS_IGNORE),
+              "MPI_Sendrecv (tied embedding gradient)");
+    for (int64_t i = 0; i < ch->tied_wte.len; i++) g[i] += other[size_t(i)];
+  }
+}
+
+void DistributedTrainer::reduce_gradients() {
+  if (plan_.zero == 3) return;  // reduce-scattered during backward
+  tied_embedding_sum();  // before the dp reduction: linear, and ZeRO shards need the full sum
+  for (auto& ch : chunks_) {
+    if (ch->bucketer) {  // ZeRO 0 / bucketed ZeRO 2: the last ranges, then wait for every bucket
+      if (ch->tied_wte.len > 0) ch->bucketer->mark_ready(ch->tied_wte.offset, ch->tied_wte.len);
+      ch->bucketer->finish(1.0f);
+    } else if (plan_.zero >= 1) {
+      const int64_t total = ch->model->num_params();
+      std::copy_n(ch->model->grads(), total, ch->grad_pad.begin());
+      reduce_scatter_grads(rt_.dp(), ch->zl, ch->grad_pad.data(), ch->grad_shard.data(), 1.0f);
+    }
+  }
+}
+
+double DistributedTrainer::grad_norm_squared() {
+  double local = 0;
+  const int dp_rank = rt_.dp().rank();
+  for (auto& ch : chunks_) {
+    if (plan_.zero == 3) {
+      for (const Chunk::Segment& seg : ch->segments) {
+        const ShardRange own = seg.zl.owned(dp_rank);
+        const int64_t base = seg.zl.range(dp_rank).begin;
+        for (int64_t i = own.begin; i < own.end; i++)
+          if (ch->counted[size_t(seg.range.offset + i)])
+            local += double(seg.grad[size_t(i - base)]) * seg.grad[size_t(i - base)];
+      }
+    } else if (plan_.zero == 2 && ch->bucketer) {
+      const float* g = ch->model->grads();
+      for (const ShardRange& r : ch->owned)
+        for (int64_t i = r.begin; i < r.end; i++)
+          if (ch->counted[size_t(i)]) local += double(g[i]) * double(g[i]);
+    } else if (plan_.zero == 0) {
+      if (dp_rank != 0) continue;  // every replica holds the same reduced gradients
+      const float* g = ch->model->grads();
+      for (int64_t i = 0; i < ch->model->num_params(); i++)
+        if (ch->counted[size_t(i)]) local += double(g[i]) * double(g[i]);
+    } else {
+      const ShardRange own = ch->zl.owned(dp_rank);
+      const int64_t base = ch->zl.range(dp_rank).begin;
+      for (int64_t i = own.begin; i < own.end; i++)
+        if (ch->counted[size_t(i)]) local += double(ch->grad_shard[size_t(i - base)]) * ch->grad_shard[size_t(i - base)];
+    }
+  }
+  double global = 0;
+  mpi_check(MPI_Allreduce(&local, &global, 1, MPI_DOUBLE, MPI_SUM, rt_.mesh().world), "MPI_Allreduce (grad norm)");
+  return global;
+}
+
+void DistributedTrainer::optimizer_step(float lr, float clip_scale) {
+  const float b1 = float(opt_.train.beta1), b2 = float(opt_.train.beta2);
+  const float bc1 = 1.0f - std::pow(b1, float(step_ + 1));
+  const float bc2 = 1.0f - std::pow(b2, float(step_ + 1));
+  const int dp_rank = rt_.dp().rank();
+  for (auto& ch : chunks_) {
+    if (ch->adamw) {
+      ch->adamw->set_step(step_);
+      ch->adamw->update(ch->model->params(), ch->model->grads(), lr, clip_scale);
+      continue;
+    }
+    if (plan_.zero == 3) {  // AdamW on my shard of every segment, the master copy of the weights
+      for (Chunk::Segment& seg : ch->segments) {
+        const ShardRange own = seg.zl.owned(dp_rank);
+        const int64_t base = seg.zl.range(dp_rank).begin;
+        for (const ParamInfo& p : ch->model->layout().entries()) {
+          const int64_t lo = std::max(seg.range.offset + own.begin, p.offset);
+          const int64_t hi = std::min(seg.range.offset + own.end, p.offset + p.numel);
+          if (lo >= hi) continue;
+          const size_t k = size_t(lo - seg.range.offset - base);
+          be_.adamw_update(seg.param.data() + k, seg.grad.data() + k, seg.m.data() + k, seg.v.data() + k, hi - lo,
+                           lr, b1, b2, float(opt_.train.eps), p.decay ? float(opt_.train.weight_decay) : 0.0f, bc1,
+                           bc2, clip_scale);
+        }
+        std::fill(seg.grad.begin(), seg.grad.end(), 0.0f);
+      }
+      continue;
+    }
+    if (ch->bucketer) {  // bucketed ZeRO 2: AdamW on my chunk of every bucket, then gather them
+      float* params = ch->model->params();
+      const float* grads = ch->model->grads();
+      int64_t k = 0;  // position in m/v
+      for (const ShardRange& r : ch->owned) {
+        for (const ParamInfo& p : ch->model->layout().entries()) {
+          const int64_t lo = std::max(r.begin, p.offset), hi = std::min(r.end, p.offset + p.numel);
+          if (lo >= hi) continue;
+          be_.adamw_update(params + lo, grads + lo, ch->m.data() + k + (lo - r.begin),
+                           ch->v.data() + k + (lo - r.begin), hi - lo, lr, b1, b2, float(opt_.train.eps),
+                           p.decay ? float(opt_.train.weight_decay) : 0.0f, bc1, bc2, clip_scale);
+        }
+        k += r.size();
+      }
+      ch->bucketer->gather_params(params);
+      continue;
+    }
+    // ZeRO 1/2: AdamW on this rank's shard, entry by entry (weight decay is per parameter).
+    const ShardRange own = ch->zl.owned(dp_rank);
+    const int64_t base = ch->zl.range(dp_rank).begin;
+    float* params = ch->param_pad.data();
+    std::copy_n(ch->model->params(), ch->model->num_params(), params);
+    for (const ParamInfo& p : ch->model->layout().entries()) {
+      const int64_t lo = std::max(own.begin, p.offset), hi = std::min(own.end, p.offset + p.numel);
+      if (lo >= hi) continue;
+      be_.adamw_update(params + lo, ch->grad_shard.data() + (lo - base), ch->m.data() + (lo - base),
+                       ch->v.data() + (lo - base), hi - lo, lr, b1, b2, float(opt_.train.eps),
+                       p.decay ? float(opt_.train.weight_decay) : 0.0f, bc1, bc2, clip_scale);
+    }
+    all_gather_params(rt_.dp(), ch->zl, params);
+    std::copy_n(params, ch->model->num_params(), ch->model->params());
+  }
+  step_ += 1;
+}
+
+DistStepMetrics DistributedTrainer::train_step() {
+  const double t0 = omp_get_wtime();
+  rt_.ledger().reset();
+  for (auto& ch : chunks_) {
+    ch->model->zero_grad();
+    ch->backward_count = 0;
+  }
+  // Every rank reads its replica's m micro-batches (all pipeline ranks alike, to stay in step).
+  const int64_t n = B_ * T_;
+  for (int64_t mb = 0; mb < m_; mb++)
+    data_.next_batch(B_, T_, tokens_.data() + mb * n, targets_.data() + mb * n);
+
+  double loss_sum = 0, compute_s = 0, bubble_s = 0;
+  run_micro_batches(&loss_sum, &compute_s, &bubble_s);
+  reduce_gradients();
+
+  // The global mean loss: the last stage's sums over dp (tp rank 0 only: tp ranks agree).
+  DistStepMetrics s;
+  const bool reports = rt_.holds_loss() && rt_.mesh().coord.tp == 0;
+  double mine = reports ? loss_sum : 0.0, total = 0;
+  mpi_check(MPI_Allreduce(&mine, &total, 1, MPI_DOUBLE, MPI_SUM, rt_.mesh().world), "MPI_Allreduce (loss)");
+  s.loss = total / double(m_ * rt_.dp().size());
+
+  const double t_opt = omp_get_wtime();
+  s.grad_norm = std::sqrt(grad_norm_squared());
+  double clip_scale = 1.0;  // as torch.nn.utils.clip_grad_norm_ and the single-rank trainer
+  if (opt_.train.grad_clip > 0) clip_scale = std::min(1.0, opt_.train.grad_clip / (s.grad_norm + 1e-6));
+  const TrainSpec& ts = opt_.train;
+  s.lr = lr_at(step_, ts.lr, ts.min_lr, ts.warmup_steps, ts.steps);
+  optimizer_step(float(s.lr), float(clip_scale));
+  s.step = step_;
+  const double t1 = omp_get_wtime();
+  s.seconds = t1 - t0;
+  s.tokens_per_s = double(m_ * rt_.dp().size() * n) / s.seconds;
+
+  s.breakdown_s = comm_breakdown_s(rt_.ledger());
+  // Communication inside the compute callbacks (tp collectives, pipeline waits) is reported under
+  // its own name, so compute excludes it.
+  // (run_pipeline's compute_s already excludes its pipeline waits; dp buckets are non-blocking.)
+  s.breakdown_s["compute"] = std::max(0.0, compute_s - s.breakdown_s["tp_comm"]);
+  s.breakdown_s["optimizer"] = t1 - t_opt;
+  s.breakdown_s["pp_bubble"] = std::max(s.breakdown_s["pp_bubble"], bubble_s);
+  s.bytes = rt_.ledger().bytes;
+  for (auto& ch : chunks_)
+    if (ch->bucketer) s.buckets_launched_early += ch->bucketer->launched_early();
+  return s;
+}
+
+}  // namespace exatrain::parallel

@@ -1,0 +1,130 @@
+// The distributed trainer: one rank's part of a training step under a RuntimePlan (dp x tp x pp,
+// vp chunks, ZeRO 0-2, sequence parallelism, recomputation), built on the engine's Gpt stages and
+// the parallel runtime's groups. The same step as the single-rank Trainer, computed by many ranks:
+//
+//   1. every rank reads the m micro-batches of its data-parallel replica (dp_rank of dp);
+//   2. pp = 1: forward/backward of each micro-batch in turn; pp > 1: run_pipeline with this rank's
+//      action table (GPipe, 1F1B or interleaved), one Gpt per model chunk, one activation slot per
+//      micro-batch. Each micro-batch's loss is scaled by 1 / (m * dp), so the sums below are the
+//      global mean's gradient;
+//   3. gradients: sequence-parallel partial gradients (norms, row-parallel biases) all-reduced over
+//      tp as each layer's last backward ends; ZeRO 0 launches the bucketed non-blocking dp
+//      all-reduce from the same after_layer(l, backward) hook (overlapped with the rest of
+//      backward); the tied embedding's two copies (first and last stage) are summed;
+//      ZeRO 2 (when dp divides the chunk's arena) reduce-scatters each gradient bucket as soon as
+//      backward completes it (GradBucketer, BucketOp::reduce_scatter), so a rank keeps the summed
+//      gradients of its chunk of every bucket only; ZeRO 1 (and ZeRO 2 when dp does not divide
+//      the arena) reduce-scatters the whole arena after backward; ZeRO 3 keeps only a shard of
+//      every unit's (layer's, embedding's, head's) parameters, all-gathers a unit before each
+//      pass through it (before_layer), releases it after (after_layer; released values read NaN)
+//      and reduce-scatters the unit's gradients after every micro-batch's backward;
+//   4. global gradient norm: each parameter element counted once (tp-replicated ones on tp rank 0,
+//      dp-replicated ones on dp rank 0 or by their ZeRO owner, the tied copy on the first stage),
+//      summed over the world; clipping and AdamW as the single-rank trainer (ZeRO 1/2: on this
+//      rank's shard, then an all-gather of the updated weights).
+// The reported loss is the global mean over the step's m * dp micro-batches.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "job/job.hpp"
+#include "model/gpt.hpp"
+#include "parallel/runtime.hpp"
+#include "parallel/trace.hpp"
+#include "train/token_source.hpp"
+
+namespace exatrain::parallel {
+
+struct DistOptions {
+  ModelSpec model;
+  TrainSpec train;
+  // Gradient bucket size of the overlapped ZeRO-0 all-reduce, in floats. One bucket that holds the
+  // whole arena reproduces the planner's single flat all-reduce byte for byte.
+  int64_t bucket_floats = 1 << 18;
+  // Layers of each of the pp * vp stages ([parallel] layers_per_stage); empty = balanced evenly.
+  std::vector<int64_t> layers_per_stage;
+};
+
+struct DistStepMetrics {
+  int64_t step = 0;
+  double loss = 0, grad_norm = 0, lr = 0, seconds = 0, tokens_per_s = 0;
+  // The planner's breakdown_s names: compute, tp_comm, pp_comm, pp_bubble, dp_comm, optimizer.
+  std::map<std::string, double> breakdown_s;
+  std::map<std::string, int64_t> bytes;  // this rank's ledger for the step (kind -> bytes sent)
+  int64_t buckets_launched_early = 0;    // ZeRO 0: dp buckets started during backward
+};
+
+class DistributedTrainer {
+ public:
+  // data: this rank's replica's micro-batches (a loader opened with dp_rank/dp_size); every rank
+  // of a pipeline reads all m micro-batches of a step, so the pipeline's ranks stay in step.
+  DistributedTrainer(Backend& backend, ParallelRuntime& rt, const DistOptions& options,
+                     TokenSource& data);
+  ~DistributedTrainer();
+  DistributedTrainer(const DistributedTrainer&) = delete;
+  DistributedTrainer& operator=(const DistributedTrainer&) = delete;
+
+  DistStepMetrics train_step();
+  // Record every forward/backward (and pipeline wait) of the following steps as trace events
+  // relative to `origin` (MPI_Wtime after a common barrier); nullptr stops recording.
+  void trace_into(std::vector<TraceEvent>* events, double origin) { trace_ = events, trace_origin_ = origin; }
+
+  int64_t step() const { return step_; }
+  void set_step(int64_t s) { step_ = s; }
+  int chunks() const { return int(chunks_.size()); }
+  Gpt& chunk(int c);
+  int64_t params_on_rank() const;  // sum of the chunks' arenas
+  ParallelRuntime& runtime() { return rt_; }
+  const DistOptions& options() const { return opt_; }
+
+  struct Chunk;  // one model chunk (Gpt stage) with its hooks, ranges and optimizer state
+  // ZeRO 3: gathers every parameter into the chunks' arenas (collective over dp), e.g. to compare
+  // or save them; release_full_params() drops them again. No-ops for ZeRO 0-2.
+  void gather_full_params();
+  void release_full_params();
+  // Checkpoints: every chunk's full arenas (parameters and AdamW moments in the chunk's layout),
+  // whatever the ZeRO stage; collective over dp (ZeRO 1-3 all-gather the shards). import_state
+  // takes the same arenas and keeps this rank's part of them (no communication).
+  struct ChunkState {
+    std::vector<float> params, m, v;
+  };
+  std::vector<ChunkState> export_state();
+  void import_state(const std::vector<ChunkState>& state, int64_t step);
+  // True when this rank's copy of entry p is the one to save (tp rank 0 for tp-replicated
+  // entries, dp rank 0, not the last stage's copy of a tied embedding).
+  bool saves_entry(int chunk, const ParamInfo& p) const;
+
+  // Called by the chunks' hooks (public for them; not for users).
+  void on_before_layer(int chunk, int64_t unit, ParallelHooks::Pass pass);
+  void on_after_layer(int chunk, int64_t unit, ParallelHooks::Pass pass);
+
+ private:
+  void run_micro_batches(double* loss_sum, double* compute_s, double* bubble_s);
+  void reduce_gradients();
+  double grad_norm_squared();
+  void optimizer_step(float lr, float clip_scale);
+  void tied_embedding_sum();
+  void setup_zero3(Chunk& ch);
+  void gather_segment(Chunk& ch, int segment);
+  void release_segment(Chunk& ch, int segment);
+  void reduce_scatter_segment(Chunk& ch, int segment);
+  void reduce_sp_partial(Chunk& ch, int64_t unit);
+
+  Backend& be_;
+  ParallelRuntime& rt_;
+  DistOptions opt_;
+  TokenSource& data_;
+  const RuntimePlan& plan_;
+  int64_t B_, T_, m_;
+  int64_t step_ = 0;
+  std::vector<std::unique_ptr<Chunk>> chunks_;
+  std::vector<int32_t> tokens_, targets_;  // [m][B*T]
+  std::vector<TraceEvent>* trace_ = nullptr;
+  double trace_origin_ = 0;
+};
+
+}  // namespace exatrain::parallel

@@ -1,0 +1,256 @@
+#include "train/dist_session.hpp"
+
+#include <mpi.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <limits>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.hpp"
+#include "core/check.hpp"
+#include "core/fileio.hpp"
+#include "data/loader.hpp"
+#include "job/parse.hpp"
+#include "parallel/distributed_trainer.hpp"
+#include "parallel/setup.hpp"
+#include "parallel/trace.hpp"
+#include "plan/io.hpp"
+#include "plan/search.hpp"
+#include "checkpoint/checkpoint.hpp"
+#include "data/manifest.hpp"
+#include "train/dist_checkpoint.hpp"
+#include "report/metrics.hpp"
+#include "report/progress.hpp"
+
+namespace exatrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : 0;
+}
+
+class LoaderSource final : public TokenSource {
+ public:
+  explicit LoaderSource(data::TokenLoader& loader) : loader_(loader) {}
+  void next_batch(int64_t B, int64_t, int32_t* inputs, int32_t* targets) override {
+    loader_.next_batch(inputs, targets, B);
+  }
+  uint64_t position() const override { return loader_.cursor().position; }
+  void seek(uint64_t) override { EXA_FAIL("train: restore the loader through its cursor JSON"); }
+
+ private:
+  data::TokenLoader& loader_;
+};
+
+const char* kBreakdownNames[] = {"compute", "tp_comm", "pp_comm", "pp_bubble", "dp_comm", "optimizer"};
+constexpr int kBreakdown = 6;
+
+// [parallel] fields left "auto" (or omitted) on several ranks: the planner's best plan for this
+// world size on the `local` machine (catalog/clusters/local.toml) fills them, and rank 0 prints
+// it. Context parallelism is fixed to 1 (the trainer does not run it). Every rank searches (the
+// search is deterministic), so no plan needs to be sent around.
+void resolve_auto_parallel(Job& job, int world, std::FILE* log) {
+  ParallelSpec& p = job.parallel;
+  const bool any_auto = !p.tp || !p.pp || !p.dp || !p.cp || !p.vp || !p.zero || !p.micro_batch || !p.recompute ||
+                        !p.seq_parallel || !p.schedule;
+  if (!any_auto) return;
+  ParallelSpec fixed = p;
+  fixed.gpus = world;
+  if (!fixed.cp) fixed.cp = 1;
+  const MachineSpec local = parse_job("[machine]\npreset = \"local\"\n", "local machine", {}).machine;
+  const plan::SearchResult res = plan::search_plans(job.model, local, fixed, job.train.precision, 1);
+  EXA_CHECK(!res.top.empty(), "{}: [parallel] has \"auto\" fields, and the planner found no plan for {} ranks on "
+            "the local machine ({} plans searched, none fits); set the degrees explicitly", job.source, world,
+            res.searched);
+  const plan::Plan& b = res.top.front().plan;
+  p.gpus = world;
+  p.tp = b.tp, p.pp = b.pp, p.dp = b.dp, p.cp = b.cp, p.vp = b.vp, p.zero = b.zero, p.micro_batch = b.micro_batch;
+  p.recompute = b.recompute, p.seq_parallel = b.seq_parallel, p.schedule = b.schedule;
+  if (log) {
+    fmt::print(log, "[parallel] auto: the planner's best plan for {} ranks on the local machine ({} plans searched): "
+               "{} (predicted {:.4g} s per step)\n", world, res.searched, plan::plan_summary(b),
+               res.top.front().step_time_s);
+    std::fflush(log);
+  }
+}
+
+}  // namespace
+
+bool wants_distributed(const Job& job) {
+  if (std::max({env_int("OMPI_COMM_WORLD_SIZE"), env_int("PMI_SIZE"), env_int("PMIX_SIZE")}) > 1) return true;
+  const ParallelSpec& p = job.parallel;
+  // Omitted (or "auto") degrees on one rank mean 1: the single-rank trainer.
+  auto above_one = [](const std::optional<int64_t>& v) { return v && *v > 1; };
+  return p.gpus > 1 || above_one(p.tp) || above_one(p.pp) || above_one(p.dp) || above_one(p.vp) ||
+         above_one(p.zero);
+}
+
+void finalize_mpi() {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (init && !fin) MPI_Finalize();
+}
+
+TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions& opt) {
+  int init = 0;
+  MPI_Initialized(&init);
+  if (!init) {
+    int provided = 0;
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  }
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  Job job = job_in;
+  EXA_CHECK(job.train.precision == Precision::fp32, "{}: [train] precision = \"{}\": the CPU backend trains in "
+            "\"fp32\" only", job.source, to_string(job.train.precision));
+  TrainRunResult result;
+  result.last_val_loss = std::numeric_limits<double>::quiet_NaN();
+  // Rank 0 prepares the bundled corpus once; the others open it after the barrier.
+  std::FILE* log = rank == 0 ? opt.out : nullptr;
+  if (rank == 0) result.dataset_dir = resolve_dataset(job, log);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank != 0) {
+    std::FILE* devnull = std::fopen("/dev/null", "w");
+    EXA_SYSCHECK(devnull != nullptr, "fopen /dev/null");
+    result.dataset_dir = resolve_dataset(job, devnull);
+    std::fclose(devnull);
+  }
+  // Probe the vocabulary (the plan's checks need it), then resolve the plan.
+  {
+    data::LoaderOptions lo;
+    lo.seq_len = job.model.seq_len;
+    lo.seed = job.train.seed;
+    lo.verify_checksums = false;
+    data::TokenLoader probe(result.dataset_dir, lo);
+    if (job.model.vocab_from_data) job.model.vocab = probe.vocab_size();
+  }
+  resolve_auto_parallel(job, world, rank == 0 ? opt.out : nullptr);
+  const parallel::RuntimePlan plan = parallel::runtime_plan_from_job(job, world);
+  parallel::ParallelRuntime rt(MPI_COMM_WORLD, plan);
+  data::LoaderOptions lo;
+  lo.seq_len = job.model.seq_len;
+  lo.seed = job.train.seed;
+  lo.dp_rank = rt.dp().rank();
+  lo.dp_size = rt.dp().size();
+  data::TokenLoader loader(result.dataset_dir, lo);
+  LoaderSource source(loader);
+  const int threads = job.train.threads > 0 ? int(job.train.threads) : std::max(1, omp_get_num_procs() / world);
+  std::unique_ptr<Backend> backend = make_cpu_backend(threads);
+  parallel::DistOptions dopt;
+  dopt.model = job.model;
+  dopt.train = job.train;
+  dopt.layers_per_stage = job.parallel.layers_per_stage;
+  parallel::DistributedTrainer trainer(*backend, rt, dopt, source);
+
+  // Resume: rank 0 picks the checkpoint (newest complete one for "auto"), every rank loads its
+  // slices of it: the checkpoint may come from any topology (train/dist_checkpoint.hpp).
+  const std::string ckpt_root = job.train.run_dir + "/checkpoints";
+  const bool resuming = !opt.resume.empty() && opt.resume != "none";
+  std::string resume_dir;
+  if (rank == 0)
+    if (auto ref = checkpoint::resolve_resume(opt.resume, ckpt_root, opt.out)) resume_dir = ref->dir;
+  int len = int(resume_dir.size());
+  MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  resume_dir.resize(size_t(len));
+  MPI_Bcast(resume_dir.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD);
+  TrainerExtras extras;
+  extras.job_toml = job_to_toml(job);
+  extras.tokenizer_type = loader.manifest().tokenizer_type;
+  if (!loader.manifest().tokenizer_file.empty())
+    extras.tokenizer_model = read_file_bytes(result.dataset_dir + "/" + loader.manifest().tokenizer_file);
+  if (!resume_dir.empty()) {
+    const TrainerExtras saved = load_distributed_checkpoint(trainer, resume_dir);
+    loader.restore_cursor(saved.data_cursor_json);
+    if (rank == 0) fmt::print(opt.out, "resumed from {} (step {})\n", resume_dir, trainer.step());
+  }
+  result.first_step = trainer.step();
+
+  std::unique_ptr<report::MetricsWriter> metrics;
+  std::unique_ptr<report::Progress> progress;
+  if (rank == 0) {
+    EXA_CHECK(resuming || !fs::exists(job.train.run_dir + "/metrics.jsonl"),
+              "{}: [train] run_dir = \"{}\" already holds a run (metrics.jsonl); expected a new directory: pass "
+              "--resume auto to continue it, or --set train.run_dir=OTHER", job.source, job.train.run_dir);
+    fs::create_directories(job.train.run_dir);
+    write_file_atomic(job.train.run_dir + "/job.toml", extras.job_toml);
+    metrics = std::make_unique<report::MetricsWriter>(job.train.run_dir + "/metrics.jsonl");
+    progress = std::make_unique<report::Progress>(job.train.steps, opt.out, opt.interactive);
+    const parallel::MeshShape& s = plan.mesh;
+    fmt::print(opt.out, "training on {} MPI ranks (tp {}{} x pp {} (vp {}, {}) x dp {}, zero {}, recompute {}) x {} "
+               "thread(s): {} params on rank 0, {} steps of {} x {} tokens ({} micro-batch(es) of {} per pipeline)\n",
+               world, s.tp, plan.seq_parallel ? " +sp" : "", s.pp, plan.pipeline.vp,
+               parallel::to_string(plan.pipeline.schedule), s.dp, plan.zero, to_string(plan.recompute), threads,
+               trainer.params_on_rank(), job.train.steps, job.parallel.global_batch, job.model.seq_len,
+               plan.micro_batches, plan.micro_batch);
+    std::fflush(opt.out);
+  }
+  // Optional trace of the first steps of this run (every rank's timeline, one file by rank 0).
+  std::vector<parallel::TraceEvent> events;
+  const int64_t trace_steps = std::min<int64_t>(3, job.train.steps - trainer.step());
+  if (!opt.trace.empty()) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    trainer.trace_into(&events, MPI_Wtime());
+  }
+  while (trainer.step() < job.train.steps) {
+    const parallel::DistStepMetrics m = trainer.train_step();
+    if (!opt.trace.empty() && m.step - result.first_step == trace_steps) {
+      trainer.trace_into(nullptr, 0);
+      parallel::write_chrome_trace(MPI_COMM_WORLD, events, opt.trace);
+      if (rank == 0) progress->note(fmt::format("trace of steps {}-{} of every rank: {} (ui.perfetto.dev)",
+                                                result.first_step + 1, m.step, opt.trace));
+    }
+    EXA_CHECK(std::isfinite(m.loss) && std::isfinite(m.grad_norm),
+              "train: step {}: the loss is {} and the gradient norm {} (non-finite); stopped", m.step, m.loss,
+              m.grad_norm);
+    double mine[kBreakdown];
+    for (int k = 0; k < kBreakdown; k++) {
+      auto it = m.breakdown_s.find(kBreakdownNames[k]);
+      mine[k] = it == m.breakdown_s.end() ? 0.0 : it->second;
+    }
+    std::vector<double> all(size_t(kBreakdown * world));
+    MPI_Gather(mine, kBreakdown, MPI_DOUBLE, all.data(), kBreakdown, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    result.last_loss = m.loss;
+    if (rank == 0) {
+      nlohmann::json per_rank = nlohmann::json::array();
+      for (int r = 0; r < world; r++) {
+        nlohmann::json b;
+        for (int k = 0; k < kBreakdown; k++) b[kBreakdownNames[k]] = all[size_t(r * kBreakdown + k)];
+        per_rank.push_back(b);
+      }
+      metrics->write({{"step", m.step}, {"loss", m.loss}, {"grad_norm", m.grad_norm}, {"lr", m.lr},
+                      {"tokens_per_s", m.tokens_per_s}, {"seconds", m.seconds}, {"ranks", world},
+                      {"breakdown_s_per_rank", per_rank}});
+      if (m.step % job.train.log_every == 0 || m.step == job.train.steps)
+        progress->update({m.step, m.loss, m.lr, m.grad_norm, m.tokens_per_s, 0.0, m.seconds});
+    }
+    const bool last = m.step == job.train.steps || m.step - result.first_step == opt.stop_after_steps;
+    if ((job.train.checkpoint_every > 0 && m.step % job.train.checkpoint_every == 0) || last) {
+      extras.data_cursor_json = loader.cursor_json();  // the global position: the same on every rank
+      const std::string dir = save_distributed_checkpoint(trainer, MPI_COMM_WORLD, ckpt_root, extras,
+                                                          job.train.keep_checkpoints);
+      if (rank == 0) {
+        result.last_checkpoint = dir;
+        progress->note(fmt::format("checkpoint saved: {}", dir));
+      }
+    }
+    if (last) break;
+  }
+  if (rank == 0) {
+    progress->finish();
+    result.run_dir = job.train.run_dir;
+  }
+  result.final_step = trainer.step();
+  return result;
+}
+
+}  // namespace exatrain

@@ -1,0 +1,111 @@
+// Communication accounting: the bytes each rank's ledger counts in one training step, per
+// collective kind, equal plan::bytes_sent_per_step for the same plan and rank EXACTLY (integers).
+// Conventions reconciled (docs/parallel.md, "Communication accounting"): the planner counts the
+// sequence-parallel partial-gradient all-reduce and sp-sized pipeline messages; the runtime pads
+// ZeRO arenas only when dp does not divide them and is run with one gradient bucket per arena.
+// GPT-2-style model (the planner's parameter count has no biases for SwiGLU models), vocab
+// divisible by tp (the planner gives every tp rank ceil(vocab / tp) rows).
+#include <mpi.h>
+#include <omp.h>
+
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "backend/backend.hpp"
+#include "dist_common.hpp"
+#include "parallel/distributed_trainer.hpp"
+#include "parallel/setup.hpp"
+#include "plan/comm.hpp"
+#include "plan/plan.hpp"
+
+using namespace exatrain;
+using namespace exatrain::parallel;
+using dist_test::Config;
+
+static std::vector<Config> configs_for(int world) {
+  auto c = [](int dp, int tp, int pp) {
+    Config x;
+    x.dp = dp, x.tp = tp, x.pp = pp;
+    return x;
+  };
+  std::vector<Config> v;
+  if (world == 4) {
+    v.push_back(c(2, 2, 1));
+    Config a = c(1, 2, 2); a.sp = true; v.push_back(a);
+    a = c(2, 1, 2); a.vp = 2; a.zero = 1; v.push_back(a);
+    a = c(4, 1, 1); a.zero = 2; a.micro_batches = 2; v.push_back(a);
+    a = c(1, 2, 2); a.recompute = Recompute::full; a.schedule = Schedule::gpipe; v.push_back(a);
+    a = c(2, 2, 1); a.zero = 3; a.untied = true; v.push_back(a);
+  } else if (world == 8) {
+    Config a = c(2, 2, 2); a.sp = true; a.zero = 1; a.recompute = Recompute::full; v.push_back(a);
+    a = c(2, 2, 2); a.vp = 2; v.push_back(a);
+  }
+  return v;
+}
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  int world = 0, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  omp_set_num_threads(1);
+  auto backend = make_cpu_backend(1);
+  int failures = 0;
+  const std::vector<Config> configs = configs_for(world);
+  for (const Config& cfg : configs) {
+    Job job = dist_test::job_for(cfg, 2);
+    job.model.vocab = 64;
+    job.train.precision = Precision::fp32;
+    const RuntimePlan rplan = runtime_plan_from_job(job, world);
+    ParallelRuntime rt(MPI_COMM_WORLD, rplan);
+    dist_test::SyntheticSource src(job.model.vocab, rt.dp().rank(), rt.dp().size());
+    DistOptions o;
+    o.model = job.model;
+    o.train = job.train;
+    o.bucket_floats = int64_t(1) << 40;  // one bucket per arena: the planner's flat all-reduce
+    DistributedTrainer trainer(*backend, rt, o, src);
+    trainer.train_step();
+    const DistStepMetrics m = trainer.train_step();  // a steady step: the ledger was reset at its start
+
+    const plan::Plan p = plan::resolve_plan(job.parallel, Precision::fp32);
+    const plan::RankPosition pos = plan::rank_position(p, rank);
+    const MeshCoord& mc = rt.mesh().coord;
+    std::string problems;
+    if (pos.tp_rank != mc.tp || pos.dp_rank != mc.dp || pos.pp_rank != mc.pp)
+      problems += fmt::format(" rank order differs: planner (tp {}, dp {}, pp {}) runtime (tp {}, dp {}, pp {});",
+                              pos.tp_rank, pos.dp_rank, pos.pp_rank, mc.tp, mc.dp, mc.pp);
+    const plan::CommBytes want = plan::bytes_sent_per_step(job.model, p, pos);
+    std::map<std::string, int64_t> got = m.bytes;
+    int64_t total = 0;
+    for (int k = 0; k < plan::kCommKinds; k++) {
+      const std::string name = plan::to_string(plan::CommKind(k));
+      const int64_t g = got.count(name) ? got[name] : 0;
+      total += g;
+      if (g != want.bytes[size_t(k)])
+        problems += fmt::format(" {}: runtime {} planner {};", name, g, want.bytes[size_t(k)]);
+      got.erase(name);
+    }
+    for (const auto& [name, b] : got)
+      if (b != 0 && name.rfind("world", 0) != 0) problems += fmt::format(" {}: runtime {} not in the planner;", name, b);
+    int bad = !problems.empty(), any_bad = 0;
+    MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    for (int r = 0; r < world; r++) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      if (r == rank && !problems.empty()) std::printf("  rank %d:%s\n", rank, problems.c_str());
+      std::fflush(stdout);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    int64_t all_total = 0;
+    MPI_Reduce(&total, &all_total, 1, MPI_INT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
+    failures += any_bad;
+    if (rank == 0)
+      std::printf("%s np%d %-56s %lld bytes sent per step by all ranks, equal to the planner's per rank and kind\n",
+                  any_bad ? "FAIL" : "OK  ", world, cfg.name().c_str(), (long long)all_total);
+    std::fflush(stdout);
+  }
+  if (rank == 0) std::printf("%d of %zu configurations failed\n", failures, configs.size());
+  MPI_Finalize();
+  return failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,115 @@
+#include "dist_common.hpp"
+
+#include <cmath>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "backend/backend.hpp"
+#include "train/trainer.hpp"
+
+namespace dist_test {
+using namespace exatrain;
+
+static int32_t token_at(uint64_t seq, int64_t i, int64_t vocab) {
+  uint64_t x = seq * 0x9E3779B97F4A7C15ull + uint64_t(i) * 0xBF58476D1CE4E5B9ull + 12345;
+  x ^= x >> 31;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 29;
+  return int32_t(x % uint64_t(vocab));
+}
+
+void SyntheticSource::next_batch(int64_t B, int64_t T, int32_t* inputs, int32_t* targets) {
+  for (int64_t b = 0; b < B; b++) {
+    const uint64_t seq = pos_ + uint64_t(dp_rank_ * B + b);
+    for (int64_t t = 0; t < T; t++) {
+      inputs[b * T + t] = token_at(seq, t, vocab_);
+      targets[b * T + t] = token_at(seq, t + 1, vocab_);
+    }
+  }
+  pos_ += uint64_t(B * dp_size_);
+}
+
+std::string Config::name() const {
+  return fmt::format("dp{} tp{}{} pp{} vp{} {} zero{} recompute={} B={} m={}{}{}", dp, tp, sp ? "+sp" : "", pp, vp,
+                     schedule == Schedule::gpipe ? "gpipe" : "1f1b", zero, to_string(recompute), micro_batch,
+                     micro_batches, llama ? " llama" : untied ? " untied" : "",
+                     layers_per_stage.empty() ? "" : fmt::format(" layers_per_stage {}", fmt::join(layers_per_stage, ",")));
+}
+
+ModelSpec tiny_model(bool llama) {
+  ModelSpec m;
+  m.layers = 4;
+  m.hidden = 32;
+  m.heads = 4;
+  m.kv_heads = 2;  // grouped-query attention
+  m.ffn_hidden = 64;
+  m.seq_len = 16;
+  m.vocab = 67;  // odd: the tp=2 vocabulary slices differ in size (34 + 33)
+  if (llama) {
+    m.activation = Activation::swiglu;
+    m.norm = Norm::rmsnorm;
+    m.position = Position::rope;
+    m.tie_embeddings = false;
+  }
+  return m;
+}
+
+Job job_for(const Config& c, int steps) {
+  Job j;
+  j.source = "dist-test";
+  j.model = tiny_model(c.llama);
+  if (c.untied) j.model.tie_embeddings = false;
+  ParallelSpec& p = j.parallel;
+  p.gpus = c.dp * c.tp * c.pp;
+  p.tp = c.tp, p.pp = c.pp, p.dp = c.dp, p.cp = 1, p.vp = c.vp, p.zero = c.zero;
+  p.micro_batch = c.micro_batch;
+  p.global_batch = c.micro_batch * c.micro_batches * c.dp;
+  p.recompute = c.recompute;
+  p.seq_parallel = c.sp;
+  p.schedule = c.schedule;
+  p.layers_per_stage = c.layers_per_stage;
+  j.train.steps = steps;
+  j.train.lr = 3e-3;
+  j.train.warmup_steps = 2;
+  j.train.min_lr = 3e-4;
+  j.train.seed = 77;
+  j.train.grad_clip = 1.0;
+  return j;
+}
+
+Reference run_single_rank(const Job& job) {
+  auto backend = make_cpu_backend(1);
+  TrainerOptions o = trainer_options_from_job(job);
+  o.peak_gflops = 1;  // no sgemm measurement
+  SyntheticSource src(job.model.vocab, 0, 1);
+  Trainer trainer(*backend, o, src);
+  Reference r;
+  for (int64_t s = 0; s < job.train.steps; s++) r.losses.push_back(trainer.train_step().loss);
+  r.layout = trainer.model().layout();
+  r.params.assign(trainer.model().params(), trainer.model().params() + trainer.model().num_params());
+  return r;
+}
+
+double max_weight_diff(const Gpt& model, const Reference& ref) {
+  double worst = 0;
+  const float* local = const_cast<Gpt&>(model).params();
+  for (const ParamInfo& p : model.layout().entries()) {
+    const ParamInfo& q = ref.layout.find(p.name);
+    const int64_t rows = p.shard_shape.size() == 2 ? p.shard_shape[0] : 1;
+    const int64_t cols = p.shard_shape.back();
+    const int64_t gcols = q.global_shape.back();
+    for (int64_t i = 0; i < rows; i++)
+      for (int64_t j = 0; j < cols; j++) {
+        int64_t gi = i, gj = j;
+        if (p.split_dim == 0 && p.shard_shape.size() == 2) gi += p.shard_start;
+        if (p.split_dim == 0 && p.shard_shape.size() == 1) gj += p.shard_start;
+        if (p.split_dim == 1) gj += p.shard_start;
+        const double a = local[p.offset + i * cols + j], b = ref.params[size_t(q.offset + gi * gcols + gj)];
+        worst = std::max(worst, std::abs(a - b) / (1 + std::abs(b)));
+      }
+  }
+  return worst;
+}
+
+}  // namespace dist_test

@@ -1,0 +1,56 @@
+// Shared by the distributed-trainer tests: a tiny GPT, a synthetic token source that splits the
+// data over dp ranks exactly like data::TokenLoader, a job per parallel configuration, and the
+// single-rank reference run every configuration is compared with.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "job/job.hpp"
+#include "model/gpt.hpp"
+#include "train/token_source.hpp"
+
+namespace dist_test {
+
+// Sequence w of the synthetic corpus: token i = hash(w, i) % vocab. Each next_batch takes the next
+// B * dp_size sequences and this rank reads [dp_rank * B, (dp_rank + 1) * B) of them, as the loader.
+class SyntheticSource final : public exatrain::TokenSource {
+ public:
+  SyntheticSource(int64_t vocab, int64_t dp_rank, int64_t dp_size)
+      : vocab_(vocab), dp_rank_(dp_rank), dp_size_(dp_size) {}
+  void next_batch(int64_t B, int64_t T, int32_t* inputs, int32_t* targets) override;
+  uint64_t position() const override { return pos_; }
+  void seek(uint64_t p) override { pos_ = p; }
+
+ private:
+  int64_t vocab_, dp_rank_, dp_size_;
+  uint64_t pos_ = 0;  // sequences consumed by all replicas together
+};
+
+struct Config {
+  int dp = 1, tp = 1, pp = 1, vp = 1, zero = 0;
+  bool sp = false;
+  exatrain::Recompute recompute = exatrain::Recompute::none;
+  exatrain::Schedule schedule = exatrain::Schedule::one_f_one_b;
+  int64_t micro_batch = 1, micro_batches = 4;  // per pipeline per step
+  bool llama = false;  // swiglu + rmsnorm + rope + untied head (else GPT-2 style, tied)
+  bool untied = false; // GPT-2 style with a separate lm_head
+  std::vector<int64_t> layers_per_stage;  // empty: balanced
+  std::string name() const;
+};
+
+exatrain::ModelSpec tiny_model(bool llama);
+exatrain::Job job_for(const Config& c, int steps);
+
+struct Reference {
+  std::vector<double> losses;
+  exatrain::ParamLayout layout;
+  std::vector<float> params;
+};
+// The single-rank Trainer on the same job: global_batch / micro_batch micro-batches per step.
+Reference run_single_rank(const exatrain::Job& job);
+
+// Largest |local - reference slice| / (1 + |reference|) over every element of a model shard.
+double max_weight_diff(const exatrain::Gpt& model, const Reference& ref);
+
+}  // namespace dist_test

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# `exatrain train` under mpirun (2 ranks, dp 2, ZeRO 1): kill -9 of rank 1 ends the job promptly
+# with a message naming the rank (no hang), and `--resume auto` continues from the last complete
+# checkpoint to the end (writing a Perfetto trace of its first steps). Usage: dist_fault_resume.sh MPIEXEC EXATRAIN WORKDIR
+set -u
+MPIEXEC=$1 EXA=$2 WORK=$3
+rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK"
+for i in $(seq 1 300); do echo "line $i of a small test text, with some words to learn."; done > text.txt
+"$EXA" data prepare --input text.txt --out data --tokenizer byte > prep.log 2>&1 || { echo "FAIL: prepare"; cat prep.log; exit 1; }
+cat > job.toml <<TOML
+[model]
+layers = 2
+hidden = 32
+heads = 2
+seq_len = 16
+[parallel]
+gpus = 2
+tp = 1
+pp = 1
+dp = 2
+cp = 1
+vp = 1
+zero = 1
+global_batch = 4
+micro_batch = 1
+recompute = "none"
+seq_parallel = false
+schedule = "1f1b"
+[train]
+steps = 100000
+threads = 1
+checkpoint_every = 5
+data = "data"
+run_dir = "run"
+TOML
+MPIRUN=("$MPIEXEC" --allow-run-as-root --oversubscribe -np 2)
+"${MPIRUN[@]}" "$EXA" train job.toml --plain > run1.log 2>&1 &
+mpirun_pid=$!
+# Wait for a complete checkpoint (at most 60 s).
+for _ in $(seq 1 600); do
+  ls run/checkpoints/step_*/COMPLETE > /dev/null 2>&1 && break
+  sleep 0.1
+done
+ls run/checkpoints/step_*/COMPLETE > /dev/null 2>&1 || { echo "FAIL: no checkpoint within 60 s"; cat run1.log; kill -9 $mpirun_pid; exit 1; }
+sleep 0.5
+# Rank 1 = the child of this mpirun whose environment says OMPI_COMM_WORLD_RANK=1.
+victim=""
+for pid in $(ps -o pid= --ppid $mpirun_pid); do
+  if tr '\0' '\n' < /proc/$pid/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then victim=$pid; fi
+done
+[ -n "$victim" ] || { echo "FAIL: rank 1 not found among the children of mpirun $mpirun_pid"; kill -9 $mpirun_pid; exit 1; }
+start=$(date +%s.%N)
+kill -9 "$victim"
+wait $mpirun_pid
+rc=$?
+elapsed=$(echo "$(date +%s.%N) - $start" | bc)
+echo "mpirun exited with status $rc, $elapsed s after kill -9 of rank 1 (pid $victim)"
+failures=0
+[ $rc -ne 0 ] || { echo "FAIL: mpirun exit status 0 after a rank was killed"; failures=$((failures + 1)); }
+(( $(echo "$elapsed < 20" | bc) )) || { echo "FAIL: took $elapsed s to end"; failures=$((failures + 1)); }
+grep -q "rank 1" run1.log && echo "ok: the message names rank 1: $(grep -m1 'rank 1' run1.log)" \
+  || { echo "FAIL: no message naming rank 1"; cat run1.log; failures=$((failures + 1)); }
+last=$(ls -d run/checkpoints/step_*/COMPLETE | sort | tail -1 | sed 's|.*step_0*\([0-9]*\)/COMPLETE|\1|')
+target=$((last + 3))
+"${MPIRUN[@]}" "$EXA" train job.toml --plain --resume auto --set train.steps=$target --trace trace.json > run2.log 2>&1 \
+  || { echo "FAIL: resumed run"; cat run2.log; failures=$((failures + 1)); }
+grep -q "resumed from .*step_0*$last (step $last)" run2.log && grep -q "step *$target/$target" run2.log \
+  && echo "ok: --resume auto continued from step $last to step $target" \
+  || { echo "FAIL: resume from step $last"; cat run2.log; failures=$((failures + 1)); }
+# The resumed run also wrote a Chrome/Perfetto trace of its 3 steps: forward and backward events of both ranks.
+/usr/bin/python3 - <<'PY' && echo "ok: trace.json" || { echo "FAIL: trace.json"; failures=$((failures + 1)); }
+import json
+events = json.load(open("trace.json"))
+events = events["traceEvents"] if isinstance(events, dict) else events
+for rank in (0, 1):
+    names = [e["name"] for e in events if e.get("pid") == rank and e.get("ph") == "X"]
+    assert any(n.startswith("F ") for n in names) and any(n.startswith("B ") for n in names), (rank, names[:5])
+PY
+exit $failures
