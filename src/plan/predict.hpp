@@ -42,6 +42,11 @@ struct Calibration {
 };
 const Calibration& default_calibration();
 
+// The machine figures this plan's time model divides by must be positive: intra_node_bw_gbs
+// when a group has ranks inside a node, inter_node_bw_gbs when the plan spans nodes, and the
+// latencies must not be negative. Throws Error naming `source` (the job file) and the key.
+void check_machine_for_plan(const MachineSpec& mach, const Plan& p, const std::string& source);
+
 struct Breakdown {
   double compute = 0, tp_comm = 0, cp_comm = 0, pp_comm = 0, pp_bubble = 0, dp_comm = 0,
          optimizer = 0, other = 0;
