@@ -194,13 +194,18 @@ Prediction predict_checked(const ModelSpec& m, const MachineSpec& mach, const De
   double n_params = double(parameters_on_rank(m, p, slow));
   if (replicas > 1) {
     Group g = group_on_machine(replicas, p.tp, G);
-    double grads = elem * n_params;
+    // Gradients are reduced in fp32 (4 bytes) whatever the training precision: Megatron-LM forces
+    // --accumulate-allreduce-grads-in-fp32 for bf16 (and its main_grad buffers are fp32), FSDP's
+    // mixed-precision policies in torchtitan and llm-foundry reduce in fp32; memory.cpp counts the
+    // same fp32 gradients. ZeRO's parameter all-gathers move 16-bit weights.
+    double grads = 4.0 * n_params;
+    double weights = elem * n_params;
     double bwd_mb = slow_layers * (lt.bwd + lt.recompute);  // what the last backward overlaps
     if (p.zero == 0) {
       b.dp_comm = std::max(0.0, best_all_reduce_time(grads, g, mach) - bwd_mb);
     } else if (p.zero <= 2) {
       b.dp_comm = std::max(0.0, best_reduce_scatter_time(grads, g, mach) - bwd_mb) +
-                  best_all_gather_time(grads, g, mach);
+                  best_all_gather_time(weights, g, mach);
     } else {
       // ZeRO-3 (DeepSpeed stage 3, FSDP): per micro-batch, every layer's parameters are
       // all-gathered before its forward, all-gathered again before its backward (which also
@@ -213,9 +218,9 @@ Prediction predict_checked(const ModelSpec& m, const MachineSpec& mach, const De
       // this layer's backward; what it cannot hide: the first gather of each pass, the last
       // reduce-scatter, and any per-layer excess of communication over compute. The embedding and
       // head parameters are gathered like a layer (included in the per-layer share below).
-      double layer_bytes = grads / std::max(1.0, slow_layers);
-      double ag = ring_all_gather_time(layer_bytes, g, mach);
-      double rs = ag;  // a reduce-scatter is the same ring pass in the other direction
+      double layers_here = std::max(1.0, slow_layers);
+      double ag = ring_all_gather_time(weights / layers_here, g, mach);
+      double rs = ring_all_gather_time(grads / layers_here, g, mach);  // same ring pass, fp32
       double fwd_layer = lt.fwd, bwd_layer = lt.bwd + lt.recompute;
       double exposed_fwd = ag + (slow_layers - 1) * std::max(0.0, ag - fwd_layer);
       double exposed_bwd = ag + rs + (slow_layers - 1) * std::max(0.0, ag + rs - bwd_layer);
