@@ -34,16 +34,18 @@ void add_plan_command(CLI::App& app) {
     plan::SearchResult res =
         plan::search_plans(job.model, job.machine, job.parallel, job.train.precision, *top,
                            plan::default_calibration(), *headroom);
-    EXA_CHECK(res.searched > 0,
-              "{}: no valid plan for gpus = {} and global_batch = {}: every split gpus = tp * pp * "
-              "dp * cp breaks a rule (tp | heads and ffn_hidden, pp * vp | layers, dp * "
-              "micro_batch | global_batch, micro-batches >= pp); try a global_batch divisible by "
-              "more of gpus' factors", *path, job.parallel.gpus, job.parallel.global_batch);
-    EXA_CHECK(!res.top.empty(),
-              "{}: no plan fits: {} valid plans searched for {} GPUs and global_batch {}, none "
-              "fits in the device's memory ({}) less the {:.0f}% headroom (--memory-headroom)",
-              *path, res.searched, job.parallel.gpus, job.parallel.global_batch,
-              job.machine.device, 100 * *headroom);
+    if (res.searched == 0)
+      throw Error(fmt::format(
+          "{}: no valid plan for gpus = {} and global_batch = {}: every split gpus = tp * pp * "
+          "dp * cp breaks a rule (tp | heads and ffn_hidden, pp * vp | layers, dp * micro_batch "
+          "| global_batch, micro-batches >= pp); try a global_batch divisible by more of gpus' "
+          "factors", *path, job.parallel.gpus, job.parallel.global_batch));
+    if (res.top.empty())
+      throw Error(fmt::format(
+          "{}: no plan fits: {} valid plans searched for {} GPUs and global_batch {}, none fits "
+          "in the device's memory ({}) less the {:.0f}% headroom (--memory-headroom)", *path,
+          res.searched, job.parallel.gpus, job.parallel.global_batch, job.machine.device,
+          100 * *headroom));
     if (*json) {
       nlohmann::json j;
       j["best"] = plan::to_json(res.top.front());

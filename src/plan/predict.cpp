@@ -26,7 +26,7 @@ void Calibration::set(const std::string& a) {
   double v = std::stod(a.substr(eq + 1));
   std::pair<const char*, double*> all[] = {
       {"dim_half", &dim_half},         {"tokens_half", &tokens_half},
-      {"flash_relative", &flash_relative}, {"causal_skip", &causal_skip},
+      {"flash_relative", &flash_relative},
       {"unfused_relative", &unfused_relative}, {"elementwise_h", &elementwise_h},
       {"elementwise_f", &elementwise_f}, {"score_passes", &score_passes},
       {"optimizer_bytes_per_param", &optimizer_bytes_per_param}, {"fp8_relative", &fp8_relative}};
@@ -83,7 +83,7 @@ LayerTime layer_time(const ModelSpec& m, const Plan& p, const Device& d, const C
   // locally per step), so its FLOPs per local token stay 4*s*h.
   double attn_flops = layer_attention_flops_per_token(m) * tokens / tp;
   double attn = p.flash_attention
-                    ? attn_flops * c.causal_skip / (peak * eff * c.flash_relative)
+                    ? attn_flops / (peak * eff * c.flash_relative)
                     : attn_flops / (peak * eff * c.unfused_relative);
   double ew_elems = (c.elementwise_h * m.hidden + c.elementwise_f * m.ffn_hidden) / tp;
   if (!p.seq_parallel && p.tp > 1)  // norms, dropout, residual run replicated on every tp rank
