@@ -8,7 +8,7 @@ temporary copy of the catalog (EXATRAIN_CATALOG). Objective: overall MAPE plus a
 source above 18%. Prints the best values; they are then written by hand into
 src/plan/predict.hpp and catalog/devices.toml (docs/planner.md records the result).
 
-usage: /usr/bin/python3 catalog/fit_calibration.py build/exatrain ../shared/validation/published_runs.csv
+usage: /usr/bin/python3 catalog/fit_calibration.py build/exatrain bench/validation/published_runs.csv
 """
 import os, re, shutil, subprocess, sys, tempfile
 
