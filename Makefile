@@ -34,7 +34,7 @@ bench: build
 	$(BUILD)/bench/bench_train_step
 
 validate: build
-	$(BUILD)/exatrain validate ../shared/validation/published_runs.csv
+	$(BUILD)/exatrain validate bench/validation/published_runs.csv
 
 clean:
 	rm -rf $(BUILD)

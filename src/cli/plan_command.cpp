@@ -15,23 +15,37 @@ void add_plan_command(CLI::App& app) {
   auto sets = std::make_shared<std::vector<std::string>>();
   auto json = std::make_shared<bool>(false);
   auto top = std::make_shared<int>(5);
+  auto headroom = std::make_shared<double>(0.10);
   cmd->add_option("job", *path, "the job file (TOML)")->required();
   cmd->add_option("--set", *sets, "override a key: section.key=value (repeatable)");
   cmd->add_flag("--json", *json, "print the contract's JSON object");
-  cmd->add_option("--top", *top, "how many candidates to list (default 5)")->check(CLI::PositiveNumber);
-  cmd->callback([path, sets, json, top] {
+  cmd->add_option("--top", *top, "how many candidates to list (default 5)")->check(CLI::Range(1, 1000000));
+  cmd->add_option("--memory-headroom", *headroom,
+                  "fraction of device memory a plan must leave free (default 0.10: the memory "
+                  "model's error, docs/planner.md)")
+      ->check(CLI::Range(0.0, 0.9));
+  cmd->callback([path, sets, json, top, headroom] {
     Job job = load_job(*path, *sets);
+    {
+      plan::Plan probe;
+      probe.gpus = job.parallel.gpus;
+      plan::check_machine_for_plan(job.machine, probe, *path);
+    }
     plan::SearchResult res =
-        plan::search_plans(job.model, job.machine, job.parallel, job.train.precision, *top);
-    EXA_CHECK(res.searched > 0,
-              "{}: no valid plan for gpus = {} and global_batch = {}: every split gpus = tp * pp * "
-              "dp * cp breaks a rule (tp | heads and ffn_hidden, pp * vp | layers, dp * "
-              "micro_batch | global_batch, micro-batches >= pp); try a global_batch divisible by "
-              "more of gpus' factors", *path, job.parallel.gpus, job.parallel.global_batch);
-    EXA_CHECK(!res.top.empty(),
-              "{}: no plan fits: {} valid plans searched for {} GPUs and global_batch {}, none "
-              "fits in the device's memory ({})", *path, res.searched, job.parallel.gpus,
-              job.parallel.global_batch, job.machine.device);
+        plan::search_plans(job.model, job.machine, job.parallel, job.train.precision, *top,
+                           plan::default_calibration(), *headroom);
+    if (res.searched == 0)
+      throw Error(fmt::format(
+          "{}: no valid plan for gpus = {} and global_batch = {}: every split gpus = tp * pp * "
+          "dp * cp breaks a rule (tp | heads and ffn_hidden, pp * vp | layers, dp * micro_batch "
+          "| global_batch, micro-batches >= pp); try a global_batch divisible by more of gpus' "
+          "factors", *path, job.parallel.gpus, job.parallel.global_batch));
+    if (res.top.empty())
+      throw Error(fmt::format(
+          "{}: no plan fits: {} valid plans searched for {} GPUs and global_batch {}, none fits "
+          "in the device's memory ({}) less the {:.0f}% headroom (--memory-headroom)", *path,
+          res.searched, job.parallel.gpus, job.parallel.global_batch, job.machine.device,
+          100 * *headroom));
     if (*json) {
       nlohmann::json j;
       j["best"] = plan::to_json(res.top.front());

@@ -2,7 +2,10 @@
 // fully specified plan (../shared/contracts/job-file.md).
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include "cli/commands.hpp"
+#include "core/check.hpp"
 #include "job/parse.hpp"
 #include "plan/comm.hpp"
 #include "plan/predict.hpp"
@@ -22,9 +25,19 @@ void add_predict_command(CLI::App& app) {
                   "convention is in src/plan/comm.hpp) instead of the prediction");
   cmd->callback([path, sets, json, rank] {
     Job job = load_job(*path, *sets);
-    plan::Plan p = plan::resolve_plan(job.parallel, job.train.precision);
+    plan::Plan p;
+    try {
+      p = plan::resolve_plan(job.parallel, job.train.precision);
+    } catch (const Error& e) {  // name the job file; drop the internal (src/...:line) suffix
+      std::string msg = e.what();
+      auto k = msg.rfind(" (");
+      if (k != std::string::npos && msg.find(".cpp:", k) != std::string::npos) msg.erase(k);
+      throw Error(fmt::format("{}: {}", *path, msg));
+    }
+    // Plan errors name the job file and print the failing equation (no source-line suffix).
+    if (std::string err = plan::plan_error(job.model, p); !err.empty())
+      throw Error(fmt::format("{}: invalid plan: {}", *path, err));
     if (*rank >= 0) {
-      plan::check_plan(job.model, p);
       plan::CommBytes b = plan::bytes_sent_per_step(job.model, p, plan::rank_position(p, *rank));
       nlohmann::json j;
       for (int k = 0; k < plan::kCommKinds; ++k)
@@ -32,7 +45,11 @@ void add_predict_command(CLI::App& app) {
       fmt::print("{}\n", j.dump(2));
       return;
     }
+    plan::check_machine_for_plan(job.machine, p, *path);
     plan::Prediction pred = plan::predict(job.model, job.machine, p);
+    if (!std::isfinite(pred.step_time_s))
+      throw Error(fmt::format("{}: predicted step time is {} (check the [machine] and device "
+                              "figures: a bandwidth or peak of 0?)", *path, pred.step_time_s));
     if (*json) fmt::print("{}\n", plan::to_json(pred).dump(2));
     else fmt::print("{}", plan::to_table(pred, job.model));
   });

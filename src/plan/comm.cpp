@@ -157,12 +157,28 @@ double hierarchical_pass(double bytes, const Group& g, const MachineSpec& mach) 
 }
 
 double pass(double bytes, const Group& g, const MachineSpec& mach, Algorithm a) {
+  EXA_CHECK(a != Algorithm::tree,
+            "the tree algorithm is an all-reduce algorithm (NCCL runs all-gather and "
+            "reduce-scatter as rings)");
   return a == Algorithm::ring ? ring_pass(bytes, g, mach) : hierarchical_pass(bytes, g, mach);
+}
+
+// Double binary tree all-reduce: reduce to the roots and broadcast back, both pipelined, so the
+// bandwidth term is 2 * bytes over the slowest link a rank uses (the same link model as the ring:
+// a node's NICs shared by its concurrent groups); latency grows with log2 of the node count.
+double tree_all_reduce(double bytes, const Group& g, const MachineSpec& mach) {
+  if (g.size <= 1) return 0;
+  int64_t k = g.per_node, nodes = (g.size + k - 1) / k;
+  double chain = 2 * double(k - 1) * alpha_intra(mach);
+  if (nodes == 1) return 2 * bytes / intra_bw(mach) + chain;
+  double bw = std::min(intra_bw(mach), nic_share(mach) * double(k));
+  return 2 * bytes / bw + chain + 2 * std::log2(double(nodes)) * alpha_inter(mach);
 }
 
 }  // namespace
 
 double all_reduce_time(double bytes, const Group& g, const MachineSpec& mach, Algorithm a) {
+  if (a == Algorithm::tree) return tree_all_reduce(bytes, g, mach);
   return 2 * pass(bytes, g, mach, a);
 }
 double reduce_scatter_time(double bytes, const Group& g, const MachineSpec& mach, Algorithm a) {
@@ -172,8 +188,9 @@ double all_gather_time(double bytes, const Group& g, const MachineSpec& mach, Al
   return pass(bytes, g, mach, a);
 }
 double best_all_reduce_time(double bytes, const Group& g, const MachineSpec& mach) {
-  return std::min(all_reduce_time(bytes, g, mach, Algorithm::ring),
-                  all_reduce_time(bytes, g, mach, Algorithm::hierarchical));
+  return std::min({all_reduce_time(bytes, g, mach, Algorithm::ring),
+                   all_reduce_time(bytes, g, mach, Algorithm::hierarchical),
+                   all_reduce_time(bytes, g, mach, Algorithm::tree)});
 }
 double best_reduce_scatter_time(double bytes, const Group& g, const MachineSpec& mach) {
   return std::min(reduce_scatter_time(bytes, g, mach, Algorithm::ring),
@@ -181,6 +198,9 @@ double best_reduce_scatter_time(double bytes, const Group& g, const MachineSpec&
 }
 double best_all_gather_time(double bytes, const Group& g, const MachineSpec& mach) {
   return best_reduce_scatter_time(bytes, g, mach);
+}
+double ring_all_gather_time(double bytes, const Group& g, const MachineSpec& mach) {
+  return ring_pass(bytes, g, mach);
 }
 double p2p_time(double bytes, bool same_node, const MachineSpec& mach) {
   if (same_node) return bytes / intra_bw(mach) + alpha_intra(mach);

@@ -77,7 +77,13 @@ CommBytes bytes_sent_per_step(const ModelSpec& m, const Plan& p, const RankPosit
 
 // ---- time (alpha-beta) ----
 
-enum class Algorithm { ring, hierarchical };
+// ring: NCCL/RCCL's ring, (p-1) steps each paying alpha. hierarchical: an intra-node ring, then an
+// inter-node ring among nodes on 1/per_node of the data. tree: NCCL's double binary tree for
+// all-reduce (Sanders et al. 2009; NCCL 2.4): a reduce up and a broadcast down, each pipelined
+// over the whole buffer, latency 2*log2(nodes)*alpha_inter + 2*(per_node-1)*alpha_intra (the
+// chain inside each node), bandwidth term 2*bytes/bw like a ring's at large p. NCCL offers the tree
+// for all-reduce only; all-gather and reduce-scatter are ring-only (asking for tree throws).
+enum class Algorithm { ring, hierarchical, tree };
 
 // A process group as the machine sees it: `size` ranks, `per_node` of them in each node.
 struct Group { int64_t size = 1, per_node = 1; };
@@ -91,10 +97,13 @@ Group group_on_machine(int64_t size, int64_t stride, int64_t gpus_per_node);
 double all_reduce_time(double bytes, const Group& g, const MachineSpec& mach, Algorithm a);
 double reduce_scatter_time(double bytes, const Group& g, const MachineSpec& mach, Algorithm a);
 double all_gather_time(double bytes, const Group& g, const MachineSpec& mach, Algorithm a);
-// The faster of ring and hierarchical (what NCCL/RCCL's tuner picks).
+// The fastest algorithm NCCL/RCCL's tuner can pick: ring, hierarchical or (all-reduce only) tree.
 double best_all_reduce_time(double bytes, const Group& g, const MachineSpec& mach);
 double best_reduce_scatter_time(double bytes, const Group& g, const MachineSpec& mach);
 double best_all_gather_time(double bytes, const Group& g, const MachineSpec& mach);
+// ZeRO-3's per-layer parameter all-gather / gradient reduce-scatter: ring only (what NCCL runs
+// for these collectives), so every one pays (p-1) alpha; see predict.cpp.
+double ring_all_gather_time(double bytes, const Group& g, const MachineSpec& mach);
 // One point-to-point message between ranks in the same node or not.
 double p2p_time(double bytes, bool same_node, const MachineSpec& mach);
 

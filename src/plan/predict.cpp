@@ -26,7 +26,7 @@ void Calibration::set(const std::string& a) {
   double v = std::stod(a.substr(eq + 1));
   std::pair<const char*, double*> all[] = {
       {"dim_half", &dim_half},         {"tokens_half", &tokens_half},
-      {"flash_relative", &flash_relative}, {"causal_skip", &causal_skip},
+      {"flash_relative", &flash_relative},
       {"unfused_relative", &unfused_relative}, {"elementwise_h", &elementwise_h},
       {"elementwise_f", &elementwise_f}, {"score_passes", &score_passes},
       {"optimizer_bytes_per_param", &optimizer_bytes_per_param}, {"fp8_relative", &fp8_relative}};
@@ -36,6 +36,23 @@ void Calibration::set(const std::string& a) {
     known += std::string(known.empty() ? "" : ", ") + n;
   }
   EXA_FAIL("unknown calibration constant '{}': known are {}", name, known);
+}
+
+void check_machine_for_plan(const MachineSpec& mach, const Plan& p, const std::string& source) {
+  auto need = [&](bool needed, double value, const char* key, const char* why) {
+    if (needed && !(value > 0))
+      throw Error(fmt::format("{}: machine.{} = {} but this plan needs it > 0 ({})", source, key,
+                              value, why));
+  };
+  need(p.gpus > 1 && mach.gpus_per_node > 1, mach.intra_node_bw_gbs, "intra_node_bw_gbs",
+       "its groups have ranks inside one node");
+  need(p.gpus > mach.gpus_per_node, mach.inter_node_bw_gbs, "inter_node_bw_gbs",
+       fmt::format("gpus = {} spans more than gpus_per_node = {}", p.gpus, mach.gpus_per_node)
+           .c_str());
+  if (mach.intra_node_latency_us < 0 || mach.inter_node_latency_us < 0)
+    throw Error(fmt::format("{}: machine latencies must be >= 0 (intra_node_latency_us = {}, "
+                            "inter_node_latency_us = {})",
+                            source, mach.intra_node_latency_us, mach.inter_node_latency_us));
 }
 
 namespace {
@@ -66,7 +83,7 @@ LayerTime layer_time(const ModelSpec& m, const Plan& p, const Device& d, const C
   // locally per step), so its FLOPs per local token stay 4*s*h.
   double attn_flops = layer_attention_flops_per_token(m) * tokens / tp;
   double attn = p.flash_attention
-                    ? attn_flops * c.causal_skip / (peak * eff * c.flash_relative)
+                    ? attn_flops / (peak * eff * c.flash_relative)
                     : attn_flops / (peak * eff * c.unfused_relative);
   double ew_elems = (c.elementwise_h * m.hidden + c.elementwise_f * m.ffn_hidden) / tp;
   if (!p.seq_parallel && p.tp > 1)  // norms, dropout, residual run replicated on every tp rank
@@ -177,19 +194,37 @@ Prediction predict_checked(const ModelSpec& m, const MachineSpec& mach, const De
   double n_params = double(parameters_on_rank(m, p, slow));
   if (replicas > 1) {
     Group g = group_on_machine(replicas, p.tp, G);
-    double grads = elem * n_params;
+    // Gradients are reduced in fp32 (4 bytes) whatever the training precision: Megatron-LM forces
+    // --accumulate-allreduce-grads-in-fp32 for bf16 (and its main_grad buffers are fp32), FSDP's
+    // mixed-precision policies in torchtitan and llm-foundry reduce in fp32; memory.cpp counts the
+    // same fp32 gradients. ZeRO's parameter all-gathers move 16-bit weights.
+    double grads = 4.0 * n_params;
+    double weights = elem * n_params;
     double bwd_mb = slow_layers * (lt.bwd + lt.recompute);  // what the last backward overlaps
-    double fwd_mb = slow_layers * lt.fwd;
     if (p.zero == 0) {
       b.dp_comm = std::max(0.0, best_all_reduce_time(grads, g, mach) - bwd_mb);
     } else if (p.zero <= 2) {
       b.dp_comm = std::max(0.0, best_reduce_scatter_time(grads, g, mach) - bwd_mb) +
-                  best_all_gather_time(grads, g, mach);
+                  best_all_gather_time(weights, g, mach);
     } else {
-      double ag = best_all_gather_time(grads, g, mach), rs = best_reduce_scatter_time(grads, g, mach);
-      b.dp_comm = mbs * (std::max(0.0, ag - fwd_mb) + std::max(0.0, ag + rs - bwd_mb));
-      // The first layer's gather cannot be prefetched.
-      b.dp_comm += mbs * 2 * ag / std::max(1.0, slow_layers);
+      // ZeRO-3 (DeepSpeed stage 3, FSDP): per micro-batch, every layer's parameters are
+      // all-gathered before its forward, all-gathered again before its backward (which also
+      // serves full recomputation: it runs right before the backward of that layer) and its
+      // gradients reduce-scattered after it. Each is a ring over the replicas (NCCL runs
+      // all-gather and reduce-scatter as rings only), so each pays (p-1) alpha: at dp in the
+      // thousands the latency alone is milliseconds per collective, per layer, per micro-batch.
+      // Prefetching (DeepSpeed's prefetch bucket, FSDP's forward/backward prefetch) overlaps the
+      // next layer's gather with this layer's compute, and the previous layer's reduce-scatter with
+      // this layer's backward; what it cannot hide: the first gather of each pass, the last
+      // reduce-scatter, and any per-layer excess of communication over compute. The embedding and
+      // head parameters are gathered like a layer (included in the per-layer share below).
+      double layers_here = std::max(1.0, slow_layers);
+      double ag = ring_all_gather_time(weights / layers_here, g, mach);
+      double rs = ring_all_gather_time(grads / layers_here, g, mach);  // same ring pass, fp32
+      double fwd_layer = lt.fwd, bwd_layer = lt.bwd + lt.recompute;
+      double exposed_fwd = ag + (slow_layers - 1) * std::max(0.0, ag - fwd_layer);
+      double exposed_bwd = ag + rs + (slow_layers - 1) * std::max(0.0, ag + rs - bwd_layer);
+      b.dp_comm = mbs * (exposed_fwd + exposed_bwd);
     }
   }
   // ---- optimizer step (memory bound) ----

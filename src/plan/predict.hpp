@@ -20,10 +20,11 @@ struct Calibration {
   // (1 + tokens_half / tokens). Tile-quantisation scale of 128x256 CUTLASS/hipBLASLt tiles.
   double dim_half = 69;
   double tokens_half = 340;
-  // Fused (flash) attention kernels reach this fraction of the GEMM efficiency, and causal
-  // masking lets them skip half of the s x s work the FLOP convention counts.
-  double flash_relative = 0.45;
-  double causal_skip = 0.65;
+  // Fused (flash) attention: its time is the counted attention FLOPs (4*s*h per token, the full
+  // s x s square) at this fraction of the GEMM efficiency. One constant, not two: the kernel's own
+  // efficiency and the share of the square a causal kernel executes (~half) enter only as their
+  // ratio, so only the ratio is identifiable (it was 0.45 / 0.65 = 0.69 as two fitted constants).
+  double flash_relative = 0.69;
   // Unfused attention runs QK^T and attn@V as batched GEMMs at this relative efficiency.
   double unfused_relative = 0.47;
   // Element-wise traffic per token per layer, forward, in elements: norms, residual adds, bias,
@@ -41,6 +42,11 @@ struct Calibration {
   void set(const std::string& assignment);
 };
 const Calibration& default_calibration();
+
+// The machine figures this plan's time model divides by must be positive: intra_node_bw_gbs
+// when a group has ranks inside a node, inter_node_bw_gbs when the plan spans nodes, and the
+// latencies must not be negative. Throws Error naming `source` (the job file) and the key.
+void check_machine_for_plan(const MachineSpec& mach, const Plan& p, const std::string& source);
 
 struct Breakdown {
   double compute = 0, tp_comm = 0, cp_comm = 0, pp_comm = 0, pp_bubble = 0, dp_comm = 0,

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "catalog/device.hpp"
+#include "core/check.hpp"
 #include "plan/memory.hpp"
 
 namespace exatrain::plan {
@@ -56,10 +57,14 @@ struct TopK {
 };
 
 SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const ParallelSpec& f,
-                        Precision precision, int top_k, const Calibration& cal, bool prune) {
+                        Precision precision, int top_k, const Calibration& cal, bool prune,
+                        double headroom) {
   auto start = std::chrono::steady_clock::now();
   const Device& dev = find_device(mach.device);
-  const double capacity = dev.hbm_gib * double(1 << 30);
+  EXA_CHECK(headroom >= 0 && headroom < 1, "memory headroom {} must be in [0, 1)", headroom);
+  // A plan must leave `headroom` of the device free: the memory model's error (docs/planner.md)
+  // is a few GiB either way, and a plan right at the limit is an out-of-memory run in waiting.
+  const double capacity = dev.hbm_gib * double(1 << 30) * (1 - headroom);
   SearchResult res;
   TopK top{std::max(1, top_k), {}};
   std::map<std::array<int64_t, 4>, Candidate> best_per_layout;
@@ -161,14 +166,15 @@ SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const Paral
 }  // namespace
 
 SearchResult search_plans(const ModelSpec& m, const MachineSpec& mach, const ParallelSpec& f,
-                          Precision precision, int top_k, const Calibration& cal) {
-  return run_search(m, mach, f, precision, top_k, cal, true);
+                          Precision precision, int top_k, const Calibration& cal,
+                          double memory_headroom) {
+  return run_search(m, mach, f, precision, top_k, cal, true, memory_headroom);
 }
 
 SearchResult brute_force_search(const ModelSpec& m, const MachineSpec& mach,
                                 const ParallelSpec& f, Precision precision, int top_k,
-                                const Calibration& cal) {
-  return run_search(m, mach, f, precision, top_k, cal, false);
+                                const Calibration& cal, double memory_headroom) {
+  return run_search(m, mach, f, precision, top_k, cal, false, memory_headroom);
 }
 
 std::string explain_choice(const Prediction& a, const Prediction& b) {

@@ -1,6 +1,6 @@
 // Exhaustive search over valid plans for a model, a machine, a GPU count and a global batch:
 // every field of [parallel] left `auto` ranges over all values that satisfy plan_error's rules;
-// plans that do not fit in memory are discarded; the rest are ranked by predicted step time.
+// plans that do not fit in memory, less a `memory_headroom` fraction kept free, are discarded; the rest are ranked by predicted step time.
 //
 // Pruning (exact, never sampling): weights + gradients + optimizer state depend only on
 // (tp, cp, pp, dp, zero), so a subtree whose activation-free memory already exceeds the device is
@@ -29,12 +29,14 @@ struct SearchResult {
 
 SearchResult search_plans(const ModelSpec& m, const MachineSpec& mach, const ParallelSpec& fixed,
                           Precision precision, int top_k,
-                          const Calibration& cal = default_calibration());
+                          const Calibration& cal = default_calibration(),
+                          double memory_headroom = 0);
 
 // Reference for tests: enumerates the same space with no pruning and predicts every plan.
 SearchResult brute_force_search(const ModelSpec& m, const MachineSpec& mach,
                                 const ParallelSpec& fixed, Precision precision, int top_k,
-                                const Calibration& cal = default_calibration());
+                                const Calibration& cal = default_calibration(),
+                                double memory_headroom = 0);
 
 // Why `best` beats `runner_up`, in a few lines (field differences and the time components that
 // differ most).

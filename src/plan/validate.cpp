@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "catalog/device.hpp"
 #include "core/check.hpp"
@@ -178,6 +179,13 @@ RunCase case_from_row(const CsvRow& row, int index) {
     p.layers_per_stage.front() -= 1;
     p.layers_per_stage.back() -= 1;
   }
+  // Partition not stated and the layers don't divide: assume Megatron-style balanced uneven
+  // stages (floor(layers/pp) each, the remainder on the middle ranks; plan.hpp) and say so.
+  if (p.pp > 1 && p.vp == 1 && p.layers_per_stage.empty() && m.layers % p.pp != 0) {
+    p.layers_per_stage = balanced_layers(m.layers, p.pp);
+    rc.assumption = fmt::format("stages not stated; assumed balanced [{}]",
+                                fmt::join(p.layers_per_stage, ","));
+  }
   std::string sp = cell(row, "seq_parallel");
   if (sp == "yes") p.seq_parallel = true;
   else if (sp == "no" || p.tp == 1) p.seq_parallel = false;
@@ -346,6 +354,9 @@ std::string format_report(const ValidationReport& rep, bool per_row) {
       s += fmt::format("{:>4} {:<30.30} {:<28.28} {:<58.58} {:>10.4g} {:>10.4g} {:>+7.1f}\n",
                        r.run.row, r.run.source, r.run.model_name, plan_summary(r.run.plan),
                        r.run.measured_step_s, r.predicted_step_s, 100 * r.error);
+    for (const CaseResult& r : rep.results)
+      if (!r.run.assumption.empty())
+        s += fmt::format("{:>4} assumption: {}\n", r.run.row, r.run.assumption);
     s += "skipped rows:\n";
     for (const RunCase& rc : rep.skipped)
       s += fmt::format("{:>4} {:<30.30} {:<28.28} {}\n", rc.row, rc.source, rc.model_name,

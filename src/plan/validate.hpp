@@ -28,6 +28,7 @@ struct RunCase {
   double measured_step_s = 0;
   std::string measured_basis;  // "step_time_s" | "hardware TFLOP/s" | "model TFLOP/s" | "MFU"
   std::string skip_reason;     // empty when usable
+  std::string assumption;      // what was assumed where the row is silent (printed with --rows)
   // Memory validation points from the notes: peak memory per GPU (GiB; the BLOOM rows' nvidia-smi
   // "GB" read as GiB), or an out-of-memory failure. A row may carry only these.
   std::optional<double> measured_memory_gib;

@@ -1,6 +1,9 @@
 // Exact bytes per rank per collective (the runtime's contract) and alpha-beta times.
+#include <algorithm>
+
 #include <gtest/gtest.h>
 
+#include "core/check.hpp"
 #include "plan/comm.hpp"
 #include "plan/memory.hpp"
 
@@ -77,4 +80,25 @@ TEST(Comm, AlphaBetaTimes) {
   // Hierarchical is never slower than needed: best = min(ring, hierarchical).
   Group wide = group_on_machine(64, 1, 8);
   EXPECT_LE(best_all_reduce_time(n, wide, mach), all_reduce_time(n, wide, mach, Algorithm::ring));
+}
+
+TEST(Comm, TreeAllReduce) {
+  MachineSpec mach;
+  mach.gpus_per_node = 8; mach.intra_node_bw_gbs = 100; mach.inter_node_bw_gbs = 200;
+  mach.intra_node_latency_us = 2; mach.inter_node_latency_us = 5;
+  // 1024 nodes, all 8 devices of each in the group: 2 n / bw + 2 (8-1) a_intra + 2 log2(1024) a_inter.
+  Group g = group_on_machine(8192, 1, 8);
+  double bw = std::min(100e9 * kBusEfficiency, 200e9 * kBusEfficiency / 8 * 8);
+  double n = 1e6;
+  EXPECT_DOUBLE_EQ(all_reduce_time(n, g, mach, Algorithm::tree),
+                   2 * n / bw + 2 * 7 * 2e-6 + 2 * 10 * 5e-6);
+  // Small message on many nodes: the tree's log latency beats the ring's (p-1) alpha, and the
+  // tuner picks it; a huge message: the ring's (p-1)/p factor and equal bandwidth tie (ring <= tree).
+  EXPECT_DOUBLE_EQ(best_all_reduce_time(n, g, mach), all_reduce_time(n, g, mach, Algorithm::tree));
+  EXPECT_LT(all_reduce_time(n, g, mach, Algorithm::tree),
+            all_reduce_time(n, g, mach, Algorithm::ring));
+  Group node = group_on_machine(8, 1, 8);
+  EXPECT_LE(best_all_reduce_time(1e10, node, mach), all_reduce_time(1e10, node, mach, Algorithm::tree));
+  // NCCL has no tree all-gather / reduce-scatter.
+  EXPECT_THROW(all_gather_time(n, g, mach, Algorithm::tree), Error);
 }

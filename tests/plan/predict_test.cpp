@@ -7,7 +7,9 @@
 
 #include "core/check.hpp"
 #include "job/parse.hpp"
+#include "plan/comm.hpp"
 #include "plan/io.hpp"
+#include "plan/memory.hpp"
 #include "plan/predict.hpp"
 #include "plan/search.hpp"
 
@@ -114,4 +116,42 @@ TEST(Predict, DefaultDpMustBeAnInteger) {
     EXPECT_NE(std::string(e.what()).find("gpus / (tp * pp * cp) = 64 / (3 * 8 * 1)"), std::string::npos)
         << e.what();
   }
+}
+
+TEST(Predict, ZeroThreePaysPerLayerRingLatency) {
+  // 175B, tp 8, dp 512 on Selene, ZeRO-3: per micro-batch every layer is gathered twice and its
+  // gradients reduce-scattered, each a ring of dp ranks paying (dp-1) alpha; at least the first
+  // gathers and the last reduce-scatter of each micro-batch are exposed.
+  Job job = parse_job(kJob, "job.toml",
+                      {"parallel.gpus=4096", "parallel.pp=1", "parallel.vp=1", "parallel.dp=512",
+                       "parallel.zero=3", "parallel.global_batch=1024"});
+  Plan p = resolve_plan(job.parallel, job.train.precision);
+  Prediction z3 = predict(job.model, job.machine, p);
+  Group g = group_on_machine(512, 8, 8);
+  double layer_bytes = 2.0 * double(parameters_on_rank(job.model, p, 0)) / 96;
+  double ag = ring_all_gather_time(layer_bytes, g, job.machine);
+  EXPECT_GE(ag, 511 * job.machine.inter_node_latency_us * 1e-6);
+  EXPECT_GE(z3.breakdown.dp_comm, p.micro_batches() * 3 * ag * (1 - 1e-12));
+  // The same plan with ZeRO-1 communicates once per step, not per micro-batch and layer.
+  p.zero = 1;
+  EXPECT_LT(predict(job.model, job.machine, p).breakdown.dp_comm, z3.breakdown.dp_comm);
+}
+
+TEST(Predict, ZeroBandwidthIsRejectedWithTheKey) {
+  Job job = parse_job(kJob, "job.toml");
+  Plan p = resolve_plan(job.parallel, job.train.precision);
+  job.machine.inter_node_bw_gbs = 0;
+  try {
+    check_machine_for_plan(job.machine, p, "job.toml");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("job.toml: machine.inter_node_bw_gbs = 0"), std::string::npos)
+        << e.what();
+  }
+  job.machine.inter_node_bw_gbs = 200;
+  job.machine.intra_node_bw_gbs = 0;
+  EXPECT_THROW(check_machine_for_plan(job.machine, p, "job.toml"), Error);
+  Plan single = p;
+  single.gpus = 1;  // one device: no bandwidth needed
+  EXPECT_NO_THROW(check_machine_for_plan(job.machine, single, "job.toml"));
 }

@@ -141,3 +141,20 @@ TEST(Search, MatchesIndependentEnumeration) {
   for (size_t i = 0; i < 3; ++i) EXPECT_DOUBLE_EQ(r.top[i].step_time_s, all[i].first) << all[i].second;
   EXPECT_EQ(plan_summary(r.top[0].plan), all[0].second);
 }
+
+TEST(Search, MemoryHeadroomIsKeptFree) {
+  // 13B on 16 A100-40GB: with 10% headroom every listed plan leaves 10% of the device free, and
+  // fewer plans are feasible than with none.
+  ParallelSpec f;
+  f.gpus = 16; f.global_batch = 128;
+  ModelSpec m = gpt(40, 5120, 40, 2048);
+  SearchResult none = search_plans(m, dgx("a100-40g"), f, Precision::bf16, 5);
+  SearchResult ten = search_plans(m, dgx("a100-40g"), f, Precision::bf16, 5,
+                                  default_calibration(), 0.10);
+  ASSERT_FALSE(ten.top.empty());
+  EXPECT_LT(ten.feasible, none.feasible);
+  double capacity = find_device("a100-40g").hbm_gib * double(1 << 30);
+  for (const auto& c : ten.top) EXPECT_LE(c.memory.total, 0.9 * capacity);
+  EXPECT_THROW(search_plans(m, dgx("a100-40g"), f, Precision::bf16, 5, default_calibration(), 1.0),
+               Error);
+}
