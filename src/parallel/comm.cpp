@@ -9,16 +9,6 @@
 
 namespace exatrain::parallel {
 
-int64_t ring_chunk(int64_t e, int64_t p, int64_t c) { return e / p + (c < e % p ? 1 : 0); }
-int64_t ring_reduce_scatter_sent(int64_t e, int64_t p, int64_t r) {
-  return p <= 1 ? 0 : e - ring_chunk(e, p, r);
-}
-int64_t ring_all_gather_sent(int64_t e, int64_t p, int64_t r) {
-  return p <= 1 ? 0 : e - ring_chunk(e, p, (r + 1) % p);
-}
-int64_t ring_all_reduce_sent(int64_t e, int64_t p, int64_t r) {
-  return ring_reduce_scatter_sent(e, p, r) + ring_all_gather_sent(e, p, r);
-}
 
 static constexpr int64_t kFloatBytes = 4;
 

@@ -36,15 +36,18 @@
 
 #include <mpi.h>
 
+#include "plan/comm.hpp"
+
 namespace exatrain::parallel {
 
 class Watchdog;
 
-// Pure forms of the convention above, in ELEMENTS, same names and meaning as the planner's.
-int64_t ring_chunk(int64_t elements, int64_t p, int64_t c);
-int64_t ring_reduce_scatter_sent(int64_t elements, int64_t p, int64_t r);
-int64_t ring_all_gather_sent(int64_t elements, int64_t p, int64_t r);
-int64_t ring_all_reduce_sent(int64_t elements, int64_t p, int64_t r);
+// Pure forms of the convention above, in ELEMENTS: the planner's own functions, so the ledger
+// and plan::bytes_sent_per_step count with one definition.
+using plan::ring_all_gather_sent;
+using plan::ring_all_reduce_sent;
+using plan::ring_chunk;
+using plan::ring_reduce_scatter_sent;
 
 struct CommLedger {
   std::map<std::string, int64_t> bytes;   // kind -> bytes sent by this rank since reset()
