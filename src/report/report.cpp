@@ -5,10 +5,14 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <map>
 
 #include <fmt/format.h>
 
 #include "core/check.hpp"
+#include "job/parse.hpp"
+#include "plan/plan.hpp"
+#include "plan/predict.hpp"
 #include "report/metrics.hpp"
 #include "report/svg_chart.hpp"
 
@@ -48,6 +52,54 @@ RunSummary summarize(const std::vector<nlohmann::json>& records) {
   return s;
 }
 
+std::string measured_vs_predicted(const std::vector<nlohmann::json>& records, const std::string& run_dir) {
+  static const char* kParts[] = {"compute", "tp_comm", "cp_comm", "pp_comm", "pp_bubble", "dp_comm", "optimizer", "other"};
+  // Measured: per step, the slowest rank's seconds in each part; then the median over steps.
+  std::map<std::string, std::vector<double>> parts;
+  std::vector<double> step_s;
+  int64_t n = 0;
+  for (const auto& r : records) {
+    if (!is_step(r) || n++ == 0) continue;  // the first step includes warm-up
+    if (r.contains("seconds")) step_s.push_back(r["seconds"].get<double>());
+    if (r.contains("breakdown_s_per_rank"))
+      for (const char* part : kParts) {
+        double worst = 0;
+        for (const auto& rank : r["breakdown_s_per_rank"]) worst = std::max(worst, rank.value(part, 0.0));
+        parts[part].push_back(worst);
+      }
+  }
+  if (step_s.empty()) return "";
+  std::string out = "  measured vs predicted (median s per step; prediction: `exatrain predict` of this run's job)\n";
+  plan::Prediction pred;
+  std::string why;
+  try {
+    Job job = load_job(run_dir + "/job.toml");
+    // The trainer's defaults for what the job leaves open (docs/job-file.md).
+    ParallelSpec& p = job.parallel;
+    for (auto* d : {&p.tp, &p.pp, &p.cp, &p.vp, &p.micro_batch}) if (!*d) *d = 1;
+    if (!p.dp) p.dp = p.gpus / (*p.tp * *p.pp * *p.cp);
+    if (!p.zero) p.zero = 0;
+    if (!p.recompute) p.recompute = Recompute::none;
+    if (!p.seq_parallel) p.seq_parallel = false;
+    if (!p.schedule) p.schedule = Schedule::one_f_one_b;
+    pred = plan::predict(job.model, job.machine, plan::resolve_plan(p, job.train.precision));
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  out += fmt::format("    {:<10} {:>10} {:>10}\n", "part", "measured", "predicted");
+  auto row = [&](const char* name, double measured, double predicted) {
+    out += fmt::format("    {:<10} {:>10.4f} {:>10}\n", name, measured,
+                       why.empty() ? fmt::format("{:.4f}", predicted) : "-");
+  };
+  const plan::Breakdown& b = pred.breakdown;
+  const double predicted[] = {b.compute, b.tp_comm, b.cp_comm, b.pp_comm, b.pp_bubble, b.dp_comm, b.optimizer, b.other};
+  for (size_t i = 0; i < std::size(kParts); ++i)
+    if (parts.count(kParts[i])) row(kParts[i], median(parts[kParts[i]]), predicted[i]);
+  row("step", median(step_s), pred.step_time_s);
+  if (!why.empty()) out += fmt::format("    (no prediction: {})\n", why);
+  return out;
+}
+
 RunSummary write_report(const std::string& run_dir) {
   std::vector<nlohmann::json> records = read_metrics(run_dir + "/metrics.jsonl");
   RunSummary s = summarize(records);
@@ -71,6 +123,7 @@ RunSummary write_report(const std::string& run_dir) {
   std::string svg = svg_document(charts);
 
   // Written under a temporary name and renamed, so a reader never sees half a file.
+  s.comparison = measured_vs_predicted(records, run_dir);
   s.svg_path = run_dir + "/report.svg";
   std::string tmp = s.svg_path + ".tmp";
   {
@@ -95,6 +148,7 @@ std::string format_summary(const RunSummary& s, const std::string& run_dir) {
   if (std::isfinite(s.median_tokens_per_s))
     out += fmt::format("  tokens/s (median) {:.1f}\n", s.median_tokens_per_s);
   if (std::isfinite(s.median_mfu)) out += fmt::format("  MFU (median)      {:.1f}%\n", 100 * s.median_mfu);
+  out += s.comparison;
   if (!s.svg_path.empty()) out += fmt::format("  plot              {}\n", s.svg_path);
   return out;
 }

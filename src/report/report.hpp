@@ -15,12 +15,19 @@ struct RunSummary {
   int64_t best_val_step = -1;
   double median_tokens_per_s = 0, median_mfu = 0;
   std::string svg_path;
+  std::string comparison;  // measured_vs_predicted(), filled by write_report
 };
 
 RunSummary summarize(const std::vector<nlohmann::json>& records);
 
 // Writes the SVG next to the metrics and returns the summary (svg_path set).
 RunSummary write_report(const std::string& run_dir);
+
+// Measured time per step next to the planner's prediction for the run's own job (RUN_DIR/job.toml
+// on its [machine]): medians over the steps after the first, per part of the planner's
+// breakdown_s (distributed runs record every rank's; the slowest rank's is shown). Returns a
+// text table; a job the planner cannot predict says why instead.
+std::string measured_vs_predicted(const std::vector<nlohmann::json>& records, const std::string& run_dir);
 
 // The one-screen text a person reads after a run.
 std::string format_summary(const RunSummary& s, const std::string& run_dir);

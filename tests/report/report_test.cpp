@@ -111,3 +111,25 @@ TEST(Report, MissingOrEmptyMetricsAreClearErrors) {
     EXPECT_NE(std::string(e.what()).find("has no training-step records"), std::string::npos) << e.what();
   }
 }
+
+TEST(Report, MeasuredNextToPredictedUsesTheSlowestRankAndThePlanner) {
+  std::string d = fresh_dir("report_breakdown");
+  std::ofstream(d + "/job.toml") << "[model]\nlayers = 2\nhidden = 64\nheads = 4\nseq_len = 32\nvocab = 256\n"
+                                    "[machine]\npreset = \"local\"\n[parallel]\ngpus = 2\ndp = 2\nglobal_batch = 4\n"
+                                    "[train]\nprecision = \"fp32\"\n";
+  {
+    MetricsWriter w(d + "/metrics.jsonl");
+    for (int s = 1; s <= 4; ++s)
+      w.write({{"step", s}, {"loss", 3.0}, {"seconds", 0.1 * s},
+               {"breakdown_s_per_rank", {{{"compute", 0.01 * s}, {"dp_comm", 0.5}}, {{"compute", 0.02 * s}, {"dp_comm", 0.25}}}}});
+  }
+  std::string t = measured_vs_predicted(read_metrics(d + "/metrics.jsonl"), d);
+  // Steps 2..4: slowest rank's compute 0.04, 0.06, 0.08 -> median 0.06; dp_comm 0.5; step median 0.3.
+  EXPECT_NE(t.find("compute        0.0600"), std::string::npos) << t;
+  EXPECT_NE(t.find("dp_comm        0.5000"), std::string::npos) << t;
+  EXPECT_NE(t.find("step           0.3000"), std::string::npos) << t;
+  EXPECT_EQ(t.find("no prediction"), std::string::npos) << t;  // the planner predicted this job
+  std::ofstream(d + "/job.toml") << "[model]\nhidden = 64\nheads = 4\n[machine]\ndevice = \"no-such-device\"\n";
+  t = measured_vs_predicted(read_metrics(d + "/metrics.jsonl"), d);
+  EXPECT_NE(t.find("no prediction"), std::string::npos) << t;
+}
