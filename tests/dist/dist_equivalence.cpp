@@ -1,5 +1,5 @@
 // Equivalence of the distributed trainer with the single-rank trainer: for every parallel
-// configuration of this world size, 10 steps from the same seed give the same losses (1e-5
+// configuration of this world size, 10 steps from the same seed give the same losses and validation loss (1e-5
 // relative) and the same final weights (every rank compares its shard with the matching slice of
 // the single-rank model). Run as `mpirun -np N dist_equivalence`; exits non-zero on any mismatch.
 #include <mpi.h>
@@ -103,6 +103,13 @@ int main(int argc, char** argv) {
       early += m.buckets_launched_early;
       if (s == 0 || s == steps - 1) trace += fmt::format(" step{} {:.6f}/{:.6f}", s + 1, m.loss, ref.losses[size_t(s)]);
     }
+    // Validation loss of the final weights (forward only, batches split over dp) against the
+    // single-rank evaluate() of its final weights.
+    const double val = trainer.evaluate(dist_test::kValBatches, [&](int64_t i, int32_t* tok, int32_t* tgt) {
+      dist_test::val_batch(job.model.vocab, i, cfg.micro_batch, job.model.seq_len, tok, tgt);
+    });
+    worst_loss = std::max(worst_loss, std::abs(val - ref.val_loss) / std::abs(ref.val_loss));
+    trace += fmt::format(" val {:.6f}/{:.6f}", val, ref.val_loss);
     trainer.gather_full_params();  // ZeRO 3: the weights live in shards
     double worst_w = 0;
     for (int c = 0; c < trainer.chunks(); c++) worst_w = std::max(worst_w, dist_test::max_weight_diff(trainer.chunk(c), ref));
