@@ -1,6 +1,8 @@
 #include "parallel/distributed_trainer.hpp"
 
 #include <omp.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -265,7 +267,7 @@ void DistributedTrainer::import_state(const std::vector<ChunkState>& state, int6
           seg.v[size_t(i)] = real ? st.v[k] : 0.0f;
         }
       }
-      std::fill_n(ch.model->params(), n, std::numeric_limits<float>::quiet_NaN());
+      for (int sidx = 0; sidx < int(ch.segments.size()); sidx++) release_segment(ch, sidx);
     }
   }
   step_ = step;
@@ -313,8 +315,8 @@ void DistributedTrainer::setup_zero3(Chunk& ch) {
   // The head of a single-stage model reads the tied embedding too.
   if (opt_.model.tie_embeddings && ch.model->options().stage.has_head && ch.model->options().stage.has_embedding)
     for (int sidx : ch.own_segments[ParallelHooks::kEmbedding]) ch.gather_segments[ParallelHooks::kHead].push_back(sidx);
-  // Released parameters read as NaN: a pass that used one without gathering it would poison the loss.
-  std::fill_n(params, ch.model->num_params(), std::numeric_limits<float>::quiet_NaN());
+  // Every segment starts released (its pages returned to the OS, its partial pages NaN).
+  for (int sidx = 0; sidx < int(ch.segments.size()); sidx++) release_segment(ch, sidx);
 }
 
 // ZeRO 3: all-gather a segment's parameters into the model's arena (in place over a staging copy).
@@ -328,9 +330,24 @@ void DistributedTrainer::gather_segment(Chunk& ch, int sidx) {
   std::copy_n(staging.begin(), seg.range.len, ch.model->params() + seg.range.offset);
 }
 
+// ZeRO 3: the memory of a released segment goes back to the OS: the whole pages inside it are
+// dropped with madvise(MADV_DONTNEED) (they read 0 until the next gather writes them, and then
+// cost a page fault each), the partial pages at its two ends, shared with neighbours, are
+// overwritten with NaN so a pass that used a released weight there still poisons the loss.
 void DistributedTrainer::release_segment(Chunk& ch, int sidx) {
   const Range& x = ch.segments[size_t(sidx)].range;
-  std::fill_n(ch.model->params() + x.offset, x.len, std::numeric_limits<float>::quiet_NaN());
+  float* begin = ch.model->params() + x.offset;
+  float* end = begin + x.len;
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = (uintptr_t(begin) + page - 1) / page * page, hi = uintptr_t(end) / page * page;
+  if (hi <= lo) {
+    std::fill(begin, end, std::numeric_limits<float>::quiet_NaN());
+    return;
+  }
+  std::fill(begin, reinterpret_cast<float*>(lo), std::numeric_limits<float>::quiet_NaN());
+  std::fill(reinterpret_cast<float*>(hi), end, std::numeric_limits<float>::quiet_NaN());
+  EXA_SYSCHECK(madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) == 0,
+               "madvise(MADV_DONTNEED) of {} released ZeRO-3 bytes", hi - lo);
 }
 
 // ZeRO 3: this micro-batch's gradients of a segment, reduce-scattered over dp into my shard.

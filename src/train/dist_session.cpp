@@ -286,7 +286,11 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
       extras.data_cursor_json = loader.cursor_json();  // the global position: the same on every rank
       const std::string dir = save_distributed_checkpoint(trainer, MPI_COMM_WORLD, ckpt_root, extras,
                                                           job.train.keep_checkpoints);
-      last_checkpoint = dir;
+      last_checkpoint = dir;  // rank 0's name, on every rank (the stop messages name it)
+      int n = int(last_checkpoint.size());
+      MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
+      last_checkpoint.resize(size_t(n));
+      MPI_Bcast(last_checkpoint.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD);
       if (rank == 0) {
         result.last_checkpoint = dir;
         progress->note(fmt::format("checkpoint saved: {}", dir));

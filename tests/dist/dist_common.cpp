@@ -1,11 +1,15 @@
 #include "dist_common.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cmath>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "backend/backend.hpp"
+#include "core/check.hpp"
 #include "train/trainer.hpp"
 
 namespace dist_test {
@@ -111,6 +115,16 @@ Reference run_single_rank(const Job& job, int64_t inject_nan_at_step, bool skip)
   r.layout = trainer.model().layout();
   r.params.assign(trainer.model().params(), trainer.model().params() + trainer.model().num_params());
   return r;
+}
+
+int64_t resident_bytes(const void* p, int64_t bytes) {
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = uintptr_t(p) / page * page, hi = (uintptr_t(p) + uintptr_t(bytes) + page - 1) / page * page;
+  std::vector<unsigned char> in((hi - lo) / page);
+  EXA_SYSCHECK(mincore(reinterpret_cast<void*>(lo), hi - lo, in.data()) == 0, "mincore");
+  int64_t n = 0;
+  for (unsigned char c : in) n += c & 1;
+  return n * int64_t(page);
 }
 
 double max_weight_diff(const Gpt& model, const Reference& ref) {

@@ -56,6 +56,9 @@ struct Reference {
 // inject_nan_at_step / skip: as TrainerOptions (skipped steps record a NaN loss).
 Reference run_single_rank(const exatrain::Job& job, int64_t inject_nan_at_step = -1, bool skip = false);
 
+// Bytes of [p, p + bytes) resident in memory (mincore over the pages it touches).
+int64_t resident_bytes(const void* p, int64_t bytes);
+
 // Largest |local - reference slice| / (1 + |reference|) over every element of a model shard.
 double max_weight_diff(const exatrain::Gpt& model, const Reference& ref);
 
