@@ -5,10 +5,12 @@
 #      the step records carry an MFU above 0;
 #   2. the watchdog: rank 1 frozen with SIGSTOP leaves rank 0 inside a dp collective; with
 #      [parallel] watchdog_timeout_s = 3 the job ends within 30 s with "rank 0 waits in op K of
-#      group dp" (or "group world", for the loss sum) from `exatrain train` itself.
-# Usage: dist_train_cli.sh MPIEXEC EXATRAIN WORKDIR
+#      group dp" (or "group world", for the loss sum) from `exatrain train` itself;
+#   3. nan_policy through the same session (NAN_SESSION = dist_nan_session): "stop" ends every
+#      rank with the single-rank message, "skip" skips the step on every rank.
+# Usage: dist_train_cli.sh MPIEXEC EXATRAIN WORKDIR NAN_SESSION
 set -u
-MPIEXEC=$1 EXA=$2 WORK=$3
+MPIEXEC=$1 EXA=$2 WORK=$3 NAN_SESSION=$4
 rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK"
 for i in $(seq 1 300); do echo "line $i of a small test text, with some words to learn."; done > text.txt
 "$EXA" data prepare --input text.txt --out data --tokenizer byte > prep.log 2>&1 || { echo "FAIL: prepare"; cat prep.log; exit 1; }
@@ -61,6 +63,11 @@ mfu = [r["mfu"] for r in dist if "loss" in r]
 assert len(mfu) == 4 and all(0 < m < 1 for m in mfu), mfu
 print(f"ok: val_loss equals the single-rank run's; MFU per step {', '.join(f'{m:.2%}' for m in mfu)}")
 PY
+# 3. nan_policy (before the stall test, which leaves nothing behind to clean up).
+for policy in stop skip; do
+  "${MPIRUN[@]}" "$NAN_SESSION" job.toml $policy > nan_$policy.log 2>&1 && grep "^OK" nan_$policy.log | head -1 \
+    || { echo "FAIL: nan_policy $policy"; cat nan_$policy.log; failures=$((failures + 1)); }
+done
 # 2. The watchdog of `exatrain train`.
 "${MPIRUN[@]}" "$EXA" train job.toml --plain --set train.steps=100000 --set train.run_dir=stall \
   --set train.eval_every=0 > stall.log 2>&1 &
