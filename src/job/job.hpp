@@ -61,6 +61,9 @@ struct ParallelSpec {
   std::optional<bool> seq_parallel;
   std::optional<Schedule> schedule;
   std::vector<int64_t> layers_per_stage;  // optional explicit pipeline balance (extension)
+  // `train` on several ranks: a rank inside one collective for longer than this reports
+  // "rank r waits in op k of group g" and aborts the job (parallel/watchdog.hpp); 0 = off.
+  double watchdog_timeout_s = 300;
 };
 
 // [train]

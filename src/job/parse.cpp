@@ -366,8 +366,9 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
       if (i >= 0 && i < 2) p.schedule = Schedule(i);
     }
     s.get_int_list("layers_per_stage", p.layers_per_stage, 0);
+    s.get_float("watchdog_timeout_s", p.watchdog_timeout_s, 0, 1e9);
     s.report_unknown({"gpus", "tp", "pp", "dp", "cp", "vp", "zero", "micro_batch", "global_batch",
-                      "recompute", "seq_parallel", "schedule", "layers_per_stage"});
+                      "recompute", "seq_parallel", "schedule", "layers_per_stage", "watchdog_timeout_s"});
   }
   // [train]
   {
@@ -456,6 +457,7 @@ std::string job_to_toml(const Job& job) {
       p.global_batch, p.recompute ? fmt::format("\"{}\"", to_string(*p.recompute)) : "\"auto\"",
       opt(p.seq_parallel), p.schedule ? fmt::format("\"{}\"", to_string(*p.schedule)) : "\"auto\"");
   if (!p.layers_per_stage.empty()) out += fmt::format("layers_per_stage = [{}]\n", fmt::join(p.layers_per_stage, ", "));
+  out += fmt::format("watchdog_timeout_s = {:.17g}\n", p.watchdog_timeout_s);
   out += fmt::format(
       "\n[train]\nprecision = \"{}\"\noptimizer = \"{}\"\nsteps = {}\nseed = {}\nlr = {:.17g}\nmin_lr = {:.17g}\n"
       "warmup_steps = {}\nweight_decay = {:.17g}\nbeta1 = {:.17g}\nbeta2 = {:.17g}\neps = {:.17g}\n"

@@ -1,6 +1,8 @@
 #include "parallel/distributed_trainer.hpp"
 
 #include <omp.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -265,7 +267,7 @@ void DistributedTrainer::import_state(const std::vector<ChunkState>& state, int6
           seg.v[size_t(i)] = real ? st.v[k] : 0.0f;
         }
       }
-      std::fill_n(ch.model->params(), n, std::numeric_limits<float>::quiet_NaN());
+      for (int sidx = 0; sidx < int(ch.segments.size()); sidx++) release_segment(ch, sidx);
     }
   }
   step_ = step;
@@ -313,8 +315,8 @@ void DistributedTrainer::setup_zero3(Chunk& ch) {
   // The head of a single-stage model reads the tied embedding too.
   if (opt_.model.tie_embeddings && ch.model->options().stage.has_head && ch.model->options().stage.has_embedding)
     for (int sidx : ch.own_segments[ParallelHooks::kEmbedding]) ch.gather_segments[ParallelHooks::kHead].push_back(sidx);
-  // Released parameters read as NaN: a pass that used one without gathering it would poison the loss.
-  std::fill_n(params, ch.model->num_params(), std::numeric_limits<float>::quiet_NaN());
+  // Every segment starts released (its pages returned to the OS, its partial pages NaN).
+  for (int sidx = 0; sidx < int(ch.segments.size()); sidx++) release_segment(ch, sidx);
 }
 
 // ZeRO 3: all-gather a segment's parameters into the model's arena (in place over a staging copy).
@@ -328,9 +330,24 @@ void DistributedTrainer::gather_segment(Chunk& ch, int sidx) {
   std::copy_n(staging.begin(), seg.range.len, ch.model->params() + seg.range.offset);
 }
 
+// ZeRO 3: the memory of a released segment goes back to the OS: the whole pages inside it are
+// dropped with madvise(MADV_DONTNEED) (they read 0 until the next gather writes them, and then
+// cost a page fault each), the partial pages at its two ends, shared with neighbours, are
+// overwritten with NaN so a pass that used a released weight there still poisons the loss.
 void DistributedTrainer::release_segment(Chunk& ch, int sidx) {
   const Range& x = ch.segments[size_t(sidx)].range;
-  std::fill_n(ch.model->params() + x.offset, x.len, std::numeric_limits<float>::quiet_NaN());
+  float* begin = ch.model->params() + x.offset;
+  float* end = begin + x.len;
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = (uintptr_t(begin) + page - 1) / page * page, hi = uintptr_t(end) / page * page;
+  if (hi <= lo) {
+    std::fill(begin, end, std::numeric_limits<float>::quiet_NaN());
+    return;
+  }
+  std::fill(begin, reinterpret_cast<float*>(lo), std::numeric_limits<float>::quiet_NaN());
+  std::fill(reinterpret_cast<float*>(hi), end, std::numeric_limits<float>::quiet_NaN());
+  EXA_SYSCHECK(madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) == 0,
+               "madvise(MADV_DONTNEED) of {} released ZeRO-3 bytes", hi - lo);
 }
 
 // ZeRO 3: this micro-batch's gradients of a segment, reduce-scattered over dp into my shard.
@@ -445,6 +462,7 @@ void DistributedTrainer::tied_embedding_sum() {
     const int peer = ch->stage == 0 ? pp - 1 : 0;
     float* g = ch->model->grads() + ch->tied_wte.offset;
     std::vector<float> other(size_t(ch->tied_wte.len));
+    WatchdogScope watch(rt_.watchdog(), "world", ++world_ops_, "MPI_Sendrecv (tied embedding gradient)");
     mpi_check(MPI_Sendrecv(g, int(ch->tied_wte.len), MPI_FLOAT, peer, 7001, other.data(), int(ch->tied_wte.len),
                            MPI_FLOAT, peer, 7001, rt_.pp().comm(), MPI_STATUS_IGNORE),
               "MPI_Sendrecv (tied embedding gradient)");
@@ -497,6 +515,7 @@ double DistributedTrainer::grad_norm_squared() {
     }
   }
   double global = 0;
+  WatchdogScope watch(rt_.watchdog(), "world", ++world_ops_, "MPI_Allreduce (grad norm)");
   mpi_check(MPI_Allreduce(&local, &global, 1, MPI_DOUBLE, MPI_SUM, rt_.mesh().world), "MPI_Allreduce (grad norm)");
   return global;
 }
@@ -584,11 +603,29 @@ DistStepMetrics DistributedTrainer::train_step() {
   DistStepMetrics s;
   const bool reports = rt_.holds_loss() && rt_.mesh().coord.tp == 0;
   double mine = reports ? loss_sum : 0.0, total = 0;
-  mpi_check(MPI_Allreduce(&mine, &total, 1, MPI_DOUBLE, MPI_SUM, rt_.mesh().world), "MPI_Allreduce (loss)");
+  {
+    WatchdogScope watch(rt_.watchdog(), "world", ++world_ops_, "MPI_Allreduce (loss)");
+    mpi_check(MPI_Allreduce(&mine, &total, 1, MPI_DOUBLE, MPI_SUM, rt_.mesh().world), "MPI_Allreduce (loss)");
+  }
   s.loss = total / double(m_ * rt_.dp().size());
 
   const double t_opt = omp_get_wtime();
   s.grad_norm = std::sqrt(grad_norm_squared());
+  if (opt_.inject_nan_at_step == step_ + 1) {
+    s.loss = std::nan("");
+    opt_.inject_nan_at_step = -1;  // once: a skipped step is retried with the next batch
+  }
+  // A non-finite loss or gradient never reaches the weights. Both numbers are global (all-reduced
+  // over the world), so every rank takes the same branch: no rank updates while another skips.
+  if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {
+    for (auto& ch : chunks_)  // ZeRO 3 accumulates its shard's gradients outside the arena
+      for (Chunk::Segment& seg : ch->segments) std::fill(seg.grad.begin(), seg.grad.end(), 0.0f);
+    s.nonfinite = true;
+    s.skipped = opt_.skip_nonfinite;
+    s.step = step_;
+    s.seconds = omp_get_wtime() - t0;
+    return s;
+  }
   double clip_scale = 1.0;  // as torch.nn.utils.clip_grad_norm_ and the single-rank trainer
   if (opt_.train.grad_clip > 0) clip_scale = std::min(1.0, opt_.train.grad_clip / (s.grad_norm + 1e-6));
   const TrainSpec& ts = opt_.train;
@@ -610,6 +647,65 @@ DistStepMetrics DistributedTrainer::train_step() {
   for (auto& ch : chunks_)
     if (ch->bucketer) s.buckets_launched_early += ch->bucketer->launched_early();
   return s;
+}
+
+double DistributedTrainer::local_flops_per_step() const {
+  double f = 0;
+  for (const auto& ch : chunks_) f += ch->model->flops_per_step();  // per micro-batch of B x T
+  return f * double(m_);
+}
+
+// Forward only, stage by stage: the owner of stage s receives stage s-1's output from its owner
+// (blocking MPI_Recv on the pp group), runs its chunk and sends the result on. One chain at a time,
+// so no schedule is needed and no deadlock is possible. Every rank of a dp replica group runs the
+// same number of passes (ZeRO 3 gathers each layer collectively over dp): a replica whose share of
+// the batches ends early runs batch 0 again and does not count it.
+double DistributedTrainer::evaluate(int64_t batches, const ValBatchFn& val_batch) {
+  EXA_CHECK(batches > 0, "evaluate: batches must be > 0, got {}", batches);
+  const int64_t n = B_ * T_;
+  const int S = plan_.pipeline.stages(), pp = plan_.mesh.pp;
+  const int dp = rt_.dp().size(), dp_rank = rt_.dp().rank(), pp_rank = rt_.mesh().coord.pp;
+  const int64_t act = (plan_.seq_parallel ? n / plan_.mesh.tp : n) * opt_.model.hidden;
+  // owner[s] = (pp rank, chunk) of stage s.
+  std::vector<std::pair<int, int>> owner(size_t(S), {-1, -1});
+  for (int r = 0; r < pp; r++)
+    for (int c = 0; c < plan_.pipeline.vp; c++) owner[size_t(stage_of(plan_.pipeline, r, c))] = {r, c};
+  std::vector<int32_t> tokens(static_cast<size_t>(n)), targets(static_cast<size_t>(n));
+  std::vector<float> in(static_cast<size_t>(act)), out(static_cast<size_t>(act));
+  double sum = 0;
+  const int64_t rounds = (batches + dp - 1) / dp;
+  for (int64_t round = 0; round < rounds; round++) {
+    const int64_t i = round * dp + dp_rank;
+    const bool counted = i < batches;
+    val_batch(counted ? i : 0, tokens.data(), targets.data());
+    for (int s = 0; s < S; s++) {
+      const auto [r, c] = owner[size_t(s)];
+      if (r != pp_rank) continue;
+      if (s > 0 && owner[size_t(s - 1)].first != pp_rank) {
+        WatchdogScope watch(rt_.watchdog(), "world", ++world_ops_, "MPI_Recv (evaluation activations)");
+        mpi_check(MPI_Recv(in.data(), int(act), MPI_FLOAT, owner[size_t(s - 1)].first, 7101, rt_.pp().comm(),
+                           MPI_STATUS_IGNORE), "MPI_Recv (evaluation activations)");
+      } else if (s > 0)
+        std::copy(out.begin(), out.end(), in.begin());
+      Gpt& g = *chunks_[size_t(c)]->model;
+      const float loss = g.forward(s == 0 ? tokens.data() : nullptr, s == 0 ? nullptr : in.data(),
+                                   s == S - 1 ? targets.data() : nullptr, 0);
+      if (s == S - 1) {
+        if (counted && rt_.mesh().coord.tp == 0) sum += double(loss);
+      } else {
+        be_.copy(out.data(), g.output(0), sizeof(float) * size_t(act));
+        if (owner[size_t(s + 1)].first != pp_rank) {
+          WatchdogScope watch(rt_.watchdog(), "world", ++world_ops_, "MPI_Send (evaluation activations)");
+          mpi_check(MPI_Send(out.data(), int(act), MPI_FLOAT, owner[size_t(s + 1)].first, 7101, rt_.pp().comm()),
+                    "MPI_Send (evaluation activations)");
+        }
+      }
+    }
+  }
+  double total = 0;
+  WatchdogScope watch(rt_.watchdog(), "world", ++world_ops_, "MPI_Allreduce (val loss)");
+  mpi_check(MPI_Allreduce(&sum, &total, 1, MPI_DOUBLE, MPI_SUM, rt_.mesh().world), "MPI_Allreduce (val loss)");
+  return total / double(batches);
 }
 
 }  // namespace exatrain::parallel

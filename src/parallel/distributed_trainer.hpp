@@ -25,6 +25,7 @@
 // The reported loss is the global mean over the step's m * dp micro-batches.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -47,6 +48,11 @@ struct DistOptions {
   int64_t bucket_floats = 1 << 18;
   // Layers of each of the pp * vp stages ([parallel] layers_per_stage); empty = balanced evenly.
   std::vector<int64_t> layers_per_stage;
+  // train.nan_policy = "skip": a step whose global loss or gradient norm is non-finite applies no
+  // update (on every rank: both numbers are global) and is reported with skipped = true; else the
+  // step comes back un-applied with skipped = false and the caller stops.
+  bool skip_nonfinite = false;
+  int64_t inject_nan_at_step = -1;  // test hook: step (1-based) whose loss reads as NaN, once
 };
 
 struct DistStepMetrics {
@@ -56,7 +62,12 @@ struct DistStepMetrics {
   std::map<std::string, double> breakdown_s;
   std::map<std::string, int64_t> bytes;  // this rank's ledger for the step (kind -> bytes sent)
   int64_t buckets_launched_early = 0;    // ZeRO 0: dp buckets started during backward
+  bool skipped = false;                  // non-finite step not applied (skip_nonfinite)
+  bool nonfinite = false;                // non-finite loss or gradient norm: no update applied
 };
+
+// Fills tokens/targets [B*T] with validation batch i (the same batch on every rank that asks).
+using ValBatchFn = std::function<void(int64_t i, int32_t* tokens, int32_t* targets)>;
 
 class DistributedTrainer {
  public:
@@ -69,6 +80,12 @@ class DistributedTrainer {
   DistributedTrainer& operator=(const DistributedTrainer&) = delete;
 
   DistStepMetrics train_step();
+  // Mean validation loss over `batches` batches of micro_batch x seq_len (val_batch(i) for i < batches),
+  // forward only, the same number as the single-rank trainer's evaluate() for the same weights. Collective
+  // over the world: the dp replicas split the batches, each pipeline passes them stage by stage.
+  double evaluate(int64_t batches, const ValBatchFn& val_batch);
+  // Model FLOPs of one step computed by this rank's chunks (forward + backward, as Gpt::flops_per_step).
+  double local_flops_per_step() const;
   // Record every forward/backward (and pipeline wait) of the following steps as trace events
   // relative to `origin` (MPI_Wtime after a common barrier); nullptr stops recording.
   void trace_into(std::vector<TraceEvent>* events, double origin) { trace_ = events, trace_origin_ = origin; }
@@ -121,6 +138,7 @@ class DistributedTrainer {
   const RuntimePlan& plan_;
   int64_t B_, T_, m_;
   int64_t step_ = 0;
+  int64_t world_ops_ = 0;  // raw MPI calls on the world so far (the watchdog's op index)
   std::vector<std::unique_ptr<Chunk>> chunks_;
   std::vector<int32_t> tokens_, targets_;  // [m][B*T]
   std::vector<TraceEvent>* trace_ = nullptr;

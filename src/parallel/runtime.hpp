@@ -29,6 +29,7 @@ class ParallelRuntime {
   const RuntimePlan& plan() const { return plan_; }
   const Mesh& mesh() const { return mesh_; }
   CommLedger& ledger() { return ledger_; }
+  Watchdog* watchdog() { return watchdog_.get(); }  // null when off
   Group& tp() { return *tp_; }
   Group& cp() { return *cp_; }
   Group& dp() { return *dp_; }  // the replica group: dp x cp ranks with the same weights

@@ -54,4 +54,22 @@ class Watchdog {
   std::thread thread_;
 };
 
+// A raw MPI call outside the Groups (e.g. a double all-reduce on the world communicator) watched
+// like theirs: enter on construction, leave on destruction; a null watchdog does nothing. Keep the
+// scope around the one call only.
+class WatchdogScope {
+ public:
+  WatchdogScope(Watchdog* w, const std::string& group, int64_t op_index, const char* op_name) : w_(w) {
+    if (w_) w_->enter(group, op_index, op_name);
+  }
+  ~WatchdogScope() {
+    if (w_) w_->leave();
+  }
+  WatchdogScope(const WatchdogScope&) = delete;
+  WatchdogScope& operator=(const WatchdogScope&) = delete;
+
+ private:
+  Watchdog* w_;
+};
+
 }  // namespace exatrain::parallel

@@ -63,7 +63,11 @@ std::string save_distributed_checkpoint(parallel::DistributedTrainer& t, MPI_Com
   const std::string idx = index.dump();
   int counts[2] = {int(idx.size()), int(data.size())};
   std::vector<int> all_counts(static_cast<size_t>(2 * size));
-  MPI_Gather(counts, 2, MPI_INT, all_counts.data(), 2, MPI_INT, 0, world);
+  parallel::Watchdog* wd = t.runtime().watchdog();  // a rank that never arrives is reported
+  {
+    parallel::WatchdogScope watch(wd, "world", 1, "MPI_Gather (checkpoint sizes)");
+    MPI_Gather(counts, 2, MPI_INT, all_counts.data(), 2, MPI_INT, 0, world);
+  }
   const size_t nranks = static_cast<size_t>(size);
   std::vector<int> idx_n(nranks), idx_off(nranks), dat_n(nranks), dat_off(nranks);
   int64_t idx_total = 0, dat_total = 0;
@@ -74,8 +78,11 @@ std::string save_distributed_checkpoint(parallel::DistributedTrainer& t, MPI_Com
   }
   std::string all_idx(static_cast<size_t>(idx_total), 0);
   std::vector<float> all_data(static_cast<size_t>(dat_total));
-  MPI_Gatherv(idx.data(), counts[0], MPI_CHAR, all_idx.data(), idx_n.data(), idx_off.data(), MPI_CHAR, 0, world);
-  MPI_Gatherv(data.data(), counts[1], MPI_FLOAT, all_data.data(), dat_n.data(), dat_off.data(), MPI_FLOAT, 0, world);
+  {
+    parallel::WatchdogScope watch(wd, "world", 2, "MPI_Gatherv (checkpoint tensors)");
+    MPI_Gatherv(idx.data(), counts[0], MPI_CHAR, all_idx.data(), idx_n.data(), idx_off.data(), MPI_CHAR, 0, world);
+    MPI_Gatherv(data.data(), counts[1], MPI_FLOAT, all_data.data(), dat_n.data(), dat_off.data(), MPI_FLOAT, 0, world);
+  }
   std::string dir;
   if (rank == 0) {
     std::map<std::string, GlobalTensor> tensors;
@@ -119,7 +126,9 @@ std::string save_distributed_checkpoint(parallel::DistributedTrainer& t, MPI_Com
     if (!extras.tokenizer_model.empty()) w.add_blob("tokenizer.model", extras.tokenizer_model);
     dir = w.commit(keep_last);
   }
-  MPI_Barrier(world);  // complete on disk before any rank goes on (or is killed)
+  // Complete on disk before any rank goes on (or is killed). Not watched: the others wait here
+  // while rank 0 writes, which may rightly take longer than the watchdog's timeout.
+  MPI_Barrier(world);
   return dir;
 }
 

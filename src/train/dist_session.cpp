@@ -24,6 +24,7 @@
 #include "checkpoint/checkpoint.hpp"
 #include "data/manifest.hpp"
 #include "train/dist_checkpoint.hpp"
+#include "train/machine_peak.hpp"
 #include "report/metrics.hpp"
 #include "report/progress.hpp"
 
@@ -136,7 +137,9 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
   }
   resolve_auto_parallel(job, world, rank == 0 ? opt.out : nullptr);
   const parallel::RuntimePlan plan = parallel::runtime_plan_from_job(job, world);
-  parallel::ParallelRuntime rt(MPI_COMM_WORLD, plan);
+  parallel::RuntimeOptions ropt;
+  ropt.watchdog_timeout_s = job.parallel.watchdog_timeout_s;  // 0: no watchdog thread
+  parallel::ParallelRuntime rt(MPI_COMM_WORLD, plan, ropt);
   data::LoaderOptions lo;
   lo.seq_len = job.model.seq_len;
   lo.seed = job.train.seed;
@@ -150,7 +153,27 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
   dopt.model = job.model;
   dopt.train = job.train;
   dopt.layers_per_stage = job.parallel.layers_per_stage;
+  dopt.skip_nonfinite = job.train.nan_policy == "skip";
+  dopt.inject_nan_at_step = opt.inject_nan_at_step;
   parallel::DistributedTrainer trainer(*backend, rt, dopt, source);
+  // MFU as the single-rank trainer: achieved model FLOP/s per rank (the world's model FLOPs of a
+  // step / ranks / seconds) over the measured sgemm peak of `threads` threads (train/machine_peak),
+  // measured by rank 0 alone while the others wait (cached per CPU model and thread count).
+  double world_flops = 0;
+  {
+    const double mine = trainer.local_flops_per_step();
+    MPI_Allreduce(&mine, &world_flops, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  }
+  const double peak_gflops = rank == 0 ? cached_sgemm_peak_gflops(*backend, threads) : 0.0;
+  MPI_Barrier(MPI_COMM_WORLD);
+  // Validation batch i as the single-rank run numbers it: a loader without the dp split (the
+  // trainer's evaluate() hands the batches out over the replicas itself).
+  data::LoaderOptions vo = lo;
+  vo.dp_rank = 0, vo.dp_size = 1, vo.verify_checksums = false;
+  const data::TokenLoader val_loader(result.dataset_dir, vo);
+  auto val_batch = [&](int64_t i, int32_t* tokens, int32_t* targets) {
+    val_loader.val_batch(i, tokens, targets, plan.micro_batch);
+  };
 
   // Resume: rank 0 picks the checkpoint (newest complete one for "auto"), every rank loads its
   // slices of it: the checkpoint may come from any topology (train/dist_checkpoint.hpp).
@@ -201,6 +224,8 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
     MPI_Barrier(MPI_COMM_WORLD);
     trainer.trace_into(&events, MPI_Wtime());
   }
+  int64_t steps_this_run = 0, consecutive_skips = 0;
+  std::string last_checkpoint;  // on every rank (the messages above name it)
   while (trainer.step() < job.train.steps) {
     const parallel::DistStepMetrics m = trainer.train_step();
     if (!opt.trace.empty() && m.step - result.first_step == trace_steps) {
@@ -209,16 +234,32 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
       if (rank == 0) progress->note(fmt::format("trace of steps {}-{} of every rank: {} (ui.perfetto.dev)",
                                                 result.first_step + 1, m.step, opt.trace));
     }
-    EXA_CHECK(std::isfinite(m.loss) && std::isfinite(m.grad_norm),
-              "train: step {}: the loss is {} and the gradient norm {} (non-finite); stopped", m.step, m.loss,
-              m.grad_norm);
+    if (m.skipped) {  // every rank skipped the same step (the loss and the norm are global)
+      ++result.skipped_steps;
+      if (rank == 0)
+        progress->note(fmt::format("step {}: non-finite loss ({}) or gradient norm ({}); update skipped "
+                                   "(train.nan_policy = \"skip\")", trainer.step() + 1, m.loss, m.grad_norm));
+      EXA_CHECK(++consecutive_skips < 10, "train: 10 consecutive steps had a non-finite loss; stopping "
+                "(the last checkpoint is {})", last_checkpoint.empty() ? "none" : last_checkpoint);
+      continue;
+    }
+    if (m.nonfinite)  // every rank stops here, with the same message
+      EXA_FAIL("train: step {}: the loss is {} and the gradient norm {} (non-finite); stopped before the "
+               "update (train.nan_policy = \"stop\"; \"skip\" skips such steps). Last checkpoint: {}",
+               m.step + 1, m.loss, m.grad_norm, last_checkpoint.empty() ? "none" : last_checkpoint);
+    consecutive_skips = 0;
+    ++steps_this_run;
+    const double mfu = peak_gflops > 0 ? world_flops / double(world) / m.seconds / 1e9 / peak_gflops : 0.0;
     double mine[kBreakdown];
     for (int k = 0; k < kBreakdown; k++) {
       auto it = m.breakdown_s.find(kBreakdownNames[k]);
       mine[k] = it == m.breakdown_s.end() ? 0.0 : it->second;
     }
     std::vector<double> all(size_t(kBreakdown * world));
-    MPI_Gather(mine, kBreakdown, MPI_DOUBLE, all.data(), kBreakdown, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    {
+      parallel::WatchdogScope watch(rt.watchdog(), "world", m.step, "MPI_Gather (time breakdown)");
+      MPI_Gather(mine, kBreakdown, MPI_DOUBLE, all.data(), kBreakdown, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    }
     result.last_loss = m.loss;
     if (rank == 0) {
       nlohmann::json per_rank = nlohmann::json::array();
@@ -228,16 +269,28 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
         per_rank.push_back(b);
       }
       metrics->write({{"step", m.step}, {"loss", m.loss}, {"grad_norm", m.grad_norm}, {"lr", m.lr},
-                      {"tokens_per_s", m.tokens_per_s}, {"seconds", m.seconds}, {"ranks", world},
+                      {"tokens_per_s", m.tokens_per_s}, {"mfu", mfu}, {"seconds", m.seconds}, {"ranks", world},
                       {"breakdown_s_per_rank", per_rank}});
       if (m.step % job.train.log_every == 0 || m.step == job.train.steps)
-        progress->update({m.step, m.loss, m.lr, m.grad_norm, m.tokens_per_s, 0.0, m.seconds});
+        progress->update({m.step, m.loss, m.lr, m.grad_norm, m.tokens_per_s, mfu, m.seconds});
     }
-    const bool last = m.step == job.train.steps || m.step - result.first_step == opt.stop_after_steps;
+    const bool last = m.step == job.train.steps || steps_this_run == opt.stop_after_steps;
+    if ((job.train.eval_every > 0 && m.step % job.train.eval_every == 0) || last) {
+      result.last_val_loss = trainer.evaluate(job.train.eval_batches, val_batch);
+      if (rank == 0) {
+        metrics->write({{"step", m.step}, {"val_loss", result.last_val_loss}});
+        progress->note(fmt::format("step {}: val_loss {:.4f}", m.step, result.last_val_loss));
+      }
+    }
     if ((job.train.checkpoint_every > 0 && m.step % job.train.checkpoint_every == 0) || last) {
       extras.data_cursor_json = loader.cursor_json();  // the global position: the same on every rank
       const std::string dir = save_distributed_checkpoint(trainer, MPI_COMM_WORLD, ckpt_root, extras,
                                                           job.train.keep_checkpoints);
+      last_checkpoint = dir;  // rank 0's name, on every rank (the stop messages name it)
+      int n = int(last_checkpoint.size());
+      MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
+      last_checkpoint.resize(size_t(n));
+      MPI_Bcast(last_checkpoint.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD);
       if (rank == 0) {
         result.last_checkpoint = dir;
         progress->note(fmt::format("checkpoint saved: {}", dir));

@@ -1,11 +1,15 @@
 #include "dist_common.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cmath>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "backend/backend.hpp"
+#include "core/check.hpp"
 #include "train/trainer.hpp"
 
 namespace dist_test {
@@ -28,6 +32,16 @@ void SyntheticSource::next_batch(int64_t B, int64_t T, int32_t* inputs, int32_t*
     }
   }
   pos_ += uint64_t(B * dp_size_);
+}
+
+void val_batch(int64_t vocab, int64_t i, int64_t B, int64_t T, int32_t* inputs, int32_t* targets) {
+  for (int64_t b = 0; b < B; b++) {
+    const uint64_t seq = 1000000000ull + uint64_t(i * B + b);
+    for (int64_t t = 0; t < T; t++) {
+      inputs[b * T + t] = token_at(seq, t, vocab);
+      targets[b * T + t] = token_at(seq, t + 1, vocab);
+    }
+  }
 }
 
 std::string Config::name() const {
@@ -78,17 +92,39 @@ Job job_for(const Config& c, int steps) {
   return j;
 }
 
-Reference run_single_rank(const Job& job) {
+Reference run_single_rank(const Job& job, int64_t inject_nan_at_step, bool skip) {
   auto backend = make_cpu_backend(1);
   TrainerOptions o = trainer_options_from_job(job);
   o.peak_gflops = 1;  // no sgemm measurement
+  o.inject_nan_at_step = inject_nan_at_step;
+  o.skip_nonfinite = skip;
   SyntheticSource src(job.model.vocab, 0, 1);
   Trainer trainer(*backend, o, src);
   Reference r;
-  for (int64_t s = 0; s < job.train.steps; s++) r.losses.push_back(trainer.train_step().loss);
+  for (int64_t s = 0; s < job.train.steps; s++) {
+    const StepMetrics m = trainer.train_step();
+    r.losses.push_back(m.skipped ? std::nan("") : m.loss);
+  }
+  // The single-rank evaluate(): mean forward loss over the validation batches.
+  const int64_t B = o.micro_batch, T = job.model.seq_len;
+  std::vector<int32_t> tok(size_t(B * T)), tgt(size_t(B * T));
+  for (int64_t i = 0; i < kValBatches; i++) {
+    val_batch(job.model.vocab, i, B, T, tok.data(), tgt.data());
+    r.val_loss += trainer.model().forward(tok.data(), nullptr, tgt.data()) / double(kValBatches);
+  }
   r.layout = trainer.model().layout();
   r.params.assign(trainer.model().params(), trainer.model().params() + trainer.model().num_params());
   return r;
+}
+
+int64_t resident_bytes(const void* p, int64_t bytes) {
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = uintptr_t(p) / page * page, hi = (uintptr_t(p) + uintptr_t(bytes) + page - 1) / page * page;
+  std::vector<unsigned char> in((hi - lo) / page);
+  EXA_SYSCHECK(mincore(reinterpret_cast<void*>(lo), hi - lo, in.data()) == 0, "mincore");
+  int64_t n = 0;
+  for (unsigned char c : in) n += c & 1;
+  return n * int64_t(page);
 }
 
 double max_weight_diff(const Gpt& model, const Reference& ref) {

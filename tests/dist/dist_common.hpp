@@ -42,13 +42,22 @@ struct Config {
 exatrain::ModelSpec tiny_model(bool llama);
 exatrain::Job job_for(const Config& c, int steps);
 
+// Validation batch i of the synthetic corpus (sequences 1e9 + i*B ..., disjoint from training).
+void val_batch(int64_t vocab, int64_t i, int64_t B, int64_t T, int32_t* inputs, int32_t* targets);
+constexpr int64_t kValBatches = 3;
+
 struct Reference {
   std::vector<double> losses;
+  double val_loss = 0;  // after the last step, kValBatches batches of micro_batch
   exatrain::ParamLayout layout;
   std::vector<float> params;
 };
 // The single-rank Trainer on the same job: global_batch / micro_batch micro-batches per step.
-Reference run_single_rank(const exatrain::Job& job);
+// inject_nan_at_step / skip: as TrainerOptions (skipped steps record a NaN loss).
+Reference run_single_rank(const exatrain::Job& job, int64_t inject_nan_at_step = -1, bool skip = false);
+
+// Bytes of [p, p + bytes) resident in memory (mincore over the pages it touches).
+int64_t resident_bytes(const void* p, int64_t bytes);
 
 // Largest |local - reference slice| / (1 + |reference|) over every element of a model shard.
 double max_weight_diff(const exatrain::Gpt& model, const Reference& ref);

@@ -36,12 +36,17 @@ TOML
 MPIRUN=("$MPIEXEC" --allow-run-as-root --oversubscribe -np 2)
 "${MPIRUN[@]}" "$EXA" train job.toml --plain > run1.log 2>&1 &
 mpirun_pid=$!
-# Wait for a complete checkpoint (at most 60 s).
+# Wait for a complete checkpoint (at most 60 s). Not `ls step_*/COMPLETE`: the run keeps only the
+# newest checkpoints, so one the glob listed may be gone when ls looks at it (a false failure).
+have_checkpoint() {
+  for f in run/checkpoints/step_*/COMPLETE; do [ -e "$f" ] && return 0; done
+  return 1
+}
 for _ in $(seq 1 600); do
-  ls run/checkpoints/step_*/COMPLETE > /dev/null 2>&1 && break
+  have_checkpoint && break
   sleep 0.1
 done
-ls run/checkpoints/step_*/COMPLETE > /dev/null 2>&1 || { echo "FAIL: no checkpoint within 60 s"; cat run1.log; kill -9 $mpirun_pid; exit 1; }
+have_checkpoint || { echo "FAIL: no checkpoint within 60 s"; cat run1.log; kill -9 $mpirun_pid; exit 1; }
 sleep 0.5
 # Rank 1 = the child of this mpirun whose environment says OMPI_COMM_WORLD_RANK=1.
 victim=""

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# `exatrain train` itself on 2 MPI ranks (dp 2, ZeRO 1):
+#   1. evaluation and MFU: eval_every = 2 writes val_loss records at steps 2 and 4 equal (1e-5
+#      relative) to those of a single-rank run of the same job (the same weights: equivalence), and
+#      the step records carry an MFU above 0;
+#   2. the watchdog: rank 1 frozen with SIGSTOP leaves rank 0 inside a dp collective; with
+#      [parallel] watchdog_timeout_s = 3 the job ends within 30 s with "rank 0 waits in op K of
+#      group dp" (or "group world", for the loss sum) from `exatrain train` itself;
+#   3. nan_policy through the same session (NAN_SESSION = dist_nan_session): "stop" ends every
+#      rank with the single-rank message, "skip" skips the step on every rank.
+# Usage: dist_train_cli.sh MPIEXEC EXATRAIN WORKDIR NAN_SESSION
+set -u
+MPIEXEC=$1 EXA=$2 WORK=$3 NAN_SESSION=$4
+rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK"
+for i in $(seq 1 300); do echo "line $i of a small test text, with some words to learn."; done > text.txt
+"$EXA" data prepare --input text.txt --out data --tokenizer byte > prep.log 2>&1 || { echo "FAIL: prepare"; cat prep.log; exit 1; }
+cat > job.toml <<TOML
+[model]
+layers = 2
+hidden = 32
+heads = 2
+seq_len = 16
+[parallel]
+gpus = 2
+tp = 1
+pp = 1
+dp = 2
+cp = 1
+vp = 1
+zero = 1
+global_batch = 4
+micro_batch = 1
+recompute = "none"
+seq_parallel = false
+schedule = "1f1b"
+watchdog_timeout_s = 3
+[train]
+steps = 4
+eval_every = 2
+eval_batches = 3
+threads = 1
+data = "data"
+run_dir = "run"
+TOML
+failures=0
+MPIRUN=("$MPIEXEC" --allow-run-as-root --oversubscribe -np 2)
+"${MPIRUN[@]}" "$EXA" train job.toml --plain > dist.log 2>&1 || { echo "FAIL: 2-rank run"; cat dist.log; exit 1; }
+"$EXA" train job.toml --plain --set train.run_dir=single --set parallel.gpus=1 --set parallel.dp=1 \
+  --set parallel.zero=0 > single.log 2>&1 || { echo "FAIL: single-rank run"; cat single.log; exit 1; }
+/usr/bin/python3 - <<'PY' || failures=$((failures + 1))
+import json
+def records(path):
+    return [json.loads(l) for l in open(path) if l.strip()]
+dist, single = records("run/metrics.jsonl"), records("single/metrics.jsonl")
+dv = {r["step"]: r["val_loss"] for r in dist if "val_loss" in r}
+sv = {r["step"]: r["val_loss"] for r in single if "val_loss" in r}
+assert sorted(dv) == [2, 4] and sorted(sv) == [2, 4], (dv, sv)
+for s in dv:
+    rel = abs(dv[s] - sv[s]) / abs(sv[s])
+    print(f"step {s}: val_loss 2 ranks {dv[s]:.7f}, 1 rank {sv[s]:.7f}, rel diff {rel:.1e}")
+    assert rel <= 1e-5, "val_loss differs"
+mfu = [r["mfu"] for r in dist if "loss" in r]
+assert len(mfu) == 4 and all(0 < m < 1 for m in mfu), mfu
+print(f"ok: val_loss equals the single-rank run's; MFU per step {', '.join(f'{m:.2%}' for m in mfu)}")
+PY
+# 3. nan_policy (before the stall test, which leaves nothing behind to clean up).
+for policy in stop skip; do
+  "${MPIRUN[@]}" "$NAN_SESSION" job.toml $policy > nan_$policy.log 2>&1 && grep "^OK" nan_$policy.log | head -1 \
+    || { echo "FAIL: nan_policy $policy"; cat nan_$policy.log; failures=$((failures + 1)); }
+done
+# 2. The watchdog of `exatrain train`.
+"${MPIRUN[@]}" "$EXA" train job.toml --plain --set train.steps=100000 --set train.run_dir=stall \
+  --set train.eval_every=0 > stall.log 2>&1 &
+mpirun_pid=$!
+for _ in $(seq 1 600); do grep -q "step *[0-9]" stall.log && break; sleep 0.1; done
+victim=""
+for pid in $(ps -o pid= --ppid $mpirun_pid); do
+  if tr '\0' '\n' < /proc/$pid/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then victim=$pid; fi
+done
+[ -n "$victim" ] || { echo "FAIL: rank 1 not found"; cat stall.log; kill -9 $mpirun_pid; exit 1; }
+start=$(date +%s)
+kill -STOP "$victim"
+for _ in $(seq 1 300); do kill -0 $mpirun_pid 2>/dev/null || break; sleep 0.1; done
+elapsed=$(( $(date +%s) - start ))
+if kill -0 $mpirun_pid 2>/dev/null; then
+  echo "FAIL: the job still runs $elapsed s after rank 1 stalled"; failures=$((failures + 1))
+  kill -9 "$victim" $mpirun_pid 2>/dev/null
+fi
+kill -9 "$victim" 2>/dev/null  # Open MPI's SIGTERM does not reach a stopped process
+wait $mpirun_pid 2>/dev/null
+grep -Eq "rank 0 waits in op [0-9]+ of group (dp|world)" stall.log \
+  && echo "ok: ended ${elapsed} s after the stall: $(grep -m1 -E 'rank 0 waits in op' stall.log)" \
+  || { echo "FAIL: no watchdog report"; cat stall.log; failures=$((failures + 1)); }
+exit $failures
