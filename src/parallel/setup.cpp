@@ -48,10 +48,13 @@ RuntimePlan runtime_plan_from_job(const Job& job, int world) {
   // kv heads are split too, or replicated when there are fewer than tp of them.
   check_divides(tp, "tp", m.heads, "heads");
   check_divides(tp, "tp", m.ffn_hidden, "ffn_hidden");
-  EXA_CHECK(m.kv_heads % tp == 0 || tp % m.kv_heads == 0,
-            "[parallel] tp {} and kv_heads {}: one must divide the other (kv heads are split or "
-            "replicated)",
-            tp, m.kv_heads);
+  // The engine splits kv heads across tp ranks; replicating them when kv_heads < tp (which
+  // Megatron does, and the planner models) is not implemented in the runtime.
+  EXA_CHECK(m.kv_heads % tp == 0,
+            "[parallel] tp = {} does not divide kv_heads = {}: kv_heads % tp = {} % {} = {}, expected 0 (the "
+            "runtime splits the kv heads of grouped-query attention across tp ranks; replicating them is not "
+            "implemented)",
+            tp, m.kv_heads, m.kv_heads, tp, m.kv_heads % tp);
   EXA_CHECK(m.vocab >= tp, "[parallel] vocab {} < tp {}: every rank needs a vocabulary slice",
             m.vocab, tp);
   if (r.seq_parallel) check_divides(tp, "tp", m.seq_len, "seq_len (sequence parallelism)");

@@ -1,8 +1,10 @@
 #include "report/metrics.hpp"
 
+#include <filesystem>
 #include <fstream>
 
 #include "core/check.hpp"
+#include "core/fileio.hpp"
 
 namespace exatrain::report {
 
@@ -39,6 +41,14 @@ std::vector<nlohmann::json> read_metrics(const std::string& path) {
     }
   }
   return records;
+}
+
+void drop_metrics_after(const std::string& path, int64_t step) {
+  if (!std::filesystem::exists(path)) return;
+  std::string kept;
+  for (const auto& r : read_metrics(path))
+    if (r.contains("step") && r["step"].get<int64_t>() <= step) kept += r.dump() + "\n";
+  write_file_atomic(path, kept);
 }
 
 }  // namespace exatrain::report

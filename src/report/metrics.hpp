@@ -29,4 +29,8 @@ class MetricsWriter {
 // file and line number.
 std::vector<nlohmann::json> read_metrics(const std::string& path);
 
+// A resumed run continues from a checkpoint's step: drops the records of later steps (written
+// before a crash, or by a longer earlier run), so the file keeps one record per step. Atomic.
+void drop_metrics_after(const std::string& path, int64_t step);
+
 }  // namespace exatrain::report

@@ -1,4 +1,5 @@
 #include "train/dist_session.hpp"
+#include "train/state_io.hpp"
 
 #include <mpi.h>
 #include <omp.h>
@@ -67,18 +68,28 @@ void resolve_auto_parallel(Job& job, int world, std::FILE* log) {
   fixed.gpus = world;
   if (!fixed.cp) fixed.cp = 1;
   const MachineSpec local = parse_job("[machine]\npreset = \"local\"\n", "local machine", {}).machine;
-  const plan::SearchResult res = plan::search_plans(job.model, local, fixed, job.train.precision, 1);
-  EXA_CHECK(!res.top.empty(), "{}: [parallel] has \"auto\" fields, and the planner found no plan for {} ranks on "
-            "the local machine ({} plans searched, none fits); set the degrees explicitly", job.source, world,
-            res.searched);
-  const plan::Plan& b = res.top.front().plan;
+  const plan::SearchResult res = plan::search_plans(job.model, local, fixed, job.train.precision, 200);
+  // The best plan this runtime can execute: the planner also models what Megatron can do and we
+  // cannot yet (context parallelism, replicated kv heads, ZeRO-3 with pipelined tied embeddings).
+  auto runnable = [&](const plan::Plan& c) {
+    return c.cp == 1 && job.model.kv_heads % c.tp == 0 &&
+           !(c.zero == 3 && c.pp > 1 && job.model.tie_embeddings);
+  };
+  const plan::Prediction* best = nullptr;
+  for (const auto& c : res.top)
+    if (runnable(c.plan)) { best = &c; break; }
+  EXA_CHECK(best != nullptr, "{}: [parallel] has \"auto\" fields, and the planner found no plan for {} ranks on "
+            "the local machine that this runtime can run ({} plans searched, {} fit); set the degrees explicitly",
+            job.source, world, res.searched, res.top.size());
+  const plan::Plan& b = best->plan;
+  p.layers_per_stage = b.layers_per_stage;
   p.gpus = world;
   p.tp = b.tp, p.pp = b.pp, p.dp = b.dp, p.cp = b.cp, p.vp = b.vp, p.zero = b.zero, p.micro_batch = b.micro_batch;
   p.recompute = b.recompute, p.seq_parallel = b.seq_parallel, p.schedule = b.schedule;
   if (log) {
     fmt::print(log, "[parallel] auto: the planner's best plan for {} ranks on the local machine ({} plans searched): "
                "{} (predicted {:.4g} s per step)\n", world, res.searched, plan::plan_summary(b),
-               res.top.front().step_time_s);
+               best->step_time_s);
     std::fflush(log);
   }
 }
@@ -189,9 +200,9 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
   TrainerExtras extras;
   extras.job_toml = job_to_toml(job);
   extras.tokenizer_type = loader.manifest().tokenizer_type;
-  if (!loader.manifest().tokenizer_file.empty())
-    extras.tokenizer_model = read_file_bytes(result.dataset_dir + "/" + loader.manifest().tokenizer_file);
+  extras.tokenizer_model = data::read_dataset_tokenizer_model(result.dataset_dir);  // checksum checked
   if (!resume_dir.empty()) {
+    check_same_model(checkpoint::CheckpointReader(resume_dir), job.model);  // on every rank: one clean error
     const TrainerExtras saved = load_distributed_checkpoint(trainer, resume_dir);
     loader.restore_cursor(saved.data_cursor_json);
     if (rank == 0) fmt::print(opt.out, "resumed from {} (step {})\n", resume_dir, trainer.step());
@@ -206,6 +217,7 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
               "--resume auto to continue it, or --set train.run_dir=OTHER", job.source, job.train.run_dir);
     fs::create_directories(job.train.run_dir);
     write_file_atomic(job.train.run_dir + "/job.toml", extras.job_toml);
+    if (resuming) report::drop_metrics_after(job.train.run_dir + "/metrics.jsonl", result.first_step);
     metrics = std::make_unique<report::MetricsWriter>(job.train.run_dir + "/metrics.jsonl");
     progress = std::make_unique<report::Progress>(job.train.steps, opt.out, opt.interactive);
     const parallel::MeshShape& s = plan.mesh;

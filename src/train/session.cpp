@@ -93,15 +93,6 @@ double evaluate(Trainer& trainer, const data::TokenLoader& loader, int64_t batch
   return sum / double(batches);
 }
 
-// A resumed run continues from the checkpoint's step: records of later steps (written before a
-// crash, or by a longer earlier run) are dropped, so metrics.jsonl holds one record per step.
-void drop_metrics_after(const std::string& path, int64_t step) {
-  if (!fs::exists(path)) return;
-  std::string kept;
-  for (const auto& r : report::read_metrics(path))
-    if (r.contains("step") && r["step"].get<int64_t>() <= step) kept += r.dump() + "\n";
-  write_file_atomic(path, kept);
-}
 
 }  // namespace
 
@@ -178,7 +169,7 @@ TrainRunResult run_training(const Job& job_in, const TrainRunOptions& opt) {
     fmt::print(opt.out, "resumed from {} (step {})\n", ref->dir, trainer.step());
   }
   result.first_step = trainer.step();
-  if (resuming) drop_metrics_after(job.train.run_dir + "/metrics.jsonl", result.first_step);
+  if (resuming) report::drop_metrics_after(job.train.run_dir + "/metrics.jsonl", result.first_step);
   write_file_atomic(job.train.run_dir + "/job.toml", extras.job_toml);
 
   report::MetricsWriter metrics(job.train.run_dir + "/metrics.jsonl");

@@ -63,6 +63,21 @@ mfu = [r["mfu"] for r in dist if "loss" in r]
 assert len(mfu) == 4 and all(0 < m < 1 for m in mfu), mfu
 print(f"ok: val_loss equals the single-rank run's; MFU per step {', '.join(f'{m:.2%}' for m in mfu)}")
 PY
+# 4. Resume on 2 ranks: a checkpoint of another model is refused by name; resuming an earlier
+#    checkpoint keeps one metrics record per step.
+"${MPIRUN[@]}" "$EXA" train job.toml --plain --resume auto --set model.hidden=64 > other.log 2>&1 \
+  && { echo "FAIL: another model's checkpoint was accepted"; failures=$((failures + 1)); }
+grep -q "\[model\] hidden: the checkpoint has 32, this job has 64" other.log \
+  && echo "ok: another model's checkpoint refused" || { echo "FAIL: other-model message"; cat other.log; failures=$((failures + 1)); }
+"${MPIRUN[@]}" "$EXA" train job.toml --plain --resume run/checkpoints/step_00000004 --set train.steps=6 > more.log 2>&1 \
+  || { echo "FAIL: resume"; cat more.log; failures=$((failures + 1)); }
+steps=$(/usr/bin/python3 -c "import json; print(' '.join(str(json.loads(l)['step']) for l in open('run/metrics.jsonl') if '\"loss\"' in l))")
+[ "$steps" = "1 2 3 4 5 6" ] && echo "ok: one record per step after resume" || { echo "FAIL: steps $steps"; failures=$((failures + 1)); }
+# 5. "auto" picks a plan this runtime can run: with one kv head, tp must stay 1.
+sed -e 's/^tp = 1/tp = "auto"/' -e 's/^dp = 2/dp = "auto"/' -e 's/^zero = 1/zero = "auto"/' -e 's/^heads = 2/heads = 2\nkv_heads = 1/' job.toml > auto.toml
+"${MPIRUN[@]}" "$EXA" train auto.toml --plain --set train.run_dir=auto --set train.steps=1 > auto.log 2>&1 \
+  && grep -q "auto: the planner's best plan" auto.log && echo "ok: auto plan runs" \
+  || { echo "FAIL: auto"; cat auto.log; failures=$((failures + 1)); }
 # 3. nan_policy (before the stall test, which leaves nothing behind to clean up).
 for policy in stop skip; do
   "${MPIRUN[@]}" "$NAN_SESSION" job.toml $policy > nan_$policy.log 2>&1 && grep "^OK" nan_$policy.log | head -1 \
