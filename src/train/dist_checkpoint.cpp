@@ -117,13 +117,7 @@ std::string save_distributed_checkpoint(parallel::DistributedTrainer& t, MPI_Com
     checkpoint::CheckpointWriter w(root, t.step());
     w.add_safetensors("model.safetensors", weights);
     w.add_safetensors("optimizer.safetensors", opt);
-    nlohmann::json state = {{"step", t.step()},
-                            {"seed", t.options().train.seed},
-                            {"data_cursor", nlohmann::json::parse(extras.data_cursor_json)},
-                            {"tokenizer_type", extras.tokenizer_type}};
-    w.add_blob("trainer_state.json", state.dump(2) + "\n");
-    w.add_blob("job.toml", extras.job_toml);
-    if (!extras.tokenizer_model.empty()) w.add_blob("tokenizer.model", extras.tokenizer_model);
+    add_trainer_blobs(w, t.step(), t.options().train.seed, extras);
     dir = w.commit(keep_last);
   }
   // Complete on disk before any rank goes on (or is killed). Not watched: the others wait here

@@ -69,8 +69,12 @@ void add_trainer_state(checkpoint::CheckpointWriter& w, Backend& be, Trainer& tr
   opt.set_metadata("step", std::to_string(trainer.step()));
   w.add_safetensors("optimizer.safetensors", opt);
 
-  nlohmann::json state = {{"step", trainer.step()},
-                          {"seed", trainer.options().train.seed},
+  add_trainer_blobs(w, trainer.step(), trainer.options().train.seed, extras);
+}
+
+void add_trainer_blobs(checkpoint::CheckpointWriter& w, int64_t step, uint64_t seed, const TrainerExtras& extras) {
+  nlohmann::json state = {{"step", step},
+                          {"seed", seed},
                           {"data_cursor", nlohmann::json::parse(extras.data_cursor_json)},
                           {"tokenizer_type", extras.tokenizer_type}};
   w.add_blob("trainer_state.json", state.dump(2) + "\n");

@@ -22,6 +22,10 @@ struct TrainerExtras {
   std::string tokenizer_model;   // bytes of tokenizer.model ("" for byte)
 };
 
+// The small files of a checkpoint: trainer_state.json (step, seed, data cursor, tokenizer type),
+// job.toml and tokenizer.model. Shared by the single-rank and the distributed trainer.
+void add_trainer_blobs(checkpoint::CheckpointWriter& w, int64_t step, uint64_t seed, const TrainerExtras& extras);
+
 // Adds the state files to a checkpoint being written.
 void add_trainer_state(checkpoint::CheckpointWriter& w, Backend& be, Trainer& trainer, const TrainerExtras& extras);
 
