@@ -28,7 +28,10 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--plain", a->plain, "plain log lines instead of a progress bar");
   cmd->add_option("--trace", a->trace, "multi-rank runs: write a Chrome/Perfetto trace of the first 3 steps of every rank");
   cmd->callback([a] {
-    Job job = load_job(a->job, a->sets);
+    // The trainer's own requirements are reported together with the file's problems.
+    Job job = load_job(a->job, a->sets, [](const Job& j, std::vector<std::string>& errors) {
+      if (!wants_distributed(j)) check_single_rank_job(j, errors);
+    });
     TrainRunOptions o;
     o.resume = a->resume;
     if (a->plain) o.interactive = 0;

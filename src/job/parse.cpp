@@ -248,7 +248,8 @@ void apply_set(std::map<std::string, Section>& sections, const std::string& set,
 
 }  // namespace
 
-Job parse_job(const std::string& text, const std::string& source, const std::vector<std::string>& sets) {
+Job parse_job(const std::string& text, const std::string& source, const std::vector<std::string>& sets,
+              const JobCheck& extra) {
   toml::value root = parse_toml_text(text, source);
   EXA_CHECK(root.is_table(), "{}: expected a TOML document with tables", source);
   std::vector<std::string> errors;
@@ -404,6 +405,7 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
                       "threads", "nan_policy"});
   }
 
+  if (extra) extra(job, errors);
   if (!errors.empty()) {
     std::string msg = fmt::format("{} problem{} in job {}:", errors.size(), errors.size() == 1 ? "" : "s", source);
     for (const auto& e : errors) msg += "\n  " + e;
@@ -412,8 +414,8 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
   return job;
 }
 
-Job load_job(const std::string& path, const std::vector<std::string>& sets) {
-  return parse_job(read_file(path, "job file"), path, sets);
+Job load_job(const std::string& path, const std::vector<std::string>& sets, const JobCheck& extra) {
+  return parse_job(read_file(path, "job file"), path, sets, extra);
 }
 
 namespace {

@@ -6,6 +6,7 @@
 // impossible shape) is collected and reported together in one exatrain::Error, one line each,
 // naming where the value came from, the key, the value and what was expected.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -13,12 +14,16 @@
 
 namespace exatrain {
 
+// Checks a command adds to the file's own (e.g. `train`: one rank, fp32): they see the job as
+// parsed and append one line per problem, reported together with the file's problems.
+using JobCheck = std::function<void(const Job&, std::vector<std::string>& errors)>;
+
 // Reads and validates the job file at `path`; `sets` are "section.key=value" overrides.
-Job load_job(const std::string& path, const std::vector<std::string>& sets = {});
+Job load_job(const std::string& path, const std::vector<std::string>& sets = {}, const JobCheck& extra = {});
 
 // The same from TOML text; `source_name` stands for the file in error messages.
 Job parse_job(const std::string& toml_text, const std::string& source_name,
-              const std::vector<std::string>& sets = {});
+              const std::vector<std::string>& sets = {}, const JobCheck& extra = {});
 
 // The resolved job as TOML (every key explicit; "auto" for unresolved parallel fields).
 // Parsing this text again gives the same Job: checkpoints store it.

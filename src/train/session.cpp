@@ -50,10 +50,20 @@ class LoaderSource final : public TokenSource {
   data::TokenLoader& loader_;
 };
 
-// Checks, all at once, that the job can run on this single-rank CPU trainer.
 void validate_local_job(const Job& job) {
-  const ParallelSpec& p = job.parallel;
   std::vector<std::string> errors;
+  check_single_rank_job(job, errors);
+  if (!errors.empty()) {
+    std::string msg = fmt::format("{} problem{} in job {}:", errors.size(), errors.size() == 1 ? "" : "s", job.source);
+    for (const auto& e : errors) msg += "\n  " + e;
+    throw Error(msg);
+  }
+}
+
+}  // namespace
+
+void check_single_rank_job(const Job& job, std::vector<std::string>& errors) {
+  const ParallelSpec& p = job.parallel;
   auto one = [&](const char* key, const std::optional<int64_t>& v) {
     if (v && *v != 1)
       errors.push_back(fmt::format("{}: [parallel] {} = {}: this trainer runs on one rank, so expected 1 "
@@ -75,12 +85,9 @@ void validate_local_job(const Job& job) {
                                  job.source, to_string(job.train.precision)));
   if (job.train.steps < 1)
     errors.push_back(fmt::format("{}: [train] steps = {}: expected at least 1", job.source, job.train.steps));
-  if (!errors.empty()) {
-    std::string msg = fmt::format("{} problem{} in job {}:", errors.size(), errors.size() == 1 ? "" : "s", job.source);
-    for (const auto& e : errors) msg += "\n  " + e;
-    throw Error(msg);
-  }
 }
+
+namespace {
 
 double evaluate(Trainer& trainer, const data::TokenLoader& loader, int64_t batches) {
   const int64_t B = trainer.options().micro_batch, T = trainer.options().seq;

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "job/job.hpp"
 
@@ -28,6 +29,11 @@ struct TrainRunResult {
 };
 
 TrainRunResult run_training(const Job& job, const TrainRunOptions& options);
+
+// What the single-rank CPU trainer needs of a job beyond the file's own rules (one rank, fp32,
+// batch arithmetic, steps), one line per problem. `train` passes it to load_job so that these
+// are reported together with the file's problems.
+void check_single_rank_job(const Job& job, std::vector<std::string>& errors);
 
 // The dataset directory a job trains on: train.data, or the bundled corpus prepared once into a
 // cache directory ($EXATRAIN_CACHE, default <repo>/data-cache) — prepared on first use.

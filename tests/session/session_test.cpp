@@ -240,6 +240,16 @@ TEST(Session, SampleIsSeededGreedyIsTopOneAndOptionsAreChecked) {
   EXPECT_TRUE(has(error_of([&] { sample_from_checkpoint(r.last_checkpoint, bad); }), "--top-k -2"));
 }
 
+TEST(Session, TrainerChecksAreReportedWithTheFilesProblems) {
+  std::string e = error_of([&] {
+    parse_job("[model]\nhiden = 3\n[train]\nprecision = \"bf16\"\nsteps = 0\n", "both.toml", {}, check_single_rank_job);
+  });
+  EXPECT_TRUE(has(e, "3 problems in job both.toml")) << e;
+  EXPECT_TRUE(has(e, "unknown key \"hiden\"")) << e;
+  EXPECT_TRUE(has(e, "[train] precision = \"bf16\": the CPU backend trains in \"fp32\" only")) << e;
+  EXPECT_TRUE(has(e, "[train] steps = 0: expected at least 1")) << e;
+}
+
 TEST(Session, BadJobsAreRejectedUpFront) {
   std::string run = fresh("bad");
   std::string e = error_of([&] { run_training(tiny_job(run, {"model.vocab=100"}), quiet()); });
