@@ -460,7 +460,8 @@ void DistributedTrainer::run_micro_batches(double* loss_sum, double* compute_s, 
 
 // The first and last stage each hold the tied embedding; the full gradient is the sum of both
 // copies' (Megatron's embedding group). Both ranks compute a + b (commutative: identical bits).
-// Not counted in the ledger, as the planner does not count it (plan/comm.hpp).
+// Counted under "pp_send" (a point-to-point message on the pp group: the whole copy, each side),
+// as plan::bytes_sent_per_step counts it on the first and last stage.
 void DistributedTrainer::tied_embedding_sum() {
   const int pp = plan_.mesh.pp;
   if (!opt_.model.tie_embeddings || plan_.pipeline.stages() == 1) return;
@@ -470,9 +471,12 @@ void DistributedTrainer::tied_embedding_sum() {
     float* g = ch->model->grads() + ch->tied_wte.offset;
     std::vector<float> other(size_t(ch->tied_wte.len));
     WatchdogScope watch(rt_.watchdog(), "world", ++world_ops_, "MPI_Sendrecv (tied embedding gradient)");
+    const double t0 = MPI_Wtime();
     mpi_check(MPI_Sendrecv(g, int(ch->tied_wte.len), MPI_FLOAT, peer, 7001, other.data(), int(ch->tied_wte.len),
                            MPI_FLOAT, peer, 7001, rt_.pp().comm(), MPI_STATUS_IGNORE),
               "MPI_Sendrecv (tied embedding gradient)");
+    rt_.ledger().add("pp_send", int64_t(sizeof(float)) * ch->tied_wte.len);
+    rt_.ledger().seconds["pp_send"] += MPI_Wtime() - t0;
     for (int64_t i = 0; i < ch->tied_wte.len; i++) g[i] += other[size_t(i)];
   }
 }
@@ -505,10 +509,12 @@ double DistributedTrainer::grad_norm_squared() {
             local += double(seg.grad[size_t(i - base)]) * seg.grad[size_t(i - base)];
       }
     } else if (plan_.zero == 2 && ch->bucketer) {
-      const float* g = ch->model->grads();
-      for (const ShardRange& r : ch->owned)
+      const float* g = ch->bucketer->shard_grads();  // the owned ranges back to back
+      for (const ShardRange& r : ch->owned) {
         for (int64_t i = r.begin; i < r.end; i++)
-          if (ch->counted[size_t(i)]) local += double(g[i]) * double(g[i]);
+          if (ch->counted[size_t(i)]) local += double(g[i - r.begin]) * double(g[i - r.begin]);
+        g += r.size();
+      }
     } else if (plan_.zero == 0) {
       if (dp_rank != 0) continue;  // every replica holds the same reduced gradients
       const float* g = ch->model->grads();
@@ -557,13 +563,13 @@ void DistributedTrainer::optimizer_step(float lr, float clip_scale) {
     }
     if (ch->bucketer) {  // bucketed ZeRO 2: AdamW on my chunk of every bucket, then gather them
       float* params = ch->model->params();
-      const float* grads = ch->model->grads();
-      int64_t k = 0;  // position in m/v
+      const float* grads = ch->bucketer->shard_grads();  // laid out as m and v
+      int64_t k = 0;  // position in the shard's gradients, m and v
       for (const ShardRange& r : ch->owned) {
         for (const ParamInfo& p : ch->model->layout().entries()) {
           const int64_t lo = std::max(r.begin, p.offset), hi = std::min(r.end, p.offset + p.numel);
           if (lo >= hi) continue;
-          be_.adamw_update(params + lo, grads + lo, ch->m.data() + k + (lo - r.begin),
+          be_.adamw_update(params + lo, grads + k + (lo - r.begin), ch->m.data() + k + (lo - r.begin),
                            ch->v.data() + k + (lo - r.begin), hi - lo, lr, b1, b2, float(opt_.train.eps),
                            p.decay ? float(opt_.train.weight_decay) : 0.0f, bc1, bc2, clip_scale);
         }

@@ -13,7 +13,9 @@
 //      backward); the tied embedding's two copies (first and last stage) are summed;
 //      ZeRO 2 (when dp divides the chunk's arena) reduce-scatters each gradient bucket as soon as
 //      backward completes it (GradBucketer, BucketOp::reduce_scatter), so a rank keeps the summed
-//      gradients of its chunk of every bucket only; ZeRO 1 (and ZeRO 2 when dp does not divide
+//      gradients of its chunk of every bucket only (in a shard-sized buffer; the arena's pages go
+//      back to the OS after the step's reduce-scatters, so 1/dp of the gradients stays resident
+//      between steps; backward still writes the full arena); ZeRO 1 (and ZeRO 2 when dp does not divide
 //      the arena) reduce-scatters the whole arena after backward; ZeRO 3 keeps only a shard of
 //      every unit's (layer's, embedding's, head's) parameters, all-gathers a unit before each
 //      pass through it (before_layer), releases it after (after_layer; released values read NaN)

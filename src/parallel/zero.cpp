@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <iterator>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "core/check.hpp"
 
 namespace exatrain::parallel {
@@ -51,6 +54,7 @@ GradBucketer::GradBucketer(Group& dp, float* grads, int64_t n, int64_t bucket_fl
               "arena {} % dp {} = {}",
               bucket_floats, p, bucket_floats % p, n, p, n % p);
   }
+  if (op == BucketOp::reduce_scatter) shard_.assign(size_t(n / dp.size()), 0.0f);
   int64_t nb = (n + bucket_ - 1) / bucket_;
   ready_.assign(nb, 0);
   reqs_.resize(nb);
@@ -127,15 +131,22 @@ void GradBucketer::finish(float scale) {
       for (int64_t i = 0; i < n_; i++) grads_[i] *= scale;
     }
   } else {
-    // Move each bucket's summed chunk from the bucket's start to this rank's place, scaled.
-    int r = dp_.rank();
+    // Each bucket's summed chunk (at the bucket's start: in-place reduce-scatter) goes, scaled, to
+    // its place in the shard; then the arena's whole pages go back to the OS. Pages at the arena's
+    // two ends may be shared with other allocations: they stay (and keep stale partial sums).
+    int64_t k = 0;
     for (int64_t b = 0; b < buckets(); b++) {
       int64_t chunk = bucket_size(b) / dp_.size();
-      float* base = grads_ + b * bucket_;
-      if (r > 0) std::copy(base, base + chunk, base + r * chunk);  // [0, c) and [rc, rc+c) disjoint
-      if (scale != 1.0f)
-        for (int64_t i = r * chunk; i < (r + 1) * chunk; i++) base[i] *= scale;
+      const float* base = grads_ + b * bucket_;
+      for (int64_t i = 0; i < chunk; i++) shard_[size_t(k + i)] = base[i] * scale;
+      k += chunk;
     }
+    const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+    const uintptr_t lo = (uintptr_t(grads_) + page - 1) / page * page;
+    const uintptr_t hi = uintptr_t(grads_ + n_) / page * page;
+    if (hi > lo)
+      EXA_SYSCHECK(madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) == 0,
+                   "madvise(MADV_DONTNEED) of {} reduce-scattered ZeRO-2 gradient bytes", hi - lo);
   }
   std::fill(ready_.begin(), ready_.end(), 0);
   marked_.clear();

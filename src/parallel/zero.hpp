@@ -57,8 +57,11 @@ void all_gather_params(Group& dp, const ZeroLayout& z, float* params);
 // owned_ranges(r)): the optimizer steps on those ranges only, and gather_params() all-gathers the
 // updated parameters bucket by bucket. Needs dp to divide bucket_floats and n (pad the arena, e.g.
 // with ZeroLayout). By the ledger's convention the reduce-scatters then add up to exactly one
-// reduce-scatter of the whole arena, as the planner counts it. The non-owned gradient elements
-// are left holding partial sums: do not read them.
+// reduce-scatter of the whole arena, as the planner counts it. Gradient MEMORY is sharded too:
+// finish() moves each bucket's summed chunk into shard_grads() (n / dp floats, the owned ranges
+// back to back, as the optimizer's moments are laid out) and returns the arena's whole pages to
+// the OS (madvise MADV_DONTNEED: they read 0 until the next backward writes them), so between
+// steps a rank keeps 1/dp of the gradients resident. Do not read the arena after finish().
 enum class BucketOp { all_reduce, reduce_scatter };
 
 class GradBucketer {
@@ -72,6 +75,9 @@ class GradBucketer {
   std::vector<ShardRange> owned_ranges(int rank) const;
   // reduce_scatter mode: params[n] holds this rank's updated owned ranges; fills in the rest.
   void gather_params(float* params);
+  // reduce_scatter mode, after finish(): the summed, scaled gradients of owned_ranges(rank) in
+  // that order, back to back [n / dp].
+  const float* shard_grads() const { return shard_.data(); }
   // Buckets started so far in this step (before finish()).
   int64_t launched() const { return buckets() - 1 - next_launch_; }
   // Buckets launched before finish() in the last step (overlap achieved), for tests and logs.
@@ -90,6 +96,7 @@ class GradBucketer {
   std::vector<int64_t> ready_;  // elements marked ready per bucket
   std::map<int64_t, int64_t> marked_;  // begin -> end of every range marked this step
   std::vector<Request> reqs_;
+  std::vector<float> shard_;    // reduce_scatter mode: this rank's summed chunks [n / dp]
   int64_t next_launch_;         // highest bucket index not launched yet (-1: all launched)
   int64_t launched_early_ = 0;
 };

@@ -95,6 +95,10 @@ CommBytes bytes_sent_per_step(const ModelSpec& m, const Plan& p, const RankPosit
     int64_t sends = mb * (p.vp - (last ? 1 : 0)) + mb * (p.vp - (first ? 1 : 0));
     // Under sequence parallelism a stage boundary carries this rank's t/tp rows only.
     out[CommKind::pp_send] = sends * (p.seq_parallel ? act / p.tp : act) * elem;
+    // Tied embeddings: the first and last stage send each other their copy's gradient (this tp
+    // rank's ceil(vocab / tp) rows) once per step, to sum them.
+    if (m.tie_embeddings && (first || last))
+      out[CommKind::pp_send] += (m.vocab + p.tp - 1) / p.tp * m.hidden * elem;
   }
   const int64_t replicas = p.dp * p.cp;
   if (replicas > 1) {

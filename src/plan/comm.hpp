@@ -32,13 +32,15 @@
 //  * pp (pp > 1), per micro-batch per virtual stage boundary: one send of t*h elements (t*h/tp
 //    with sequence parallelism, as Megatron's scatter-gather of the boundary tensor) forward
 //    and one backward; rank r sends m*(vp - [r == pp-1]) forward and m*(vp - [r == 0]) backward.
+//    Tied embeddings: once per step the first and the last pp rank send each other their copy of
+//    the embedding's gradient (ceil(vocab/tp) * h elements, this tp rank's rows) to sum them
+//    (Megatron's embedding-group all-reduce, a point-to-point exchange of two ranks).
 //  * dp (dp*cp > 1), over the dp*cp ranks holding the same weights, on one flat buffer of the
 //    rank's N = parameters_on_rank elements (no bucketing):
 //      zero 0: one all-reduce of N per step;  zero 1/2: one reduce-scatter of the gradients and
 //      one all-gather of the updated weights per step;  zero 3: per micro-batch an all-gather
 //      forward, an all-gather backward and a reduce-scatter of the gradients.
-//    Not counted: tied-embedding gradient sync between first and last stage, the grad-norm
-//    all-reduce (one scalar), loss logging.
+//    Not counted: the grad-norm all-reduce (one scalar), loss logging.
 #pragma once
 #include <array>
 #include <cstdint>

@@ -4,7 +4,9 @@
 // sequence-parallel partial-gradient all-reduce and sp-sized pipeline messages; the runtime pads
 // ZeRO arenas only when dp does not divide them and is run with one gradient bucket per arena.
 // GPT-2-style model (the planner's parameter count has no biases for SwiGLU models), vocab
-// divisible by tp (the planner gives every tp rank ceil(vocab / tp) rows).
+// divisible by tp (the planner gives every tp rank ceil(vocab / tp) rows). Embeddings are tied
+// unless a config says untied: with pp > 1 the first and last stage's exchange of the embedding's
+// gradient is counted under pp_send on both sides (pp 4: the middle stages send none).
 #include <mpi.h>
 #include <omp.h>
 
@@ -37,6 +39,7 @@ static std::vector<Config> configs_for(int world) {
     a = c(4, 1, 1); a.zero = 2; a.micro_batches = 2; v.push_back(a);
     a = c(1, 2, 2); a.recompute = Recompute::full; a.schedule = Schedule::gpipe; v.push_back(a);
     a = c(2, 2, 1); a.zero = 3; a.untied = true; v.push_back(a);
+    a = c(1, 1, 4); v.push_back(a);
   } else if (world == 8) {
     Config a = c(2, 2, 2); a.sp = true; a.zero = 1; a.recompute = Recompute::full; v.push_back(a);
     a = c(2, 2, 2); a.vp = 2; v.push_back(a);

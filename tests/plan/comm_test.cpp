@@ -57,9 +57,29 @@ TEST(Comm, PipelineSendsPerRank) {
   p.precision = Precision::bf16;
   int64_t msg = 2 * 1024 * 768 * 2;  // tokens x hidden x 2 bytes
   int64_t mb = 4;
-  EXPECT_EQ(bytes_sent_per_step(m, p, rank_position(p, 0))[CommKind::pp_send], (mb * 3 + mb * 2) * msg);
+  // GPT-2 ties its embeddings: the first and last stage also exchange the embedding's gradient
+  // (vocab x hidden) once per step; the middle stages do not.
+  const int64_t wte = 50257 * 768 * 2;
+  EXPECT_EQ(bytes_sent_per_step(m, p, rank_position(p, 0))[CommKind::pp_send], (mb * 3 + mb * 2) * msg + wte);
   EXPECT_EQ(bytes_sent_per_step(m, p, rank_position(p, 1))[CommKind::pp_send], (mb * 3 + mb * 3) * msg);
+  EXPECT_EQ(bytes_sent_per_step(m, p, rank_position(p, 3))[CommKind::pp_send], (mb * 2 + mb * 3) * msg + wte);
+  m.tie_embeddings = false;
+  EXPECT_EQ(bytes_sent_per_step(m, p, rank_position(p, 0))[CommKind::pp_send], (mb * 3 + mb * 2) * msg);
   EXPECT_EQ(bytes_sent_per_step(m, p, rank_position(p, 3))[CommKind::pp_send], (mb * 2 + mb * 3) * msg);
+}
+
+TEST(Comm, TiedEmbeddingExchangeIsThisTpRanksVocabularyRows) {
+  // tp 2 x pp 2, vp 1, tied: every rank sends m boundary messages (forward on the first stage,
+  // backward on the last), and both stages their tp rank's ceil(50257 / 2) = 25129 rows of the
+  // embedding's gradient, 768 fp32 values each.
+  ModelSpec m;
+  Plan p;
+  p.tp = 2; p.pp = 2; p.gpus = 4; p.micro_batch = 1; p.global_batch = 2;
+  p.precision = Precision::fp32;
+  const int64_t msg = 1024 * 768 * 4, mb = 2, rows = 25129;
+  for (int64_t rank = 0; rank < 4; rank++)
+    EXPECT_EQ(bytes_sent_per_step(m, p, rank_position(p, rank))[CommKind::pp_send], mb * msg + rows * 768 * 4)
+        << rank;
 }
 
 TEST(Comm, AlphaBetaTimes) {

@@ -195,17 +195,20 @@ TEST(ZeroMpi, Zero2BucketsReduceScatterAndGatherLikeOneFlatReduceScatter) {
       bk.mark_ready(end - std::min<int64_t>(end, 123), std::min<int64_t>(end, 123));
     bk.finish(1.0f / p);
     // My ranges hold the mean; "optimizer": params = -grad on them, then gather the rest.
+    // They come back to back in shard_grads(), in owned_ranges() order.
     std::vector<float> params(z.padded, 99.f);
     int64_t owned = 0;
+    const float* shard = bk.shard_grads();
     for (ShardRange r : bk.owned_ranges(me)) {
-      owned += r.size();
       for (int64_t i = r.begin; i < r.end; i++) {
         double ref = 0;
         if (i < z.total)
           for (int q = 0; q < p; q++) ref += value(q + step, i);
-        EXPECT_NEAR(grads[i], ref / p, 1e-6 * (1 + 2 * p)) << i;
-        params[i] = -grads[i];
+        const float g = shard[owned + (i - r.begin)];
+        EXPECT_NEAR(g, ref / p, 1e-6 * (1 + 2 * p)) << i;
+        params[i] = -g;
       }
+      owned += r.size();
     }
     EXPECT_EQ(owned * p, z.padded);
     bk.gather_params(params.data());
