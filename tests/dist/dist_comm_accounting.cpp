@@ -48,12 +48,8 @@ static std::vector<Config> configs_for(int world) {
 }
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  int world = 0, rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  omp_set_num_threads(1);
+  const dist_test::World mpi = dist_test::start_mpi(argc, argv);
+  const int world = mpi.size, rank = mpi.rank;
   auto backend = make_cpu_backend(1);
   int failures = 0;
   const std::vector<Config> configs = configs_for(world);

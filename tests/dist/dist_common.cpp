@@ -1,6 +1,10 @@
 #include "dist_common.hpp"
 
+#include <mpi.h>
+#include <omp.h>
 #include <sys/mman.h>
+
+#include <cstdio>
 #include <unistd.h>
 
 #include <cmath>
@@ -13,6 +17,21 @@
 #include "train/trainer.hpp"
 
 namespace dist_test {
+
+World start_mpi(int& argc, char**& argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  if (provided < MPI_THREAD_FUNNELED) {
+    std::fprintf(stderr, "MPI provides thread level %d, below MPI_THREAD_FUNNELED\n", provided);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  World w;
+  MPI_Comm_size(MPI_COMM_WORLD, &w.size);
+  MPI_Comm_rank(MPI_COMM_WORLD, &w.rank);
+  omp_set_num_threads(1);
+  return w;
+}
+
 using namespace exatrain;
 
 static int32_t token_at(uint64_t seq, int64_t i, int64_t vocab) {

@@ -12,6 +12,12 @@
 
 namespace dist_test {
 
+// MPI_Init_thread (FUNNELED, checked) and one OpenMP thread per rank; returns {world, rank}.
+struct World {
+  int size = 0, rank = 0;
+};
+World start_mpi(int& argc, char**& argv);
+
 // Sequence w of the synthetic corpus: token i = hash(w, i) % vocab. Each next_batch takes the next
 // B * dp_size sequences and this rank reads [dp_rank * B, (dp_rank + 1) * B) of them, as the loader.
 class SyntheticSource final : public exatrain::TokenSource {

@@ -21,12 +21,8 @@ using namespace exatrain::parallel;
 using dist_test::Config;
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  int world = 0, rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  omp_set_num_threads(1);
+  const dist_test::World mpi = dist_test::start_mpi(argc, argv);
+  const int world = mpi.size, rank = mpi.rank;
   std::vector<Config> configs;
   auto c = [&](int dp, int tp, int pp, int zero, bool untied) {
     Config x;
