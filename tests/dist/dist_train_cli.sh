@@ -7,43 +7,17 @@
 #      [parallel] watchdog_timeout_s = 3 the job ends within 30 s with "rank 0 waits in op K of
 #      group dp" (or "group world", for the loss sum) from `exatrain train` itself;
 #   3. nan_policy through the same session (NAN_SESSION = dist_nan_session): "stop" ends every
-#      rank with the single-rank message, "skip" skips the step on every rank.
+#      rank with the single-rank message, "skip" skips the step on every rank;
+#   4. resume (another model refused; one metrics record per step), 5. "auto" plans, 6. errors
+#      printed once when every rank has them, naming the rank otherwise.
 # Usage: dist_train_cli.sh MPIEXEC EXATRAIN WORKDIR NAN_SESSION
 set -u
 MPIEXEC=$1 EXA=$2 WORK=$3 NAN_SESSION=$4
-rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK"
-for i in $(seq 1 300); do echo "line $i of a small test text, with some words to learn."; done > text.txt
-"$EXA" data prepare --input text.txt --out data --tokenizer byte > prep.log 2>&1 || { echo "FAIL: prepare"; cat prep.log; exit 1; }
-cat > job.toml <<TOML
-[model]
-layers = 2
-hidden = 32
-heads = 2
-seq_len = 16
-[parallel]
-gpus = 2
-tp = 1
-pp = 1
-dp = 2
-cp = 1
-vp = 1
-zero = 1
-global_batch = 4
-micro_batch = 1
-recompute = "none"
-seq_parallel = false
-schedule = "1f1b"
-watchdog_timeout_s = 3
-[train]
-steps = 4
+source "$(dirname "$0")/dist_cli_setup.sh"
+write_job job.toml "watchdog_timeout_s = 3" "steps = 4
 eval_every = 2
-eval_batches = 3
-threads = 1
-data = "data"
-run_dir = "run"
-TOML
+eval_batches = 3"
 failures=0
-MPIRUN=("$MPIEXEC" --allow-run-as-root --oversubscribe -np 2)
 "${MPIRUN[@]}" "$EXA" train job.toml --plain > dist.log 2>&1 || { echo "FAIL: 2-rank run"; cat dist.log; exit 1; }
 "$EXA" train job.toml --plain --set train.run_dir=single --set parallel.gpus=1 --set parallel.dp=1 \
   --set parallel.zero=0 > single.log 2>&1 || { echo "FAIL: single-rank run"; cat single.log; exit 1; }
@@ -78,6 +52,20 @@ sed -e 's/^tp = 1/tp = "auto"/' -e 's/^dp = 2/dp = "auto"/' -e 's/^zero = 1/zero
 "${MPIRUN[@]}" "$EXA" train auto.toml --plain --set train.run_dir=auto --set train.steps=1 > auto.log 2>&1 \
   && grep -q "auto: the planner's best plan" auto.log && echo "ok: auto plan runs" \
   || { echo "FAIL: auto"; cat auto.log; failures=$((failures + 1)); }
+# 6. Errors once: a problem of the job file, which every rank finds, is printed by rank 0 alone; a
+#    problem one rank alone hits (its data directory missing, as on a node without the shard) names
+#    that rank.
+sed 's/^heads = 2/heads = 3/' job.toml > bad.toml
+"${MPIRUN[@]}" "$EXA" train bad.toml --plain > bad.log 2>&1 && { echo "FAIL: a bad job ran"; failures=$((failures + 1)); }
+n=$(grep -c "bad.toml: \[model\] hidden = 32 is not divisible by heads = 3" bad.log)
+[ "$n" = 1 ] && echo "ok: the job file's problem printed once by 2 ranks" \
+  || { echo "FAIL: the job file's problem printed $n times"; cat bad.log; failures=$((failures + 1)); }
+"$MPIEXEC" --allow-run-as-root --oversubscribe -np 1 "$EXA" train job.toml --plain --set train.run_dir=local \
+  : -np 1 "$EXA" train job.toml --plain --set train.run_dir=local --set train.data=nodata > local.log 2>&1 \
+  && { echo "FAIL: a rank without its data ran"; failures=$((failures + 1)); }
+n=$(grep -c "exatrain: error: rank 1 of 2: .*nodata" local.log)
+[ "$n" = 1 ] && echo "ok: a rank-local problem names the rank: $(grep -m1 'rank 1 of 2' local.log)" \
+  || { echo "FAIL: rank-local error printed $n times"; cat local.log; failures=$((failures + 1)); }
 # 3. nan_policy (before the stall test, which leaves nothing behind to clean up).
 for policy in stop skip; do
   "${MPIRUN[@]}" "$NAN_SESSION" job.toml $policy > nan_$policy.log 2>&1 && grep "^OK" nan_$policy.log | head -1 \
@@ -88,10 +76,7 @@ done
   --set train.eval_every=0 > stall.log 2>&1 &
 mpirun_pid=$!
 for _ in $(seq 1 600); do grep -q "step *[0-9]" stall.log && break; sleep 0.1; done
-victim=""
-for pid in $(ps -o pid= --ppid $mpirun_pid); do
-  if tr '\0' '\n' < /proc/$pid/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then victim=$pid; fi
-done
+victim=$(rank_pid $mpirun_pid 1)
 [ -n "$victim" ] || { echo "FAIL: rank 1 not found"; cat stall.log; kill -9 $mpirun_pid; exit 1; }
 start=$(date +%s)
 kill -STOP "$victim"
