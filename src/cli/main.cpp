@@ -6,7 +6,7 @@
 
 #include "cli/commands.hpp"
 #include "core/check.hpp"
-#include "train/dist_session.hpp"
+#include "train/every_rank.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"exatrain: plan, predict and train large models on supercomputers"};

@@ -9,6 +9,7 @@
 #include "report/report.hpp"
 #include "train/sample.hpp"
 #include "train/dist_session.hpp"
+#include "train/every_rank.hpp"
 #include "train/session.hpp"
 
 namespace exatrain::cli {

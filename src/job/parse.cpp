@@ -57,21 +57,10 @@ class Section {
            const std::string& set_text = "") {
     entries_[key] = Entry{v, origin, set_text};
   }
-  // Where the values of `keys` came from, for a problem that involves them together (e.g.
-  // hidden % heads): their distinct origins in order, a --set one as "--set section.key=value";
-  // `fallback` (the job file) when every key has its default.
-  std::string where(const std::vector<std::string>& keys, const std::string& fallback) const {
-    std::vector<std::string> seen;
-    for (const auto& k : keys) {
-      auto it = entries_.find(k);
-      if (it == entries_.end()) continue;
-      const Entry& e = it->second;
-      std::string w = e.set_text.empty() ? e.origin : "--set " + e.set_text;
-      if (std::find(seen.begin(), seen.end(), w) == seen.end()) seen.push_back(w);
-    }
-    std::string out;
-    for (const auto& w : seen) out += (out.empty() ? "" : " and ") + w;
-    return out.empty() ? fallback : out;
+  // Every key's origin: the file or preset it came from, or "--set section.key=value".
+  void record_origins(std::map<std::string, std::string>& out) const {
+    for (const auto& [key, e] : entries_)
+      out[name_ + "." + key] = e.set_text.empty() ? e.origin : "--set " + e.set_text;
   }
   bool has(const std::string& key) const { return entries_.count(key) > 0; }
   const std::string& name() const { return name_; }
@@ -308,6 +297,7 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
 
   Job job;
   job.source = source;
+  for (const auto& [name, sec] : sections) sec.record_origins(job.origins);
 
   // [model]
   {
@@ -335,14 +325,14 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     if (m.hidden % m.heads != 0)
       errors.push_back(fmt::format("{}: [model] hidden = {} is not divisible by heads = {} "
                                    "(head_dim = hidden / heads must be an integer)",
-                                   s.where({"hidden", "heads"}, source), m.hidden, m.heads));
+                                   job_origin(job, {"model.hidden", "model.heads"}), m.hidden, m.heads));
     if (m.heads % m.kv_heads != 0)
       errors.push_back(fmt::format("{}: [model] heads = {} is not divisible by kv_heads = {} "
                                    "(grouped-query attention shares each kv head among heads / kv_heads heads)",
-                                   s.where({"heads", "kv_heads"}, source), m.heads, m.kv_heads));
+                                   job_origin(job, {"model.heads", "model.kv_heads"}), m.heads, m.kv_heads));
     if (m.position == Position::rope && m.hidden % m.heads == 0 && (m.hidden / m.heads) % 2 != 0)
       errors.push_back(fmt::format("{}: [model] position = \"rope\" needs an even head_dim, but hidden / heads = "
-                                   "{} / {} = {}", s.where({"position", "hidden", "heads"}, source), m.hidden,
+                                   "{} / {} = {}", job_origin(job, {"model.position", "model.hidden", "model.heads"}), m.hidden,
                                    m.heads, m.hidden / m.heads));
     s.report_unknown({"preset", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len", "vocab",
                       "activation", "norm", "position", "tie_embeddings", "norm_eps", "rope_theta"});
@@ -418,7 +408,7 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     if (int i = s.get_choice("nan_policy", {"stop", "skip"}); i >= 0) t.nan_policy = i == 0 ? "stop" : "skip";
     if (t.min_lr > t.lr)
       errors.push_back(fmt::format("{}: [train] min_lr = {} is above lr = {} (the cosine schedule decays "
-                                   "from lr down to min_lr)", s.where({"min_lr", "lr"}, source), t.min_lr, t.lr));
+                                   "from lr down to min_lr)", job_origin(job, {"train.min_lr", "train.lr"}), t.min_lr, t.lr));
     s.report_unknown({"precision", "optimizer", "steps", "seed", "lr", "min_lr", "warmup_steps",
                       "weight_decay", "beta1", "beta2", "eps", "grad_clip", "data", "run_dir",
                       "checkpoint_every", "keep_checkpoints", "eval_every", "eval_batches", "log_every",
@@ -432,6 +422,18 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     throw Error(msg);
   }
   return job;
+}
+
+std::string job_origin(const Job& job, const std::vector<std::string>& keys) {
+  std::vector<std::string> seen;
+  for (const auto& k : keys) {
+    auto it = job.origins.find(k);
+    if (it != job.origins.end() && std::find(seen.begin(), seen.end(), it->second) == seen.end())
+      seen.push_back(it->second);
+  }
+  std::string out;
+  for (const auto& w : seen) out += (out.empty() ? "" : " and ") + w;
+  return out.empty() ? job.source : out;
 }
 
 Job load_job(const std::string& path, const std::vector<std::string>& sets, const JobCheck& extra) {

@@ -13,6 +13,7 @@
 #include "core/sha256.hpp"
 #include "parallel/mesh.hpp"
 #include "train/checkpoint_slices.hpp"
+#include "train/every_rank.hpp"
 
 namespace exatrain {
 namespace {
@@ -128,15 +129,6 @@ int64_t write_file_slices(DistributedTrainer& t, const std::vector<DistributedTr
 
 const CheckpointIoStats& last_checkpoint_io_stats() { return g_stats; }
 
-void broadcast_from_rank0(std::string& s, MPI_Comm world, parallel::Watchdog* wd, const char* what) {
-  parallel::WatchdogScope watch(wd, "world", ++g_ops, what);
-  int64_t n = int64_t(s.size());
-  parallel::mpi_check(MPI_Bcast(&n, 1, MPI_INT64_T, 0, world), what);
-  EXA_CHECK(n < INT_MAX, "{}: a string of {} bytes, over MPI's int counts", what, n);
-  s.resize(size_t(n));
-  parallel::mpi_check(MPI_Bcast(s.data(), int(n), MPI_CHAR, 0, world), what);
-}
-
 std::string save_distributed_checkpoint(DistributedTrainer& t, MPI_Comm world, const std::string& root,
                                         const TrainerExtras& extras, int64_t keep_last) {
   int rank = 0, size = 1;
@@ -204,16 +196,9 @@ TrainerExtras load_distributed_checkpoint(DistributedTrainer& t, MPI_Comm world,
   int rank = 0;
   MPI_Comm_rank(world, &rank);
   g_stats = {};
-  if (!checksums_verified) {  // rank 0 reads every file once; the verdict goes to all
-    std::string error;
-    if (rank == 0) try {
-        checkpoint::CheckpointReader verify(dir);
-      } catch (const Error& e) {
-        error = e.what();
-      }
-    broadcast_from_rank0(error, world, t.runtime().watchdog(), "MPI_Bcast (checkpoint verdict)");
-    if (!error.empty()) throw Error(error);
-  }
+  if (!checksums_verified)  // rank 0 reads every file once; the verdict goes to all
+    on_rank0_for_all(world, t.runtime().watchdog(), "MPI_Bcast (checkpoint verdict)",
+                     [&] { checkpoint::CheckpointReader verify(dir); });
   checkpoint::CheckpointReader r(dir, checkpoint::Verify::sizes);
   const std::unique_ptr<checkpoint::SafetensorsReader> files[2] = {r.safetensors(kFiles[0]), r.safetensors(kFiles[1])};
   for (const auto& f : files)

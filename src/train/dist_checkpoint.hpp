@@ -38,9 +38,6 @@ std::string save_distributed_checkpoint(parallel::DistributedTrainer& trainer, M
 TrainerExtras load_distributed_checkpoint(parallel::DistributedTrainer& trainer, MPI_Comm world,
                                           const std::string& dir, bool checksums_verified = false);
 
-// Rank 0's string on every rank (a path, an error message), watched by the watchdog `wd`.
-void broadcast_from_rank0(std::string& s, MPI_Comm world, parallel::Watchdog* wd, const char* what);
-
 // What the last save or load of this process moved, for tests of the memory bound.
 struct CheckpointIoStats {
   int64_t slice_bytes = 0;           // bytes of the trainer's state slices it wrote (save) or filled (load)

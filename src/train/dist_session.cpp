@@ -25,6 +25,7 @@
 #include "checkpoint/checkpoint.hpp"
 #include "data/manifest.hpp"
 #include "train/dist_checkpoint.hpp"
+#include "train/every_rank.hpp"
 #include "train/machine_peak.hpp"
 #include "report/metrics.hpp"
 #include "report/progress.hpp"
@@ -33,11 +34,6 @@ namespace exatrain {
 namespace {
 
 namespace fs = std::filesystem;
-
-int env_int(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : 0;
-}
 
 class LoaderSource final : public TokenSource {
  public:
@@ -94,35 +90,10 @@ void resolve_auto_parallel(Job& job, int world, std::FILE* log) {
   }
 }
 
-// World rank and size before (from the launcher's environment) or after MPI_Init.
-std::pair<int, int> world_rank_size() {
-  int init = 0, fin = 0;
-  MPI_Initialized(&init);
-  MPI_Finalized(&fin);
-  if (init && !fin) {
-    int rank = 0, size = 1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    return {rank, size};
-  }
-  const int size = std::max({env_int("OMPI_COMM_WORLD_SIZE"), env_int("PMIX_SIZE"), env_int("PMI_SIZE"),
-                             env_int("SLURM_NTASKS")});
-  const int rank = std::max({env_int("OMPI_COMM_WORLD_RANK"), env_int("PMIX_RANK"), env_int("PMI_RANK"),
-                             env_int("SLURM_PROCID")});
-  return {rank, std::max(size, 1)};
-}
-
 }  // namespace
 
-std::string error_line(const Error& e) {
-  const auto [rank, size] = world_rank_size();
-  if (size <= 1) return fmt::format("exatrain: error: {}", e.what());
-  if (dynamic_cast<const EveryRankError*>(&e)) return rank == 0 ? fmt::format("exatrain: error: {}", e.what()) : "";
-  return fmt::format("exatrain: error: rank {} of {}: {}", rank, size, e.what());
-}
-
 bool wants_distributed(const Job& job) {
-  if (std::max({env_int("OMPI_COMM_WORLD_SIZE"), env_int("PMI_SIZE"), env_int("PMIX_SIZE")}) > 1) return true;
+  if (world_rank_size().second > 1) return true;  // launched on several ranks
   const ParallelSpec& p = job.parallel;
   // Omitted (or "auto") degrees on one rank mean 1: the single-rank trainer.
   auto above_one = [](const std::optional<int64_t>& v) { return v && *v > 1; };
@@ -150,7 +121,7 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
   Job job = job_in;
   if (job.train.precision != Precision::fp32)
     throw EveryRankError(fmt::format("{}: [train] precision = \"{}\": the CPU backend trains in \"fp32\" only",
-                                     job.source, to_string(job.train.precision)));
+                                     job_origin(job, {"train.precision"}), to_string(job.train.precision)));
   TrainRunResult result;
   result.last_val_loss = std::numeric_limits<double>::quiet_NaN();
   // Rank 0 prepares the bundled corpus once; the others open it after the barrier.
@@ -223,15 +194,11 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
   const bool resuming = !opt.resume.empty() && opt.resume != "none";
   // Rank 0 verifies the checkpoint's checksums (resolve_resume); its verdict, the directory or the
   // error, goes to every rank, so a bad checkpoint ends every rank with rank 0's message.
-  std::string resume_dir, resume_error;
-  if (rank == 0) try {
-      if (auto ref = checkpoint::resolve_resume(opt.resume, ckpt_root, opt.out)) resume_dir = ref->dir;
-    } catch (const Error& e) {
-      resume_error = e.what();
-    }
+  std::string resume_dir;
+  on_rank0_for_all(MPI_COMM_WORLD, rt.watchdog(), "MPI_Bcast (resume verdict)", [&] {
+    if (auto ref = checkpoint::resolve_resume(opt.resume, ckpt_root, opt.out)) resume_dir = ref->dir;
+  });
   broadcast_from_rank0(resume_dir, MPI_COMM_WORLD, rt.watchdog(), "MPI_Bcast (resume directory)");
-  broadcast_from_rank0(resume_error, MPI_COMM_WORLD, rt.watchdog(), "MPI_Bcast (resume verdict)");
-  if (!resume_error.empty()) throw EveryRankError(resume_error);
   TrainerExtras extras;
   extras.job_toml = job_to_toml(job);
   extras.tokenizer_type = loader.manifest().tokenizer_type;
@@ -247,10 +214,13 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
 
   std::unique_ptr<report::MetricsWriter> metrics;
   std::unique_ptr<report::Progress> progress;
-  if (rank == 0) {
+  on_rank0_for_all(MPI_COMM_WORLD, rt.watchdog(), "MPI_Bcast (run_dir verdict)", [&] {
     EXA_CHECK(resuming || !fs::exists(job.train.run_dir + "/metrics.jsonl"),
               "{}: [train] run_dir = \"{}\" already holds a run (metrics.jsonl); expected a new directory: pass "
-              "--resume auto to continue it, or --set train.run_dir=OTHER", job.source, job.train.run_dir);
+              "--resume auto to continue it, or --set train.run_dir=OTHER", job_origin(job, {"train.run_dir"}),
+              job.train.run_dir);
+  });
+  if (rank == 0) {
     fs::create_directories(job.train.run_dir);
     write_file_atomic(job.train.run_dir + "/job.toml", extras.job_toml);
     if (resuming) report::drop_metrics_after(job.train.run_dir + "/metrics.jsonl", result.first_step);

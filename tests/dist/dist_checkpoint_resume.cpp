@@ -20,6 +20,7 @@
 #include "parallel/setup.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "train/dist_checkpoint.hpp"
+#include "train/every_rank.hpp"
 #include "train/state_io.hpp"
 #include "train/trainer.hpp"
 

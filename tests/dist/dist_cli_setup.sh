@@ -1,10 +1,11 @@
 # Shared set-up of the `exatrain train` tests under mpirun (dist_train_cli.sh, dist_fault_resume.sh).
 # Source it with MPIEXEC, EXA and WORK set. It leaves the shell in a fresh WORK directory holding a
-# byte-level dataset prepared from a small text (data/), and defines
+# byte-level dataset prepared from a small text (data/), and defines TEST_DIR (tests/) and
 #   MPIRUN                        the launcher for 2 ranks;
 #   write_job FILE PARALLEL TRAIN the 2-rank job both tests train (dp 2, ZeRO 1, a 2-layer model),
 #                                 with extra [parallel] and [train] lines;
 #   rank_pid MPIRUN_PID R         the pid of world rank R among that mpirun's children ("" if none).
+TEST_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)  # tests/, for the Python helpers
 rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK" || exit 1
 for i in $(seq 1 300); do echo "line $i of a small test text, with some words to learn."; done > text.txt
 "$EXA" data prepare --input text.txt --out data --tokenizer byte > prep.log 2>&1 || { echo "FAIL: prepare"; cat prep.log; exit 1; }

@@ -2,7 +2,8 @@
 # `exatrain train` itself on 2 MPI ranks (dp 2, ZeRO 1):
 #   1. evaluation and MFU: eval_every = 2 writes val_loss records at steps 2 and 4 equal (1e-5
 #      relative) to those of a single-rank run of the same job (the same weights: equivalence), and
-#      the step records carry an MFU above 0;
+#      the step records carry an MFU above 0; PyTorch reads the 2-rank checkpoint and finds the
+#      single-rank run's tensors;
 #   2. the watchdog: rank 1 frozen with SIGSTOP leaves rank 0 inside a dp collective; with
 #      [parallel] watchdog_timeout_s = 3 the job ends within 30 s with "rank 0 waits in op K of
 #      group dp" (or "group world", for the loss sum) from `exatrain train` itself;
@@ -37,12 +38,30 @@ mfu = [r["mfu"] for r in dist if "loss" in r]
 assert len(mfu) == 4 and all(0 < m < 1 for m in mfu), mfu
 print(f"ok: val_loss equals the single-rank run's; MFU per step {', '.join(f'{m:.2%}' for m in mfu)}")
 PY
+# 1b. The 2-rank checkpoint (every rank wrote its slices) is the single-rank trainer's format: PyTorch
+#     reads both and finds the same tensors, shapes, metadata and values (|a - b| / (1 + |b|) <= 1e-5).
+/usr/bin/python3 - "$TEST_DIR/checkpoint" <<'PY' || failures=$((failures + 1))
+import sys
+sys.path.insert(0, sys.argv[1])
+import torch
+from safetensors_torch import read
+for f in ("model.safetensors", "optimizer.safetensors"):
+    dist, dmeta = read("run/checkpoints/step_00000004/" + f)
+    single, smeta = read("single/checkpoints/step_00000004/" + f)
+    assert dmeta == smeta, (f, dmeta, smeta)
+    assert sorted(dist) == sorted(single) and len(dist) > 10, (f, sorted(dist), sorted(single))
+    for name, t in single.items():
+        assert dist[name].shape == t.shape, (name, dist[name].shape, t.shape)
+        diff = ((dist[name] - t).abs() / (1 + t.abs())).max().item()  # as max_weight_diff in tests/dist
+        assert diff <= 1e-5, (name, diff)
+print("ok: PyTorch reads the 2-rank checkpoint: the single-rank run's tensors, shapes and values")
+PY
 # 4. Resume on 2 ranks: a checkpoint of another model is refused by name; resuming an earlier
 #    checkpoint keeps one metrics record per step.
 "${MPIRUN[@]}" "$EXA" train job.toml --plain --resume auto --set model.hidden=64 > other.log 2>&1 \
   && { echo "FAIL: another model's checkpoint was accepted"; failures=$((failures + 1)); }
-grep -q "\[model\] hidden: the checkpoint has 32, this job has 64" other.log \
-  && echo "ok: another model's checkpoint refused" || { echo "FAIL: other-model message"; cat other.log; failures=$((failures + 1)); }
+[ "$(grep -c "\[model\] hidden: the checkpoint has 32, this job has 64" other.log)" = 1 ] \
+  && echo "ok: another model's checkpoint refused (once)" || { echo "FAIL: other-model message"; cat other.log; failures=$((failures + 1)); }
 "${MPIRUN[@]}" "$EXA" train job.toml --plain --resume run/checkpoints/step_00000004 --set train.steps=6 > more.log 2>&1 \
   || { echo "FAIL: resume"; cat more.log; failures=$((failures + 1)); }
 steps=$(/usr/bin/python3 -c "import json; print(' '.join(str(json.loads(l)['step']) for l in open('run/metrics.jsonl') if '\"loss\"' in l))")
@@ -60,10 +79,14 @@ sed 's/^heads = 2/heads = 3/' job.toml > bad.toml
 n=$(grep -c "bad.toml: \[model\] hidden = 32 is not divisible by heads = 3" bad.log)
 [ "$n" = 1 ] && echo "ok: the job file's problem printed once by 2 ranks" \
   || { echo "FAIL: the job file's problem printed $n times"; cat bad.log; failures=$((failures + 1)); }
+"${MPIRUN[@]}" "$EXA" train job.toml --plain > again.log 2>&1 && { echo "FAIL: a second run into run/"; failures=$((failures + 1)); }
+n=$(grep -c "exatrain: error: job.toml: \[train\] run_dir = \"run\" already holds a run" again.log)
+[ "$n" = 1 ] && echo "ok: rank 0's verdict on run_dir printed once" \
+  || { echo "FAIL: run_dir verdict printed $n times"; cat again.log; failures=$((failures + 1)); }
 "$MPIEXEC" --allow-run-as-root --oversubscribe -np 1 "$EXA" train job.toml --plain --set train.run_dir=local \
   : -np 1 "$EXA" train job.toml --plain --set train.run_dir=local --set train.data=nodata > local.log 2>&1 \
   && { echo "FAIL: a rank without its data ran"; failures=$((failures + 1)); }
-n=$(grep -c "exatrain: error: rank 1 of 2: .*nodata" local.log)
+n=$(grep -c "exatrain: error: rank 1 of 2: --set train.data=nodata: \\[train\\] data = \"nodata\"" local.log)
 [ "$n" = 1 ] && echo "ok: a rank-local problem names the rank: $(grep -m1 'rank 1 of 2' local.log)" \
   || { echo "FAIL: rank-local error printed $n times"; cat local.log; failures=$((failures + 1)); }
 # 3. nan_policy (before the stall test, which leaves nothing behind to clean up).
