@@ -1,6 +1,10 @@
 #include "checkpoint/safetensors.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
@@ -153,8 +157,14 @@ std::string write_safetensors(const std::string& path, const SafetensorsWriter& 
   return out.sha256_of_appended();
 }
 
+SafetensorsReader::~SafetensorsReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
 SafetensorsReader::SafetensorsReader(const std::string& path)
     : file_(std::make_unique<MappedFile>(path)) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  EXA_SYSCHECK(fd_ >= 0, "cannot open {}", path);
   const uint64_t size = file_->size();
   EXA_CHECK(size >= 8, "safetensors file {} is truncated: {} bytes, less than the 8-byte header "
             "length", path, size);
@@ -249,11 +259,19 @@ void SafetensorsReader::read_f32_range(const std::string& name, int64_t first, i
             "safetensors file {}: elements [{}, {}) of tensor {} are outside its {} elements", path(),
             first, first + count, name, t.numel());
   const size_t bytes = dtype_bytes(t.dtype);
-  const uint8_t* src = file_->data() + data_start_ + t.begin + uint64_t(first) * bytes;
+  uint64_t at = data_start_ + t.begin + uint64_t(first) * bytes;
   if (t.dtype == DType::F32) {
-    std::memcpy(out, src, size_t(count) * 4);
+    char* dst = reinterpret_cast<char*>(out);
+    for (size_t left = size_t(count) * 4; left > 0;) {
+      const ssize_t n = ::pread(fd_, dst, std::min(left, size_t(1) << 30), off_t(at));
+      if (n < 0 && errno == EINTR) continue;
+      EXA_SYSCHECK(n >= 0, "cannot read {} (tensor {}) at byte {}", path(), name, at);
+      EXA_CHECK(n > 0, "safetensors file {}: ends at byte {}, inside tensor {}", path(), at, name);
+      dst += n, left -= size_t(n), at += uint64_t(n);
+    }
     return;
   }
+  const uint8_t* src = file_->data() + at;
   for (int64_t i = 0; i < count; i++) {
     uint16_t b;
     std::memcpy(&b, src + 2 * i, 2);

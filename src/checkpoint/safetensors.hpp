@@ -79,6 +79,9 @@ std::string write_safetensors(const std::string& path, const SafetensorsWriter& 
 class SafetensorsReader {
  public:
   explicit SafetensorsReader(const std::string& path);  // maps and validates the whole layout
+  ~SafetensorsReader();
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
   const std::string& path() const { return file_->path(); }
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
@@ -89,11 +92,14 @@ class SafetensorsReader {
   // The tensor as float32 (BF16 widened exactly); `count` must equal its element count.
   void read_f32(const std::string& name, float* out, int64_t count) const;
   std::vector<float> read_f32(const std::string& name) const;
-  // Elements [first, first + count) of the tensor in row-major order, as float32.
+  // Elements [first, first + count) of the tensor in row-major order, as float32. F32 data is
+  // read with pread(2) straight into `out`, so reading a slice maps no page of the file (a rank
+  // loading its shard holds only the shard).
   void read_f32_range(const std::string& name, int64_t first, int64_t count, float* out) const;
 
  private:
-  std::unique_ptr<MappedFile> file_;
+  std::unique_ptr<MappedFile> file_;  // the header, and BF16 data
+  int fd_ = -1;                       // F32 data (pread)
   uint64_t data_start_ = 0;
   std::map<std::string, TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;
