@@ -1,7 +1,6 @@
 #include "train/dist_checkpoint.hpp"
 
 #include <algorithm>
-#include <filesystem>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -47,11 +46,13 @@ void for_each_entry_part(DistributedTrainer& t, const DistributedTrainer::StateS
   }
 }
 
-// The global tensors of the model (name -> global shape): each rank lists the entries it saves,
-// and the lists are all-gathered; names and shapes only, a few bytes per tensor.
+// The global tensors of the model (name -> global shape): the ranks at dp 0 and tp 0 (one per
+// pipeline position, which holds every tensor of its stages) list the entries they save, and the
+// lists are all-gathered; names and shapes only, a few bytes per tensor, each tensor once.
 std::map<std::string, std::vector<int64_t>> all_tensors(DistributedTrainer& t, MPI_Comm world, int size) {
   nlohmann::json mine = nlohmann::json::array();
-  for (int c = 0; c < t.chunks(); c++)
+  const bool lists = t.runtime().dp().rank() == 0 && t.runtime().mesh().coord.tp == 0;
+  for (int c = 0; c < t.chunks() && lists; c++)
     for (const ParamInfo& p : t.chunk(c).layout().entries())
       if (t.saves_entry(c, p)) mine.push_back({p.name, p.global_shape});
   const std::string text = mine.dump();

@@ -5,17 +5,18 @@
 // tp2 x pp2 resumes at dp4 (and the reverse), and single-rank and distributed checkpoints are
 // interchangeable. The data cursor counts sequences of the global order, independent of dp.
 //
-// Save: the ranks all-gather the names and global shapes of the tensors (a few bytes each), so
-// every rank computes the same safetensors header and every tensor's byte offset. Rank 0 creates
-// the temporary checkpoint directory; all ranks open each file with MPI-IO and write the slices
-// they are the saver of (DistributedTrainer::state_slices: tp shard rows or columns, their stage,
-// their ZeRO shard) straight from the trainer's memory at their offsets (MPI_File_write_at,
-// pieces of at most INT_MAX bytes, one piece per row of a column shard: checkpoint_slices.hpp);
-// rank 0 writes the header. After MPI_File_sync (every writer's fsync) and close, rank 0 checks
-// that the ranks wrote every element once (their counts add up to the file's), reads each file
-// back once for its SHA-256 and commits the directory (manifest, COMPLETE, rename: checkpoint/checkpoint.hpp).
-// Load: rank 0 verifies the checksums and broadcasts the verdict; every rank maps the files and
-// copies the byte ranges of the slices of its NEW position straight into its arenas and shards.
+// Save: the ranks all-gather the names and global shapes of the tensors (a few bytes each, listed
+// by the dp 0, tp 0 rank of each pipeline position), so every rank computes the same safetensors
+// header and every tensor's byte offset. Rank 0 creates the temporary checkpoint directory; all
+// ranks open each file with MPI-IO and write the slices they are the saver of
+// (DistributedTrainer::state_slices: tp shard rows or columns, their stage, their ZeRO shard)
+// straight from the trainer's memory at their offsets (MPI_File_write_at, pieces of at most
+// INT_MAX bytes, one piece per row of a column shard: checkpoint_slices.hpp); rank 0 writes the
+// header. After MPI_File_sync (every writer's fsync) and close, rank 0 checks that the ranks
+// wrote every element once (their counts add up to the file's), reads each file back once for
+// its SHA-256 and commits the directory (manifest, COMPLETE, rename: checkpoint/checkpoint.hpp).
+// Load: rank 0 verifies the checksums and broadcasts the verdict; every rank preads the byte
+// ranges of the slices of its NEW position straight into its arenas and shards.
 // No rank allocates more than a header-sized buffer for either (CheckpointIoStats).
 #pragma once
 #include <string>
