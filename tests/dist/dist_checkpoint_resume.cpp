@@ -1,7 +1,8 @@
 // Topology-independent, sharded checkpoints on 4 ranks: a run saved at tp2 x pp2 (sequence
-// parallel) resumes at dp4 (ZeRO 1), runs saved at dp4 (ZeRO 3, ZeRO 2) resume at tp2 x pp2, a
-// single-rank Trainer's checkpoint resumes at dp4 (ZeRO 3) and a tp2 x pp2 one in the single-rank
-// Trainer; in all cases the 5 steps after the resume have the losses of an uninterrupted 10-step
+// parallel) resumes at dp4 (ZeRO 1), runs saved at dp4 (ZeRO 3, ZeRO 2, ZeRO 0) resume at
+// tp2 x pp2 (the last interleaved, vp 2), vp 2 resumes at dp2 x tp2 (ZeRO 1), which resumes at
+// dp4 (ZeRO 0), a single-rank Trainer's checkpoint resumes at dp4 (ZeRO 3) and a tp2 x pp2 one in
+// the single-rank Trainer; in all cases the 5 steps after the resume have the losses of an uninterrupted 10-step
 // run (1e-5 relative) and end on its weights. Every distributed save and load also checks the
 // memory bound of the sharded checkpoint code (memory_bound_holds). Exits non-zero on any mismatch.
 #include <mpi.h>
@@ -92,9 +93,14 @@ int main(int argc, char** argv) {
   // rank 0), whose checkpoints are the same format: interchangeable with the distributed ones.
   int failures = 0;
   struct Case { Config save, resume; int save_zero, resume_zero; bool single_save, single_resume; };
-  const Case cases[] = {{tp_pp, dp4, 0, 1, false, false}, {dp4, tp_pp, 3, 0, false, false},
-                        {dp4, tp_pp, 2, 0, false, false}, {tp_pp, dp4, 0, 3, true, false},
-                        {tp_pp, tp_pp, 0, 0, false, true}};
+  Config vp2 = tp_pp;  // interleaved: two model chunks per rank
+  vp2.vp = 2;
+  Config dp2_tp2;      // global batch 4 = 1 x 2 micro-batches x dp 2
+  dp2_tp2.dp = 2, dp2_tp2.tp = 2, dp2_tp2.micro_batches = 2;
+  const Case cases[] = {{tp_pp, dp4, 0, 1, false, false},   {dp4, tp_pp, 3, 0, false, false},
+                        {dp4, tp_pp, 2, 0, false, false},   {dp4, vp2, 0, 0, false, false},
+                        {vp2, dp2_tp2, 0, 1, false, false}, {dp2_tp2, dp4, 1, 0, false, false},
+                        {tp_pp, dp4, 0, 3, true, false},    {tp_pp, tp_pp, 0, 0, false, true}};
   int case_index = 0;
   for (Case cs : cases) {
     cs.save.zero = cs.save_zero, cs.resume.zero = cs.resume_zero;
