@@ -79,6 +79,11 @@ sed 's/^heads = 2/heads = 3/' job.toml > bad.toml
 n=$(grep -c "bad.toml: \[model\] hidden = 32 is not divisible by heads = 3" bad.log)
 [ "$n" = 1 ] && echo "ok: the job file's problem printed once by 2 ranks" \
   || { echo "FAIL: the job file's problem printed $n times"; cat bad.log; failures=$((failures + 1)); }
+"${MPIRUN[@]}" "$EXA" train job.toml --plain --set parallel.gpus=4 --set train.run_dir=gpus4 > gpus.log 2>&1 \
+  && { echo "FAIL: gpus = 4 ran on 2 ranks"; failures=$((failures + 1)); }
+n=$(grep -c "exatrain: error: --set parallel.gpus=4: \[parallel\] gpus = 4 but the job runs on 2 MPI ranks" gpus.log)
+[ "$n" = 1 ] && echo "ok: the plan's problem (after MPI_Init, every rank) printed once, naming the --set" \
+  || { echo "FAIL: the plan's problem printed $n times"; cat gpus.log; failures=$((failures + 1)); }
 "${MPIRUN[@]}" "$EXA" train job.toml --plain > again.log 2>&1 && { echo "FAIL: a second run into run/"; failures=$((failures + 1)); }
 n=$(grep -c "exatrain: error: job.toml: \[train\] run_dir = \"run\" already holds a run" again.log)
 [ "$n" = 1 ] && echo "ok: rank 0's verdict on run_dir printed once" \
