@@ -61,10 +61,9 @@ struct Layout {
 
 int main(int argc, char** argv) {
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  int world = 1, rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);  // the trainer needs FUNNELED
+  EXA_CHECK(provided >= MPI_THREAD_FUNNELED, "MPI provides thread level {}, below MPI_THREAD_FUNNELED", provided);
+  const auto [rank, world] = world_rank_size();
   omp_set_num_threads(1);
   Job job;
   job.source = "bench";
