@@ -112,7 +112,9 @@ class DistributedTrainer {
   // (ZeRO 3), and its moments (ZeRO 0) or its ZeRO shard of them. A checkpoint writes and reads
   // these pointers directly, so no rank ever materialises more than its own state. Among the dp
   // replicas of an element exactly one slice is marked `saver`: the ZeRO owner of that range
-  // (ZeRO 0: the dp ranks split the arena evenly), so the ranks share the writing.
+  // (ZeRO 0: the dp ranks split the arena evenly), so the ranks share the writing. This is the
+  // checkpoint's only view of the ZeRO shard buffers: a change to their layout goes here too
+  // (tests/dist/dist_checkpoint_resume.cpp saves and loads under ZeRO 0-3).
   enum class StateKind { params, m, v };
   struct StateSlice {
     int chunk = 0;
