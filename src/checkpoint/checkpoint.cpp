@@ -144,7 +144,7 @@ std::string CheckpointWriter::commit(int64_t keep_last) {
   return final_dir_;
 }
 
-CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
+CheckpointReader::CheckpointReader(const std::string& dir, Verify verify) : dir_(dir) {
   EXA_CHECK(fs::is_directory(dir), "checkpoint {} does not exist or is not a directory", dir);
   std::string complete_path = path_of(kCompleteName);
   EXA_CHECK(fs::exists(complete_path),
@@ -180,6 +180,7 @@ CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
     uint64_t size = file_size_or_throw(path);
     EXA_CHECK(size == e.bytes, "checkpoint file {} is truncated or damaged: {} bytes on disk, the "
               "manifest expects {}", path, size, e.bytes);
+    if (verify == Verify::sizes) continue;
     std::string sum = sha256_file(path);
     EXA_CHECK(sum == e.sha256, "checkpoint file {} is corrupted: sha256 {} but the manifest "
               "says {}", path, sum, e.sha256);

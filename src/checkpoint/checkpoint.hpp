@@ -59,10 +59,15 @@ class CheckpointWriter {
   bool committed_ = false;
 };
 
+// What the reader checks of every file listed in the manifest: its size and SHA-256 (reads the
+// whole file once), or its size only, for a checkpoint whose checksums another process (e.g. rank
+// 0 of a distributed job) has just verified, so that N ranks do not read it N times.
+enum class Verify { checksums, sizes };
+
 // A verified checkpoint (the constructor checks COMPLETE, manifest and every file).
 class CheckpointReader {
  public:
-  explicit CheckpointReader(const std::string& dir);
+  explicit CheckpointReader(const std::string& dir, Verify verify = Verify::checksums);
   const std::string& dir() const { return dir_; }
   int64_t step() const { return step_; }
   const std::map<std::string, FileEntry>& files() const { return files_; }

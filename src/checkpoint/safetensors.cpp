@@ -1,6 +1,10 @@
 #include "checkpoint/safetensors.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
@@ -73,22 +77,39 @@ void SafetensorsWriter::add_slice(const std::string& name, const std::vector<int
   tensors_[name] = e;
 }
 
+void SafetensorsWriter::declare(const std::string& name, const std::vector<int64_t>& shape) {
+  const std::vector<int64_t> zero(shape.size(), 0);
+  static const float kNone = 0;  // add_slice wants data; write() checks declared_ instead
+  add_slice(name, shape, &kNone, DType::F32, shape, zero);
+  declared_.insert(name);
+}
+
 void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) {
   EXA_CHECK(key != kSlicesKey, "safetensors: metadata key {} is reserved", key);
   metadata_[key] = value;
 }
 
+std::map<std::string, std::pair<uint64_t, uint64_t>> SafetensorsWriter::data_ranges() const {
+  std::map<std::string, std::pair<uint64_t, uint64_t>> out;
+  uint64_t offset = 0;
+  for (const auto& [name, e] : tensors_) {
+    const uint64_t bytes = uint64_t(product(e.info.shape)) * dtype_bytes(e.info.dtype);
+    out[name] = {offset, offset + bytes};
+    offset += bytes;
+  }
+  return out;
+}
+
 std::string SafetensorsWriter::header() const {
   json h = json::object();
   json slices = json::object();
-  uint64_t offset = 0;
+  const auto ranges = data_ranges();
   for (const auto& [name, e] : tensors_) {
-    uint64_t bytes = uint64_t(product(e.info.shape)) * dtype_bytes(e.info.dtype);
+    const auto& [begin, end] = ranges.at(name);
     h[name] = {{"dtype", dtype_name(e.info.dtype)},
                {"shape", e.info.shape},
-               {"data_offsets", {offset, offset + bytes}}};
+               {"data_offsets", {begin, end}}};
     slices[name] = {{"global_shape", e.info.global_shape}, {"offset", e.info.offset}};
-    offset += bytes;
   }
   json meta = json::object();
   for (const auto& [k, v] : metadata_) meta[k] = v;
@@ -99,15 +120,21 @@ std::string SafetensorsWriter::header() const {
   return text;
 }
 
+std::string SafetensorsWriter::file_prefix() const {
+  const std::string text = header();
+  const uint64_t n = text.size();
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; i++) out[size_t(i)] = char(uint8_t(n >> (8 * i)));  // little-endian
+  return out + text;
+}
+
 void SafetensorsWriter::write(OutputFile& out) const {
-  std::string text = header();
-  uint64_t n = text.size();
-  uint8_t len[8];
-  for (int i = 0; i < 8; i++) len[i] = uint8_t(n >> (8 * i));  // little-endian
-  out.write(len, 8);
-  out.write(text.data(), text.size());
+  const std::string prefix = file_prefix();
+  out.write(prefix.data(), prefix.size());
   std::vector<uint16_t> staging;
   for (const auto& [name, e] : tensors_) {
+    EXA_CHECK(declared_.count(name) == 0, "safetensors: tensor \"{}\" was declared without data; "
+              "its writer must place it at its data_ranges() offset", name);
     const int64_t count = product(e.info.shape);
     if (e.info.dtype == DType::F32) {
       out.write(e.data, size_t(count) * 4);
@@ -130,8 +157,14 @@ std::string write_safetensors(const std::string& path, const SafetensorsWriter& 
   return out.sha256_of_appended();
 }
 
+SafetensorsReader::~SafetensorsReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
 SafetensorsReader::SafetensorsReader(const std::string& path)
     : file_(std::make_unique<MappedFile>(path)) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  EXA_SYSCHECK(fd_ >= 0, "cannot open {}", path);
   const uint64_t size = file_->size();
   EXA_CHECK(size >= 8, "safetensors file {} is truncated: {} bytes, less than the 8-byte header "
             "length", path, size);
@@ -216,15 +249,33 @@ void SafetensorsReader::read_f32(const std::string& name, float* out, int64_t co
   const TensorInfo& t = info(name);
   EXA_CHECK(count == t.numel(), "safetensors file {}: tensor {} has {} elements, caller expects {}",
             path(), name, t.numel(), count);
-  const uint8_t* src = file_->data() + data_start_ + t.begin;
+  read_f32_range(name, 0, count, out);
+}
+
+void SafetensorsReader::read_f32_range(const std::string& name, int64_t first, int64_t count,
+                                       float* out) const {
+  const TensorInfo& t = info(name);
+  EXA_CHECK(first >= 0 && count >= 0 && first + count <= t.numel(),
+            "safetensors file {}: elements [{}, {}) of tensor {} are outside its {} elements", path(),
+            first, first + count, name, t.numel());
+  const size_t bytes = dtype_bytes(t.dtype);
+  uint64_t at = data_start_ + t.begin + uint64_t(first) * bytes;
   if (t.dtype == DType::F32) {
-    std::memcpy(out, src, size_t(count) * 4);
-  } else {
-    for (int64_t i = 0; i < count; i++) {
-      uint16_t b;
-      std::memcpy(&b, src + 2 * i, 2);
-      out[i] = bf16_to_float(b);
+    char* dst = reinterpret_cast<char*>(out);
+    for (size_t left = size_t(count) * 4; left > 0;) {
+      const ssize_t n = ::pread(fd_, dst, std::min(left, size_t(1) << 30), off_t(at));
+      if (n < 0 && errno == EINTR) continue;
+      EXA_SYSCHECK(n >= 0, "cannot read {} (tensor {}) at byte {}", path(), name, at);
+      EXA_CHECK(n > 0, "safetensors file {}: ends at byte {}, inside tensor {}", path(), at, name);
+      dst += n, left -= size_t(n), at += uint64_t(n);
     }
+    return;
+  }
+  const uint8_t* src = file_->data() + at;
+  for (int64_t i = 0; i < count; i++) {
+    uint16_t b;
+    std::memcpy(&b, src + 2 * i, 2);
+    out[i] = bf16_to_float(b);
   }
 }
 

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -48,10 +49,19 @@ class SafetensorsWriter {
   void add_slice(const std::string& name, const std::vector<int64_t>& shape, const float* data,
                  DType stored, const std::vector<int64_t>& global_shape,
                  const std::vector<int64_t>& offset);
+  // A whole float32 tensor declared without data, for a file whose data others write at the
+  // offsets data_ranges() gives (e.g. every rank its slices: train/dist_checkpoint.hpp).
+  // header() and file_prefix() lay it out as add() would; write() refuses it.
+  void declare(const std::string& name, const std::vector<int64_t>& shape);
   void set_metadata(const std::string& key, const std::string& value);
   // Streams header and data (converted to each tensor's stored dtype) into `out`.
   void write(OutputFile& out) const;
   std::string header() const;  // the JSON header, padded; tensors laid out in name order
+  // What precedes the data in the file: the 8-byte header length, then header(). The data
+  // section starts at file_prefix().size().
+  std::string file_prefix() const;
+  // Every tensor's [begin, end) in the data section (bytes from its start), as header() says.
+  std::map<std::string, std::pair<uint64_t, uint64_t>> data_ranges() const;
 
  private:
   struct Entry {
@@ -59,6 +69,7 @@ class SafetensorsWriter {
     const float* data;
   };
   std::map<std::string, Entry> tensors_;  // sorted by name: the layout is deterministic
+  std::set<std::string> declared_;        // tensors without data (declare())
   std::map<std::string, std::string> metadata_;
 };
 
@@ -68,6 +79,9 @@ std::string write_safetensors(const std::string& path, const SafetensorsWriter& 
 class SafetensorsReader {
  public:
   explicit SafetensorsReader(const std::string& path);  // maps and validates the whole layout
+  ~SafetensorsReader();
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
   const std::string& path() const { return file_->path(); }
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
@@ -78,9 +92,14 @@ class SafetensorsReader {
   // The tensor as float32 (BF16 widened exactly); `count` must equal its element count.
   void read_f32(const std::string& name, float* out, int64_t count) const;
   std::vector<float> read_f32(const std::string& name) const;
+  // Elements [first, first + count) of the tensor in row-major order, as float32. F32 data is
+  // read with pread(2) straight into `out`, so reading a slice maps no page of the file (a rank
+  // loading its shard holds only the shard).
+  void read_f32_range(const std::string& name, int64_t first, int64_t count, float* out) const;
 
  private:
-  std::unique_ptr<MappedFile> file_;
+  std::unique_ptr<MappedFile> file_;  // the header, and BF16 data
+  int fd_ = -1;                       // F32 data (pread)
   uint64_t data_start_ = 0;
   std::map<std::string, TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;

@@ -6,6 +6,7 @@
 
 #include "cli/commands.hpp"
 #include "core/check.hpp"
+#include "train/every_rank.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"exatrain: plan, predict and train large models on supercomputers"};
@@ -27,7 +28,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const exatrain::Error& e) {
-    fmt::print(stderr, "exatrain: error: {}\n", e.what());
+    // A multi-rank job prints an error every rank hit once, and names the rank of any other.
+    const std::string line = exatrain::error_line(e);
+    if (!line.empty()) fmt::print(stderr, "{}\n", line);
     return 1;
   } catch (const std::exception& e) {
     fmt::print(stderr, "exatrain: internal error: {}\n", e.what());

@@ -9,6 +9,7 @@
 #include "report/report.hpp"
 #include "train/sample.hpp"
 #include "train/dist_session.hpp"
+#include "train/every_rank.hpp"
 #include "train/session.hpp"
 
 namespace exatrain::cli {
@@ -29,8 +30,11 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--trace", a->trace, "multi-rank runs: write a Chrome/Perfetto trace of the first 3 steps of every rank");
   cmd->callback([a] {
     // The trainer's own requirements are reported together with the file's problems.
-    Job job = load_job(a->job, a->sets, [](const Job& j, std::vector<std::string>& errors) {
-      if (!wants_distributed(j)) check_single_rank_job(j, errors);
+    // Every rank reads the same file and --set values: a problem there is printed once.
+    Job job = on_every_rank([&] {
+      return load_job(a->job, a->sets, [](const Job& j, std::vector<std::string>& errors) {
+        if (!wants_distributed(j)) check_single_rank_job(j, errors);
+      });
     });
     TrainRunOptions o;
     o.resume = a->resume;

@@ -95,6 +95,10 @@ struct Job {
   MachineSpec machine;
   ParallelSpec parallel;
   TrainSpec train;
+  // Where each key's value came from ("section.key" -> the job file, a preset file, or
+  // "--set section.key=value"; keys at their defaults are absent), so that a check between keys
+  // names the --set that broke it (job_origin() in job/parse.hpp).
+  std::map<std::string, std::string> origins;
 };
 
 // Text names for the enums, as spelt in the job file.

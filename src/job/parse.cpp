@@ -20,6 +20,7 @@ namespace {
 struct Entry {
   toml::value value;
   std::string origin;
+  std::string set_text;  // origin "--set": the override as given ("model.heads=5")
 };
 
 std::string show(const toml::value& v) {
@@ -52,8 +53,14 @@ class Section {
  public:
   Section(std::string name, std::vector<std::string>& errors) : name_(std::move(name)), errors_(errors) {}
 
-  void put(const std::string& key, const toml::value& v, const std::string& origin) {
-    entries_[key] = Entry{v, origin};
+  void put(const std::string& key, const toml::value& v, const std::string& origin,
+           const std::string& set_text = "") {
+    entries_[key] = Entry{v, origin, set_text};
+  }
+  // Every key's origin: the file or preset it came from, or "--set section.key=value".
+  void record_origins(std::map<std::string, std::string>& out) const {
+    for (const auto& [key, e] : entries_)
+      out[name_ + "." + key] = e.set_text.empty() ? e.origin : "--set " + e.set_text;
   }
   bool has(const std::string& key) const { return entries_.count(key) > 0; }
   const std::string& name() const { return name_; }
@@ -243,7 +250,7 @@ void apply_set(std::map<std::string, Section>& sections, const std::string& set,
   } catch (const std::exception&) {
     v = toml::value(raw);  // bare word, e.g. --set model.activation=swiglu
   }
-  it->second.put(key, v, "--set");
+  it->second.put(key, v, "--set", set);
 }
 
 }  // namespace
@@ -290,6 +297,7 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
 
   Job job;
   job.source = source;
+  for (const auto& [name, sec] : sections) sec.record_origins(job.origins);
 
   // [model]
   {
@@ -313,17 +321,19 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     s.get_bool("tie_embeddings", m.tie_embeddings);
     s.get_float("norm_eps", m.norm_eps, 0, 1);
     s.get_float("rope_theta", m.rope_theta, 1, 1e12);
-    // Shapes that cannot be built, with the equation.
+    // Shapes that cannot be built, with the equation, named by where their values came from.
     if (m.hidden % m.heads != 0)
       errors.push_back(fmt::format("{}: [model] hidden = {} is not divisible by heads = {} "
-                                   "(head_dim = hidden / heads must be an integer)", source, m.hidden, m.heads));
+                                   "(head_dim = hidden / heads must be an integer)",
+                                   job_origin(job, {"model.hidden", "model.heads"}), m.hidden, m.heads));
     if (m.heads % m.kv_heads != 0)
       errors.push_back(fmt::format("{}: [model] heads = {} is not divisible by kv_heads = {} "
                                    "(grouped-query attention shares each kv head among heads / kv_heads heads)",
-                                   source, m.heads, m.kv_heads));
+                                   job_origin(job, {"model.heads", "model.kv_heads"}), m.heads, m.kv_heads));
     if (m.position == Position::rope && m.hidden % m.heads == 0 && (m.hidden / m.heads) % 2 != 0)
       errors.push_back(fmt::format("{}: [model] position = \"rope\" needs an even head_dim, but hidden / heads = "
-                                   "{} / {} = {}", source, m.hidden, m.heads, m.hidden / m.heads));
+                                   "{} / {} = {}", job_origin(job, {"model.position", "model.hidden", "model.heads"}), m.hidden,
+                                   m.heads, m.hidden / m.heads));
     s.report_unknown({"preset", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len", "vocab",
                       "activation", "norm", "position", "tie_embeddings", "norm_eps", "rope_theta"});
   }
@@ -398,7 +408,7 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     if (int i = s.get_choice("nan_policy", {"stop", "skip"}); i >= 0) t.nan_policy = i == 0 ? "stop" : "skip";
     if (t.min_lr > t.lr)
       errors.push_back(fmt::format("{}: [train] min_lr = {} is above lr = {} (the cosine schedule decays "
-                                   "from lr down to min_lr)", source, t.min_lr, t.lr));
+                                   "from lr down to min_lr)", job_origin(job, {"train.min_lr", "train.lr"}), t.min_lr, t.lr));
     s.report_unknown({"precision", "optimizer", "steps", "seed", "lr", "min_lr", "warmup_steps",
                       "weight_decay", "beta1", "beta2", "eps", "grad_clip", "data", "run_dir",
                       "checkpoint_every", "keep_checkpoints", "eval_every", "eval_batches", "log_every",
@@ -412,6 +422,18 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     throw Error(msg);
   }
   return job;
+}
+
+std::string job_origin(const Job& job, const std::vector<std::string>& keys) {
+  std::vector<std::string> seen;
+  for (const auto& k : keys) {
+    auto it = job.origins.find(k);
+    if (it != job.origins.end() && std::find(seen.begin(), seen.end(), it->second) == seen.end())
+      seen.push_back(it->second);
+  }
+  std::string out;
+  for (const auto& w : seen) out += (out.empty() ? "" : " and ") + w;
+  return out.empty() ? job.source : out;
 }
 
 Job load_job(const std::string& path, const std::vector<std::string>& sets, const JobCheck& extra) {

@@ -25,6 +25,11 @@ Job load_job(const std::string& path, const std::vector<std::string>& sets = {},
 Job parse_job(const std::string& toml_text, const std::string& source_name,
               const std::vector<std::string>& sets = {}, const JobCheck& extra = {});
 
+// Where the values of `keys` ("section.key") came from, for a problem that involves them: their
+// distinct origins in order (the job file, a preset file, "--set section.key=value"), joined with
+// " and "; the job file when every key has its default. E.g. "job.toml and --set model.heads=7".
+std::string job_origin(const Job& job, const std::vector<std::string>& keys);
+
 // The resolved job as TOML (every key explicit; "auto" for unresolved parallel fields).
 // Parsing this text again gives the same Job: checkpoints store it.
 std::string job_to_toml(const Job& job);

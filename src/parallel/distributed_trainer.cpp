@@ -188,101 +188,70 @@ void DistributedTrainer::release_full_params() {
     for (int sidx = 0; sidx < int(ch->segments.size()); sidx++) release_segment(*ch, sidx);
 }
 
-std::vector<DistributedTrainer::ChunkState> DistributedTrainer::export_state() {
-  gather_full_params();
-  std::vector<ChunkState> out;
-  const int r = rt_.dp().rank();
-  for (auto& ch : chunks_) {
-    ChunkState st;
-    const int64_t n = ch->model->num_params();
-    st.params.assign(ch->model->params(), ch->model->params() + n);
-    if (ch->adamw) {
-      st.m.assign(ch->adamw->m(), ch->adamw->m() + n);
-      st.v.assign(ch->adamw->v(), ch->adamw->v() + n);
-    } else if (ch->bucketer) {  // bucketed ZeRO 2: my ranges, then the buckets' all-gather
-      for (std::vector<float>* dst : {&st.m, &st.v}) {
-        dst->assign(size_t(n), 0.0f);
-        const std::vector<float>& mine = dst == &st.m ? ch->m : ch->v;
-        int64_t k = 0;
-        for (const ShardRange& r : ch->owned) {
-          std::copy_n(mine.begin() + k, r.size(), dst->begin() + r.begin);
-          k += r.size();
-        }
-        ch->bucketer->gather_params(dst->data());
-      }
-    } else if (plan_.zero <= 2) {
-      for (std::vector<float>* dst : {&st.m, &st.v}) {
-        std::vector<float> full(size_t(ch->zl.padded), 0.0f);
-        const std::vector<float>& mine = dst == &st.m ? ch->m : ch->v;
-        std::copy(mine.begin(), mine.end(), full.begin() + ch->zl.range(r).begin);
-        rt_.dp().all_gather(nullptr, full.data(), ch->zl.shard);
-        dst->assign(full.begin(), full.begin() + n);
-      }
-    } else {
-      st.m.assign(size_t(n), 0.0f);
-      st.v.assign(size_t(n), 0.0f);
-      for (Chunk::Segment& seg : ch->segments)
-        for (std::vector<float>* dst : {&st.m, &st.v}) {
-          std::vector<float> full(size_t(seg.zl.padded), 0.0f);
-          const std::vector<float>& mine = dst == &st.m ? seg.m : seg.v;
-          std::copy(mine.begin(), mine.end(), full.begin() + seg.zl.range(r).begin);
-          rt_.dp().all_gather(nullptr, full.data(), seg.zl.shard);
-          std::copy_n(full.begin(), seg.range.len, dst->begin() + seg.range.offset);
-        }
-    }
-    out.push_back(std::move(st));
+// Adds `kind` over the whole arena [0, n) of `data`, cut at the ranges this rank saves (sorted,
+// disjoint): the saved ranges are marked saver, the gaps between them not.
+static void add_arena_slices(std::vector<DistributedTrainer::StateSlice>& out, int chunk,
+                             DistributedTrainer::StateKind kind, float* data, int64_t n,
+                             const std::vector<ShardRange>& saved) {
+  int64_t at = 0;
+  auto add = [&](int64_t b, int64_t e, bool saver) {
+    if (b < e) out.push_back({chunk, kind, b, e, data + b, saver});
+  };
+  for (const ShardRange& r : saved) {
+    add(at, r.begin, false);
+    add(r.begin, r.end, true);
+    at = r.end;
   }
-  release_full_params();
-  return out;
+  add(at, n, false);
 }
 
-void DistributedTrainer::import_state(const std::vector<ChunkState>& state, int64_t step) {
-  EXA_CHECK(state.size() == chunks_.size(), "import_state: {} chunks given, the trainer has {}", state.size(),
-            chunks_.size());
-  const int r = rt_.dp().rank();
-  for (size_t c = 0; c < chunks_.size(); c++) {
-    Chunk& ch = *chunks_[c];
-    const ChunkState& st = state[c];
+std::vector<DistributedTrainer::StateSlice> DistributedTrainer::state_slices() {
+  using K = StateKind;
+  std::vector<StateSlice> out;
+  const int r = rt_.dp().rank(), dp = rt_.dp().size();
+  for (int c = 0; c < chunks(); c++) {
+    Chunk& ch = *chunks_[size_t(c)];
     const int64_t n = ch.model->num_params();
-    EXA_CHECK(int64_t(st.params.size()) == n && int64_t(st.m.size()) == n && int64_t(st.v.size()) == n,
-              "import_state: chunk {} needs arenas of {} floats", c, n);
-    std::copy(st.params.begin(), st.params.end(), ch.model->params());
-    if (ch.adamw) {
-      std::copy(st.m.begin(), st.m.end(), ch.adamw->m());
-      std::copy(st.v.begin(), st.v.end(), ch.adamw->v());
-    } else if (ch.bucketer) {
+    float* params = ch.model->params();
+    if (ch.adamw) {  // ZeRO 0: every replica holds everything; replica r saves chunk r of it
+      const ShardRange mine = ZeroLayout::make(n, dp, 1).owned(r);
+      const std::vector<ShardRange> saved = mine.size() > 0 ? std::vector<ShardRange>{mine} : std::vector<ShardRange>{};
+      add_arena_slices(out, c, K::params, params, n, saved);
+      add_arena_slices(out, c, K::m, ch.adamw->m(), n, saved);
+      add_arena_slices(out, c, K::v, ch.adamw->v(), n, saved);
+    } else if (ch.bucketer) {  // bucketed ZeRO 2: my chunk of every bucket, moments back to back
+      add_arena_slices(out, c, K::params, params, n, ch.owned);
       int64_t k = 0;
-      for (const ShardRange& r : ch.owned) {
-        std::copy_n(st.m.begin() + r.begin, r.size(), ch.m.begin() + k);
-        std::copy_n(st.v.begin() + r.begin, r.size(), ch.v.begin() + k);
-        k += r.size();
+      for (const ShardRange& o : ch.owned) {
+        out.push_back({c, K::m, o.begin, o.end, ch.m.data() + k, true});
+        out.push_back({c, K::v, o.begin, o.end, ch.v.data() + k, true});
+        k += o.size();
       }
-    } else if (plan_.zero <= 2) {
-      const int64_t b = ch.zl.range(r).begin;
-      for (int64_t i = 0; i < ch.zl.shard; i++) {
-        ch.m[size_t(i)] = b + i < n ? st.m[size_t(b + i)] : 0.0f;
-        ch.v[size_t(i)] = b + i < n ? st.v[size_t(b + i)] : 0.0f;
+    } else if (plan_.zero <= 2) {  // ZeRO 1/2: one shard of the padded arena
+      const ShardRange own = ch.zl.owned(r);
+      const int64_t base = ch.zl.range(r).begin;
+      add_arena_slices(out, c, K::params, params, n, own.size() > 0 ? std::vector<ShardRange>{own} : std::vector<ShardRange>{});
+      if (own.size() > 0) {
+        out.push_back({c, K::m, own.begin, own.end, ch.m.data() + (own.begin - base), true});
+        out.push_back({c, K::v, own.begin, own.end, ch.v.data() + (own.begin - base), true});
       }
-    } else {
+    } else {  // ZeRO 3: only my shard of every segment, parameters (the master copy) included
       for (Chunk::Segment& seg : ch.segments) {
-        const int64_t b = seg.zl.range(r).begin;
-        for (int64_t i = 0; i < seg.zl.shard; i++) {
-          const bool real = b + i < seg.range.len;
-          const size_t k = size_t(seg.range.offset + b + i);
-          seg.param[size_t(i)] = real ? st.params[k] : 0.0f;
-          seg.m[size_t(i)] = real ? st.m[k] : 0.0f;
-          seg.v[size_t(i)] = real ? st.v[k] : 0.0f;
-        }
+        const ShardRange own = seg.zl.owned(r);
+        if (own.size() == 0) continue;
+        const int64_t k = own.begin - seg.zl.range(r).begin, b = seg.range.offset + own.begin;
+        const int64_t e = seg.range.offset + own.end;
+        out.push_back({c, K::params, b, e, seg.param.data() + k, true});
+        out.push_back({c, K::m, b, e, seg.m.data() + k, true});
+        out.push_back({c, K::v, b, e, seg.v.data() + k, true});
       }
-      for (int sidx = 0; sidx < int(ch.segments.size()); sidx++) release_segment(ch, sidx);
     }
   }
-  step_ = step;
+  return out;
 }
 
 bool DistributedTrainer::saves_entry(int c, const ParamInfo& p) const {
   const Chunk& ch = *chunks_.at(size_t(c));
-  if (rt_.dp().rank() != 0) return false;
   if (p.split_dim < 0 && rt_.mesh().coord.tp != 0) return false;
   const StageRange& st = ch.model->options().stage;
   const bool tied_copy = st.has_head && !st.has_embedding && opt_.model.tie_embeddings;

@@ -102,19 +102,30 @@ class DistributedTrainer {
 
   struct Chunk;  // one model chunk (Gpt stage) with its hooks, ranges and optimizer state
   // ZeRO 3: gathers every parameter into the chunks' arenas (collective over dp), e.g. to compare
-  // or save them; release_full_params() drops them again. No-ops for ZeRO 0-2.
+  // them in tests; release_full_params() drops them again. No-ops for ZeRO 0-2.
   void gather_full_params();
   void release_full_params();
-  // Checkpoints: every chunk's full arenas (parameters and AdamW moments in the chunk's layout),
-  // whatever the ZeRO stage; collective over dp (ZeRO 1-3 all-gather the shards). import_state
-  // takes the same arenas and keeps this rank's part of them (no communication).
-  struct ChunkState {
-    std::vector<float> params, m, v;
+  // Checkpoints, slice by slice (train/dist_checkpoint.hpp): the parts of every chunk's state
+  // (parameters, AdamW moments) that live on this rank, as ranges of the chunk's arena (the
+  // ParamLayout offsets) with a pointer to this rank's memory of them. Together they cover what
+  // the rank holds: its whole arena of parameters (ZeRO 0-2) or its shard of every segment
+  // (ZeRO 3), and its moments (ZeRO 0) or its ZeRO shard of them. A checkpoint writes and reads
+  // these pointers directly, so no rank ever materialises more than its own state. Among the dp
+  // replicas of an element exactly one slice is marked `saver`: the ZeRO owner of that range
+  // (ZeRO 0: the dp ranks split the arena evenly), so the ranks share the writing. This is the
+  // checkpoint's only view of the ZeRO shard buffers: a change to their layout goes here too
+  // (tests/dist/dist_checkpoint_resume.cpp saves and loads under ZeRO 0-3).
+  enum class StateKind { params, m, v };
+  struct StateSlice {
+    int chunk = 0;
+    StateKind kind = StateKind::params;
+    int64_t begin = 0, end = 0;  // [begin, end) of the chunk's arena
+    float* data = nullptr;       // this rank's copy of arena[begin, end)
+    bool saver = false;          // this rank writes it (one saver among the dp replicas)
   };
-  std::vector<ChunkState> export_state();
-  void import_state(const std::vector<ChunkState>& state, int64_t step);
-  // True when this rank's copy of entry p is the one to save (tp rank 0 for tp-replicated
-  // entries, dp rank 0, not the last stage's copy of a tied embedding).
+  std::vector<StateSlice> state_slices();
+  // True when this rank's copy of entry p is saved at all: tp rank 0 for tp-replicated entries,
+  // not the last stage's copy of a tied embedding (the slices' `saver` splits the rest over dp).
   bool saves_entry(int chunk, const ParamInfo& p) const;
 
   // Called by the chunks' hooks (public for them; not for users).

@@ -25,6 +25,7 @@
 #include "checkpoint/checkpoint.hpp"
 #include "data/manifest.hpp"
 #include "train/dist_checkpoint.hpp"
+#include "train/every_rank.hpp"
 #include "train/machine_peak.hpp"
 #include "report/metrics.hpp"
 #include "report/progress.hpp"
@@ -33,11 +34,6 @@ namespace exatrain {
 namespace {
 
 namespace fs = std::filesystem;
-
-int env_int(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : 0;
-}
 
 class LoaderSource final : public TokenSource {
  public:
@@ -97,7 +93,7 @@ void resolve_auto_parallel(Job& job, int world, std::FILE* log) {
 }  // namespace
 
 bool wants_distributed(const Job& job) {
-  if (std::max({env_int("OMPI_COMM_WORLD_SIZE"), env_int("PMI_SIZE"), env_int("PMIX_SIZE")}) > 1) return true;
+  if (world_rank_size().second > 1) return true;  // launched on several ranks
   const ParallelSpec& p = job.parallel;
   // Omitted (or "auto") degrees on one rank mean 1: the single-rank trainer.
   auto above_one = [](const std::optional<int64_t>& v) { return v && *v > 1; };
@@ -123,8 +119,9 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   Job job = job_in;
-  EXA_CHECK(job.train.precision == Precision::fp32, "{}: [train] precision = \"{}\": the CPU backend trains in "
-            "\"fp32\" only", job.source, to_string(job.train.precision));
+  if (job.train.precision != Precision::fp32)
+    throw EveryRankError(fmt::format("{}: [train] precision = \"{}\": the CPU backend trains in \"fp32\" only",
+                                     job_origin(job, {"train.precision"}), to_string(job.train.precision)));
   TrainRunResult result;
   result.last_val_loss = std::numeric_limits<double>::quiet_NaN();
   // Rank 0 prepares the bundled corpus once; the others open it after the barrier.
@@ -146,8 +143,11 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
     data::TokenLoader probe(result.dataset_dir, lo);
     if (job.model.vocab_from_data) job.model.vocab = probe.vocab_size();
   }
-  resolve_auto_parallel(job, world, rank == 0 ? opt.out : nullptr);
-  const parallel::RuntimePlan plan = parallel::runtime_plan_from_job(job, world);
+  // From here on, until the trainer exists, every check depends on the job alone: same on every rank.
+  const parallel::RuntimePlan plan = on_every_rank([&] {
+    resolve_auto_parallel(job, world, rank == 0 ? opt.out : nullptr);
+    return parallel::runtime_plan_from_job(job, world);
+  });
   parallel::RuntimeOptions ropt;
   ropt.watchdog_timeout_s = job.parallel.watchdog_timeout_s;  // 0: no watchdog thread
   parallel::ParallelRuntime rt(MPI_COMM_WORLD, plan, ropt);
@@ -166,7 +166,9 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
   dopt.layers_per_stage = job.parallel.layers_per_stage;
   dopt.skip_nonfinite = job.train.nan_policy == "skip";
   dopt.inject_nan_at_step = opt.inject_nan_at_step;
-  parallel::DistributedTrainer trainer(*backend, rt, dopt, source);
+  std::unique_ptr<parallel::DistributedTrainer> trainer_ptr =
+      on_every_rank([&] { return std::make_unique<parallel::DistributedTrainer>(*backend, rt, dopt, source); });
+  parallel::DistributedTrainer& trainer = *trainer_ptr;
   // MFU as the single-rank trainer: achieved model FLOP/s per rank (the world's model FLOPs of a
   // step / ranks / seconds) over the measured sgemm peak of `threads` threads (train/machine_peak),
   // measured by rank 0 alone while the others wait (cached per CPU model and thread count).
@@ -190,20 +192,21 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
   // slices of it: the checkpoint may come from any topology (train/dist_checkpoint.hpp).
   const std::string ckpt_root = job.train.run_dir + "/checkpoints";
   const bool resuming = !opt.resume.empty() && opt.resume != "none";
+  // Rank 0 verifies the checkpoint's checksums (resolve_resume); its verdict, the directory or the
+  // error, goes to every rank, so a bad checkpoint ends every rank with rank 0's message.
   std::string resume_dir;
-  if (rank == 0)
+  on_rank0_for_all(MPI_COMM_WORLD, rt.watchdog(), "MPI_Bcast (resume verdict)", [&] {
     if (auto ref = checkpoint::resolve_resume(opt.resume, ckpt_root, opt.out)) resume_dir = ref->dir;
-  int len = int(resume_dir.size());
-  MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  resume_dir.resize(size_t(len));
-  MPI_Bcast(resume_dir.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD);
+  });
+  broadcast_from_rank0(resume_dir, MPI_COMM_WORLD, rt.watchdog(), "MPI_Bcast (resume directory)");
   TrainerExtras extras;
   extras.job_toml = job_to_toml(job);
   extras.tokenizer_type = loader.manifest().tokenizer_type;
   extras.tokenizer_model = data::read_dataset_tokenizer_model(result.dataset_dir);  // checksum checked
   if (!resume_dir.empty()) {
-    check_same_model(checkpoint::CheckpointReader(resume_dir), job.model);  // on every rank: one clean error
-    const TrainerExtras saved = load_distributed_checkpoint(trainer, resume_dir);
+    // Rank 0's resolve_resume verified the checksums; the others check sizes only.
+    on_every_rank([&] { check_same_model(checkpoint::CheckpointReader(resume_dir, checkpoint::Verify::sizes), job.model); });
+    const TrainerExtras saved = load_distributed_checkpoint(trainer, MPI_COMM_WORLD, resume_dir, true);
     loader.restore_cursor(saved.data_cursor_json);
     if (rank == 0) fmt::print(opt.out, "resumed from {} (step {})\n", resume_dir, trainer.step());
   }
@@ -211,10 +214,13 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
 
   std::unique_ptr<report::MetricsWriter> metrics;
   std::unique_ptr<report::Progress> progress;
-  if (rank == 0) {
+  on_rank0_for_all(MPI_COMM_WORLD, rt.watchdog(), "MPI_Bcast (run_dir verdict)", [&] {
     EXA_CHECK(resuming || !fs::exists(job.train.run_dir + "/metrics.jsonl"),
               "{}: [train] run_dir = \"{}\" already holds a run (metrics.jsonl); expected a new directory: pass "
-              "--resume auto to continue it, or --set train.run_dir=OTHER", job.source, job.train.run_dir);
+              "--resume auto to continue it, or --set train.run_dir=OTHER", job_origin(job, {"train.run_dir"}),
+              job.train.run_dir);
+  });
+  if (rank == 0) {
     fs::create_directories(job.train.run_dir);
     write_file_atomic(job.train.run_dir + "/job.toml", extras.job_toml);
     if (resuming) report::drop_metrics_after(job.train.run_dir + "/metrics.jsonl", result.first_step);
@@ -251,14 +257,16 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
       if (rank == 0)
         progress->note(fmt::format("step {}: non-finite loss ({}) or gradient norm ({}); update skipped "
                                    "(train.nan_policy = \"skip\")", trainer.step() + 1, m.loss, m.grad_norm));
-      EXA_CHECK(++consecutive_skips < 10, "train: 10 consecutive steps had a non-finite loss; stopping "
-                "(the last checkpoint is {})", last_checkpoint.empty() ? "none" : last_checkpoint);
+      if (++consecutive_skips >= 10)
+        throw EveryRankError(fmt::format("train: 10 consecutive steps had a non-finite loss; stopping (the last "
+                                         "checkpoint is {})", last_checkpoint.empty() ? "none" : last_checkpoint));
       continue;
     }
     if (m.nonfinite)  // every rank stops here, with the same message
-      EXA_FAIL("train: step {}: the loss is {} and the gradient norm {} (non-finite); stopped before the "
-               "update (train.nan_policy = \"stop\"; \"skip\" skips such steps). Last checkpoint: {}",
-               m.step + 1, m.loss, m.grad_norm, last_checkpoint.empty() ? "none" : last_checkpoint);
+      throw EveryRankError(fmt::format("train: step {}: the loss is {} and the gradient norm {} (non-finite); "
+                                       "stopped before the update (train.nan_policy = \"stop\"; \"skip\" skips such "
+                                       "steps). Last checkpoint: {}", m.step + 1, m.loss, m.grad_norm,
+                                       last_checkpoint.empty() ? "none" : last_checkpoint));
     consecutive_skips = 0;
     ++steps_this_run;
     const double mfu = peak_gflops > 0 ? world_flops / double(world) / m.seconds / 1e9 / peak_gflops : 0.0;
@@ -299,10 +307,7 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
       const std::string dir = save_distributed_checkpoint(trainer, MPI_COMM_WORLD, ckpt_root, extras,
                                                           job.train.keep_checkpoints);
       last_checkpoint = dir;  // rank 0's name, on every rank (the stop messages name it)
-      int n = int(last_checkpoint.size());
-      MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
-      last_checkpoint.resize(size_t(n));
-      MPI_Bcast(last_checkpoint.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD);
+      broadcast_from_rank0(last_checkpoint, MPI_COMM_WORLD, rt.watchdog(), "MPI_Bcast (checkpoint name)");
       if (rank == 0) {
         result.last_checkpoint = dir;
         progress->note(fmt::format("checkpoint saved: {}", dir));

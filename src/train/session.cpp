@@ -68,23 +68,25 @@ void check_single_rank_job(const Job& job, std::vector<std::string>& errors) {
     if (v && *v != 1)
       errors.push_back(fmt::format("{}: [parallel] {} = {}: this trainer runs on one rank, so expected 1 "
                                    "(multi-rank training comes with the parallel runtime; `exatrain plan` "
-                                   "predicts such plans)", job.source, key, *v));
+                                   "predicts such plans)", job_origin(job, {std::string("parallel.") + key}), key, *v));
   };
   if (p.gpus != 1)
     errors.push_back(fmt::format("{}: [parallel] gpus = {}: this trainer runs on one rank, so expected 1",
-                                 job.source, p.gpus));
+                                 job_origin(job, {"parallel.gpus"}), p.gpus));
   one("tp", p.tp), one("pp", p.pp), one("dp", p.dp), one("cp", p.cp), one("vp", p.vp);
   const int64_t micro_batch = p.micro_batch.value_or(1);
   if (p.global_batch % micro_batch != 0)
     errors.push_back(fmt::format("{}: [parallel] global_batch = {} is not divisible by dp * micro_batch = 1 * {} "
                                  "(micro-batches per step = global_batch / (dp * micro_batch) must be an integer)",
-                                 job.source, p.global_batch, micro_batch));
+                                 job_origin(job, {"parallel.global_batch", "parallel.micro_batch"}), p.global_batch,
+                                 micro_batch));
   if (job.train.precision != Precision::fp32)
     errors.push_back(fmt::format("{}: [train] precision = \"{}\": the CPU backend trains in \"fp32\" only "
                                  "(other precisions are for `predict`/`plan` and the GPU backends)",
-                                 job.source, to_string(job.train.precision)));
+                                 job_origin(job, {"train.precision"}), to_string(job.train.precision)));
   if (job.train.steps < 1)
-    errors.push_back(fmt::format("{}: [train] steps = {}: expected at least 1", job.source, job.train.steps));
+    errors.push_back(fmt::format("{}: [train] steps = {}: expected at least 1", job_origin(job, {"train.steps"}),
+                                 job.train.steps));
 }
 
 namespace {
@@ -107,7 +109,7 @@ std::string resolve_dataset(const Job& job, std::FILE* log) {
   if (!job.train.data.empty()) {
     EXA_CHECK(fs::exists(fs::path(job.train.data) / data::kManifestName),
               "{}: [train] data = \"{}\": expected a directory written by `exatrain data prepare` (no {} there)",
-              job.source, job.train.data, data::kManifestName);
+              job_origin(job, {"train.data"}), job.train.data, data::kManifestName);
     return job.train.data;
   }
   const char* cache_env = std::getenv("EXATRAIN_CACHE");
@@ -143,7 +145,7 @@ TrainRunResult run_training(const Job& job_in, const TrainRunOptions& opt) {
   EXA_CHECK(job.model.vocab >= data_vocab,
             "{}: [model] vocab = {} is smaller than the vocabulary of the dataset's tokenizer ({}, in {}): "
             "token ids would fall outside the embedding; expected vocab >= {} (or omit it)",
-            job.source, job.model.vocab, data_vocab, result.dataset_dir, data_vocab);
+            job_origin(job, {"model.vocab"}), job.model.vocab, data_vocab, result.dataset_dir, data_vocab);
   TrainerOptions to = trainer_options_from_job(job);
   to.skip_nonfinite = job.train.nan_policy == "skip";
   to.inject_nan_at_step = opt.inject_nan_at_step;
@@ -166,7 +168,8 @@ TrainRunResult run_training(const Job& job_in, const TrainRunOptions& opt) {
   // A fresh run never mixes its metrics and checkpoints with an earlier run's.
   EXA_CHECK(resuming || !fs::exists(job.train.run_dir + "/metrics.jsonl"),
             "{}: [train] run_dir = \"{}\" already holds a run (metrics.jsonl); expected a new directory: pass "
-            "--resume auto to continue it, or --set train.run_dir=OTHER", job.source, job.train.run_dir);
+            "--resume auto to continue it, or --set train.run_dir=OTHER", job_origin(job, {"train.run_dir"}),
+            job.train.run_dir);
   fs::create_directories(job.train.run_dir);
   if (auto ref = checkpoint::resolve_resume(opt.resume, ckpt_root, opt.out)) {
     checkpoint::CheckpointReader reader(ref->dir);

@@ -95,6 +95,13 @@ TrainerExtras load_trainer_state(const checkpoint::CheckpointReader& r, Backend&
   read_arena(*opt, layout, host, "v.");
   be.upload(trainer.optimizer().v(), host.data(), bytes);
 
+  int64_t step = 0;
+  TrainerExtras extras = read_trainer_blobs(r, &step);
+  trainer.optimizer().set_step(step);
+  return extras;
+}
+
+TrainerExtras read_trainer_blobs(const checkpoint::CheckpointReader& r, int64_t* step) {
   nlohmann::json state;
   try {
     state = nlohmann::json::parse(r.blob("trainer_state.json"));
@@ -103,7 +110,7 @@ TrainerExtras load_trainer_state(const checkpoint::CheckpointReader& r, Backend&
   }
   EXA_CHECK(state.contains("step") && state.contains("data_cursor"),
             "{}/trainer_state.json: expected keys \"step\" and \"data_cursor\"", r.dir());
-  trainer.optimizer().set_step(state["step"].get<int64_t>());
+  *step = state["step"].get<int64_t>();
   TrainerExtras extras;
   extras.data_cursor_json = state["data_cursor"].dump();
   extras.tokenizer_type = state.value("tokenizer_type", "");

@@ -26,6 +26,9 @@ struct TrainerExtras {
 // job.toml and tokenizer.model. Shared by the single-rank and the distributed trainer.
 void add_trainer_blobs(checkpoint::CheckpointWriter& w, int64_t step, uint64_t seed, const TrainerExtras& extras);
 
+// The small files back: the extras, and the optimizer step in *step.
+TrainerExtras read_trainer_blobs(const checkpoint::CheckpointReader& r, int64_t* step);
+
 // Adds the state files to a checkpoint being written.
 void add_trainer_state(checkpoint::CheckpointWriter& w, Backend& be, Trainer& trainer, const TrainerExtras& extras);
 

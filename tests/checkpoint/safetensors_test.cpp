@@ -185,3 +185,38 @@ TEST(Safetensors, ShapeMismatchSaysDifferentModel) {
   err = error_of([&] { r.expect_shape("lm_head", {4, 4}); });
   EXPECT_NE(err.find("has no tensor \"lm_head\""), std::string::npos) << err;
 }
+
+// A file written piece by piece at data_ranges() offsets after file_prefix() (as the ranks of a
+// sharded save do) is byte for byte the file write() makes of the same tensors, and
+// read_f32_range reads any element range back.
+TEST(Safetensors, DeclaredLayoutMatchesWrittenFile) {
+  TempDir dir;
+  const std::vector<float> a = pattern(15), b = pattern(8);
+  SafetensorsWriter full, declared;
+  full.add("b", {2, 4}, b.data());
+  full.add("a", {3, 5}, a.data());
+  declared.declare("a", {3, 5});
+  declared.declare("b", {2, 4});
+  for (SafetensorsWriter* w : {&full, &declared}) w->set_metadata("format", "pt");
+  write_safetensors(dir / "full.safetensors", full);
+  const std::string ref = read_file_bytes(dir / "full.safetensors");
+
+  std::string pieced = declared.file_prefix();
+  const auto ranges = declared.data_ranges();
+  EXPECT_EQ(ranges.at("a"), (std::pair<uint64_t, uint64_t>{0, 60}));  // name order: a, then b
+  EXPECT_EQ(ranges.at("b"), (std::pair<uint64_t, uint64_t>{60, 92}));
+  pieced.resize(pieced.size() + 92);
+  for (auto [name, v] : {std::pair{"a", &a}, std::pair{"b", &b}})
+    std::memcpy(pieced.data() + declared.file_prefix().size() + ranges.at(name).first, v->data(), v->size() * 4);
+  EXPECT_EQ(pieced, ref);
+
+  SafetensorsReader r(dir / "full.safetensors");
+  std::vector<float> part(4);
+  r.read_f32_range("a", 6, 4, part.data());
+  EXPECT_EQ(part, std::vector<float>(a.begin() + 6, a.begin() + 10));
+  EXPECT_NE(error_of([&] { r.read_f32_range("a", 12, 4, part.data()); }).find("elements [12, 16) of tensor a are "
+                                                                             "outside its 15 elements"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { OutputFile out(dir / "x"); declared.write(out); }).find("declared without data"),
+            std::string::npos);
+}

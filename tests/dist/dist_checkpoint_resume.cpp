@@ -1,7 +1,10 @@
-// Topology-independent checkpoints on 4 ranks: a run saved at tp2 x pp2 (sequence parallel)
-// resumes at dp4 (ZeRO 1), and runs saved at dp4 (ZeRO 3, ZeRO 2) resume at tp2 x pp2; in all cases
-// the 5 steps after the resume have the losses of an uninterrupted 10-step run (1e-5 relative)
-// and end on its weights. Exits non-zero on any mismatch.
+// Topology-independent, sharded checkpoints on 4 ranks: a run saved at tp2 x pp2 (sequence
+// parallel) resumes at dp4 (ZeRO 1), runs saved at dp4 (ZeRO 3, ZeRO 2, ZeRO 0) resume at
+// tp2 x pp2 (the last interleaved, vp 2), vp 2 resumes at dp2 x tp2 (ZeRO 1), which resumes at
+// dp4 (ZeRO 0), a single-rank Trainer's checkpoint resumes at dp4 (ZeRO 3) and a tp2 x pp2 one in
+// the single-rank Trainer; in all cases the 5 steps after the resume have the losses of an uninterrupted 10-step
+// run (1e-5 relative) and end on its weights. Every distributed save and load also checks the
+// memory bound of the sharded checkpoint code (memory_bound_holds). Exits non-zero on any mismatch.
 #include <mpi.h>
 #include <omp.h>
 #include <unistd.h>
@@ -16,7 +19,11 @@
 #include "dist_common.hpp"
 #include "parallel/distributed_trainer.hpp"
 #include "parallel/setup.hpp"
+#include "checkpoint/checkpoint.hpp"
 #include "train/dist_checkpoint.hpp"
+#include "train/every_rank.hpp"
+#include "train/state_io.hpp"
+#include "train/trainer.hpp"
 
 using namespace exatrain;
 using namespace exatrain::parallel;
@@ -24,22 +31,42 @@ using dist_test::Config;
 
 namespace {
 
-struct Run {
-  Job job;
-  std::unique_ptr<ParallelRuntime> rt;
+// The sharded save and load stay within each rank's own state: no buffer of the checkpoint code
+// (tensor list, header) exceeds the rank's slices, nor a quarter of the checkpoint (the old
+// gather to rank 0 needed all of it); a rank moves only its slices' bytes; and a save writes every
+// element of the two files exactly once over all ranks (the moved bytes add up to the files').
+bool memory_bound_holds(const char* what, const Config& c, const CheckpointIoStats& st, bool save, int rank) {
+  int64_t moved = 0;
+  MPI_Allreduce(&st.moved_bytes, &moved, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  int mine = st.largest_buffer_bytes <= st.slice_bytes && st.largest_buffer_bytes < st.file_data_bytes / 4 &&
+             st.moved_bytes <= st.slice_bytes && (!save || moved == st.file_data_bytes);
+  int ok = 0;
+  MPI_Allreduce(&mine, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  std::printf("%s %s at [%s], rank %d: largest buffer %lld B, slices %lld B, moved %lld B (all ranks %lld B), "
+              "files' tensors %lld B\n", ok ? "OK  " : "FAIL", what, c.name().c_str(), rank,
+              (long long)st.largest_buffer_bytes, (long long)st.slice_bytes, (long long)st.moved_bytes,
+              (long long)moved, (long long)st.file_data_bytes);
+  std::fflush(stdout);
+  return ok;
+}
+
+uint64_t cursor_of(const TrainerExtras& ex) {
+  return std::stoull(ex.data_cursor_json.substr(ex.data_cursor_json.find(':') + 1));
+}
+
+struct SingleRun {
   std::unique_ptr<dist_test::SyntheticSource> src;
-  std::unique_ptr<DistributedTrainer> trainer;
+  std::unique_ptr<Trainer> trainer;
 };
 
-Run make_run(Backend& be, const Config& c, int steps, int world) {
-  Run r;
-  r.job = dist_test::job_for(c, steps);
-  r.rt = std::make_unique<ParallelRuntime>(MPI_COMM_WORLD, runtime_plan_from_job(r.job, world));
-  r.src = std::make_unique<dist_test::SyntheticSource>(r.job.model.vocab, r.rt->dp().rank(), r.rt->dp().size());
-  DistOptions o;
-  o.model = r.job.model;
-  o.train = r.job.train;
-  r.trainer = std::make_unique<DistributedTrainer>(be, *r.rt, o, *r.src);
+// The single-rank Trainer of `job`, resumed from checkpoint `dir` unless it is "".
+SingleRun single_rank(Backend& be, const Job& job, const std::string& dir) {
+  TrainerOptions o = trainer_options_from_job(job);
+  o.peak_gflops = 1;  // no sgemm measurement
+  SingleRun r;
+  r.src = std::make_unique<dist_test::SyntheticSource>(job.model.vocab, 0, 1);
+  r.trainer = std::make_unique<Trainer>(be, o, *r.src);
+  if (!dir.empty()) r.src->seek(cursor_of(load_trainer_state(checkpoint::CheckpointReader(dir), be, *r.trainer)));
   return r;
 }
 
@@ -47,7 +74,7 @@ Run make_run(Backend& be, const Config& c, int steps, int world) {
 
 int main(int argc, char** argv) {
   const dist_test::World mpi = dist_test::start_mpi(argc, argv);
-  const int world = mpi.size, rank = mpi.rank;
+  const int rank = mpi.rank;
   auto backend = make_cpu_backend(1);
   const int steps = 10, half = 5;
   Config tp_pp;  // global batch 4 = 1 x 4 micro-batches x dp 1
@@ -56,57 +83,82 @@ int main(int argc, char** argv) {
   dp4.dp = 4, dp4.micro_batches = 1;
   const dist_test::Reference ref = dist_test::run_single_rank(dist_test::job_for(tp_pp, steps));
 
-  // A directory every rank sees (the checkpoint is written by rank 0, read by all).
+  // A directory every rank sees (every rank writes its slices of the checkpoint, and reads them).
   char tmpl[] = "/tmp/exatrain-dist-ckpt-XXXXXX";
   std::string root;
   if (rank == 0) root = mkdtemp(tmpl);
-  int len = int(root.size());
-  MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  root.resize(size_t(len));
-  MPI_Bcast(root.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD);
+  broadcast_from_rank0(root, MPI_COMM_WORLD, nullptr, "MPI_Bcast (test directory)");
 
+  // Every case saves at step 5 and resumes to step 10; "single" is the single-rank Trainer (on
+  // rank 0), whose checkpoints are the same format: interchangeable with the distributed ones.
   int failures = 0;
-  struct Case { Config save, resume; int save_zero, resume_zero; };
-  const Case cases[] = {{tp_pp, dp4, 0, 1}, {dp4, tp_pp, 3, 0}, {dp4, tp_pp, 2, 0}};
+  struct Case { Config save, resume; int save_zero, resume_zero; bool single_save, single_resume; };
+  Config vp2 = tp_pp;  // interleaved: two model chunks per rank
+  vp2.vp = 2;
+  Config dp2_tp2;      // global batch 4 = 1 x 2 micro-batches x dp 2
+  dp2_tp2.dp = 2, dp2_tp2.tp = 2, dp2_tp2.micro_batches = 2;
+  const Case cases[] = {{tp_pp, dp4, 0, 1, false, false},   {dp4, tp_pp, 3, 0, false, false},
+                        {dp4, tp_pp, 2, 0, false, false},   {dp4, vp2, 0, 0, false, false},
+                        {vp2, dp2_tp2, 0, 1, false, false}, {dp2_tp2, dp4, 1, 0, false, false},
+                        {tp_pp, dp4, 0, 3, true, false},    {tp_pp, tp_pp, 0, 0, false, true}};
   int case_index = 0;
   for (Case cs : cases) {
     cs.save.zero = cs.save_zero, cs.resume.zero = cs.resume_zero;
     const std::string dir_root = fmt::format("{}/case{}", root, case_index++);
+    const std::string save_name = cs.single_save ? "single rank" : cs.save.name();
+    const std::string resume_name = cs.single_resume ? "single rank" : cs.resume.name();
     std::string saved;
-    {
-      Run a = make_run(*backend, cs.save, steps, world);
+    if (cs.single_save && rank == 0) {
+      SingleRun a = single_rank(*backend, dist_test::job_for(cs.save, steps), "");
+      for (int s = 0; s < half; s++) a.trainer->train_step();
+      TrainerExtras ex;
+      ex.data_cursor_json = fmt::format("{{\"position\": {}}}", a.src->position());
+      checkpoint::CheckpointWriter w(dir_root, half);
+      add_trainer_state(w, *backend, *a.trainer, ex);
+      saved = w.commit(2);
+    } else if (!cs.single_save) {
+      dist_test::DistRun a = dist_test::make_run(*backend, dist_test::job_for(cs.save, steps));
       for (int s = 0; s < half; s++) a.trainer->train_step();
       TrainerExtras ex;
       ex.data_cursor_json = fmt::format("{{\"position\": {}}}", a.src->position());
       saved = save_distributed_checkpoint(*a.trainer, MPI_COMM_WORLD, dir_root, ex, 2);
+      failures += !memory_bound_holds("save", cs.save, last_checkpoint_io_stats(), true, rank);
     }
-    int n = int(saved.size());
-    MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    saved.resize(size_t(n));
-    MPI_Bcast(saved.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD);
+    broadcast_from_rank0(saved, MPI_COMM_WORLD, nullptr, "MPI_Bcast (test checkpoint)");
 
-    Run b = make_run(*backend, cs.resume, steps, world);
-    TrainerExtras ex = load_distributed_checkpoint(*b.trainer, saved);
-    b.src->seek(uint64_t(std::stoull(ex.data_cursor_json.substr(ex.data_cursor_json.find(':') + 1))));
-    double worst = 0;
+    double worst = 0, w = 0;
     std::string trace;
-    for (int s = half; s < steps; s++) {
-      const double loss = b.trainer->train_step().loss;
+    int64_t final_step = 0;
+    auto track = [&](int s, double loss) {
       worst = std::max(worst, std::abs(loss - ref.losses[size_t(s)]) / ref.losses[size_t(s)]);
       trace += fmt::format(" {:.6f}/{:.6f}", loss, ref.losses[size_t(s)]);
+    };
+    if (cs.single_resume) {
+      if (rank == 0) {
+        SingleRun b = single_rank(*backend, dist_test::job_for(cs.resume, steps), saved);
+        for (int s = half; s < steps; s++) track(s, b.trainer->train_step().loss);
+        w = dist_test::max_weight_diff(b.trainer->model(), ref);
+        final_step = b.trainer->step();
+      }
+      MPI_Bcast(&final_step, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    } else {
+      dist_test::DistRun b = dist_test::make_run(*backend, dist_test::job_for(cs.resume, steps));
+      TrainerExtras ex = load_distributed_checkpoint(*b.trainer, MPI_COMM_WORLD, saved);
+      failures += !memory_bound_holds("load", cs.resume, last_checkpoint_io_stats(), false, rank);
+      b.src->seek(cursor_of(ex));
+      for (int s = half; s < steps; s++) track(s, b.trainer->train_step().loss);
+      b.trainer->gather_full_params();
+      for (int c = 0; c < b.trainer->chunks(); c++) w = std::max(w, dist_test::max_weight_diff(b.trainer->chunk(c), ref));
+      final_step = b.trainer->step();
     }
-    b.trainer->gather_full_params();
-    double w = 0;
-    for (int c = 0; c < b.trainer->chunks(); c++) w = std::max(w, dist_test::max_weight_diff(b.trainer->chunk(c), ref));
     double mine[2] = {worst, w}, all[2];
     MPI_Allreduce(mine, all, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    const bool ok = all[0] <= 1e-5 && all[1] <= 1e-4 && b.trainer->step() == steps;
+    const bool ok = all[0] <= 1e-5 && all[1] <= 1e-4 && final_step == steps;
     failures += !ok;
     if (rank == 0)
       std::printf("%s saved at [%s] step %d, resumed at [%s]: steps 6-10 loss rel diff %.2e, weight diff %.2e vs "
                   "an uninterrupted run; losses (resumed/uninterrupted)%s\n",
-                  ok ? "OK  " : "FAIL", cs.save.name().c_str(), half, cs.resume.name().c_str(), all[0], all[1],
-                  trace.c_str());
+                  ok ? "OK  " : "FAIL", save_name.c_str(), half, resume_name.c_str(), all[0], all[1], trace.c_str());
     std::fflush(stdout);
   }
   MPI_Barrier(MPI_COMM_WORLD);

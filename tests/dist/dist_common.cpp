@@ -14,6 +14,7 @@
 
 #include "backend/backend.hpp"
 #include "core/check.hpp"
+#include "parallel/setup.hpp"
 #include "train/trainer.hpp"
 
 namespace dist_test {
@@ -109,6 +110,24 @@ Job job_for(const Config& c, int steps) {
   j.train.seed = 77;
   j.train.grad_clip = 1.0;
   return j;
+}
+
+DistRun make_run(Backend& backend, const Job& job, const std::function<void(parallel::DistOptions&)>& tweak) {
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  DistRun r;
+  r.job = job;
+  parallel::RuntimeOptions ro;
+  ro.watchdog_timeout_s = 60;  // a hang is reported instead of hitting the ctest timeout
+  r.rt = std::make_unique<parallel::ParallelRuntime>(MPI_COMM_WORLD, parallel::runtime_plan_from_job(job, world), ro);
+  r.src = std::make_unique<SyntheticSource>(job.model.vocab, r.rt->dp().rank(), r.rt->dp().size());
+  parallel::DistOptions o;
+  o.model = job.model;
+  o.train = job.train;
+  o.layers_per_stage = job.parallel.layers_per_stage;
+  if (tweak) tweak(o);
+  r.trainer = std::make_unique<parallel::DistributedTrainer>(backend, *r.rt, o, *r.src);
+  return r;
 }
 
 Reference run_single_rank(const Job& job, int64_t inject_nan_at_step, bool skip) {

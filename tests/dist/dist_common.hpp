@@ -3,11 +3,14 @@
 // single-rank reference run every configuration is compared with.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "job/job.hpp"
 #include "model/gpt.hpp"
+#include "parallel/distributed_trainer.hpp"
 #include "train/token_source.hpp"
 
 namespace dist_test {
@@ -47,6 +50,18 @@ struct Config {
 
 exatrain::ModelSpec tiny_model(bool llama);
 exatrain::Job job_for(const Config& c, int steps);
+
+// One distributed run of a job on MPI_COMM_WORLD: the runtime (watchdog after 60 s), a synthetic
+// source reading this rank's dp replica, and the trainer with the job's options; `tweak` adjusts
+// the options (bucket size, NaN injection) before the trainer is built. Members go in reverse.
+struct DistRun {
+  exatrain::Job job;
+  std::unique_ptr<exatrain::parallel::ParallelRuntime> rt;
+  std::unique_ptr<SyntheticSource> src;
+  std::unique_ptr<exatrain::parallel::DistributedTrainer> trainer;
+};
+DistRun make_run(exatrain::Backend& backend, const exatrain::Job& job,
+                 const std::function<void(exatrain::parallel::DistOptions&)>& tweak = {});
 
 // Validation batch i of the synthetic corpus (sequences 1e9 + i*B ..., disjoint from training).
 void val_batch(int64_t vocab, int64_t i, int64_t B, int64_t T, int32_t* inputs, int32_t* targets);

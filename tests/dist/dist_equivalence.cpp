@@ -83,17 +83,10 @@ int main(int argc, char** argv) {
     if (!refs.count(key)) refs[key] = dist_test::run_single_rank(job);
     const dist_test::Reference& ref = refs[key];
 
-    const RuntimePlan plan = runtime_plan_from_job(job, world);
-    RuntimeOptions ro;
-    ro.watchdog_timeout_s = 60;
-    ParallelRuntime rt(MPI_COMM_WORLD, plan, ro);
-    dist_test::SyntheticSource src(job.model.vocab, rt.dp().rank(), rt.dp().size());
-    DistOptions o;
-    o.model = job.model;
-    o.train = job.train;
-    o.bucket_floats = 1000;  // several buckets: exercises the overlapped launch order
-    o.layers_per_stage = job.parallel.layers_per_stage;
-    DistributedTrainer trainer(*backend, rt, o, src);
+    dist_test::DistRun run = dist_test::make_run(*backend, job, [](DistOptions& o) {
+      o.bucket_floats = 1000;  // several buckets: exercises the overlapped launch order
+    });
+    DistributedTrainer& trainer = *run.trainer;
     double worst_loss = 0;
     int64_t early = 0;
     std::string trace;

@@ -4,36 +4,9 @@
 # checkpoint to the end (writing a Perfetto trace of its first steps). Usage: dist_fault_resume.sh MPIEXEC EXATRAIN WORKDIR
 set -u
 MPIEXEC=$1 EXA=$2 WORK=$3
-rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK"
-for i in $(seq 1 300); do echo "line $i of a small test text, with some words to learn."; done > text.txt
-"$EXA" data prepare --input text.txt --out data --tokenizer byte > prep.log 2>&1 || { echo "FAIL: prepare"; cat prep.log; exit 1; }
-cat > job.toml <<TOML
-[model]
-layers = 2
-hidden = 32
-heads = 2
-seq_len = 16
-[parallel]
-gpus = 2
-tp = 1
-pp = 1
-dp = 2
-cp = 1
-vp = 1
-zero = 1
-global_batch = 4
-micro_batch = 1
-recompute = "none"
-seq_parallel = false
-schedule = "1f1b"
-[train]
-steps = 100000
-threads = 1
-checkpoint_every = 5
-data = "data"
-run_dir = "run"
-TOML
-MPIRUN=("$MPIEXEC" --allow-run-as-root --oversubscribe -np 2)
+source "$(dirname "$0")/dist_cli_setup.sh"
+write_job job.toml "" "steps = 100000
+checkpoint_every = 5"
 "${MPIRUN[@]}" "$EXA" train job.toml --plain > run1.log 2>&1 &
 mpirun_pid=$!
 # Wait for a complete checkpoint (at most 60 s). Not `ls step_*/COMPLETE`: the run keeps only the
@@ -48,11 +21,7 @@ for _ in $(seq 1 600); do
 done
 have_checkpoint || { echo "FAIL: no checkpoint within 60 s"; cat run1.log; kill -9 $mpirun_pid; exit 1; }
 sleep 0.5
-# Rank 1 = the child of this mpirun whose environment says OMPI_COMM_WORLD_RANK=1.
-victim=""
-for pid in $(ps -o pid= --ppid $mpirun_pid); do
-  if tr '\0' '\n' < /proc/$pid/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then victim=$pid; fi
-done
+victim=$(rank_pid $mpirun_pid 1)
 [ -n "$victim" ] || { echo "FAIL: rank 1 not found among the children of mpirun $mpirun_pid"; kill -9 $mpirun_pid; exit 1; }
 start=$(date +%s.%N)
 kill -9 "$victim"

@@ -38,17 +38,11 @@ int main(int argc, char** argv) {
     const Job job = dist_test::job_for(cfg, steps);
     const dist_test::Reference ref = dist_test::run_single_rank(job, nan_step, true);
     for (bool skip : {true, false}) {
-      const RuntimePlan plan = runtime_plan_from_job(job, world);
-      RuntimeOptions ro;
-      ro.watchdog_timeout_s = 60;
-      ParallelRuntime rt(MPI_COMM_WORLD, plan, ro);
-      dist_test::SyntheticSource src(job.model.vocab, rt.dp().rank(), rt.dp().size());
-      DistOptions o;
-      o.model = job.model;
-      o.train = job.train;
-      o.skip_nonfinite = skip;
-      o.inject_nan_at_step = nan_step;
-      DistributedTrainer trainer(*backend, rt, o, src);
+      dist_test::DistRun run = dist_test::make_run(*backend, job, [&](DistOptions& o) {
+        o.skip_nonfinite = skip;
+        o.inject_nan_at_step = nan_step;
+      });
+      DistributedTrainer& trainer = *run.trainer;
       double worst = 0;
       int bad = 0;  // wrong flags or step count on this rank
       for (int s = 0; s < steps; s++) {

@@ -2,48 +2,23 @@
 # `exatrain train` itself on 2 MPI ranks (dp 2, ZeRO 1):
 #   1. evaluation and MFU: eval_every = 2 writes val_loss records at steps 2 and 4 equal (1e-5
 #      relative) to those of a single-rank run of the same job (the same weights: equivalence), and
-#      the step records carry an MFU above 0;
+#      the step records carry an MFU above 0; PyTorch reads the 2-rank checkpoint and finds the
+#      single-rank run's tensors;
 #   2. the watchdog: rank 1 frozen with SIGSTOP leaves rank 0 inside a dp collective; with
 #      [parallel] watchdog_timeout_s = 3 the job ends within 30 s with "rank 0 waits in op K of
 #      group dp" (or "group world", for the loss sum) from `exatrain train` itself;
 #   3. nan_policy through the same session (NAN_SESSION = dist_nan_session): "stop" ends every
-#      rank with the single-rank message, "skip" skips the step on every rank.
+#      rank with the single-rank message, "skip" skips the step on every rank;
+#   4. resume (another model refused; one metrics record per step), 5. "auto" plans, 6. errors
+#      printed once when every rank has them, naming the rank otherwise.
 # Usage: dist_train_cli.sh MPIEXEC EXATRAIN WORKDIR NAN_SESSION
 set -u
 MPIEXEC=$1 EXA=$2 WORK=$3 NAN_SESSION=$4
-rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK"
-for i in $(seq 1 300); do echo "line $i of a small test text, with some words to learn."; done > text.txt
-"$EXA" data prepare --input text.txt --out data --tokenizer byte > prep.log 2>&1 || { echo "FAIL: prepare"; cat prep.log; exit 1; }
-cat > job.toml <<TOML
-[model]
-layers = 2
-hidden = 32
-heads = 2
-seq_len = 16
-[parallel]
-gpus = 2
-tp = 1
-pp = 1
-dp = 2
-cp = 1
-vp = 1
-zero = 1
-global_batch = 4
-micro_batch = 1
-recompute = "none"
-seq_parallel = false
-schedule = "1f1b"
-watchdog_timeout_s = 3
-[train]
-steps = 4
+source "$(dirname "$0")/dist_cli_setup.sh"
+write_job job.toml "watchdog_timeout_s = 3" "steps = 4
 eval_every = 2
-eval_batches = 3
-threads = 1
-data = "data"
-run_dir = "run"
-TOML
+eval_batches = 3"
 failures=0
-MPIRUN=("$MPIEXEC" --allow-run-as-root --oversubscribe -np 2)
 "${MPIRUN[@]}" "$EXA" train job.toml --plain > dist.log 2>&1 || { echo "FAIL: 2-rank run"; cat dist.log; exit 1; }
 "$EXA" train job.toml --plain --set train.run_dir=single --set parallel.gpus=1 --set parallel.dp=1 \
   --set parallel.zero=0 > single.log 2>&1 || { echo "FAIL: single-rank run"; cat single.log; exit 1; }
@@ -63,12 +38,30 @@ mfu = [r["mfu"] for r in dist if "loss" in r]
 assert len(mfu) == 4 and all(0 < m < 1 for m in mfu), mfu
 print(f"ok: val_loss equals the single-rank run's; MFU per step {', '.join(f'{m:.2%}' for m in mfu)}")
 PY
+# 1b. The 2-rank checkpoint (every rank wrote its slices) is the single-rank trainer's format: PyTorch
+#     reads both and finds the same tensors, shapes, metadata and values (|a - b| / (1 + |b|) <= 1e-5).
+/usr/bin/python3 - "$TEST_DIR/checkpoint" <<'PY' || failures=$((failures + 1))
+import sys
+sys.path.insert(0, sys.argv[1])
+import torch
+from safetensors_torch import read
+for f in ("model.safetensors", "optimizer.safetensors"):
+    dist, dmeta = read("run/checkpoints/step_00000004/" + f)
+    single, smeta = read("single/checkpoints/step_00000004/" + f)
+    assert dmeta == smeta, (f, dmeta, smeta)
+    assert sorted(dist) == sorted(single) and len(dist) > 10, (f, sorted(dist), sorted(single))
+    for name, t in single.items():
+        assert dist[name].shape == t.shape, (name, dist[name].shape, t.shape)
+        diff = ((dist[name] - t).abs() / (1 + t.abs())).max().item()  # as max_weight_diff in tests/dist
+        assert diff <= 1e-5, (name, diff)
+print("ok: PyTorch reads the 2-rank checkpoint: the single-rank run's tensors, shapes and values")
+PY
 # 4. Resume on 2 ranks: a checkpoint of another model is refused by name; resuming an earlier
 #    checkpoint keeps one metrics record per step.
 "${MPIRUN[@]}" "$EXA" train job.toml --plain --resume auto --set model.hidden=64 > other.log 2>&1 \
   && { echo "FAIL: another model's checkpoint was accepted"; failures=$((failures + 1)); }
-grep -q "\[model\] hidden: the checkpoint has 32, this job has 64" other.log \
-  && echo "ok: another model's checkpoint refused" || { echo "FAIL: other-model message"; cat other.log; failures=$((failures + 1)); }
+[ "$(grep -c "\[model\] hidden: the checkpoint has 32, this job has 64" other.log)" = 1 ] \
+  && echo "ok: another model's checkpoint refused (once)" || { echo "FAIL: other-model message"; cat other.log; failures=$((failures + 1)); }
 "${MPIRUN[@]}" "$EXA" train job.toml --plain --resume run/checkpoints/step_00000004 --set train.steps=6 > more.log 2>&1 \
   || { echo "FAIL: resume"; cat more.log; failures=$((failures + 1)); }
 steps=$(/usr/bin/python3 -c "import json; print(' '.join(str(json.loads(l)['step']) for l in open('run/metrics.jsonl') if '\"loss\"' in l))")
@@ -78,6 +71,29 @@ sed -e 's/^tp = 1/tp = "auto"/' -e 's/^dp = 2/dp = "auto"/' -e 's/^zero = 1/zero
 "${MPIRUN[@]}" "$EXA" train auto.toml --plain --set train.run_dir=auto --set train.steps=1 > auto.log 2>&1 \
   && grep -q "auto: the planner's best plan" auto.log && echo "ok: auto plan runs" \
   || { echo "FAIL: auto"; cat auto.log; failures=$((failures + 1)); }
+# 6. Errors once: a problem of the job file, which every rank finds, is printed by rank 0 alone; a
+#    problem one rank alone hits (its data directory missing, as on a node without the shard) names
+#    that rank.
+sed 's/^heads = 2/heads = 3/' job.toml > bad.toml
+"${MPIRUN[@]}" "$EXA" train bad.toml --plain > bad.log 2>&1 && { echo "FAIL: a bad job ran"; failures=$((failures + 1)); }
+n=$(grep -c "bad.toml: \[model\] hidden = 32 is not divisible by heads = 3" bad.log)
+[ "$n" = 1 ] && echo "ok: the job file's problem printed once by 2 ranks" \
+  || { echo "FAIL: the job file's problem printed $n times"; cat bad.log; failures=$((failures + 1)); }
+"${MPIRUN[@]}" "$EXA" train job.toml --plain --set parallel.gpus=4 --set train.run_dir=gpus4 > gpus.log 2>&1 \
+  && { echo "FAIL: gpus = 4 ran on 2 ranks"; failures=$((failures + 1)); }
+n=$(grep -c "exatrain: error: --set parallel.gpus=4: \[parallel\] gpus = 4 but the job runs on 2 MPI ranks" gpus.log)
+[ "$n" = 1 ] && echo "ok: the plan's problem (after MPI_Init, every rank) printed once, naming the --set" \
+  || { echo "FAIL: the plan's problem printed $n times"; cat gpus.log; failures=$((failures + 1)); }
+"${MPIRUN[@]}" "$EXA" train job.toml --plain > again.log 2>&1 && { echo "FAIL: a second run into run/"; failures=$((failures + 1)); }
+n=$(grep -c "exatrain: error: job.toml: \[train\] run_dir = \"run\" already holds a run" again.log)
+[ "$n" = 1 ] && echo "ok: rank 0's verdict on run_dir printed once" \
+  || { echo "FAIL: run_dir verdict printed $n times"; cat again.log; failures=$((failures + 1)); }
+"$MPIEXEC" --allow-run-as-root --oversubscribe -np 1 "$EXA" train job.toml --plain --set train.run_dir=local \
+  : -np 1 "$EXA" train job.toml --plain --set train.run_dir=local --set train.data=nodata > local.log 2>&1 \
+  && { echo "FAIL: a rank without its data ran"; failures=$((failures + 1)); }
+n=$(grep -c "exatrain: error: rank 1 of 2: --set train.data=nodata: \\[train\\] data = \"nodata\"" local.log)
+[ "$n" = 1 ] && echo "ok: a rank-local problem names the rank: $(grep -m1 'rank 1 of 2' local.log)" \
+  || { echo "FAIL: rank-local error printed $n times"; cat local.log; failures=$((failures + 1)); }
 # 3. nan_policy (before the stall test, which leaves nothing behind to clean up).
 for policy in stop skip; do
   "${MPIRUN[@]}" "$NAN_SESSION" job.toml $policy > nan_$policy.log 2>&1 && grep "^OK" nan_$policy.log | head -1 \
@@ -88,10 +104,7 @@ done
   --set train.eval_every=0 > stall.log 2>&1 &
 mpirun_pid=$!
 for _ in $(seq 1 600); do grep -q "step *[0-9]" stall.log && break; sleep 0.1; done
-victim=""
-for pid in $(ps -o pid= --ppid $mpirun_pid); do
-  if tr '\0' '\n' < /proc/$pid/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then victim=$pid; fi
-done
+victim=$(rank_pid $mpirun_pid 1)
 [ -n "$victim" ] || { echo "FAIL: rank 1 not found"; cat stall.log; kill -9 $mpirun_pid; exit 1; }
 start=$(date +%s)
 kill -STOP "$victim"

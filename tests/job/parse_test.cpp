@@ -141,6 +141,21 @@ TEST(JobParse, ImpossibleShapesPrintTheEquation) {
   EXPECT_TRUE(contains(e, "heads = 12 is not divisible by kv_heads = 5")) << e;
 }
 
+// A problem between keys names where each value came from: a value given by --set is named as
+// that --set (the file alone would send the user looking in the wrong place).
+TEST(JobParse, DerivedChecksNameTheSetThatCausedThem) {
+  std::string e = error_of("[model]\nhidden = 768\nheads = 12\n", {"model.heads=7"});
+  EXPECT_TRUE(contains(e, "job.toml and --set model.heads=7: [model] hidden = 768 is not divisible by heads = 7"))
+      << e;
+  e = error_of("[model]\nhidden = 768\n", {"model.heads=12", "model.kv_heads=5"});
+  EXPECT_TRUE(contains(e, "\n  --set model.heads=12 and --set model.kv_heads=5: [model] heads = 12 is not divisible "
+                          "by kv_heads = 5")) << e;
+  e = error_of("[train]\nlr = 0.001\n", {"train.min_lr=0.01"});
+  EXPECT_TRUE(contains(e, "--set train.min_lr=0.01 and job.toml: [train] min_lr = 0.01 is above lr = 0.001")) << e;
+  e = error_of("[model]\nhidden = 770\nheads = 12\n");  // no --set: the file alone
+  EXPECT_TRUE(contains(e, "\n  job.toml: [model] hidden = 770 is not divisible by heads = 12")) << e;
+}
+
 TEST(JobParse, AllProblemsReportedTogether) {
   std::string e = error_of("[model]\nhiden = 1\nlayers = -3\n[train]\nlr = \"fast\"\n");
   EXPECT_TRUE(contains(e, "3 problems in job job.toml")) << e;

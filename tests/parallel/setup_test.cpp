@@ -67,3 +67,21 @@ TEST(Setup, BadCombinationsPrintTheEquation) {
                 .find("is \"auto\""),
             std::string::npos);
 }
+
+// A value given by --set is named by that --set, the others by the job file.
+TEST(Setup, ErrorsNameTheSetThatGaveTheValue) {
+  const std::string toml = "[model]\nlayers = 8\nhidden = 64\nheads = 8\nkv_heads = 2\nffn_hidden = 256\n"
+                           "seq_len = 32\nvocab = 100\n[parallel]\ngpus = 3\nglobal_batch = 12\npp = 1\ncp = 1\n"
+                           "vp = 1\nzero = 0\nmicro_batch = 1\nrecompute = \"none\"\nseq_parallel = false\n"
+                           "schedule = \"1f1b\"\n";
+  std::string e = error_of(parse_job(toml, "test.toml", {"parallel.tp=3"}), 3);
+  EXPECT_NE(e.find("--set parallel.tp=3 and test.toml: [parallel] tp 3 must divide heads 8: 8 % 3 = 2"),
+            std::string::npos) << e;
+  e = error_of(parse_job(toml, "test.toml", {"parallel.tp=1", "parallel.gpus=4"}), 2);
+  EXPECT_NE(e.find("--set parallel.gpus=4: [parallel] gpus = 4 but the job runs on 2 MPI ranks"), std::string::npos)
+      << e;
+  e = error_of(parse_job(toml, "test.toml", {"parallel.tp=1", "parallel.pp=3", "parallel.global_batch=2"}), 3);
+  EXPECT_NE(e.find("--set parallel.pp=3 and test.toml and --set parallel.global_batch=2: [parallel] a pipeline needs "
+                   "at least as many micro-batches as stages: micro_batches 2 < pp 3"),
+            std::string::npos) << e;
+}

@@ -248,6 +248,12 @@ TEST(Session, TrainerChecksAreReportedWithTheFilesProblems) {
   EXPECT_TRUE(has(e, "unknown key \"hiden\"")) << e;
   EXPECT_TRUE(has(e, "[train] precision = \"bf16\": the CPU backend trains in \"fp32\" only")) << e;
   EXPECT_TRUE(has(e, "[train] steps = 0: expected at least 1")) << e;
+  // A value that came from --set is named by its --set, the file's own by the file.
+  e = error_of([&] {
+    parse_job("[parallel]\ngpus = 1\n[train]\nsteps = 0\n", "both.toml", {"parallel.tp=2"}, check_single_rank_job);
+  });
+  EXPECT_TRUE(has(e, "\n  --set parallel.tp=2: [parallel] tp = 2: this trainer runs on one rank")) << e;
+  EXPECT_TRUE(has(e, "\n  both.toml: [train] steps = 0: expected at least 1")) << e;
 }
 
 TEST(Session, BadJobsAreRejectedUpFront) {

@@ -1,0 +1,48 @@
+# Shared set-up of the `exatrain train` tests under mpirun (dist_train_cli.sh, dist_fault_resume.sh).
+# Source it with MPIEXEC, EXA and WORK set. It leaves the shell in a fresh WORK directory holding a
+# byte-level dataset prepared from a small text (data/), and defines TEST_DIR (tests/) and
+#   MPIRUN                        the launcher for 2 ranks;
+#   write_job FILE PARALLEL TRAIN the 2-rank job both tests train (dp 2, ZeRO 1, a 2-layer model),
+#                                 with extra [parallel] and [train] lines;
+#   rank_pid MPIRUN_PID R         the pid of world rank R among that mpirun's children ("" if none).
+TEST_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)  # tests/, for the Python helpers
+rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK" || exit 1
+for i in $(seq 1 300); do echo "line $i of a small test text, with some words to learn."; done > text.txt
+"$EXA" data prepare --input text.txt --out data --tokenizer byte > prep.log 2>&1 || { echo "FAIL: prepare"; cat prep.log; exit 1; }
+MPIRUN=("$MPIEXEC" --allow-run-as-root --oversubscribe -np 2)
+
+write_job() {
+  cat > "$1" <<TOML
+[model]
+layers = 2
+hidden = 32
+heads = 2
+seq_len = 16
+[parallel]
+gpus = 2
+tp = 1
+pp = 1
+dp = 2
+cp = 1
+vp = 1
+zero = 1
+global_batch = 4
+micro_batch = 1
+recompute = "none"
+seq_parallel = false
+schedule = "1f1b"
+$2
+[train]
+threads = 1
+data = "data"
+run_dir = "run"
+$3
+TOML
+}
+
+rank_pid() {
+  local pid
+  for pid in $(ps -o pid= --ppid "$1"); do
+    if tr '\0' '\n' < /proc/$pid/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then echo "$pid"; return; fi
+  done
+}
