@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `exatrain train` under mpirun (2 ranks, dp 2, ZeRO 1): kill -9 of rank 1 ends the job promptly
 # with a message naming the rank (no hang), and `--resume auto` continues from the last complete
-# checkpoint to the end (writing a Perfetto trace of its first steps). Usage: dist_fault_resume.sh MPIEXEC EXATRAIN WORKDIR
+# checkpoint to the end (writing a Perfetto trace of its first steps).
+# Usage: dist_fault_resume.sh MPIEXEC EXATRAIN WORKDIR   (MPIEXEC = srun: the same under Slurm,
+# where srun names the task: "srun: error: HOST: task 1: Killed")
 set -u
 MPIEXEC=$1 EXA=$2 WORK=$3
 source "$(dirname "$0")/dist_cli_setup.sh"
@@ -22,17 +24,17 @@ done
 have_checkpoint || { echo "FAIL: no checkpoint within 60 s"; cat run1.log; kill -9 $mpirun_pid; exit 1; }
 sleep 0.5
 victim=$(rank_pid $mpirun_pid 1)
-[ -n "$victim" ] || { echo "FAIL: rank 1 not found among the children of mpirun $mpirun_pid"; kill -9 $mpirun_pid; exit 1; }
+[ -n "$victim" ] || { echo "FAIL: rank 1 of $LAUNCHER $mpirun_pid not found"; kill -9 $mpirun_pid; exit 1; }
 start=$(date +%s.%N)
 kill -9 "$victim"
 wait $mpirun_pid
 rc=$?
 elapsed=$(echo "$(date +%s.%N) - $start" | bc)
-echo "mpirun exited with status $rc, $elapsed s after kill -9 of rank 1 (pid $victim)"
+echo "$LAUNCHER exited with status $rc, $elapsed s after kill -9 of rank 1 (pid $victim)"
 failures=0
-[ $rc -ne 0 ] || { echo "FAIL: mpirun exit status 0 after a rank was killed"; failures=$((failures + 1)); }
+[ $rc -ne 0 ] || { echo "FAIL: $LAUNCHER exit status 0 after a rank was killed"; failures=$((failures + 1)); }
 (( $(echo "$elapsed < 20" | bc) )) || { echo "FAIL: took $elapsed s to end"; failures=$((failures + 1)); }
-grep -q "rank 1" run1.log && echo "ok: the message names rank 1: $(grep -m1 'rank 1' run1.log)" \
+grep -Eq "rank 1|task 1" run1.log && echo "ok: the message names rank 1: $(grep -E -m1 'rank 1|task 1' run1.log)" \
   || { echo "FAIL: no message naming rank 1"; cat run1.log; failures=$((failures + 1)); }
 last=$(ls -d run/checkpoints/step_*/COMPLETE | sort | tail -1 | sed 's|.*step_0*\([0-9]*\)/COMPLETE|\1|')
 target=$((last + 3))
