@@ -1,8 +1,6 @@
 #include "parallel/distributed_trainer.hpp"
 
 #include <omp.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -123,9 +121,14 @@ DistributedTrainer::DistributedTrainer(Backend& backend, ParallelRuntime& rt, co
     g.micro_batch = B_;
     g.seq = T_;
     g.activation_slots = pp > 1 ? m_ : 1;  // pipeline: micro-batch mb keeps slot mb
+    // ZeRO 3 never holds the full parameter arena: each rank initialises its shards (setup_zero3)
+    // and gathers one unit at a time. ZeRO 2/3 gradients stay in the arena only until their
+    // reduce-scatter, whose pages then go back to the OS.
+    g.lazy_params = plan_.zero == 3;
+    g.lazy_grads = plan_.zero >= 2;
     ch->hooks = std::make_unique<DistHooks>(rt_.tp(), *this, c);
     ch->model = std::make_unique<Gpt>(be_, g, ch->hooks.get());
-    ch->model->init_weights(opt_.train.seed);
+    if (plan_.zero != 3) ch->model->init_weights(opt_.train.seed);
     const ParamLayout& layout = ch->model->layout();
     ch->counted.assign(size_t(layout.total()), 0);
     const bool tied_copy = g.stage.has_head && !g.stage.has_embedding && opt_.model.tie_embeddings;
@@ -146,11 +149,17 @@ DistributedTrainer::DistributedTrainer(Backend& backend, ParallelRuntime& rt, co
       if (dp > 1)
         ch->bucketer = std::make_unique<GradBucketer>(rt_.dp(), ch->model->grads(), layout.total(),
                                                       std::min(opt_.bucket_floats, layout.total()));
-    } else if (plan_.zero == 2 && dp > 1 && layout.total() % dp == 0) {
+    } else if (plan_.zero == 2 && dp > 1 && layout.total() % dp == 0 &&
+               (ch->tied_wte.len == 0 || (ch->tied_wte.offset == 0 && ch->tied_wte.len % dp == 0))) {
       int64_t bucket = std::min(opt_.bucket_floats, layout.total());
-      bucket -= bucket % dp;  // dp divides every bucket: equal chunks, the planner's bytes
+      bucket = std::max<int64_t>(dp, bucket - bucket % dp);  // dp divides every bucket: equal chunks
+      // A tied embedding (at offset 0 on the first and the last stage) ends a bucket, so its
+      // buckets, and the chunks a dp rank owns of them, are the same on both stages: the tied
+      // gradient exchange then moves only those chunks (the shard's first tied_wte.len / dp floats).
+      std::vector<int64_t> splits;
+      if (ch->tied_wte.len > 0) splits.push_back(ch->tied_wte.len);
       ch->bucketer = std::make_unique<GradBucketer>(rt_.dp(), ch->model->grads(), layout.total(), bucket,
-                                                    BucketOp::reduce_scatter);
+                                                    BucketOp::reduce_scatter, splits, opt_.buckets_in_flight);
       ch->owned = ch->bucketer->owned_ranges(dp_rank);
       int64_t mine = 0;
       for (const ShardRange& r : ch->owned) mine += r.size();
@@ -297,7 +306,7 @@ int64_t DistributedTrainer::params_on_rank() const {
 
 void DistributedTrainer::setup_zero3(Chunk& ch) {
   const int dp = rt_.dp().size(), r = rt_.dp().rank();
-  float* params = ch.model->params();
+  const std::vector<ParamInfo>& entries = ch.model->layout().entries();
   for (auto& [unit, ranges] : ch.unit_ranges) {
     std::vector<Range> sorted = ranges;
     std::sort(sorted.begin(), sorted.end(), [](const Range& a, const Range& b) { return a.offset < b.offset; });
@@ -312,8 +321,14 @@ void DistributedTrainer::setup_zero3(Chunk& ch) {
       seg.zl = ZeroLayout::make(x.len, dp, 1);
       const size_t shard = size_t(seg.zl.shard);
       seg.param.assign(shard, 0.0f), seg.grad.assign(shard, 0.0f), seg.m.assign(shard, 0.0f), seg.v.assign(shard, 0.0f);
+      // My shard's values straight from the seed (init_param_range: the values init_weights
+      // would write there), entry by entry; the model's arena is never written.
       const ShardRange own = seg.zl.owned(r);
-      for (int64_t i = own.begin; i < own.end; i++) seg.param[size_t(i - seg.zl.range(r).begin)] = params[x.offset + i];
+      const int64_t lo = x.offset + own.begin, hi = x.offset + own.end, base = x.offset + seg.zl.range(r).begin;
+      for (const ParamInfo& p : entries) {
+        const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel);
+        if (a < b) init_param_range(p, opt_.train.seed, a - p.offset, b - a, seg.param.data() + (a - base));
+      }
       ch.own_segments[unit].push_back(int(ch.segments.size()));
       ch.gather_segments[unit].push_back(int(ch.segments.size()));
       ch.segments.push_back(std::move(seg));
@@ -343,28 +358,21 @@ void DistributedTrainer::gather_segment(Chunk& ch, int sidx) {
 // overwritten with NaN so a pass that used a released weight there still poisons the loss.
 void DistributedTrainer::release_segment(Chunk& ch, int sidx) {
   const Range& x = ch.segments[size_t(sidx)].range;
-  float* begin = ch.model->params() + x.offset;
-  float* end = begin + x.len;
-  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
-  const uintptr_t lo = (uintptr_t(begin) + page - 1) / page * page, hi = uintptr_t(end) / page * page;
-  if (hi <= lo) {
-    std::fill(begin, end, std::numeric_limits<float>::quiet_NaN());
-    return;
-  }
-  std::fill(begin, reinterpret_cast<float*>(lo), std::numeric_limits<float>::quiet_NaN());
-  std::fill(reinterpret_cast<float*>(hi), end, std::numeric_limits<float>::quiet_NaN());
-  EXA_SYSCHECK(madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) == 0,
-               "madvise(MADV_DONTNEED) of {} released ZeRO-3 bytes", hi - lo);
+  return_pages(ch.model->params() + x.offset, x.len, std::numeric_limits<float>::quiet_NaN(),
+               "released ZeRO-3 parameters");
 }
 
-// ZeRO 3: this micro-batch's gradients of a segment, reduce-scattered over dp into my shard.
+// ZeRO 3: this micro-batch's gradients of a segment, reduce-scattered over dp into my shard. The
+// segment's range of the gradient arena then reads 0 again for the next micro-batch: its whole
+// pages go back to the OS (the arena is never zeroed as a whole), the floats on the partial pages
+// it shares with its neighbours are set to 0.
 void DistributedTrainer::reduce_scatter_segment(Chunk& ch, int sidx) {
   Chunk::Segment& seg = ch.segments[size_t(sidx)];
   std::vector<float>& staging = ch.grad_pad;
   staging.assign(size_t(seg.zl.padded), 0.0f);
   float* g = ch.model->grads() + seg.range.offset;
   std::copy_n(g, seg.range.len, staging.begin());
-  std::fill_n(g, seg.range.len, 0.0f);
+  return_pages(g, seg.range.len, 0.0f, "reduce-scattered ZeRO-3 gradients");
   std::vector<float>& out = ch.grad_shard;
   out.resize(size_t(seg.zl.shard));
   reduce_scatter_grads(rt_.dp(), seg.zl, staging.data(), out.data(), 1.0f);
@@ -392,6 +400,11 @@ void DistributedTrainer::reduce_sp_partial(Chunk& ch, int64_t unit) {
 void DistributedTrainer::on_after_layer(int c, int64_t unit, ParallelHooks::Pass pass) {
   Chunk& ch = *chunks_[size_t(c)];
   const bool backward = pass == ParallelHooks::Pass::backward;
+  hand_over_gradients(ch, unit, backward);
+  if (backward && opt_.after_backward_unit) opt_.after_backward_unit(c, unit);
+}
+
+void DistributedTrainer::hand_over_gradients(Chunk& ch, int64_t unit, bool backward) {
   if (plan_.zero == 3) {
     // ZeRO 3: gradients leave for their owners after every micro-batch; parameters are released.
     if (backward) {
@@ -401,12 +414,17 @@ void DistributedTrainer::on_after_layer(int c, int64_t unit, ParallelHooks::Pass
     for (int sidx : ch.gather_segments[unit]) release_segment(ch, sidx);
     return;
   }
-  if (!backward || ch.backward_count != m_) return;
+  const bool zero2_buckets = plan_.zero == 2 && ch.bucketer;
+  // ZeRO 2 (DeepSpeed stage 2): every micro-batch's gradients go to their owners as backward makes
+  // them (the tied embedding's copy too: its two stages' sums are added on the shards afterwards).
+  // ZeRO 0: after the last micro-batch only (the replicas accumulate locally first).
+  if (!backward || (!zero2_buckets && ch.backward_count != m_)) return;
   reduce_sp_partial(ch, unit);
   auto it = ch.unit_ranges.find(unit);
   if (ch.bucketer && it != ch.unit_ranges.end())
-    for (const Range& r : it->second)  // the tied embedding waits for the other stage's copy
-      if (!(ch.tied_wte.len > 0 && r.offset == ch.tied_wte.offset)) ch.bucketer->mark_ready(r.offset, r.len);
+    for (const Range& r : it->second)  // ZeRO 0: the tied embedding waits for the other stage's copy
+      if (zero2_buckets || !(ch.tied_wte.len > 0 && r.offset == ch.tied_wte.offset))
+        ch.bucketer->mark_ready(r.offset, r.len);
 }
 
 void DistributedTrainer::run_micro_batches(double* loss_sum, double* compute_s, double* bubble_s) {
@@ -430,6 +448,7 @@ void DistributedTrainer::run_micro_batches(double* loss_sum, double* compute_s, 
     ch.backward_count++;
     const int64_t slot = plan_.mesh.pp > 1 ? mb : 0;
     ch.model->backward(grad_out, scale, slot);
+    if (plan_.zero == 2 && ch.bucketer) ch.bucketer->end_micro_batch();  // the shard has this micro-batch
     if (grad_in)
       be_.copy(grad_in, ch.model->input_grad(), sizeof(float) * size_t(act));
   };
@@ -462,30 +481,42 @@ void DistributedTrainer::run_micro_batches(double* loss_sum, double* compute_s, 
 // copies' (Megatron's embedding group). Both ranks compute a + b (commutative: identical bits).
 // Counted under "pp_send" (a point-to-point message on the pp group: the whole copy, each side),
 // as plan::bytes_sent_per_step counts it on the first and last stage.
+// Bucketed ZeRO 2: the sums are on the shards already; each rank exchanges only the chunks it owns
+// of the embedding's buckets (the same on both stages: the first tied_wte.len / dp floats of its
+// shard) with the same dp (and tp) rank of the other stage.
 void DistributedTrainer::tied_embedding_sum() {
   const int pp = plan_.mesh.pp;
   if (!opt_.model.tie_embeddings || plan_.pipeline.stages() == 1) return;
   for (auto& ch : chunks_) {
     if (ch->tied_wte.len == 0) continue;
     const int peer = ch->stage == 0 ? pp - 1 : 0;
-    float* g = ch->model->grads() + ch->tied_wte.offset;
-    std::vector<float> other(size_t(ch->tied_wte.len));
+    const bool on_shard = plan_.zero == 2 && ch->bucketer;
+    float* g = on_shard ? ch->bucketer->shard_grads() : ch->model->grads() + ch->tied_wte.offset;
+    const int64_t len = on_shard ? ch->tied_wte.len / rt_.dp().size() : ch->tied_wte.len;
+    std::vector<float> other(static_cast<size_t>(len));
     WatchdogScope watch(rt_.watchdog(), "world", ++world_ops_, "MPI_Sendrecv (tied embedding gradient)");
     const double t0 = MPI_Wtime();
-    mpi_check(MPI_Sendrecv(g, int(ch->tied_wte.len), MPI_FLOAT, peer, 7001, other.data(), int(ch->tied_wte.len),
-                           MPI_FLOAT, peer, 7001, rt_.pp().comm(), MPI_STATUS_IGNORE),
+    mpi_check(MPI_Sendrecv(g, int(len), MPI_FLOAT, peer, 7001, other.data(), int(len), MPI_FLOAT, peer, 7001,
+                           rt_.pp().comm(), MPI_STATUS_IGNORE),
               "MPI_Sendrecv (tied embedding gradient)");
-    rt_.ledger().add("pp_send", int64_t(sizeof(float)) * ch->tied_wte.len);
+    rt_.ledger().add("pp_send", int64_t(sizeof(float)) * len);
     rt_.ledger().seconds["pp_send"] += MPI_Wtime() - t0;
-    for (int64_t i = 0; i < ch->tied_wte.len; i++) g[i] += other[size_t(i)];
+    for (int64_t i = 0; i < len; i++) g[i] += other[size_t(i)];
   }
 }
 
 void DistributedTrainer::reduce_gradients() {
   if (plan_.zero == 3) return;  // reduce-scattered during backward
-  tied_embedding_sum();  // before the dp reduction: linear, and ZeRO shards need the full sum
+  // Bucketed ZeRO 2 reduce-scattered every micro-batch during backward; finish() only takes the
+  // step's counters. Its tied embedding is summed on the shards, the others' before the dp
+  // reduction (linear, and ZeRO 1 shards need the full sum).
+  if (plan_.zero == 2)
+    for (auto& ch : chunks_)
+      if (ch->bucketer) ch->bucketer->finish(1.0f);
+  tied_embedding_sum();
   for (auto& ch : chunks_) {
-    if (ch->bucketer) {  // ZeRO 0 / bucketed ZeRO 2: the last ranges, then wait for every bucket
+    if (plan_.zero == 2 && ch->bucketer) continue;
+    if (ch->bucketer) {  // ZeRO 0: the tied range, then wait for every bucket
       if (ch->tied_wte.len > 0) ch->bucketer->mark_ready(ch->tied_wte.offset, ch->tied_wte.len);
       ch->bucketer->finish(1.0f);
     } else if (plan_.zero >= 1) {
@@ -600,7 +631,10 @@ DistStepMetrics DistributedTrainer::train_step() {
   const double t0 = omp_get_wtime();
   rt_.ledger().reset();
   for (auto& ch : chunks_) {
-    ch->model->zero_grad();
+    // ZeRO 3 and bucketed ZeRO 2 leave the arena reading 0 after every micro-batch (its pages
+    // returned); zeroing it would make the whole arena resident. Their sums live in shards.
+    if (plan_.zero == 2 && ch->bucketer) ch->bucketer->zero_shard();
+    else if (plan_.zero != 3) ch->model->zero_grad();
     ch->backward_count = 0;
   }
   // Every rank reads its replica's m micro-batches (all pipeline ranks alike, to stay in step).

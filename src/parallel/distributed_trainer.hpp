@@ -48,6 +48,9 @@ struct DistOptions {
   // Gradient bucket size of the overlapped ZeRO-0 all-reduce, in floats. One bucket that holds the
   // whole arena reproduces the planner's single flat all-reduce byte for byte.
   int64_t bucket_floats = 1 << 18;
+  // ZeRO 2: reduce-scatters in flight at once; backward waits for the oldest beyond that. Bounds
+  // the gradient arena's resident part to about this many buckets (+ the one being filled).
+  int buckets_in_flight = 2;
   // Layers of each of the pp * vp stages ([parallel] layers_per_stage); empty = balanced evenly.
   std::vector<int64_t> layers_per_stage;
   // train.nan_policy = "skip": a step whose global loss or gradient norm is non-finite applies no
@@ -55,6 +58,9 @@ struct DistOptions {
   // step comes back un-applied with skipped = false and the caller stops.
   bool skip_nonfinite = false;
   int64_t inject_nan_at_step = -1;  // test hook: step (1-based) whose loss reads as NaN, once
+  // Test hook: called at the end of every after_layer(unit, backward), after the trainer has
+  // handed the unit's gradients on (e.g. to sample the gradient arena's resident pages).
+  std::function<void(int chunk, int64_t unit)> after_backward_unit;
 };
 
 struct DistStepMetrics {
@@ -132,6 +138,7 @@ class DistributedTrainer {
   void release_segment(Chunk& ch, int segment);
   void reduce_scatter_segment(Chunk& ch, int segment);
   void reduce_sp_partial(Chunk& ch, int64_t unit);
+  void hand_over_gradients(Chunk& ch, int64_t unit, bool backward);
 
   Backend& be_;
   ParallelRuntime& rt_;
