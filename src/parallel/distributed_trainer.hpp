@@ -1,5 +1,5 @@
 // The distributed trainer: one rank's part of a training step under a RuntimePlan (dp x tp x pp,
-// vp chunks, ZeRO 0-2, sequence parallelism, recomputation), built on the engine's Gpt stages and
+// vp chunks, ZeRO 0-3, sequence parallelism, recomputation), built on the engine's Gpt stages and
 // the parallel runtime's groups. The same step as the single-rank Trainer, computed by many ranks:
 //
 //   1. every rank reads the m micro-batches of its data-parallel replica (dp_rank of dp);
@@ -11,15 +11,17 @@
 //      tp as each layer's last backward ends; ZeRO 0 launches the bucketed non-blocking dp
 //      all-reduce from the same after_layer(l, backward) hook (overlapped with the rest of
 //      backward); the tied embedding's two copies (first and last stage) are summed;
-//      ZeRO 2 (when dp divides the chunk's arena) reduce-scatters each gradient bucket as soon as
-//      backward completes it (GradBucketer, BucketOp::reduce_scatter), so a rank keeps the summed
-//      gradients of its chunk of every bucket only (in a shard-sized buffer; the arena's pages go
-//      back to the OS after the step's reduce-scatters, so 1/dp of the gradients stays resident
-//      between steps; backward still writes the full arena); ZeRO 1 (and ZeRO 2 when dp does not divide
-//      the arena) reduce-scatters the whole arena after backward; ZeRO 3 keeps only a shard of
-//      every unit's (layer's, embedding's, head's) parameters, all-gathers a unit before each
-//      pass through it (before_layer), releases it after (after_layer; released values read NaN)
-//      and reduce-scatters the unit's gradients after every micro-batch's backward;
+//      ZeRO 2 (DeepSpeed stage 2, when dp divides the chunk's arena) reduce-scatters each gradient
+//      bucket of EVERY micro-batch as soon as backward completes it (GradBucketer,
+//      BucketOp::reduce_scatter): the summed chunk is accumulated into the rank's shard-sized
+//      buffer and the bucket's arena pages go back to the OS once its reduce-scatter has completed,
+//      so a rank holds its 1/dp shard plus the buckets in flight; the tied embedding is summed on
+//      the shards; ZeRO 1 (and ZeRO 2 when dp does not divide the arena) reduce-scatters the whole
+//      arena once after backward; ZeRO 3 keeps only a shard of every unit's (layer's,
+//      embedding's, head's) parameters, initialised from the seed without ever writing the full
+//      arena, all-gathers a unit before each pass through it (before_layer), releases it after
+//      (after_layer; released values read NaN) and reduce-scatters the unit's gradients after
+//      every micro-batch's backward, returning their pages;
 //   4. global gradient norm: each parameter element counted once (tp-replicated ones on tp rank 0,
 //      dp-replicated ones on dp rank 0 or by their ZeRO owner, the tied copy on the first stage),
 //      summed over the world; clipping and AdamW as the single-rank trainer (ZeRO 1/2: on this

@@ -5,9 +5,10 @@
 // that every rank owns one equal, aligned shard [r * shard, (r+1) * shard). The padding tail is
 // zero and belongs to the last shard(s); `owned(r)` clamps to the real elements. The caller
 // allocates the arena with `padded` floats (reduce-scatter / all-gather need equal blocks).
-//   ZeRO 1/2: reduce_scatter_grads (grads -> my shard summed), step on my shard,
+//   ZeRO 1:   reduce_scatter_grads (grads -> my shard summed) once per step, step on my shard,
 //             all_gather_params (every shard -> everyone's arena).
-//   ZeRO 3:   the same all-gather per layer range before use; the caller frees the copy after.
+//   ZeRO 2:   GradBucketer in reduce_scatter mode (below): every micro-batch, bucket by bucket.
+//   ZeRO 3:   the same all-gather per unit range before use; return_pages releases it after.
 #pragma once
 #include <cstdint>
 #include <map>
