@@ -71,6 +71,7 @@ struct DistributedTrainer::Chunk {
   std::vector<Segment> segments;
   std::map<int64_t, std::vector<int>> gather_segments;  // unit -> segments its pass reads
   std::map<int64_t, std::vector<int>> own_segments;     // unit -> segments whose gradients it makes
+  int tied_segment = -1;  // the tied embedding copy's segment (first / last stage of a pipeline)
 };
 
 static int64_t unit_of(const std::string& name) {
@@ -85,10 +86,6 @@ DistributedTrainer::DistributedTrainer(Backend& backend, ParallelRuntime& rt, co
   const MeshShape& mesh = plan_.mesh;
   EXA_CHECK(mesh.cp == 1, "[parallel] cp = {}: context parallelism is planned but not run by the trainer "
             "(expected cp = 1)", mesh.cp);
-  EXA_CHECK(!(plan_.zero == 3 && plan_.pipeline.stages() > 1 && opt_.model.tie_embeddings),
-            "[parallel] zero = 3 with pp {} and tie_embeddings = true: the tied embedding's two copies "
-            "would be sharded differently; expected zero <= 2, pp = 1 or untied embeddings",
-            plan_.mesh.pp);
   EXA_CHECK(opt_.train.optimizer == "adamw", "train.optimizer = \"{}\": only \"adamw\" is implemented",
             opt_.train.optimizer);
   B_ = plan_.micro_batch;
@@ -311,9 +308,15 @@ void DistributedTrainer::setup_zero3(Chunk& ch) {
     std::vector<Range> sorted = ranges;
     std::sort(sorted.begin(), sorted.end(), [](const Range& a, const Range& b) { return a.offset < b.offset; });
     std::vector<Range> merged;
+    // A tied embedding's copy (first and last stage) is a segment of its own: the same ZeroLayout
+    // on both stages, so a dp rank owns the same shard of it on each and the tied gradient
+    // exchange moves only that shard.
+    auto tied = [&](const Range& r) { return ch.tied_wte.len > 0 && r.offset == ch.tied_wte.offset; };
     for (const Range& x : sorted) {
-      if (!merged.empty() && merged.back().offset + merged.back().len == x.offset) merged.back().len += x.len;
-      else merged.push_back(x);
+      if (!merged.empty() && merged.back().offset + merged.back().len == x.offset && !tied(x) && !tied(merged.back()))
+        merged.back().len += x.len;
+      else
+        merged.push_back(x);
     }
     for (const Range& x : merged) {
       Chunk::Segment seg;
@@ -329,6 +332,7 @@ void DistributedTrainer::setup_zero3(Chunk& ch) {
         const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel);
         if (a < b) init_param_range(p, opt_.train.seed, a - p.offset, b - a, seg.param.data() + (a - base));
       }
+      if (tied(x)) ch.tied_segment = int(ch.segments.size());
       ch.own_segments[unit].push_back(int(ch.segments.size()));
       ch.gather_segments[unit].push_back(int(ch.segments.size()));
       ch.segments.push_back(std::move(seg));
@@ -483,16 +487,24 @@ void DistributedTrainer::run_micro_batches(double* loss_sum, double* compute_s, 
 // as plan::bytes_sent_per_step counts it on the first and last stage.
 // Bucketed ZeRO 2: the sums are on the shards already; each rank exchanges only the chunks it owns
 // of the embedding's buckets (the same on both stages: the first tied_wte.len / dp floats of its
-// shard) with the same dp (and tp) rank of the other stage.
+// shard) with the same dp (and tp) rank of the other stage. ZeRO 3: likewise, the shard of the
+// embedding's own segment (the same ZeroLayout on both stages).
 void DistributedTrainer::tied_embedding_sum() {
   const int pp = plan_.mesh.pp;
   if (!opt_.model.tie_embeddings || plan_.pipeline.stages() == 1) return;
   for (auto& ch : chunks_) {
     if (ch->tied_wte.len == 0) continue;
     const int peer = ch->stage == 0 ? pp - 1 : 0;
-    const bool on_shard = plan_.zero == 2 && ch->bucketer;
-    float* g = on_shard ? ch->bucketer->shard_grads() : ch->model->grads() + ch->tied_wte.offset;
-    const int64_t len = on_shard ? ch->tied_wte.len / rt_.dp().size() : ch->tied_wte.len;
+    float* g = ch->model->grads() + ch->tied_wte.offset;
+    int64_t len = ch->tied_wte.len;
+    if (plan_.zero == 2 && ch->bucketer) {
+      g = ch->bucketer->shard_grads();
+      len = ch->tied_wte.len / rt_.dp().size();
+    } else if (plan_.zero == 3) {
+      Chunk::Segment& seg = ch->segments.at(size_t(ch->tied_segment));
+      g = seg.grad.data();
+      len = seg.zl.shard;
+    }
     std::vector<float> other(static_cast<size_t>(len));
     WatchdogScope watch(rt_.watchdog(), "world", ++world_ops_, "MPI_Sendrecv (tied embedding gradient)");
     const double t0 = MPI_Wtime();
@@ -506,7 +518,10 @@ void DistributedTrainer::tied_embedding_sum() {
 }
 
 void DistributedTrainer::reduce_gradients() {
-  if (plan_.zero == 3) return;  // reduce-scattered during backward
+  if (plan_.zero == 3) {  // reduce-scattered during backward; the tied copies summed on the shards
+    tied_embedding_sum();
+    return;
+  }
   // Bucketed ZeRO 2 reduce-scattered every micro-batch during backward; finish() only takes the
   // step's counters. Its tied embedding is summed on the shards, the others' before the dp
   // reduction (linear, and ZeRO 1 shards need the full sum).

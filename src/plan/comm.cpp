@@ -98,10 +98,10 @@ CommBytes bytes_sent_per_step(const ModelSpec& m, const Plan& p, const RankPosit
     // Under sequence parallelism a stage boundary carries this rank's t/tp rows only.
     out[CommKind::pp_send] = sends * (p.seq_parallel ? act / p.tp : act) * elem;
     // Tied embeddings: the first and last stage send each other their copy's gradient (this tp
-    // rank's ceil(vocab / tp) rows) once per step, to sum them. ZeRO 2 has reduce-scattered it
+    // rank's ceil(vocab / tp) rows) once per step, to sum them. ZeRO 2/3 have reduce-scattered it
     // over the replicas already: each rank sends only the 1/(dp cp) it owns.
     if (m.tie_embeddings && (first || last))
-      out[CommKind::pp_send] += (m.vocab + p.tp - 1) / p.tp * m.hidden / (p.zero == 2 ? p.dp * p.cp : 1) * elem;
+      out[CommKind::pp_send] += (m.vocab + p.tp - 1) / p.tp * m.hidden / (p.zero >= 2 ? p.dp * p.cp : 1) * elem;
   }
   const int64_t replicas = p.dp * p.cp;
   if (replicas > 1) {

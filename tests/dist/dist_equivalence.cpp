@@ -64,10 +64,12 @@ static std::vector<Config> configs_for(int world) {
     a = c(2, 2, 1); a.sp = true; a.zero = 3; a.recompute = R::selective; v.push_back(a);
     a = c(2, 1, 2); a.zero = 3; a.llama = true; v.push_back(a);
     a = c(2, 1, 2); a.zero = 2; v.push_back(a);  // tied embedding summed on the ZeRO-2 shards
+    a = c(2, 1, 2); a.zero = 3; a.recompute = R::full; v.push_back(a);  // ... and on the ZeRO-3 shards
   } else if (world == 8) {
     Config a = c(2, 2, 2); a.sp = true; a.zero = 1; a.recompute = R::selective; v.push_back(a);
     a = c(2, 2, 2); a.vp = 2; a.llama = true; a.recompute = R::full; v.push_back(a);
     a = c(2, 2, 2); a.sp = true; a.zero = 3; a.untied = true; v.push_back(a);
+    a = c(2, 2, 2); a.vp = 2; a.zero = 3; v.push_back(a);  // tied, interleaved
   }
   return v;
 }

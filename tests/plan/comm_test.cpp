@@ -145,3 +145,18 @@ TEST(Comm, ZeroTwoReduceScattersEveryMicroBatchZeroOneOncePerStep) {
   EXPECT_EQ(z2[CommKind::dp_all_gather], z1[CommKind::dp_all_gather]);
   EXPECT_EQ(z1[CommKind::pp_send] - z2[CommKind::pp_send], (tied - tied / 4) * 4);
 }
+
+TEST(Comm, ZeroThreeTiedEmbeddingExchangeMovesTheOwnedShard) {
+  // ZeRO 3 with a pipeline: each stage's copy of the tied embedding is reduce-scattered into its
+  // shard, so the first and last stage's ranks exchange only the 1/dp they own.
+  ModelSpec m;
+  Plan p;
+  p.dp = 2; p.pp = 2; p.gpus = 4; p.micro_batch = 1; p.global_batch = 8;
+  p.precision = Precision::fp32;
+  const RankPosition first = rank_position(p, 1), last = rank_position(p, 3);
+  const int64_t tied = m.vocab * m.hidden * 4;
+  const int64_t msgs = bytes_sent_per_step(m, p, first)[CommKind::pp_send] - tied;  // ZeRO 0: the whole copy
+  p.zero = 3;
+  EXPECT_EQ(bytes_sent_per_step(m, p, first)[CommKind::pp_send], msgs + tied / 2);
+  EXPECT_EQ(bytes_sent_per_step(m, p, last)[CommKind::pp_send], msgs + tied / 2);
+}
