@@ -52,7 +52,8 @@ struct DistributedTrainer::Chunk {
   std::unique_ptr<Gpt> model;
   std::map<int64_t, std::vector<Range>> unit_ranges;  // layer / kEmbedding / kHead -> arena ranges
   std::vector<Range> sp_partial;   // sequence parallel: gradients that are partial sums over tp
-  std::vector<uint8_t> counted;    // [total] 1 = this element counts in the global grad norm
+  std::vector<Range> counted;      // arena ranges that count in the global grad norm (ascending;
+                                   // ranges, not a flag per element: ZeRO 3 keeps nothing full-size)
   Range tied_wte;                  // the tied embedding's range on the first or last stage (len 0: none)
   int backward_count = 0;          // backwards of this step so far (the m-th one is the last)
   std::unique_ptr<GradBucketer> bucketer;  // ZeRO 0 with dp > 1 (all-reduce); ZeRO 2 (reduce-scatter)
@@ -127,7 +128,6 @@ DistributedTrainer::DistributedTrainer(Backend& backend, ParallelRuntime& rt, co
     ch->model = std::make_unique<Gpt>(be_, g, ch->hooks.get());
     if (plan_.zero != 3) ch->model->init_weights(opt_.train.seed);
     const ParamLayout& layout = ch->model->layout();
-    ch->counted.assign(size_t(layout.total()), 0);
     const bool tied_copy = g.stage.has_head && !g.stage.has_embedding && opt_.model.tie_embeddings;
     for (const ParamInfo& p : layout.entries()) {
       int64_t unit = unit_of(p.name);
@@ -137,7 +137,10 @@ DistributedTrainer::DistributedTrainer(Backend& backend, ParallelRuntime& rt, co
       if (p.name == "wte.weight" && opt_.model.tie_embeddings && S > 1) ch->tied_wte = {p.offset, p.numel};
       // Count each global element once: tp-replicated on tp rank 0; the tied copy not at all.
       const bool count = (p.split_dim >= 0 || rt_.mesh().coord.tp == 0) && !(tied_copy && p.name == "wte.weight");
-      if (count) std::fill_n(ch->counted.begin() + p.offset, p.numel, uint8_t(1));
+      if (count && !ch->counted.empty() && ch->counted.back().offset + ch->counted.back().len == p.offset)
+        ch->counted.back().len += p.numel;
+      else if (count)
+        ch->counted.push_back({p.offset, p.numel});
     }
     AdamWConfig ac{float(opt_.train.beta1), float(opt_.train.beta2), float(opt_.train.eps),
                    float(opt_.train.weight_decay)};
@@ -542,6 +545,17 @@ void DistributedTrainer::reduce_gradients() {
   }
 }
 
+// Sum of squares of g[i - begin] over the arena elements i in [begin, end) that lie in `counted`,
+// in ascending order of i.
+static double counted_squares(const std::vector<Range>& counted, const float* g, int64_t begin, int64_t end) {
+  double s = 0;
+  for (const Range& r : counted) {
+    const int64_t lo = std::max(begin, r.offset), hi = std::min(end, r.offset + r.len);
+    for (int64_t i = lo; i < hi; i++) s += double(g[i - begin]) * double(g[i - begin]);
+  }
+  return s;
+}
+
 double DistributedTrainer::grad_norm_squared() {
   double local = 0;
   const int dp_rank = rt_.dp().rank();
@@ -550,27 +564,22 @@ double DistributedTrainer::grad_norm_squared() {
       for (const Chunk::Segment& seg : ch->segments) {
         const ShardRange own = seg.zl.owned(dp_rank);
         const int64_t base = seg.zl.range(dp_rank).begin;
-        for (int64_t i = own.begin; i < own.end; i++)
-          if (ch->counted[size_t(seg.range.offset + i)])
-            local += double(seg.grad[size_t(i - base)]) * seg.grad[size_t(i - base)];
+        local += counted_squares(ch->counted, seg.grad.data() + (own.begin - base), seg.range.offset + own.begin,
+                                 seg.range.offset + own.end);
       }
     } else if (plan_.zero == 2 && ch->bucketer) {
       const float* g = ch->bucketer->shard_grads();  // the owned ranges back to back
       for (const ShardRange& r : ch->owned) {
-        for (int64_t i = r.begin; i < r.end; i++)
-          if (ch->counted[size_t(i)]) local += double(g[i - r.begin]) * double(g[i - r.begin]);
+        local += counted_squares(ch->counted, g, r.begin, r.end);
         g += r.size();
       }
     } else if (plan_.zero == 0) {
       if (dp_rank != 0) continue;  // every replica holds the same reduced gradients
-      const float* g = ch->model->grads();
-      for (int64_t i = 0; i < ch->model->num_params(); i++)
-        if (ch->counted[size_t(i)]) local += double(g[i]) * double(g[i]);
+      local += counted_squares(ch->counted, ch->model->grads(), 0, ch->model->num_params());
     } else {
       const ShardRange own = ch->zl.owned(dp_rank);
       const int64_t base = ch->zl.range(dp_rank).begin;
-      for (int64_t i = own.begin; i < own.end; i++)
-        if (ch->counted[size_t(i)]) local += double(ch->grad_shard[size_t(i - base)]) * ch->grad_shard[size_t(i - base)];
+      local += counted_squares(ch->counted, ch->grad_shard.data() + (own.begin - base), own.begin, own.end);
     }
   }
   double global = 0;
