@@ -59,7 +59,7 @@ struct DistributedTrainer::Chunk {
   std::unique_ptr<GradBucketer> bucketer;  // ZeRO 0 with dp > 1 (all-reduce); ZeRO 2 (reduce-scatter)
   std::vector<ShardRange> owned;           // ZeRO 2 buckets: the arena ranges this rank updates
   std::unique_ptr<AdamW> adamw;            // ZeRO 0
-  // ZeRO 1/2: padded arenas and this rank's shard of the optimizer state.
+  // ZeRO 1 (and 2 at dp 1): padded arenas and this rank's shard of the optimizer state.
   ZeroLayout zl;
   std::vector<float> grad_pad, param_pad, grad_shard, m, v;
   // ZeRO 3: every unit's contiguous arena range is sharded on its own over dp; this rank keeps
@@ -73,6 +73,7 @@ struct DistributedTrainer::Chunk {
   std::map<int64_t, std::vector<int>> gather_segments;  // unit -> segments its pass reads
   std::map<int64_t, std::vector<int>> own_segments;     // unit -> segments whose gradients it makes
   int tied_segment = -1;  // the tied embedding copy's segment (first / last stage of a pipeline)
+  int64_t tied_shard = 0;  // bucketed ZeRO 2: floats of the shard's start that are the tied copy's
 };
 
 static int64_t unit_of(const std::string& name) {
@@ -149,20 +150,25 @@ DistributedTrainer::DistributedTrainer(Backend& backend, ParallelRuntime& rt, co
       if (dp > 1)
         ch->bucketer = std::make_unique<GradBucketer>(rt_.dp(), ch->model->grads(), layout.total(),
                                                       std::min(opt_.bucket_floats, layout.total()));
-    } else if (plan_.zero == 2 && dp > 1 && layout.total() % dp == 0 &&
-               (ch->tied_wte.len == 0 || (ch->tied_wte.offset == 0 && ch->tied_wte.len % dp == 0))) {
-      int64_t bucket = std::min(opt_.bucket_floats, layout.total());
-      bucket = std::max<int64_t>(dp, bucket - bucket % dp);  // dp divides every bucket: equal chunks
+    } else if (plan_.zero == 2 && dp > 1) {
+      EXA_CHECK(ch->tied_wte.len == 0 || ch->tied_wte.offset == 0,
+                "ZeRO 2: the tied embedding's copy must start the arena (it is at offset {})", ch->tied_wte.offset);
+      // Not clamped to the arena: the tied embedding's buckets must not depend on the stage's size.
+      // dp divides it: equal chunks (bar the buckets that end at a split or at the arena's end).
+      const int64_t bucket = std::max<int64_t>(dp, opt_.bucket_floats - opt_.bucket_floats % dp);
       // A tied embedding (at offset 0 on the first and the last stage) ends a bucket, so its
       // buckets, and the chunks a dp rank owns of them, are the same on both stages: the tied
-      // gradient exchange then moves only those chunks (the shard's first tied_wte.len / dp floats).
+      // gradient exchange then moves only those chunks (the start of the shard).
       std::vector<int64_t> splits;
       if (ch->tied_wte.len > 0) splits.push_back(ch->tied_wte.len);
       ch->bucketer = std::make_unique<GradBucketer>(rt_.dp(), ch->model->grads(), layout.total(), bucket,
                                                     BucketOp::reduce_scatter, splits, opt_.buckets_in_flight);
       ch->owned = ch->bucketer->owned_ranges(dp_rank);
       int64_t mine = 0;
-      for (const ShardRange& r : ch->owned) mine += r.size();
+      for (const ShardRange& r : ch->owned) {
+        mine += r.size();
+        if (r.end <= ch->tied_wte.len) ch->tied_shard = mine;  // my chunks of the embedding's buckets
+      }
       ch->m.assign(size_t(mine), 0.0f);
       ch->v.assign(size_t(mine), 0.0f);
     } else if (plan_.zero == 3) {
@@ -489,8 +495,8 @@ void DistributedTrainer::run_micro_batches(double* loss_sum, double* compute_s, 
 // Counted under "pp_send" (a point-to-point message on the pp group: the whole copy, each side),
 // as plan::bytes_sent_per_step counts it on the first and last stage.
 // Bucketed ZeRO 2: the sums are on the shards already; each rank exchanges only the chunks it owns
-// of the embedding's buckets (the same on both stages: the first tied_wte.len / dp floats of its
-// shard) with the same dp (and tp) rank of the other stage. ZeRO 3: likewise, the shard of the
+// of the embedding's buckets (the same on both stages: the first tied_shard floats of its shard)
+// with the same dp (and tp) rank of the other stage. ZeRO 3: likewise, the shard of the
 // embedding's own segment (the same ZeroLayout on both stages).
 void DistributedTrainer::tied_embedding_sum() {
   const int pp = plan_.mesh.pp;
@@ -502,7 +508,7 @@ void DistributedTrainer::tied_embedding_sum() {
     int64_t len = ch->tied_wte.len;
     if (plan_.zero == 2 && ch->bucketer) {
       g = ch->bucketer->shard_grads();
-      len = ch->tied_wte.len / rt_.dp().size();
+      len = ch->tied_shard;
     } else if (plan_.zero == 3) {
       Chunk::Segment& seg = ch->segments.at(size_t(ch->tied_segment));
       g = seg.grad.data();

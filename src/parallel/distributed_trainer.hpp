@@ -11,12 +11,12 @@
 //      tp as each layer's last backward ends; ZeRO 0 launches the bucketed non-blocking dp
 //      all-reduce from the same after_layer(l, backward) hook (overlapped with the rest of
 //      backward); the tied embedding's two copies (first and last stage) are summed;
-//      ZeRO 2 (DeepSpeed stage 2, when dp divides the chunk's arena) reduce-scatters each gradient
+//      ZeRO 2 (DeepSpeed stage 2) reduce-scatters each gradient
 //      bucket of EVERY micro-batch as soon as backward completes it (GradBucketer,
 //      BucketOp::reduce_scatter): the summed chunk is accumulated into the rank's shard-sized
 //      buffer and the bucket's arena pages go back to the OS once its reduce-scatter has completed,
 //      so a rank holds its 1/dp shard plus the buckets in flight; the tied embedding is summed on
-//      the shards; ZeRO 1 (and ZeRO 2 when dp does not divide the arena) reduce-scatters the whole
+//      the shards; ZeRO 1 (Megatron's distributed optimizer) reduce-scatters the whole
 //      arena once after backward; ZeRO 3 keeps only a shard of every unit's (layer's,
 //      embedding's, head's) parameters, initialised from the seed without ever writing the full
 //      arena, all-gathers a unit before each pass through it (before_layer), releases it after

@@ -78,16 +78,13 @@ GradBucketer::GradBucketer(Group& dp, float* grads, int64_t n, int64_t bucket_fl
     while (bounds_.back() < e) bounds_.push_back(std::min(e, bounds_.back() + bucket_floats));
   const int64_t nb = int64_t(bounds_.size()) - 1;
   if (op == BucketOp::reduce_scatter) {
-    const int p = dp.size();
     int64_t k = 0;
+    staging_.resize(size_t(nb));
     for (int64_t b = 0; b < nb; b++) {
-      EXA_CHECK(bucket_size(b) % p == 0,
-                "ZeRO-2 buckets need dp to divide every bucket: bucket {} [{}, {}) of the {}-float arena "
-                "holds {} floats, not a multiple of dp {} (bucket_floats {}, splits at {})",
-                b, bounds_[size_t(b)], bounds_[size_t(b) + 1], n, bucket_size(b), p, bucket_floats,
-                fmt::join(splits, ", "));
       shard_at_.push_back(k);
-      k += bucket_size(b) / p;
+      k += owned(b, dp.rank()).size();
+      // A bucket dp does not divide is reduce-scattered (and gathered) through a zero-padded copy.
+      if (bucket_size(b) % dp.size() != 0) staging_[size_t(b)].assign(size_t(chunk(b) * dp.size()), 0.0f);
     }
     shard_.assign(size_t(k), 0.0f);
     retired_.assign(size_t(nb), 0);
@@ -95,6 +92,15 @@ GradBucketer::GradBucketer(Group& dp, float* grads, int64_t n, int64_t bucket_fl
   ready_.assign(size_t(nb), 0);
   reqs_.resize(size_t(nb));
   next_launch_ = nb - 1;
+}
+
+int64_t GradBucketer::chunk(int64_t b) const {
+  return (bucket_size(b) + dp_.size() - 1) / dp_.size();
+}
+
+ShardRange GradBucketer::owned(int64_t b, int rank) const {
+  const int64_t begin = bounds_[size_t(b)], size = bucket_size(b), c = chunk(b);
+  return {begin + std::min(size, rank * c), begin + std::min(size, (rank + 1) * c)};
 }
 
 int64_t GradBucketer::bucket_of(int64_t pos) const {
@@ -133,7 +139,12 @@ void GradBucketer::launch(int64_t b) {
   if (op_ == BucketOp::all_reduce) {
     reqs_[size_t(b)] = dp_.iall_reduce_sum(base, bucket_size(b));
   } else {  // in place: the summed chunk r lands at the bucket's start, accumulated by retire()
-    reqs_[size_t(b)] = dp_.ireduce_scatter_sum(nullptr, base, bucket_size(b) / dp_.size());
+    std::vector<float>& pad = staging_[size_t(b)];
+    if (!pad.empty()) {
+      std::copy_n(base, bucket_size(b), pad.begin());
+      std::fill(pad.begin() + bucket_size(b), pad.end(), 0.0f);
+    }
+    reqs_[size_t(b)] = dp_.ireduce_scatter_sum(nullptr, pad.empty() ? base : pad.data(), chunk(b));
     in_flight_.push_back(b);
   }
 }
@@ -174,10 +185,11 @@ bool GradBucketer::page_done(uintptr_t page_begin) const {
 }
 
 void GradBucketer::retire(int64_t b) {
-  const int64_t chunk = bucket_size(b) / dp_.size();
   float* base = grads_ + bounds_[size_t(b)];
+  const float* sum = staging_[size_t(b)].empty() ? base : staging_[size_t(b)].data();
   float* dst = shard_.data() + shard_at_[size_t(b)];
-  for (int64_t i = 0; i < chunk; i++) dst[i] += base[i];
+  const int64_t mine = owned(b, dp_.rank()).size();
+  for (int64_t i = 0; i < mine; i++) dst[i] += sum[i];
   retired_[size_t(b)] = 1;
   // The bucket's floats on its first and last page read 0 from now on (those pages may be
   // shared with buckets still being written); its inner pages, and an end page once every bucket
@@ -197,19 +209,25 @@ void GradBucketer::retire(int64_t b) {
 std::vector<ShardRange> GradBucketer::owned_ranges(int rank) const {
   EXA_CHECK(op_ == BucketOp::reduce_scatter, "owned_ranges() is for ZeRO-2 (reduce_scatter) buckets");
   std::vector<ShardRange> out;
-  for (int64_t b = 0; b < buckets(); b++) {
-    int64_t chunk = bucket_size(b) / dp_.size();
-    out.push_back({bounds_[size_t(b)] + rank * chunk, bounds_[size_t(b)] + (rank + 1) * chunk});
-  }
+  for (int64_t b = 0; b < buckets(); b++) out.push_back(owned(b, rank));
   return out;
 }
 
 void GradBucketer::gather_params(float* params) {
   EXA_CHECK(op_ == BucketOp::reduce_scatter, "gather_params() is for ZeRO-2 (reduce_scatter) buckets");
   std::vector<Request> reqs;
-  for (int64_t b = buckets() - 1; b >= 0; b--)
-    reqs.push_back(dp_.iall_gather(nullptr, params + bounds_[size_t(b)], bucket_size(b) / dp_.size()));
+  for (int64_t b = buckets() - 1; b >= 0; b--) {
+    std::vector<float>& pad = staging_[size_t(b)];
+    if (!pad.empty()) {  // my owned range at its padded place, then every rank's back to params
+      const ShardRange own = owned(b, dp_.rank());
+      std::copy(params + own.begin, params + own.end, pad.begin() + dp_.rank() * chunk(b));
+    }
+    reqs.push_back(dp_.iall_gather(nullptr, pad.empty() ? params + bounds_[size_t(b)] : pad.data(), chunk(b)));
+  }
   dp_.wait_all(reqs);
+  for (int64_t b = 0; b < buckets(); b++)
+    if (!staging_[size_t(b)].empty())
+      std::copy_n(staging_[size_t(b)].begin(), bucket_size(b), params + bounds_[size_t(b)]);
 }
 
 void GradBucketer::end_micro_batch() {

@@ -60,19 +60,21 @@ void return_pages(float* arena, int64_t n, float partial_fill, const char* what)
 // OpenMP-parallel kernels of backward, not from inside a parallel region.
 //
 // ZeRO 2 (BucketOp::reduce_scatter) = DeepSpeed stage 2: each complete bucket is reduce-scattered
-// instead, EVERY micro-batch, so rank r owns chunk r of every bucket ([begin + r*size/p,
-// begin + (r+1)*size/p), listed by owned_ranges(r)): the optimizer steps on those ranges only, and
-// gather_params() all-gathers the updated parameters bucket by bucket. Needs dp to divide every
-// bucket (pad the arena, e.g. with ZeroLayout). As soon as a bucket's reduce-scatter has completed
+// instead, EVERY micro-batch, so rank r owns chunk r of every bucket ([begin + r*c, begin +
+// (r+1)*c) with c = ceil(size / p), clamped to the bucket; listed by owned_ranges(r)): the
+// optimizer steps on those ranges only, and gather_params() all-gathers the updated parameters
+// bucket by bucket. A bucket dp does not divide goes through a zero-padded copy of p*c floats (at
+// most a few: choose bucket_floats divisible by dp). As soon as a bucket's reduce-scatter has completed
 // (mark_ready tests the launched ones while backward goes on; at most `max_in_flight` stay in
 // flight, the oldest is waited for beyond that; end_micro_batch() waits for the rest) its summed
-// chunk is ACCUMULATED into shard_grads() (n / dp floats, the owned ranges back to back, as the
+// chunk is ACCUMULATED into shard_grads() (about n / dp floats, the owned ranges back to back, as the
 // optimizer's moments are laid out) and its whole pages in the arena go back to the OS (a page it
 // shares with a neighbouring bucket once that one is done too); the rest reads 0 for the next
 // micro-batch. So the gradient arena holds only the buckets being written or in flight, and a
 // rank keeps 1/dp of the gradients in the shard, for any number of micro-batches. By the ledger's
 // convention the step's reduce-scatters add up to m reduce-scatters of the whole arena, as the
-// planner counts ZeRO 2. The arena must read 0 at the first micro-batch (a fresh or released one).
+// planner counts ZeRO 2 (exactly when dp divides every bucket; a padded bucket sends its padding
+// too). The arena must read 0 at the first micro-batch (a fresh or released one).
 enum class BucketOp { all_reduce, reduce_scatter };
 
 class GradBucketer {
@@ -96,7 +98,7 @@ class GradBucketer {
   // reduce_scatter mode: params[n] holds this rank's updated owned ranges; fills in the rest.
   void gather_params(float* params);
   // reduce_scatter mode: the step's summed gradients of owned_ranges(rank) in that order, back to
-  // back [n / dp] (scaled by finish()).
+  // back (scaled by finish()).
   const float* shard_grads() const { return shard_.data(); }
   float* shard_grads() { return shard_.data(); }
   // Buckets started so far in this micro-batch / step (before finish()).
@@ -110,6 +112,8 @@ class GradBucketer {
   void launch(int64_t b);
   int64_t bucket_of(int64_t pos) const;  // the bucket holding arena element pos
   int64_t bucket_size(int64_t b) const { return bounds_[size_t(b) + 1] - bounds_[size_t(b)]; }
+  int64_t chunk(int64_t b) const;                // reduce_scatter: ceil(bucket size / dp)
+  ShardRange owned(int64_t b, int rank) const;   // reduce_scatter: rank's chunk of bucket b, clamped
   void poll();             // reduce_scatter: retire completed buckets, bound those in flight
   void retire(int64_t b);  // reduce_scatter: accumulate b's chunk into the shard, free its pages
   bool page_done(uintptr_t page) const;  // inside the arena and all its buckets retired
@@ -126,7 +130,8 @@ class GradBucketer {
   std::vector<Request> reqs_;
   std::vector<uint8_t> retired_;   // reduce_scatter: bucket done this micro-batch
   std::vector<int64_t> in_flight_; // reduce_scatter: launched, not retired, oldest first
-  std::vector<float> shard_;    // reduce_scatter mode: this rank's summed chunks [n / dp]
+  std::vector<float> shard_;    // reduce_scatter mode: this rank's summed chunks [sum of owned sizes]
+  std::vector<std::vector<float>> staging_;  // reduce_scatter: [dp * chunk] for buckets dp does not divide
   int64_t next_launch_;         // highest bucket index not launched yet (-1: all launched)
   int64_t early_ = 0;           // reduce_scatter: launched before end_micro_batch, this step
   int64_t launched_early_ = 0;
