@@ -70,6 +70,7 @@ static std::vector<Config> configs_for(int world) {
     a = c(2, 2, 2); a.vp = 2; a.llama = true; a.recompute = R::full; v.push_back(a);
     a = c(2, 2, 2); a.sp = true; a.zero = 3; a.untied = true; v.push_back(a);
     a = c(2, 2, 2); a.vp = 2; a.zero = 3; v.push_back(a);  // tied, interleaved
+    a = c(2, 2, 2); a.sp = true; a.vp = 2; a.zero = 2; v.push_back(a);  // tied, interleaved, sp
   }
   return v;
 }
