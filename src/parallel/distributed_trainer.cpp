@@ -59,7 +59,8 @@ struct DistributedTrainer::Chunk {
   std::unique_ptr<GradBucketer> bucketer;  // ZeRO 0 with dp > 1 (all-reduce); ZeRO 2 (reduce-scatter)
   std::vector<ShardRange> owned;           // ZeRO 2 buckets: the arena ranges this rank updates
   std::unique_ptr<AdamW> adamw;            // ZeRO 0
-  // ZeRO 1 (and 2 at dp 1): padded arenas and this rank's shard of the optimizer state.
+  // ZeRO 1 (and 2 at dp 1): this rank's shard of the gradients and optimizer state; padded copies
+  // of the arenas only when dp does not divide them (ZeRO 3: staging for a segment's collectives).
   ZeroLayout zl;
   std::vector<float> grad_pad, param_pad, grad_shard, m, v;
   // ZeRO 3: every unit's contiguous arena range is sharded on its own over dp; this rank keeps
@@ -174,10 +175,13 @@ DistributedTrainer::DistributedTrainer(Backend& backend, ParallelRuntime& rt, co
     } else if (plan_.zero == 3) {
       setup_zero3(*ch);
     } else {
-      // align 1: no padding when dp divides the arena, so the bytes equal the planner's flat buffer.
+      // align 1: no padding when dp divides the arena, so the bytes equal the planner's flat buffer
+      // and the collectives work on the model's arenas themselves (padded copies otherwise).
       ch->zl = ZeroLayout::make(layout.total(), dp, 1);
-      ch->grad_pad.assign(size_t(ch->zl.padded), 0.0f);
-      ch->param_pad.assign(size_t(ch->zl.padded), 0.0f);
+      if (ch->zl.padded != layout.total()) {
+        ch->grad_pad.assign(size_t(ch->zl.padded), 0.0f);
+        ch->param_pad.assign(size_t(ch->zl.padded), 0.0f);
+      }
       ch->grad_shard.assign(size_t(ch->zl.shard), 0.0f);
       ch->m.assign(size_t(ch->zl.shard), 0.0f);
       ch->v.assign(size_t(ch->zl.shard), 0.0f);
@@ -354,10 +358,17 @@ void DistributedTrainer::setup_zero3(Chunk& ch) {
   for (int sidx = 0; sidx < int(ch.segments.size()); sidx++) release_segment(ch, sidx);
 }
 
-// ZeRO 3: all-gather a segment's parameters into the model's arena (in place over a staging copy).
+// ZeRO 3: all-gather a segment's parameters into the model's arena: in place when dp divides the
+// segment, else through a padded staging copy.
 void DistributedTrainer::gather_segment(Chunk& ch, int sidx) {
   Chunk::Segment& seg = ch.segments[size_t(sidx)];
   const int r = rt_.dp().rank();
+  if (seg.zl.padded == seg.range.len) {
+    float* dst = ch.model->params() + seg.range.offset;
+    std::copy(seg.param.begin(), seg.param.end(), dst + seg.zl.range(r).begin);
+    rt_.dp().all_gather(nullptr, dst, seg.zl.shard);
+    return;
+  }
   std::vector<float>& staging = ch.param_pad;
   staging.resize(std::max(staging.size(), size_t(seg.zl.padded)));
   std::copy(seg.param.begin(), seg.param.end(), staging.begin() + seg.zl.range(r).begin);
@@ -381,14 +392,18 @@ void DistributedTrainer::release_segment(Chunk& ch, int sidx) {
 // it shares with its neighbours are set to 0.
 void DistributedTrainer::reduce_scatter_segment(Chunk& ch, int sidx) {
   Chunk::Segment& seg = ch.segments[size_t(sidx)];
-  std::vector<float>& staging = ch.grad_pad;
-  staging.assign(size_t(seg.zl.padded), 0.0f);
   float* g = ch.model->grads() + seg.range.offset;
-  std::copy_n(g, seg.range.len, staging.begin());
-  return_pages(g, seg.range.len, 0.0f, "reduce-scattered ZeRO-3 gradients");
   std::vector<float>& out = ch.grad_shard;
   out.resize(size_t(seg.zl.shard));
-  reduce_scatter_grads(rt_.dp(), seg.zl, staging.data(), out.data(), 1.0f);
+  if (seg.zl.padded == seg.range.len) {  // straight from the arena
+    reduce_scatter_grads(rt_.dp(), seg.zl, g, out.data(), 1.0f);
+  } else {  // through a zero-padded staging copy
+    std::vector<float>& staging = ch.grad_pad;
+    staging.assign(size_t(seg.zl.padded), 0.0f);
+    std::copy_n(g, seg.range.len, staging.begin());
+    reduce_scatter_grads(rt_.dp(), seg.zl, staging.data(), out.data(), 1.0f);
+  }
+  return_pages(g, seg.range.len, 0.0f, "reduce-scattered ZeRO-3 gradients");
   for (int64_t i = 0; i < seg.zl.shard; i++) seg.grad[size_t(i)] += out[size_t(i)];
 }
 
@@ -543,10 +558,13 @@ void DistributedTrainer::reduce_gradients() {
     if (ch->bucketer) {  // ZeRO 0: the tied range, then wait for every bucket
       if (ch->tied_wte.len > 0) ch->bucketer->mark_ready(ch->tied_wte.offset, ch->tied_wte.len);
       ch->bucketer->finish(1.0f);
-    } else if (plan_.zero >= 1) {
-      const int64_t total = ch->model->num_params();
-      std::copy_n(ch->model->grads(), total, ch->grad_pad.begin());
-      reduce_scatter_grads(rt_.dp(), ch->zl, ch->grad_pad.data(), ch->grad_shard.data(), 1.0f);
+    } else if (plan_.zero >= 1) {  // ZeRO 1: straight from the arena unless it needs padding
+      const float* grads = ch->model->grads();
+      if (!ch->grad_pad.empty()) {
+        std::copy_n(grads, ch->model->num_params(), ch->grad_pad.begin());
+        grads = ch->grad_pad.data();
+      }
+      reduce_scatter_grads(rt_.dp(), ch->zl, grads, ch->grad_shard.data(), 1.0f);
     }
   }
 }
@@ -639,11 +657,15 @@ void DistributedTrainer::optimizer_step(float lr, float clip_scale) {
       ch->bucketer->gather_params(params);
       continue;
     }
-    // ZeRO 1/2: AdamW on this rank's shard, entry by entry (weight decay is per parameter).
+    // ZeRO 1: AdamW on this rank's shard, entry by entry (weight decay is per parameter), in the
+    // model's arena unless it needs padding.
     const ShardRange own = ch->zl.owned(dp_rank);
     const int64_t base = ch->zl.range(dp_rank).begin;
-    float* params = ch->param_pad.data();
-    std::copy_n(ch->model->params(), ch->model->num_params(), params);
+    float* params = ch->model->params();
+    if (!ch->param_pad.empty()) {
+      std::copy_n(params, ch->model->num_params(), ch->param_pad.begin());
+      params = ch->param_pad.data();
+    }
     for (const ParamInfo& p : ch->model->layout().entries()) {
       const int64_t lo = std::max(own.begin, p.offset), hi = std::min(own.end, p.offset + p.numel);
       if (lo >= hi) continue;
@@ -652,7 +674,7 @@ void DistributedTrainer::optimizer_step(float lr, float clip_scale) {
                        p.decay ? float(opt_.train.weight_decay) : 0.0f, bc1, bc2, clip_scale);
     }
     all_gather_params(rt_.dp(), ch->zl, params);
-    std::copy_n(params, ch->model->num_params(), ch->model->params());
+    if (!ch->param_pad.empty()) std::copy_n(params, ch->model->num_params(), ch->model->params());
   }
   step_ += 1;
 }

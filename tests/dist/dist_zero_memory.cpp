@@ -9,7 +9,7 @@
 //     (the partial pages at unit ends, set to NaN) and none of the gradient arena; every shard was
 //     initialised from the seed without the full arena.
 //   Both: the 3 steps' losses equal the single-rank trainer's (1e-5 relative), also for a model whose
-//   sizes dp does not divide (ZeRO 2 then pads the last bucket).
+//   sizes dp does not divide (ZeRO 2 then pads the last bucket, ZeRO 3 its odd segments).
 // Run as `mpirun -np N dist_zero_memory` (N = 2 or 4); exits non-zero on any failure.
 #include <mpi.h>
 #include <unistd.h>
@@ -46,6 +46,7 @@ static std::vector<Case> cases_for(int world) {
     Case a = c(2, 1, 2, 2); a.cfg.llama = true; v.push_back(a);
     a = c(2, 1, 2, 2); a.odd = true; v.push_back(a);
     v.push_back(c(2, 1, 3, 2));
+    a = c(2, 1, 3, 2); a.odd = true; v.push_back(a);  // ZeRO 3's padded segment collectives
   } else if (world == 4) {
     v.push_back(c(4, 1, 2, 2));
     v.push_back(c(2, 2, 2, 4));  // pipeline, tied embedding exchanged on the shards
