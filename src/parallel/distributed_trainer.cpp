@@ -696,6 +696,9 @@ DistStepMetrics DistributedTrainer::train_step() {
 
   double loss_sum = 0, compute_s = 0, bubble_s = 0;
   run_micro_batches(&loss_sum, &compute_s, &bubble_s);
+  // dp time spent inside the micro-batches (ZeRO 2's waits for its reduce-scatters, ZeRO 3's
+  // gathers and reduce-scatters): the ledger was reset at the step's start.
+  const double dp_in_micro_batches = comm_breakdown_s(rt_.ledger())["dp_comm"];
   reduce_gradients();
 
   // The global mean loss: the last stage's sums over dp (tp rank 0 only: tp ranks agree).
@@ -736,10 +739,10 @@ DistStepMetrics DistributedTrainer::train_step() {
   s.tokens_per_s = double(m_ * rt_.dp().size() * n) / s.seconds;
 
   s.breakdown_s = comm_breakdown_s(rt_.ledger());
-  // Communication inside the compute callbacks (tp collectives, pipeline waits) is reported under
-  // its own name, so compute excludes it.
-  // (run_pipeline's compute_s already excludes its pipeline waits; dp buckets are non-blocking.)
-  s.breakdown_s["compute"] = std::max(0.0, compute_s - s.breakdown_s["tp_comm"]);
+  // Communication inside the compute callbacks (tp collectives, dp waits, pipeline waits) is
+  // reported under its own name, so compute excludes it (run_pipeline's compute_s already
+  // excludes its pipeline waits).
+  s.breakdown_s["compute"] = std::max(0.0, compute_s - s.breakdown_s["tp_comm"] - dp_in_micro_batches);
   s.breakdown_s["optimizer"] = t1 - t_opt;
   s.breakdown_s["pp_bubble"] = std::max(s.breakdown_s["pp_bubble"], bubble_s);
   s.bytes = rt_.ledger().bytes;

@@ -71,7 +71,7 @@ struct DistStepMetrics {
   // The planner's breakdown_s names: compute, tp_comm, pp_comm, pp_bubble, dp_comm, optimizer.
   std::map<std::string, double> breakdown_s;
   std::map<std::string, int64_t> bytes;  // this rank's ledger for the step (kind -> bytes sent)
-  int64_t buckets_launched_early = 0;    // ZeRO 0: dp buckets started during backward
+  int64_t buckets_launched_early = 0;    // ZeRO 0/2: dp buckets started during backward (ZeRO 2: all micro-batches)
   bool skipped = false;                  // non-finite step not applied (skip_nonfinite)
   bool nonfinite = false;                // non-finite loss or gradient norm: no update applied
 };
