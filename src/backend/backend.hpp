@@ -25,6 +25,11 @@ class Backend {
   // alloc_bytes returns zeroed, 64-byte aligned device memory; free_bytes(nullptr) is a no-op.
   virtual void* alloc_bytes(size_t bytes) = 0;
   virtual void free_bytes(void* p) = 0;
+  // Zeroed, 64-byte aligned memory whose pages need not be resident until first written (CPU:
+  // fresh anonymous mmap pages, never touched here). For arenas a caller fills only in part, e.g.
+  // ZeRO 3's parameter arena (gathered one layer at a time) and ZeRO 2/3's gradient arena; freed
+  // with free_bytes. Default: alloc_bytes.
+  virtual void* alloc_bytes_lazy(size_t bytes) { return alloc_bytes(bytes); }
   virtual void upload(void* dst_device, const void* src_host, size_t bytes) = 0;
   virtual void download(void* dst_host, const void* src_device, size_t bytes) = 0;
   virtual void copy(void* dst_device, const void* src_device, size_t bytes) = 0;

@@ -56,8 +56,9 @@ Gpt::Gpt(Backend& backend, const GptOptions& options, ParallelHooks* hooks)
   Ns_ = sp_ ? B_ * T_ / tp : B_ * T_;
 
   build_layout();
-  params_ = be_.alloc(layout_.total());
-  grads_ = be_.alloc(layout_.total());
+  const size_t arena_bytes = sizeof(float) * size_t(layout_.total());
+  params_ = static_cast<float*>(opt_.lazy_params ? be_.alloc_bytes_lazy(arena_bytes) : be_.alloc_bytes(arena_bytes));
+  grads_ = static_cast<float*>(opt_.lazy_grads ? be_.alloc_bytes_lazy(arena_bytes) : be_.alloc_bytes(arena_bytes));
   mem_.params = mem_.grads = int64_t(sizeof(float)) * layout_.total();
   allocate_activations();
 }

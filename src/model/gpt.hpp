@@ -42,6 +42,13 @@ struct GptOptions {
   // once (a pipeline stage under 1F1B needs up to pp). Each slot keeps its own saved
   // activations; backward scratch is shared.
   int64_t activation_slots = 1;
+  // Arenas allocated with Backend::alloc_bytes_lazy (zero, no page resident until written), for a
+  // caller that keeps them mostly empty: the distributed trainer's ZeRO 3 (lazy_params: it
+  // initialises only its shards, never calls init_weights, and gathers one unit at a time) and
+  // ZeRO 2/3 (lazy_grads: it returns each reduce-scattered range's pages to the OS and never
+  // calls zero_grad, which would touch the whole arena).
+  bool lazy_params = false;
+  bool lazy_grads = false;
 };
 
 // Bytes the model allocated, by kind (for the memory report).

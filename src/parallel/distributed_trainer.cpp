@@ -1,8 +1,6 @@
 #include "parallel/distributed_trainer.hpp"
 
 #include <omp.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -54,13 +52,15 @@ struct DistributedTrainer::Chunk {
   std::unique_ptr<Gpt> model;
   std::map<int64_t, std::vector<Range>> unit_ranges;  // layer / kEmbedding / kHead -> arena ranges
   std::vector<Range> sp_partial;   // sequence parallel: gradients that are partial sums over tp
-  std::vector<uint8_t> counted;    // [total] 1 = this element counts in the global grad norm
+  std::vector<Range> counted;      // arena ranges that count in the global grad norm (ascending;
+                                   // ranges, not a flag per element: ZeRO 3 keeps nothing full-size)
   Range tied_wte;                  // the tied embedding's range on the first or last stage (len 0: none)
   int backward_count = 0;          // backwards of this step so far (the m-th one is the last)
   std::unique_ptr<GradBucketer> bucketer;  // ZeRO 0 with dp > 1 (all-reduce); ZeRO 2 (reduce-scatter)
   std::vector<ShardRange> owned;           // ZeRO 2 buckets: the arena ranges this rank updates
   std::unique_ptr<AdamW> adamw;            // ZeRO 0
-  // ZeRO 1/2: padded arenas and this rank's shard of the optimizer state.
+  // ZeRO 1 (and 2 at dp 1): this rank's shard of the gradients and optimizer state; padded copies
+  // of the arenas only when dp does not divide them (ZeRO 3: staging for a segment's collectives).
   ZeroLayout zl;
   std::vector<float> grad_pad, param_pad, grad_shard, m, v;
   // ZeRO 3: every unit's contiguous arena range is sharded on its own over dp; this rank keeps
@@ -73,6 +73,8 @@ struct DistributedTrainer::Chunk {
   std::vector<Segment> segments;
   std::map<int64_t, std::vector<int>> gather_segments;  // unit -> segments its pass reads
   std::map<int64_t, std::vector<int>> own_segments;     // unit -> segments whose gradients it makes
+  int tied_segment = -1;  // the tied embedding copy's segment (first / last stage of a pipeline)
+  int64_t tied_shard = 0;  // bucketed ZeRO 2: floats of the shard's start that are the tied copy's
 };
 
 static int64_t unit_of(const std::string& name) {
@@ -87,10 +89,6 @@ DistributedTrainer::DistributedTrainer(Backend& backend, ParallelRuntime& rt, co
   const MeshShape& mesh = plan_.mesh;
   EXA_CHECK(mesh.cp == 1, "[parallel] cp = {}: context parallelism is planned but not run by the trainer "
             "(expected cp = 1)", mesh.cp);
-  EXA_CHECK(!(plan_.zero == 3 && plan_.pipeline.stages() > 1 && opt_.model.tie_embeddings),
-            "[parallel] zero = 3 with pp {} and tie_embeddings = true: the tied embedding's two copies "
-            "would be sharded differently; expected zero <= 2, pp = 1 or untied embeddings",
-            plan_.mesh.pp);
   EXA_CHECK(opt_.train.optimizer == "adamw", "train.optimizer = \"{}\": only \"adamw\" is implemented",
             opt_.train.optimizer);
   B_ = plan_.micro_batch;
@@ -123,11 +121,15 @@ DistributedTrainer::DistributedTrainer(Backend& backend, ParallelRuntime& rt, co
     g.micro_batch = B_;
     g.seq = T_;
     g.activation_slots = pp > 1 ? m_ : 1;  // pipeline: micro-batch mb keeps slot mb
+    // ZeRO 3 never holds the full parameter arena: each rank initialises its shards (setup_zero3)
+    // and gathers one unit at a time. ZeRO 2/3 gradients stay in the arena only until their
+    // reduce-scatter, whose pages then go back to the OS.
+    g.lazy_params = plan_.zero == 3;
+    g.lazy_grads = plan_.zero >= 2;
     ch->hooks = std::make_unique<DistHooks>(rt_.tp(), *this, c);
     ch->model = std::make_unique<Gpt>(be_, g, ch->hooks.get());
-    ch->model->init_weights(opt_.train.seed);
+    if (plan_.zero != 3) ch->model->init_weights(opt_.train.seed);
     const ParamLayout& layout = ch->model->layout();
-    ch->counted.assign(size_t(layout.total()), 0);
     const bool tied_copy = g.stage.has_head && !g.stage.has_embedding && opt_.model.tie_embeddings;
     for (const ParamInfo& p : layout.entries()) {
       int64_t unit = unit_of(p.name);
@@ -137,7 +139,10 @@ DistributedTrainer::DistributedTrainer(Backend& backend, ParallelRuntime& rt, co
       if (p.name == "wte.weight" && opt_.model.tie_embeddings && S > 1) ch->tied_wte = {p.offset, p.numel};
       // Count each global element once: tp-replicated on tp rank 0; the tied copy not at all.
       const bool count = (p.split_dim >= 0 || rt_.mesh().coord.tp == 0) && !(tied_copy && p.name == "wte.weight");
-      if (count) std::fill_n(ch->counted.begin() + p.offset, p.numel, uint8_t(1));
+      if (count && !ch->counted.empty() && ch->counted.back().offset + ch->counted.back().len == p.offset)
+        ch->counted.back().len += p.numel;
+      else if (count)
+        ch->counted.push_back({p.offset, p.numel});
     }
     AdamWConfig ac{float(opt_.train.beta1), float(opt_.train.beta2), float(opt_.train.eps),
                    float(opt_.train.weight_decay)};
@@ -146,23 +151,37 @@ DistributedTrainer::DistributedTrainer(Backend& backend, ParallelRuntime& rt, co
       if (dp > 1)
         ch->bucketer = std::make_unique<GradBucketer>(rt_.dp(), ch->model->grads(), layout.total(),
                                                       std::min(opt_.bucket_floats, layout.total()));
-    } else if (plan_.zero == 2 && dp > 1 && layout.total() % dp == 0) {
-      int64_t bucket = std::min(opt_.bucket_floats, layout.total());
-      bucket -= bucket % dp;  // dp divides every bucket: equal chunks, the planner's bytes
+    } else if (plan_.zero == 2 && dp > 1) {
+      EXA_CHECK(ch->tied_wte.len == 0 || ch->tied_wte.offset == 0,
+                "ZeRO 2: the tied embedding's copy must start the arena (it is at offset {})", ch->tied_wte.offset);
+      // Not clamped to the arena: the tied embedding's buckets must not depend on the stage's size.
+      // dp divides it: equal chunks (bar the buckets that end at a split or at the arena's end).
+      const int64_t bucket = std::max<int64_t>(dp, opt_.bucket_floats - opt_.bucket_floats % dp);
+      // A tied embedding (at offset 0 on the first and the last stage) ends a bucket, so its
+      // buckets, and the chunks a dp rank owns of them, are the same on both stages: the tied
+      // gradient exchange then moves only those chunks (the start of the shard).
+      std::vector<int64_t> splits;
+      if (ch->tied_wte.len > 0) splits.push_back(ch->tied_wte.len);
       ch->bucketer = std::make_unique<GradBucketer>(rt_.dp(), ch->model->grads(), layout.total(), bucket,
-                                                    BucketOp::reduce_scatter);
+                                                    BucketOp::reduce_scatter, splits, opt_.buckets_in_flight);
       ch->owned = ch->bucketer->owned_ranges(dp_rank);
       int64_t mine = 0;
-      for (const ShardRange& r : ch->owned) mine += r.size();
+      for (const ShardRange& r : ch->owned) {
+        mine += r.size();
+        if (r.end <= ch->tied_wte.len) ch->tied_shard = mine;  // my chunks of the embedding's buckets
+      }
       ch->m.assign(size_t(mine), 0.0f);
       ch->v.assign(size_t(mine), 0.0f);
     } else if (plan_.zero == 3) {
       setup_zero3(*ch);
     } else {
-      // align 1: no padding when dp divides the arena, so the bytes equal the planner's flat buffer.
+      // align 1: no padding when dp divides the arena, so the bytes equal the planner's flat buffer
+      // and the collectives work on the model's arenas themselves (padded copies otherwise).
       ch->zl = ZeroLayout::make(layout.total(), dp, 1);
-      ch->grad_pad.assign(size_t(ch->zl.padded), 0.0f);
-      ch->param_pad.assign(size_t(ch->zl.padded), 0.0f);
+      if (ch->zl.padded != layout.total()) {
+        ch->grad_pad.assign(size_t(ch->zl.padded), 0.0f);
+        ch->param_pad.assign(size_t(ch->zl.padded), 0.0f);
+      }
       ch->grad_shard.assign(size_t(ch->zl.shard), 0.0f);
       ch->m.assign(size_t(ch->zl.shard), 0.0f);
       ch->v.assign(size_t(ch->zl.shard), 0.0f);
@@ -266,14 +285,20 @@ int64_t DistributedTrainer::params_on_rank() const {
 
 void DistributedTrainer::setup_zero3(Chunk& ch) {
   const int dp = rt_.dp().size(), r = rt_.dp().rank();
-  float* params = ch.model->params();
+  const std::vector<ParamInfo>& entries = ch.model->layout().entries();
   for (auto& [unit, ranges] : ch.unit_ranges) {
     std::vector<Range> sorted = ranges;
     std::sort(sorted.begin(), sorted.end(), [](const Range& a, const Range& b) { return a.offset < b.offset; });
     std::vector<Range> merged;
+    // A tied embedding's copy (first and last stage) is a segment of its own: the same ZeroLayout
+    // on both stages, so a dp rank owns the same shard of it on each and the tied gradient
+    // exchange moves only that shard.
+    auto tied = [&](const Range& r) { return ch.tied_wte.len > 0 && r.offset == ch.tied_wte.offset; };
     for (const Range& x : sorted) {
-      if (!merged.empty() && merged.back().offset + merged.back().len == x.offset) merged.back().len += x.len;
-      else merged.push_back(x);
+      if (!merged.empty() && merged.back().offset + merged.back().len == x.offset && !tied(x) && !tied(merged.back()))
+        merged.back().len += x.len;
+      else
+        merged.push_back(x);
     }
     for (const Range& x : merged) {
       Chunk::Segment seg;
@@ -281,8 +306,15 @@ void DistributedTrainer::setup_zero3(Chunk& ch) {
       seg.zl = ZeroLayout::make(x.len, dp, 1);
       const size_t shard = size_t(seg.zl.shard);
       seg.param.assign(shard, 0.0f), seg.grad.assign(shard, 0.0f), seg.m.assign(shard, 0.0f), seg.v.assign(shard, 0.0f);
+      // My shard's values straight from the seed (init_param_range: the values init_weights
+      // would write there), entry by entry; the model's arena is never written.
       const ShardRange own = seg.zl.owned(r);
-      for (int64_t i = own.begin; i < own.end; i++) seg.param[size_t(i - seg.zl.range(r).begin)] = params[x.offset + i];
+      const int64_t lo = x.offset + own.begin, hi = x.offset + own.end, base = x.offset + seg.zl.range(r).begin;
+      for (const ParamInfo& p : entries) {
+        const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel);
+        if (a < b) init_param_range(p, opt_.train.seed, a - p.offset, b - a, seg.param.data() + (a - base));
+      }
+      if (tied(x)) ch.tied_segment = int(ch.segments.size());
       ch.own_segments[unit].push_back(int(ch.segments.size()));
       ch.gather_segments[unit].push_back(int(ch.segments.size()));
       ch.segments.push_back(std::move(seg));
@@ -295,10 +327,17 @@ void DistributedTrainer::setup_zero3(Chunk& ch) {
   for (int sidx = 0; sidx < int(ch.segments.size()); sidx++) release_segment(ch, sidx);
 }
 
-// ZeRO 3: all-gather a segment's parameters into the model's arena (in place over a staging copy).
+// ZeRO 3: all-gather a segment's parameters into the model's arena: in place when dp divides the
+// segment, else through a padded staging copy.
 void DistributedTrainer::gather_segment(Chunk& ch, int sidx) {
   Chunk::Segment& seg = ch.segments[size_t(sidx)];
   const int r = rt_.dp().rank();
+  if (seg.zl.padded == seg.range.len) {
+    float* dst = ch.model->params() + seg.range.offset;
+    std::copy(seg.param.begin(), seg.param.end(), dst + seg.zl.range(r).begin);
+    rt_.dp().all_gather(nullptr, dst, seg.zl.shard);
+    return;
+  }
   std::vector<float>& staging = ch.param_pad;
   staging.resize(std::max(staging.size(), size_t(seg.zl.padded)));
   std::copy(seg.param.begin(), seg.param.end(), staging.begin() + seg.zl.range(r).begin);
@@ -312,31 +351,28 @@ void DistributedTrainer::gather_segment(Chunk& ch, int sidx) {
 // overwritten with NaN so a pass that used a released weight there still poisons the loss.
 void DistributedTrainer::release_segment(Chunk& ch, int sidx) {
   const Range& x = ch.segments[size_t(sidx)].range;
-  float* begin = ch.model->params() + x.offset;
-  float* end = begin + x.len;
-  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
-  const uintptr_t lo = (uintptr_t(begin) + page - 1) / page * page, hi = uintptr_t(end) / page * page;
-  if (hi <= lo) {
-    std::fill(begin, end, std::numeric_limits<float>::quiet_NaN());
-    return;
-  }
-  std::fill(begin, reinterpret_cast<float*>(lo), std::numeric_limits<float>::quiet_NaN());
-  std::fill(reinterpret_cast<float*>(hi), end, std::numeric_limits<float>::quiet_NaN());
-  EXA_SYSCHECK(madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) == 0,
-               "madvise(MADV_DONTNEED) of {} released ZeRO-3 bytes", hi - lo);
+  return_pages(ch.model->params() + x.offset, x.len, std::numeric_limits<float>::quiet_NaN(),
+               "released ZeRO-3 parameters");
 }
 
-// ZeRO 3: this micro-batch's gradients of a segment, reduce-scattered over dp into my shard.
+// ZeRO 3: this micro-batch's gradients of a segment, reduce-scattered over dp into my shard. The
+// segment's range of the gradient arena then reads 0 again for the next micro-batch: its whole
+// pages go back to the OS (the arena is never zeroed as a whole), the floats on the partial pages
+// it shares with its neighbours are set to 0.
 void DistributedTrainer::reduce_scatter_segment(Chunk& ch, int sidx) {
   Chunk::Segment& seg = ch.segments[size_t(sidx)];
-  std::vector<float>& staging = ch.grad_pad;
-  staging.assign(size_t(seg.zl.padded), 0.0f);
   float* g = ch.model->grads() + seg.range.offset;
-  std::copy_n(g, seg.range.len, staging.begin());
-  std::fill_n(g, seg.range.len, 0.0f);
   std::vector<float>& out = ch.grad_shard;
   out.resize(size_t(seg.zl.shard));
-  reduce_scatter_grads(rt_.dp(), seg.zl, staging.data(), out.data(), 1.0f);
+  if (seg.zl.padded == seg.range.len) {  // straight from the arena
+    reduce_scatter_grads(rt_.dp(), seg.zl, g, out.data(), 1.0f);
+  } else {  // through a zero-padded staging copy
+    std::vector<float>& staging = ch.grad_pad;
+    staging.assign(size_t(seg.zl.padded), 0.0f);
+    std::copy_n(g, seg.range.len, staging.begin());
+    reduce_scatter_grads(rt_.dp(), seg.zl, staging.data(), out.data(), 1.0f);
+  }
+  return_pages(g, seg.range.len, 0.0f, "reduce-scattered ZeRO-3 gradients");
   for (int64_t i = 0; i < seg.zl.shard; i++) seg.grad[size_t(i)] += out[size_t(i)];
 }
 
@@ -361,6 +397,11 @@ void DistributedTrainer::reduce_sp_partial(Chunk& ch, int64_t unit) {
 void DistributedTrainer::on_after_layer(int c, int64_t unit, ParallelHooks::Pass pass) {
   Chunk& ch = *chunks_[size_t(c)];
   const bool backward = pass == ParallelHooks::Pass::backward;
+  hand_over_gradients(ch, unit, backward);
+  if (backward && opt_.after_backward_unit) opt_.after_backward_unit(c, unit);
+}
+
+void DistributedTrainer::hand_over_gradients(Chunk& ch, int64_t unit, bool backward) {
   if (plan_.zero == 3) {
     // ZeRO 3: gradients leave for their owners after every micro-batch; parameters are released.
     if (backward) {
@@ -370,12 +411,17 @@ void DistributedTrainer::on_after_layer(int c, int64_t unit, ParallelHooks::Pass
     for (int sidx : ch.gather_segments[unit]) release_segment(ch, sidx);
     return;
   }
-  if (!backward || ch.backward_count != m_) return;
+  const bool zero2_buckets = plan_.zero == 2 && ch.bucketer;
+  // ZeRO 2 (DeepSpeed stage 2): every micro-batch's gradients go to their owners as backward makes
+  // them (the tied embedding's copy too: its two stages' sums are added on the shards afterwards).
+  // ZeRO 0: after the last micro-batch only (the replicas accumulate locally first).
+  if (!backward || (!zero2_buckets && ch.backward_count != m_)) return;
   reduce_sp_partial(ch, unit);
   auto it = ch.unit_ranges.find(unit);
   if (ch.bucketer && it != ch.unit_ranges.end())
-    for (const Range& r : it->second)  // the tied embedding waits for the other stage's copy
-      if (!(ch.tied_wte.len > 0 && r.offset == ch.tied_wte.offset)) ch.bucketer->mark_ready(r.offset, r.len);
+    for (const Range& r : it->second)  // ZeRO 0: the tied embedding waits for the other stage's copy
+      if (zero2_buckets || !(ch.tied_wte.len > 0 && r.offset == ch.tied_wte.offset))
+        ch.bucketer->mark_ready(r.offset, r.len);
 }
 
 void DistributedTrainer::run_micro_batches(double* loss_sum, double* compute_s, double* bubble_s) {
@@ -399,6 +445,7 @@ void DistributedTrainer::run_micro_batches(double* loss_sum, double* compute_s, 
     ch.backward_count++;
     const int64_t slot = plan_.mesh.pp > 1 ? mb : 0;
     ch.model->backward(grad_out, scale, slot);
+    if (plan_.zero == 2 && ch.bucketer) ch.bucketer->end_micro_batch();  // the shard has this micro-batch
     if (grad_in)
       be_.copy(grad_in, ch.model->input_grad(), sizeof(float) * size_t(act));
   };
@@ -431,6 +478,10 @@ void DistributedTrainer::run_micro_batches(double* loss_sum, double* compute_s, 
 // copies' (Megatron's embedding group). Both ranks compute a + b (commutative: identical bits).
 // Counted under "pp_send" (a point-to-point message on the pp group: the whole copy, each side),
 // as plan::bytes_sent_per_step counts it on the first and last stage.
+// Bucketed ZeRO 2: the sums are on the shards already; each rank exchanges only the chunks it owns
+// of the embedding's buckets (the same on both stages: the first tied_shard floats of its shard)
+// with the same dp (and tp) rank of the other stage. ZeRO 3: likewise, the shard of the
+// embedding's own segment (the same ZeroLayout on both stages).
 void DistributedTrainer::tied_embedding_sum() {
   const int pp = plan_.mesh.pp;
   if (!opt_.model.tie_embeddings || plan_.pipeline.stages() == 1) return;
@@ -438,31 +489,64 @@ void DistributedTrainer::tied_embedding_sum() {
     if (ch->tied_wte.len == 0) continue;
     const int peer = ch->stage == 0 ? pp - 1 : 0;
     float* g = ch->model->grads() + ch->tied_wte.offset;
-    std::vector<float> other(size_t(ch->tied_wte.len));
+    int64_t len = ch->tied_wte.len;
+    if (plan_.zero == 2 && ch->bucketer) {
+      g = ch->bucketer->shard_grads();
+      len = ch->tied_shard;
+    } else if (plan_.zero == 3) {
+      Chunk::Segment& seg = ch->segments.at(size_t(ch->tied_segment));
+      g = seg.grad.data();
+      len = seg.zl.shard;
+    }
+    std::vector<float> other(static_cast<size_t>(len));
     WatchdogScope watch(rt_.watchdog(), "world", ++world_ops_, "MPI_Sendrecv (tied embedding gradient)");
     const double t0 = MPI_Wtime();
-    mpi_check(MPI_Sendrecv(g, int(ch->tied_wte.len), MPI_FLOAT, peer, 7001, other.data(), int(ch->tied_wte.len),
-                           MPI_FLOAT, peer, 7001, rt_.pp().comm(), MPI_STATUS_IGNORE),
+    mpi_check(MPI_Sendrecv(g, int(len), MPI_FLOAT, peer, 7001, other.data(), int(len), MPI_FLOAT, peer, 7001,
+                           rt_.pp().comm(), MPI_STATUS_IGNORE),
               "MPI_Sendrecv (tied embedding gradient)");
-    rt_.ledger().add("pp_send", int64_t(sizeof(float)) * ch->tied_wte.len);
+    rt_.ledger().add("pp_send", int64_t(sizeof(float)) * len);
     rt_.ledger().seconds["pp_send"] += MPI_Wtime() - t0;
-    for (int64_t i = 0; i < ch->tied_wte.len; i++) g[i] += other[size_t(i)];
+    for (int64_t i = 0; i < len; i++) g[i] += other[size_t(i)];
   }
 }
 
 void DistributedTrainer::reduce_gradients() {
-  if (plan_.zero == 3) return;  // reduce-scattered during backward
-  tied_embedding_sum();  // before the dp reduction: linear, and ZeRO shards need the full sum
+  if (plan_.zero == 3) {  // reduce-scattered during backward; the tied copies summed on the shards
+    tied_embedding_sum();
+    return;
+  }
+  // Bucketed ZeRO 2 reduce-scattered every micro-batch during backward; finish() only takes the
+  // step's counters. Its tied embedding is summed on the shards, the others' before the dp
+  // reduction (linear, and ZeRO 1 shards need the full sum).
+  if (plan_.zero == 2)
+    for (auto& ch : chunks_)
+      if (ch->bucketer) ch->bucketer->finish(1.0f);
+  tied_embedding_sum();
   for (auto& ch : chunks_) {
-    if (ch->bucketer) {  // ZeRO 0 / bucketed ZeRO 2: the last ranges, then wait for every bucket
+    if (plan_.zero == 2 && ch->bucketer) continue;
+    if (ch->bucketer) {  // ZeRO 0: the tied range, then wait for every bucket
       if (ch->tied_wte.len > 0) ch->bucketer->mark_ready(ch->tied_wte.offset, ch->tied_wte.len);
       ch->bucketer->finish(1.0f);
-    } else if (plan_.zero >= 1) {
-      const int64_t total = ch->model->num_params();
-      std::copy_n(ch->model->grads(), total, ch->grad_pad.begin());
-      reduce_scatter_grads(rt_.dp(), ch->zl, ch->grad_pad.data(), ch->grad_shard.data(), 1.0f);
+    } else if (plan_.zero >= 1) {  // ZeRO 1: straight from the arena unless it needs padding
+      const float* grads = ch->model->grads();
+      if (!ch->grad_pad.empty()) {
+        std::copy_n(grads, ch->model->num_params(), ch->grad_pad.begin());
+        grads = ch->grad_pad.data();
+      }
+      reduce_scatter_grads(rt_.dp(), ch->zl, grads, ch->grad_shard.data(), 1.0f);
     }
   }
+}
+
+// Sum of squares of g[i - begin] over the arena elements i in [begin, end) that lie in `counted`,
+// in ascending order of i.
+static double counted_squares(const std::vector<Range>& counted, const float* g, int64_t begin, int64_t end) {
+  double s = 0;
+  for (const Range& r : counted) {
+    const int64_t lo = std::max(begin, r.offset), hi = std::min(end, r.offset + r.len);
+    for (int64_t i = lo; i < hi; i++) s += double(g[i - begin]) * double(g[i - begin]);
+  }
+  return s;
 }
 
 double DistributedTrainer::grad_norm_squared() {
@@ -473,27 +557,22 @@ double DistributedTrainer::grad_norm_squared() {
       for (const Chunk::Segment& seg : ch->segments) {
         const ShardRange own = seg.zl.owned(dp_rank);
         const int64_t base = seg.zl.range(dp_rank).begin;
-        for (int64_t i = own.begin; i < own.end; i++)
-          if (ch->counted[size_t(seg.range.offset + i)])
-            local += double(seg.grad[size_t(i - base)]) * seg.grad[size_t(i - base)];
+        local += counted_squares(ch->counted, seg.grad.data() + (own.begin - base), seg.range.offset + own.begin,
+                                 seg.range.offset + own.end);
       }
     } else if (plan_.zero == 2 && ch->bucketer) {
       const float* g = ch->bucketer->shard_grads();  // the owned ranges back to back
       for (const ShardRange& r : ch->owned) {
-        for (int64_t i = r.begin; i < r.end; i++)
-          if (ch->counted[size_t(i)]) local += double(g[i - r.begin]) * double(g[i - r.begin]);
+        local += counted_squares(ch->counted, g, r.begin, r.end);
         g += r.size();
       }
     } else if (plan_.zero == 0) {
       if (dp_rank != 0) continue;  // every replica holds the same reduced gradients
-      const float* g = ch->model->grads();
-      for (int64_t i = 0; i < ch->model->num_params(); i++)
-        if (ch->counted[size_t(i)]) local += double(g[i]) * double(g[i]);
+      local += counted_squares(ch->counted, ch->model->grads(), 0, ch->model->num_params());
     } else {
       const ShardRange own = ch->zl.owned(dp_rank);
       const int64_t base = ch->zl.range(dp_rank).begin;
-      for (int64_t i = own.begin; i < own.end; i++)
-        if (ch->counted[size_t(i)]) local += double(ch->grad_shard[size_t(i - base)]) * ch->grad_shard[size_t(i - base)];
+      local += counted_squares(ch->counted, ch->grad_shard.data() + (own.begin - base), own.begin, own.end);
     }
   }
   double global = 0;
@@ -547,11 +626,15 @@ void DistributedTrainer::optimizer_step(float lr, float clip_scale) {
       ch->bucketer->gather_params(params);
       continue;
     }
-    // ZeRO 1/2: AdamW on this rank's shard, entry by entry (weight decay is per parameter).
+    // ZeRO 1: AdamW on this rank's shard, entry by entry (weight decay is per parameter), in the
+    // model's arena unless it needs padding.
     const ShardRange own = ch->zl.owned(dp_rank);
     const int64_t base = ch->zl.range(dp_rank).begin;
-    float* params = ch->param_pad.data();
-    std::copy_n(ch->model->params(), ch->model->num_params(), params);
+    float* params = ch->model->params();
+    if (!ch->param_pad.empty()) {
+      std::copy_n(params, ch->model->num_params(), ch->param_pad.begin());
+      params = ch->param_pad.data();
+    }
     for (const ParamInfo& p : ch->model->layout().entries()) {
       const int64_t lo = std::max(own.begin, p.offset), hi = std::min(own.end, p.offset + p.numel);
       if (lo >= hi) continue;
@@ -560,7 +643,7 @@ void DistributedTrainer::optimizer_step(float lr, float clip_scale) {
                        p.decay ? float(opt_.train.weight_decay) : 0.0f, bc1, bc2, clip_scale);
     }
     all_gather_params(rt_.dp(), ch->zl, params);
-    std::copy_n(params, ch->model->num_params(), ch->model->params());
+    if (!ch->param_pad.empty()) std::copy_n(params, ch->model->num_params(), ch->model->params());
   }
   step_ += 1;
 }
@@ -569,7 +652,10 @@ DistStepMetrics DistributedTrainer::train_step() {
   const double t0 = omp_get_wtime();
   rt_.ledger().reset();
   for (auto& ch : chunks_) {
-    ch->model->zero_grad();
+    // ZeRO 3 and bucketed ZeRO 2 leave the arena reading 0 after every micro-batch (its pages
+    // returned); zeroing it would make the whole arena resident. Their sums live in shards.
+    if (plan_.zero == 2 && ch->bucketer) ch->bucketer->zero_shard();
+    else if (plan_.zero != 3) ch->model->zero_grad();
     ch->backward_count = 0;
   }
   // Every rank reads its replica's m micro-batches (all pipeline ranks alike, to stay in step).
@@ -579,6 +665,9 @@ DistStepMetrics DistributedTrainer::train_step() {
 
   double loss_sum = 0, compute_s = 0, bubble_s = 0;
   run_micro_batches(&loss_sum, &compute_s, &bubble_s);
+  // dp time spent inside the micro-batches (ZeRO 2's waits for its reduce-scatters, ZeRO 3's
+  // gathers and reduce-scatters): the ledger was reset at the step's start.
+  const double dp_in_micro_batches = comm_breakdown_s(rt_.ledger())["dp_comm"];
   reduce_gradients();
 
   // The global mean loss: the last stage's sums over dp (tp rank 0 only: tp ranks agree).
@@ -619,10 +708,10 @@ DistStepMetrics DistributedTrainer::train_step() {
   s.tokens_per_s = double(m_ * rt_.dp().size() * n) / s.seconds;
 
   s.breakdown_s = comm_breakdown_s(rt_.ledger());
-  // Communication inside the compute callbacks (tp collectives, pipeline waits) is reported under
-  // its own name, so compute excludes it.
-  // (run_pipeline's compute_s already excludes its pipeline waits; dp buckets are non-blocking.)
-  s.breakdown_s["compute"] = std::max(0.0, compute_s - s.breakdown_s["tp_comm"]);
+  // Communication inside the compute callbacks (tp collectives, dp waits, pipeline waits) is
+  // reported under its own name, so compute excludes it (run_pipeline's compute_s already
+  // excludes its pipeline waits).
+  s.breakdown_s["compute"] = std::max(0.0, compute_s - s.breakdown_s["tp_comm"] - dp_in_micro_batches);
   s.breakdown_s["optimizer"] = t1 - t_opt;
   s.breakdown_s["pp_bubble"] = std::max(s.breakdown_s["pp_bubble"], bubble_s);
   s.bytes = rt_.ledger().bytes;

@@ -1,5 +1,5 @@
 // The distributed trainer: one rank's part of a training step under a RuntimePlan (dp x tp x pp,
-// vp chunks, ZeRO 0-2, sequence parallelism, recomputation), built on the engine's Gpt stages and
+// vp chunks, ZeRO 0-3, sequence parallelism, recomputation), built on the engine's Gpt stages and
 // the parallel runtime's groups. The same step as the single-rank Trainer, computed by many ranks:
 //
 //   1. every rank reads the m micro-batches of its data-parallel replica (dp_rank of dp);
@@ -11,15 +11,17 @@
 //      tp as each layer's last backward ends; ZeRO 0 launches the bucketed non-blocking dp
 //      all-reduce from the same after_layer(l, backward) hook (overlapped with the rest of
 //      backward); the tied embedding's two copies (first and last stage) are summed;
-//      ZeRO 2 (when dp divides the chunk's arena) reduce-scatters each gradient bucket as soon as
-//      backward completes it (GradBucketer, BucketOp::reduce_scatter), so a rank keeps the summed
-//      gradients of its chunk of every bucket only (in a shard-sized buffer; the arena's pages go
-//      back to the OS after the step's reduce-scatters, so 1/dp of the gradients stays resident
-//      between steps; backward still writes the full arena); ZeRO 1 (and ZeRO 2 when dp does not divide
-//      the arena) reduce-scatters the whole arena after backward; ZeRO 3 keeps only a shard of
-//      every unit's (layer's, embedding's, head's) parameters, all-gathers a unit before each
-//      pass through it (before_layer), releases it after (after_layer; released values read NaN)
-//      and reduce-scatters the unit's gradients after every micro-batch's backward;
+//      ZeRO 2 (DeepSpeed stage 2) reduce-scatters each gradient
+//      bucket of EVERY micro-batch as soon as backward completes it (GradBucketer,
+//      BucketOp::reduce_scatter): the summed chunk is accumulated into the rank's shard-sized
+//      buffer and the bucket's arena pages go back to the OS once its reduce-scatter has completed,
+//      so a rank holds its 1/dp shard plus the buckets in flight; the tied embedding is summed on
+//      the shards; ZeRO 1 (Megatron's distributed optimizer) reduce-scatters the whole
+//      arena once after backward; ZeRO 3 keeps only a shard of every unit's (layer's,
+//      embedding's, head's) parameters, initialised from the seed without ever writing the full
+//      arena, all-gathers a unit before each pass through it (before_layer), releases it after
+//      (after_layer; released values read NaN) and reduce-scatters the unit's gradients after
+//      every micro-batch's backward, returning their pages;
 //   4. global gradient norm: each parameter element counted once (tp-replicated ones on tp rank 0,
 //      dp-replicated ones on dp rank 0 or by their ZeRO owner, the tied copy on the first stage),
 //      summed over the world; clipping and AdamW as the single-rank trainer (ZeRO 1/2: on this
@@ -48,6 +50,9 @@ struct DistOptions {
   // Gradient bucket size of the overlapped ZeRO-0 all-reduce, in floats. One bucket that holds the
   // whole arena reproduces the planner's single flat all-reduce byte for byte.
   int64_t bucket_floats = 1 << 18;
+  // ZeRO 2: reduce-scatters in flight at once; backward waits for the oldest beyond that. Bounds
+  // the gradient arena's resident part to about this many buckets (+ the one being filled).
+  int buckets_in_flight = 2;
   // Layers of each of the pp * vp stages ([parallel] layers_per_stage); empty = balanced evenly.
   std::vector<int64_t> layers_per_stage;
   // train.nan_policy = "skip": a step whose global loss or gradient norm is non-finite applies no
@@ -55,6 +60,9 @@ struct DistOptions {
   // step comes back un-applied with skipped = false and the caller stops.
   bool skip_nonfinite = false;
   int64_t inject_nan_at_step = -1;  // test hook: step (1-based) whose loss reads as NaN, once
+  // Test hook: called at the end of every after_layer(unit, backward), after the trainer has
+  // handed the unit's gradients on (e.g. to sample the gradient arena's resident pages).
+  std::function<void(int chunk, int64_t unit)> after_backward_unit;
 };
 
 struct DistStepMetrics {
@@ -63,7 +71,7 @@ struct DistStepMetrics {
   // The planner's breakdown_s names: compute, tp_comm, pp_comm, pp_bubble, dp_comm, optimizer.
   std::map<std::string, double> breakdown_s;
   std::map<std::string, int64_t> bytes;  // this rank's ledger for the step (kind -> bytes sent)
-  int64_t buckets_launched_early = 0;    // ZeRO 0: dp buckets started during backward
+  int64_t buckets_launched_early = 0;    // ZeRO 0/2: dp buckets started during backward (ZeRO 2: all micro-batches)
   bool skipped = false;                  // non-finite step not applied (skip_nonfinite)
   bool nonfinite = false;                // non-finite loss or gradient norm: no update applied
 };
@@ -143,6 +151,7 @@ class DistributedTrainer {
   void release_segment(Chunk& ch, int segment);
   void reduce_scatter_segment(Chunk& ch, int segment);
   void reduce_sp_partial(Chunk& ch, int64_t unit);
+  void hand_over_gradients(Chunk& ch, int64_t unit, bool backward);
 
   Backend& be_;
   ParallelRuntime& rt_;

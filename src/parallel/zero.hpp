@@ -5,9 +5,10 @@
 // that every rank owns one equal, aligned shard [r * shard, (r+1) * shard). The padding tail is
 // zero and belongs to the last shard(s); `owned(r)` clamps to the real elements. The caller
 // allocates the arena with `padded` floats (reduce-scatter / all-gather need equal blocks).
-//   ZeRO 1/2: reduce_scatter_grads (grads -> my shard summed), step on my shard,
+//   ZeRO 1:   reduce_scatter_grads (grads -> my shard summed) once per step, step on my shard,
 //             all_gather_params (every shard -> everyone's arena).
-//   ZeRO 3:   the same all-gather per layer range before use; the caller frees the copy after.
+//   ZeRO 2:   GradBucketer in reduce_scatter mode (below): every micro-batch, bucket by bucket.
+//   ZeRO 3:   the same all-gather per unit range before use; return_pages releases it after.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -42,62 +43,97 @@ void reduce_scatter_grads(Group& dp, const ZeroLayout& z, const float* grads, fl
 // params[padded]: this rank's shard is already at params + rank * shard; fills the others.
 void all_gather_params(Group& dp, const ZeroLayout& z, float* params);
 
+// Returns the memory of arena[0, n) to the OS: the whole pages inside it are dropped with
+// madvise(MADV_DONTNEED) (they read 0 until written again, then cost a page fault each); the parts
+// of the (at most two) pages it shares with its neighbours are set to `partial_fill` instead.
+void return_pages(float* arena, int64_t n, float partial_fill, const char* what);
+
 // Bucketed, non-blocking gradient all-reduce over the dp group (PyTorch DDP style). The arena is
-// cut into fixed buckets of `bucket_floats` [b * size, (b+1) * size). Backward calls mark_ready
-// for every gradient range it finishes; when a bucket is complete it is launched with
-// MPI_Iallreduce. MPI requires every rank to launch collectives in the same order, so buckets are
-// launched strictly from the last to the first (the order backward produces them when the arena
-// is in forward order); a complete bucket waits for its successors. finish() launches the rest,
-// waits and scales by `scale`. One object serves every step: finish() re-arms it.
+// cut into buckets of at most `bucket_floats`, also ending at each offset in `splits` (e.g. the
+// tied embedding's end, so that its buckets are the same on every stage that holds a copy).
+// Backward calls mark_ready for every gradient range it finishes; when a bucket is complete it is
+// launched with MPI_Iallreduce. MPI requires every rank to launch collectives in the same order, so
+// buckets are launched strictly from the last to the first (the order backward produces them when
+// the arena is in forward order); a complete bucket waits for its successors. finish() launches
+// the rest, waits and scales by `scale`. One object serves every step: finish() re-arms it.
 // Call mark_ready from the thread that initialised MPI (MPI_THREAD_FUNNELED), e.g. between the
 // OpenMP-parallel kernels of backward, not from inside a parallel region.
 //
-// ZeRO 2 (BucketOp::reduce_scatter): each complete bucket is reduce-scattered instead, so rank r
-// ends up owning chunk r of EVERY bucket ([b*B + r*B/p, b*B + (r+1)*B/p), listed by
-// owned_ranges(r)): the optimizer steps on those ranges only, and gather_params() all-gathers the
-// updated parameters bucket by bucket. Needs dp to divide bucket_floats and n (pad the arena, e.g.
-// with ZeroLayout). By the ledger's convention the reduce-scatters then add up to exactly one
-// reduce-scatter of the whole arena, as the planner counts it. Gradient MEMORY is sharded too:
-// finish() moves each bucket's summed chunk into shard_grads() (n / dp floats, the owned ranges
-// back to back, as the optimizer's moments are laid out) and returns the arena's whole pages to
-// the OS (madvise MADV_DONTNEED: they read 0 until the next backward writes them), so between
-// steps a rank keeps 1/dp of the gradients resident. Do not read the arena after finish().
+// ZeRO 2 (BucketOp::reduce_scatter) = DeepSpeed stage 2: each complete bucket is reduce-scattered
+// instead, EVERY micro-batch, so rank r owns chunk r of every bucket ([begin + r*c, begin +
+// (r+1)*c) with c = ceil(size / p), clamped to the bucket; listed by owned_ranges(r)): the
+// optimizer steps on those ranges only, and gather_params() all-gathers the updated parameters
+// bucket by bucket. A bucket dp does not divide goes through a zero-padded copy of p*c floats (at
+// most a few: choose bucket_floats divisible by dp). As soon as a bucket's reduce-scatter has completed
+// (mark_ready tests the launched ones while backward goes on; at most `max_in_flight` stay in
+// flight, the oldest is waited for beyond that; end_micro_batch() waits for the rest) its summed
+// chunk is ACCUMULATED into shard_grads() (about n / dp floats, the owned ranges back to back, as the
+// optimizer's moments are laid out) and its whole pages in the arena go back to the OS (a page it
+// shares with a neighbouring bucket once that one is done too); the rest reads 0 for the next
+// micro-batch. So the gradient arena holds only the buckets being written or in flight, and a
+// rank keeps 1/dp of the gradients in the shard, for any number of micro-batches. By the ledger's
+// convention the step's reduce-scatters add up to m reduce-scatters of the whole arena, as the
+// planner counts ZeRO 2 (exactly when dp divides every bucket; a padded bucket sends its padding
+// too). The arena must read 0 at the first micro-batch (a fresh or released one).
 enum class BucketOp { all_reduce, reduce_scatter };
 
 class GradBucketer {
  public:
   GradBucketer(Group& dp, float* grads, int64_t n, int64_t bucket_floats,
-               BucketOp op = BucketOp::all_reduce);
+               BucketOp op = BucketOp::all_reduce, const std::vector<int64_t>& splits = {},
+               int max_in_flight = 2);
   void mark_ready(int64_t offset, int64_t len);
+  // reduce_scatter mode, after each micro-batch's backward: launch what is left, wait for every
+  // bucket, accumulate and release them; re-arms for the next micro-batch.
+  void end_micro_batch();
+  // all_reduce mode: launch the rest, wait, scale the arena. reduce_scatter mode: end the micro-batch
+  // if anything was marked since the last end_micro_batch(), then scale the shard.
   void finish(float scale);
+  // reduce_scatter mode: the shard's gradients to 0, before a step's first micro-batch.
+  void zero_shard();
   int64_t buckets() const { return static_cast<int64_t>(ready_.size()); }
+  ShardRange bucket(int64_t b) const { return {bounds_[size_t(b)], bounds_[size_t(b) + 1]}; }
   // reduce_scatter mode: the arena ranges rank r owns (one per bucket, in arena order).
   std::vector<ShardRange> owned_ranges(int rank) const;
   // reduce_scatter mode: params[n] holds this rank's updated owned ranges; fills in the rest.
   void gather_params(float* params);
-  // reduce_scatter mode, after finish(): the summed, scaled gradients of owned_ranges(rank) in
-  // that order, back to back [n / dp].
+  // reduce_scatter mode: the step's summed gradients of owned_ranges(rank) in that order, back to
+  // back (scaled by finish()).
   const float* shard_grads() const { return shard_.data(); }
-  // Buckets started so far in this step (before finish()).
+  float* shard_grads() { return shard_.data(); }
+  // Buckets started so far in this micro-batch / step (before finish()).
   int64_t launched() const { return buckets() - 1 - next_launch_; }
-  // Buckets launched before finish() in the last step (overlap achieved), for tests and logs.
+  // Buckets launched before finish() (all_reduce) or before end_micro_batch() (reduce_scatter,
+  // summed over the step's micro-batches) in the last step: the overlap achieved.
   int64_t launched_early() const { return launched_early_; }
 
  private:
   void launch_ready();
-  int64_t bucket_size(int64_t b) const;
-
   void launch(int64_t b);
+  int64_t bucket_of(int64_t pos) const;  // the bucket holding arena element pos
+  int64_t bucket_size(int64_t b) const { return bounds_[size_t(b) + 1] - bounds_[size_t(b)]; }
+  int64_t chunk(int64_t b) const;                // reduce_scatter: ceil(bucket size / dp)
+  ShardRange owned(int64_t b, int rank) const;   // reduce_scatter: rank's chunk of bucket b, clamped
+  void poll();             // reduce_scatter: retire completed buckets, bound those in flight
+  void retire(int64_t b);  // reduce_scatter: accumulate b's chunk into the shard, free its pages
+  bool page_done(uintptr_t page) const;  // inside the arena and all its buckets retired
 
   Group& dp_;
   float* grads_;
-  int64_t n_, bucket_;
+  int64_t n_;
   BucketOp op_;
+  int max_in_flight_;
+  std::vector<int64_t> bounds_;  // bucket b = [bounds_[b], bounds_[b+1])
+  std::vector<int64_t> shard_at_;  // reduce_scatter: bucket b's chunk starts at shard_[shard_at_[b]]
   std::vector<int64_t> ready_;  // elements marked ready per bucket
-  std::map<int64_t, int64_t> marked_;  // begin -> end of every range marked this step
+  std::map<int64_t, int64_t> marked_;  // begin -> end of every range marked this micro-batch
   std::vector<Request> reqs_;
-  std::vector<float> shard_;    // reduce_scatter mode: this rank's summed chunks [n / dp]
+  std::vector<uint8_t> retired_;   // reduce_scatter: bucket done this micro-batch
+  std::vector<int64_t> in_flight_; // reduce_scatter: launched, not retired, oldest first
+  std::vector<float> shard_;    // reduce_scatter mode: this rank's summed chunks [sum of owned sizes]
+  std::vector<std::vector<float>> staging_;  // reduce_scatter: [dp * chunk] for buckets dp does not divide
   int64_t next_launch_;         // highest bucket index not launched yet (-1: all launched)
+  int64_t early_ = 0;           // reduce_scatter: launched before end_micro_batch, this step
   int64_t launched_early_ = 0;
 };
 

@@ -75,14 +75,16 @@ CommBytes bytes_sent_per_step(const ModelSpec& m, const Plan& p, const RankPosit
     if (p.seq_parallel) {
       // Once per step: the gradients of the weights used on this rank's sequence rows only
       // (norms, the biases after row-parallel layers) are partial sums over tp and are
-      // all-reduced before the optimizer (Megatron's allreduce_sequence_parallel_grads).
+      // all-reduced before the optimizer (Megatron's allreduce_sequence_parallel_grads). ZeRO 2/3
+      // hand every micro-batch's gradients to their dp owners, so the sum over tp is taken per
+      // micro-batch first (m times).
       const int64_t h = m.hidden;
       const bool ln = m.norm == Norm::layernorm;
       int64_t per_layer = ln ? 4 * h : 2 * h;
       if (m.activation == Activation::gelu) per_layer += 2 * h;  // o_proj and fc2 biases
       int64_t sp_elems = layers * per_layer;
       if (last) sp_elems += ln ? 2 * h : h;  // ln_f
-      out[CommKind::tp_all_reduce] += ring_all_reduce_sent(sp_elems, q, r) * elem;
+      out[CommKind::tp_all_reduce] += (p.zero >= 2 ? mb : 1) * ring_all_reduce_sent(sp_elems, q, r) * elem;
     }
   }
   if (p.cp > 1) {
@@ -96,9 +98,10 @@ CommBytes bytes_sent_per_step(const ModelSpec& m, const Plan& p, const RankPosit
     // Under sequence parallelism a stage boundary carries this rank's t/tp rows only.
     out[CommKind::pp_send] = sends * (p.seq_parallel ? act / p.tp : act) * elem;
     // Tied embeddings: the first and last stage send each other their copy's gradient (this tp
-    // rank's ceil(vocab / tp) rows) once per step, to sum them.
+    // rank's ceil(vocab / tp) rows) once per step, to sum them. ZeRO 2/3 have reduce-scattered it
+    // over the replicas already: each rank sends only the 1/(dp cp) it owns.
     if (m.tie_embeddings && (first || last))
-      out[CommKind::pp_send] += (m.vocab + p.tp - 1) / p.tp * m.hidden * elem;
+      out[CommKind::pp_send] += (m.vocab + p.tp - 1) / p.tp * m.hidden / (p.zero >= 2 ? p.dp * p.cp : 1) * elem;
   }
   const int64_t replicas = p.dp * p.cp;
   if (replicas > 1) {
@@ -107,7 +110,10 @@ CommBytes bytes_sent_per_step(const ModelSpec& m, const Plan& p, const RankPosit
     if (p.zero == 0) {
       out[CommKind::dp_all_reduce] = ring_all_reduce_sent(n, replicas, r) * elem;
     } else if (p.zero <= 2) {
-      out[CommKind::dp_reduce_scatter] = ring_reduce_scatter_sent(n, replicas, r) * elem;
+      // ZeRO 1 (Megatron's distributed optimizer): the replicas accumulate the m micro-batches'
+      // gradients locally and reduce-scatter once per step. ZeRO 2 (DeepSpeed stage 2) keeps
+      // only its shard of the gradients, so every micro-batch's are reduce-scattered: m times.
+      out[CommKind::dp_reduce_scatter] = (p.zero == 2 ? mb : 1) * ring_reduce_scatter_sent(n, replicas, r) * elem;
       out[CommKind::dp_all_gather] = ring_all_gather_sent(n, replicas, r) * elem;
     } else {
       out[CommKind::dp_reduce_scatter] = mb * ring_reduce_scatter_sent(n, replicas, r) * elem;

@@ -203,8 +203,14 @@ Prediction predict_checked(const ModelSpec& m, const MachineSpec& mach, const De
     double bwd_mb = slow_layers * (lt.bwd + lt.recompute);  // what the last backward overlaps
     if (p.zero == 0) {
       b.dp_comm = std::max(0.0, best_all_reduce_time(grads, g, mach) - bwd_mb);
-    } else if (p.zero <= 2) {
+    } else if (p.zero == 1) {
+      // One reduce-scatter per step, overlapped with the last micro-batch's backward.
       b.dp_comm = std::max(0.0, best_reduce_scatter_time(grads, g, mach) - bwd_mb) +
+                  best_all_gather_time(weights, g, mach);
+    } else if (p.zero == 2) {
+      // Every micro-batch's gradients are reduce-scattered (the shard is all a rank keeps), each
+      // overlapped with that micro-batch's backward: m times the exposed part.
+      b.dp_comm = mbs * std::max(0.0, best_reduce_scatter_time(grads, g, mach) - bwd_mb) +
                   best_all_gather_time(weights, g, mach);
     } else {
       // ZeRO-3 (DeepSpeed stage 3, FSDP): per micro-batch, every layer's parameters are

@@ -40,6 +40,10 @@ static std::vector<Config> configs_for(int world) {
     a = c(1, 2, 2); a.recompute = Recompute::full; a.schedule = Schedule::gpipe; v.push_back(a);
     a = c(2, 2, 1); a.zero = 3; a.untied = true; v.push_back(a);
     a = c(1, 1, 4); v.push_back(a);
+    a = c(2, 1, 2); a.zero = 2; v.push_back(a);  // ZeRO 2: m reduce-scatters, tied exchange of the owned 1/dp
+    a = c(2, 1, 2); a.zero = 3; v.push_back(a);  // ZeRO 3: tied exchange of the owned 1/dp
+    a = c(2, 2, 1); a.sp = true; a.zero = 2; v.push_back(a);  // ZeRO 2/3 + sp: the partial-gradient
+    a = c(2, 2, 1); a.sp = true; a.zero = 3; a.untied = true; v.push_back(a);  // all-reduce m times
   } else if (world == 8) {
     Config a = c(2, 2, 2); a.sp = true; a.zero = 1; a.recompute = Recompute::full; v.push_back(a);
     a = c(2, 2, 2); a.vp = 2; v.push_back(a);

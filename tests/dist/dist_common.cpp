@@ -5,9 +5,12 @@
 #include <sys/mman.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -165,8 +168,10 @@ int64_t resident_bytes(const void* p, int64_t bytes) {
   return n * int64_t(page);
 }
 
-double max_weight_diff(const Gpt& model, const Reference& ref) {
-  double worst = 0;
+// Calls visit(p, local value, reference value) for every element of the model shard's entry p,
+// paired with the matching element of the single-rank reference (tp slices mapped to global).
+template <class Visit>
+static void visit_slices(const Gpt& model, const Reference& ref, Visit visit) {
   const float* local = const_cast<Gpt&>(model).params();
   for (const ParamInfo& p : model.layout().entries()) {
     const ParamInfo& q = ref.layout.find(p.name);
@@ -179,11 +184,47 @@ double max_weight_diff(const Gpt& model, const Reference& ref) {
         if (p.split_dim == 0 && p.shard_shape.size() == 2) gi += p.shard_start;
         if (p.split_dim == 0 && p.shard_shape.size() == 1) gj += p.shard_start;
         if (p.split_dim == 1) gj += p.shard_start;
-        const double a = local[p.offset + i * cols + j], b = ref.params[size_t(q.offset + gi * gcols + gj)];
-        worst = std::max(worst, std::abs(a - b) / (1 + std::abs(b)));
+        visit(p, double(local[p.offset + i * cols + j]), double(ref.params[size_t(q.offset + gi * gcols + gj)]));
       }
   }
+}
+
+double max_weight_diff(const Gpt& model, const Reference& ref) {
+  double worst = 0;
+  visit_slices(model, ref, [&](const ParamInfo&, double a, double b) {
+    worst = std::max(worst, std::abs(a - b) / (1 + std::abs(b)));
+  });
   return worst;
+}
+
+WeightErrors weight_errors(const Gpt& model, const Reference& ref) {
+  struct Sums {
+    double diff2 = 0, ref2 = 0, max_diff = 0, max_ref = 0;
+  };
+  std::map<std::string, Sums> per;
+  visit_slices(model, ref, [&](const ParamInfo& p, double a, double b) {
+    Sums& s = per[p.name];
+    s.diff2 += (a - b) * (a - b), s.ref2 += b * b;
+    s.max_diff = std::max(s.max_diff, std::abs(a - b)), s.max_ref = std::max(s.max_ref, std::abs(b));
+  });
+  double model_max_ref = 0;
+  for (const float w : ref.params) model_max_ref = std::max(model_max_ref, double(std::abs(w)));
+  const bool rope = model.options().model.position == Position::rope;
+  WeightErrors w;
+  for (const auto& [name, s] : per) {
+    if (!rope && name.ends_with("attn.k_proj.bias")) {
+      // Its exact gradient is 0: q . (k + b) adds the same q . b to every score of a query's row,
+      // and softmax ignores that. Its values are AdamW's normalisation of rounding noise, in any
+      // implementation and summation order: compared on the model's scale.
+      w.zero_grad_rel = std::max(w.zero_grad_rel, s.max_diff / model_max_ref);
+      continue;
+    }
+    const double norm = s.ref2 > 0 ? std::sqrt(s.diff2 / s.ref2) : std::sqrt(s.diff2);
+    const double max = s.max_ref > 0 ? s.max_diff / s.max_ref : s.max_diff;
+    if (norm > w.norm_rel) w.norm_rel = norm, w.norm_tensor = name;
+    if (max > w.max_rel) w.max_rel = max, w.max_tensor = name;
+  }
+  return w;
 }
 
 }  // namespace dist_test

@@ -83,4 +83,15 @@ int64_t resident_bytes(const void* p, int64_t bytes);
 // Largest |local - reference slice| / (1 + |reference|) over every element of a model shard.
 double max_weight_diff(const exatrain::Gpt& model, const Reference& ref);
 
+// The final-weights criterion, per tensor (this rank's slice of it against the same slice of the
+// single-rank model): norm_rel = ||w - w_ref|| / ||w_ref|| and max_rel = max |w - w_ref| / max
+// |w_ref| (the absolute difference when w_ref is all zero); the worst of each over the tensors.
+// Tensors whose exact gradient is 0 (the attention key bias without RoPE) hold only AdamW's
+// normalisation of rounding noise: zero_grad_rel = max |w - w_ref| / max |w_ref| over the model.
+struct WeightErrors {
+  double norm_rel = 0, max_rel = 0, zero_grad_rel = 0;
+  std::string norm_tensor, max_tensor;  // where the worst was
+};
+WeightErrors weight_errors(const exatrain::Gpt& model, const Reference& ref);
+
 }  // namespace dist_test

@@ -1,14 +1,17 @@
 // Equivalence of the distributed trainer with the single-rank trainer: for every parallel
-// configuration of this world size, 10 steps from the same seed give the same losses and validation loss (1e-5
-// relative) and the same final weights (every rank compares its shard with the matching slice of
-// the single-rank model). ZeRO 3 and ZeRO 2 also check with mincore that released parameter /
-// reduce-scattered gradient pages went back to the OS. Run as `mpirun -np N dist_equivalence`;
-// exits non-zero on any mismatch.
+// configuration of this world size, 10 steps from the same seed give the same losses and validation
+// loss (1e-5 relative) and the same final weights: per tensor (every rank's slice of it against the
+// same slice of the single-rank model), ||w - w_ref|| / ||w_ref|| <= 1e-5 and max |w - w_ref| <=
+// 1e-5 max |w_ref|; the attention key bias of a model without RoPE, whose exact gradient is 0, to
+// 1e-5 of the model's largest weight. ZeRO 3 and ZeRO 2 also check with mincore that released
+// parameter / reduce-scattered gradient pages went back to the OS. Run as
+// `mpirun -np N dist_equivalence`; exits non-zero on any mismatch.
 #include <mpi.h>
 #include <omp.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <map>
 #include <tuple>
@@ -60,10 +63,14 @@ static std::vector<Config> configs_for(int world) {
     a = c(2, 1, 2); a.vp = 2; a.zero = 1; v.push_back(a);
     a = c(2, 2, 1); a.sp = true; a.zero = 3; a.recompute = R::selective; v.push_back(a);
     a = c(2, 1, 2); a.zero = 3; a.llama = true; v.push_back(a);
+    a = c(2, 1, 2); a.zero = 2; v.push_back(a);  // tied embedding summed on the ZeRO-2 shards
+    a = c(2, 1, 2); a.zero = 3; a.recompute = R::full; v.push_back(a);  // ... and on the ZeRO-3 shards
   } else if (world == 8) {
     Config a = c(2, 2, 2); a.sp = true; a.zero = 1; a.recompute = R::selective; v.push_back(a);
     a = c(2, 2, 2); a.vp = 2; a.llama = true; a.recompute = R::full; v.push_back(a);
     a = c(2, 2, 2); a.sp = true; a.zero = 3; a.untied = true; v.push_back(a);
+    a = c(2, 2, 2); a.vp = 2; a.zero = 3; v.push_back(a);  // tied, interleaved
+    a = c(2, 2, 2); a.sp = true; a.vp = 2; a.zero = 2; v.push_back(a);  // tied, interleaved, sp
   }
   return v;
 }
@@ -77,7 +84,15 @@ int main(int argc, char** argv) {
   int failures = 0;
   const std::vector<Config> configs = configs_for(world);
   for (const Config& cfg : configs) {
-    const Job job = dist_test::job_for(cfg, steps);
+    Job job = dist_test::job_for(cfg, steps);
+    // AdamW's eps = 1e-5 (LLaMA's setting; the default is 1e-8). With 1e-8, an element whose
+    // gradient is ~1e-8 (a nearly dead SwiGLU unit of the tiny Llama-style model) gets an update
+    // m / (sqrt(v) + eps) that turns the rounding-level difference of another summation order
+    // into a relative update difference of 1e-3 or more: measured after 10 steps up to 7.3e-5
+    // norm-wise and 2.3e-4 element-wise (dp2 and tp2 Llama configurations; GPT-2 style ones 2.9e-5
+    // element-wise at tp2). With 1e-5 every configuration is below 1e-5 (docs/parallel.md,
+    // "Equivalence with one rank"). EXATRAIN_TEST_EPS overrides it to see that for oneself.
+    job.train.eps = std::getenv("EXATRAIN_TEST_EPS") ? std::atof(std::getenv("EXATRAIN_TEST_EPS")) : 1e-5;
     auto key = std::make_tuple(job.model.activation == Activation::swiglu, job.model.tie_embeddings, cfg.micro_batch,
                                job.parallel.global_batch);
     if (!refs.count(key)) refs[key] = dist_test::run_single_rank(job);
@@ -134,17 +149,28 @@ int main(int argc, char** argv) {
     worst_loss = std::max(worst_loss, std::abs(val - ref.val_loss) / std::abs(ref.val_loss));
     trace += fmt::format(" val {:.6f}/{:.6f}", val, ref.val_loss);
     trainer.gather_full_params();  // ZeRO 3: the weights live in shards
-    double worst_w = 0;
-    for (int c = 0; c < trainer.chunks(); c++) worst_w = std::max(worst_w, dist_test::max_weight_diff(trainer.chunk(c), ref));
-    double both[2] = {worst_loss, worst_w}, all[2];
-    MPI_Allreduce(both, all, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    // Final weights, per tensor (each rank's slice against the single-rank model's):
+    // ||w - w_ref|| / ||w_ref|| <= 1e-5 and max |w - w_ref| <= 1e-5 max |w_ref|.
+    double norm_rel = 0, max_rel = 0, zero_grad_rel = 0;
+    for (int c = 0; c < trainer.chunks(); c++) {
+      const dist_test::WeightErrors e = dist_test::weight_errors(trainer.chunk(c), ref);
+      if (std::getenv("EXATRAIN_TEST_VERBOSE"))
+        std::printf("  rank %d chunk %d: worst norm rel %.2e (%s), max rel %.2e (%s)\n", rank, c, e.norm_rel,
+                    e.norm_tensor.c_str(), e.max_rel, e.max_tensor.c_str());
+      norm_rel = std::max(norm_rel, e.norm_rel), max_rel = std::max(max_rel, e.max_rel);
+      zero_grad_rel = std::max(zero_grad_rel, e.zero_grad_rel);
+    }
+    double mine[4] = {worst_loss, norm_rel, max_rel, zero_grad_rel}, all[4];
+    MPI_Allreduce(mine, all, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     int64_t early_all = 0;
     MPI_Allreduce(&early, &early_all, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
-    const bool ok = all[0] <= 1e-5 && all[1] <= 1e-4 && released;  // weights: see docs/parallel.md
+    const bool ok = all[0] <= 1e-5 && all[1] <= 1e-5 && all[2] <= 1e-5 && all[3] <= 1e-5 && released;
     failures += !ok;
     if (rank == 0)
-      std::printf("%s np%d %-58s loss rel diff %.2e, weight diff %.2e, dp buckets launched in backward %lld;%s\n",
-                  ok ? "OK  " : "FAIL", world, cfg.name().c_str(), all[0], all[1], (long long)early_all, trace.c_str());
+      std::printf("%s np%d %-58s loss rel diff %.2e; weights per tensor: norm rel %.2e, max rel %.2e (key bias, "
+                  "gradient 0: %.2e of max|w|); dp buckets launched in backward %lld;%s\n",
+                  ok ? "OK  " : "FAIL", world, cfg.name().c_str(), all[0], all[1], all[2], all[3],
+                  (long long)early_all, trace.c_str());
     std::fflush(stdout);
   }
   if (rank == 0) std::printf("%d of %zu configurations failed\n", failures, configs.size());

@@ -122,3 +122,41 @@ TEST(Comm, TreeAllReduce) {
   // NCCL has no tree all-gather / reduce-scatter.
   EXPECT_THROW(all_gather_time(n, g, mach, Algorithm::tree), Error);
 }
+
+TEST(Comm, ZeroTwoReduceScattersEveryMicroBatchZeroOneOncePerStep) {
+  // GPT-2 small, fp32, dp 4 x pp 2, 8 micro-batches. ZeRO 1 (Megatron's distributed optimizer)
+  // accumulates the micro-batches locally and reduce-scatters once; ZeRO 2 (DeepSpeed stage 2)
+  // keeps only its shard of the gradients, so it reduce-scatters every micro-batch's. Both
+  // all-gather the updated weights once. ZeRO 2's tied-embedding exchange moves the owned 1/dp.
+  ModelSpec m;
+  Plan p;
+  p.dp = 4; p.pp = 2; p.gpus = 8; p.micro_batch = 1; p.global_batch = 32;
+  p.precision = Precision::fp32;
+  const RankPosition pos = rank_position(p, 5);  // dp_rank 1 of the last stage
+  ASSERT_EQ(pos.pp_rank, 1);
+  const int64_t n = parameters_on_rank(m, p, 1), mb = p.micro_batches(), tied = m.vocab * m.hidden;
+  ASSERT_EQ(mb, 8);
+  p.zero = 1;
+  const CommBytes z1 = bytes_sent_per_step(m, p, pos);
+  p.zero = 2;
+  const CommBytes z2 = bytes_sent_per_step(m, p, pos);
+  EXPECT_EQ(z1[CommKind::dp_reduce_scatter], ring_reduce_scatter_sent(n, 4, 1) * 4);
+  EXPECT_EQ(z2[CommKind::dp_reduce_scatter], mb * ring_reduce_scatter_sent(n, 4, 1) * 4);
+  EXPECT_EQ(z2[CommKind::dp_all_gather], z1[CommKind::dp_all_gather]);
+  EXPECT_EQ(z1[CommKind::pp_send] - z2[CommKind::pp_send], (tied - tied / 4) * 4);
+}
+
+TEST(Comm, ZeroThreeTiedEmbeddingExchangeMovesTheOwnedShard) {
+  // ZeRO 3 with a pipeline: each stage's copy of the tied embedding is reduce-scattered into its
+  // shard, so the first and last stage's ranks exchange only the 1/dp they own.
+  ModelSpec m;
+  Plan p;
+  p.dp = 2; p.pp = 2; p.gpus = 4; p.micro_batch = 1; p.global_batch = 8;
+  p.precision = Precision::fp32;
+  const RankPosition first = rank_position(p, 1), last = rank_position(p, 3);
+  const int64_t tied = m.vocab * m.hidden * 4;
+  const int64_t msgs = bytes_sent_per_step(m, p, first)[CommKind::pp_send] - tied;  // ZeRO 0: the whole copy
+  p.zero = 3;
+  EXPECT_EQ(bytes_sent_per_step(m, p, first)[CommKind::pp_send], msgs + tied / 2);
+  EXPECT_EQ(bytes_sent_per_step(m, p, last)[CommKind::pp_send], msgs + tied / 2);
+}

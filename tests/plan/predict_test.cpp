@@ -155,3 +155,20 @@ TEST(Predict, ZeroBandwidthIsRejectedWithTheKey) {
   single.gpus = 1;  // one device: no bandwidth needed
   EXPECT_NO_THROW(check_machine_for_plan(job.machine, single, "job.toml"));
 }
+
+TEST(Predict, ZeroTwoPaysTheExposedReduceScatterPerMicroBatch) {
+  // 175B, tp 8 x dp 8, 8 micro-batches: ZeRO 2 reduce-scatters every micro-batch's gradients (each
+  // overlapped with that micro-batch's backward), ZeRO 1 once per step; the all-gather is the same.
+  Job job = parse_job(kJob, "job.toml", {"parallel.pp=1", "parallel.vp=1", "parallel.dp=8"});
+  Plan p = resolve_plan(job.parallel, job.train.precision);
+  ASSERT_GT(p.micro_batches(), 1);
+  ASSERT_GT(p.dp, 1);
+  const double z1 = predict(job.model, job.machine, p).breakdown.dp_comm;
+  p.zero = 2;
+  const double z2 = predict(job.model, job.machine, p).breakdown.dp_comm;
+  // The all-gather of fp16 weights: the same in both; the rest is the exposed reduce-scatter.
+  const Group g = group_on_machine(p.dp * p.cp, p.tp, job.machine.gpus_per_node);
+  const double ag = best_all_gather_time(2.0 * double(parameters_on_rank(job.model, p, 0)), g, job.machine);
+  ASSERT_GT(z1 - ag, 0) << "the test needs an exposed reduce-scatter";
+  EXPECT_NEAR(z2 - ag, double(p.micro_batches()) * (z1 - ag), 1e-9 * z2);
+}

@@ -6,6 +6,7 @@
 // GCC 12 false positive inside _mm512_sqrt_ps (its _mm512_undefined_ps operand).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <omp.h>
+#include <sys/mman.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -41,7 +42,23 @@ void* CpuBackend::alloc_bytes(size_t bytes) {
   std::memset(p, 0, rounded);  // also touches the pages, so RSS reflects the allocation
   return p;
 }
-void CpuBackend::free_bytes(void* p) { std::free(p); }
+void* CpuBackend::alloc_bytes_lazy(size_t bytes) {
+  // A private anonymous mapping reads 0 and costs no memory until a page is written.
+  const size_t len = bytes == 0 ? 1 : bytes;
+  void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  EXA_SYSCHECK(p != MAP_FAILED, "cpu backend: mmap of {} bytes", bytes);
+  mapped_[p] = len;
+  return p;
+}
+void CpuBackend::free_bytes(void* p) {
+  auto it = mapped_.find(p);
+  if (it == mapped_.end()) {
+    std::free(p);
+    return;
+  }
+  EXA_SYSCHECK(munmap(p, it->second) == 0, "cpu backend: munmap of {} bytes", it->second);
+  mapped_.erase(it);
+}
 void CpuBackend::upload(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 void CpuBackend::download(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 void CpuBackend::copy(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }

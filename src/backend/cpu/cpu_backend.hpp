@@ -4,6 +4,8 @@
 // cpu_norm_act.cpp (norms, activations), cpu_attention.cpp (rope, attention, embeddings,
 // cross-entropy).
 #pragma once
+#include <map>
+
 #include "backend/backend.hpp"
 
 namespace exatrain {
@@ -19,6 +21,7 @@ class CpuBackend final : public Backend {
   int threads() const { return threads_; }
 
   void* alloc_bytes(size_t bytes) override;
+  void* alloc_bytes_lazy(size_t bytes) override;
   void free_bytes(void* p) override;
   void upload(void* dst, const void* src, size_t bytes) override;
   void download(void* dst, const void* src, size_t bytes) override;
@@ -85,6 +88,7 @@ class CpuBackend final : public Backend {
  private:
   int threads_;
   int64_t min_work_;
+  std::map<void*, size_t> mapped_;  // alloc_bytes_lazy's mappings (munmap'ed by free_bytes)
 };
 
 }  // namespace exatrain

@@ -1,0 +1,46 @@
+// The CPU backend's allocations: alloc_bytes touches every page (zeroed, resident at once);
+// alloc_bytes_lazy returns zeroed, 64-byte aligned memory of which no page is resident until it
+// is written (mincore), and free_bytes releases either kind.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.hpp"
+
+using namespace exatrain;
+
+namespace {
+// Pages of [p, p + bytes) resident in memory.
+int64_t resident_pages(const void* p, size_t bytes) {
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = uintptr_t(p) / page * page, hi = (uintptr_t(p) + bytes + page - 1) / page * page;
+  std::vector<unsigned char> in((hi - lo) / page);
+  EXPECT_EQ(mincore(reinterpret_cast<void*>(lo), hi - lo, in.data()), 0);
+  int64_t n = 0;
+  for (unsigned char c : in) n += c & 1;
+  return n;
+}
+}  // namespace
+
+TEST(BackendMemory, LazyAllocationIsZeroAndNotResidentUntilWritten) {
+  auto be = make_cpu_backend(1, 0);
+  const size_t page = size_t(sysconf(_SC_PAGESIZE)), bytes = 64 * page;
+  float* eager = static_cast<float*>(be->alloc_bytes(bytes));
+  float* lazy = static_cast<float*>(be->alloc_bytes_lazy(bytes));
+  EXPECT_EQ(uintptr_t(lazy) % 64, 0u);
+  EXPECT_GE(resident_pages(eager, bytes), 64);  // (65 when it does not start a page)
+  EXPECT_EQ(resident_pages(lazy, bytes), 0);
+  lazy[0] = 1.0f;  // one page written: one page resident
+  lazy[bytes / sizeof(float) - 1] = 2.0f;
+  EXPECT_EQ(resident_pages(lazy, bytes), 2);
+  double sum = 0;  // reads see zeros elsewhere
+  for (size_t i = 1; i + 1 < bytes / sizeof(float); i += 997) sum += lazy[i];
+  EXPECT_EQ(sum, 0.0);
+  be->free_bytes(lazy);
+  be->free_bytes(eager);
+  be->free_bytes(nullptr);
+}
