@@ -97,10 +97,13 @@ int main(int argc, char** argv) {
   vp2.vp = 2;
   Config dp2_tp2;      // global batch 4 = 1 x 2 micro-batches x dp 2
   dp2_tp2.dp = 2, dp2_tp2.tp = 2, dp2_tp2.micro_batches = 2;
+  Config dp2_pp2;      // ZeRO 3 with a pipeline: the tied embedding's two copies are sharded segments
+  dp2_pp2.dp = 2, dp2_pp2.pp = 2, dp2_pp2.micro_batches = 2;
   const Case cases[] = {{tp_pp, dp4, 0, 1, false, false},   {dp4, tp_pp, 3, 0, false, false},
                         {dp4, tp_pp, 2, 0, false, false},   {dp4, vp2, 0, 0, false, false},
                         {vp2, dp2_tp2, 0, 1, false, false}, {dp2_tp2, dp4, 1, 0, false, false},
-                        {tp_pp, dp4, 0, 3, true, false},    {tp_pp, tp_pp, 0, 0, false, true}};
+                        {tp_pp, dp4, 0, 3, true, false},    {tp_pp, tp_pp, 0, 0, false, true},
+                        {dp2_pp2, tp_pp, 3, 0, false, false}, {tp_pp, dp2_pp2, 0, 3, false, false}};
   int case_index = 0;
   for (Case cs : cases) {
     cs.save.zero = cs.save_zero, cs.resume.zero = cs.resume_zero;
