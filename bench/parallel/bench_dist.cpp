@@ -1,7 +1,8 @@
 // Throughput of the distributed trainer on a small GPT, with the measured time breakdown next to
 // the planner's prediction for the `local` machine (the same plan). Run under mpirun; one line per
 // run, printed by rank 0. bench_dist.sh runs 1 rank x 2 threads against 2 ranks x 1 thread
-// (dp2, tp2, pp2) side by side.
+// (dp2, tp2, pp2) side by side. The prediction's device is cpu-local (one core per rank), or
+// cpu-local-2c for 1 rank x 2 threads (catalog/devices.toml).
 //   mpirun -np 2 build/bench/parallel/bench_dist --tp 2 [--pp 1 --dp 1 --threads 1 --steps 8]
 #include <mpi.h>
 #include <omp.h>
@@ -84,30 +85,41 @@ int main(int argc, char** argv) {
   o.train = job.train;
   parallel::DistributedTrainer trainer(*backend, rt, o, data);
   const char* names[] = {"compute", "tp_comm", "pp_comm", "pp_bubble", "dp_comm", "optimizer"};
-  std::vector<double> secs, sum(6, 0.0);
+  std::vector<double> secs;
+  std::vector<std::vector<double>> parts(6);  // per component, one value per measured step
   for (int s = 0; s < warmup + steps; s++) {
     MPI_Barrier(MPI_COMM_WORLD);
     const parallel::DistStepMetrics r = trainer.train_step();
     if (s < warmup) continue;
     secs.push_back(r.seconds);
-    for (int k = 0; k < 6; k++) sum[size_t(k)] += r.breakdown_s.count(names[k]) ? r.breakdown_s.at(names[k]) : 0.0;
+    for (int k = 0; k < 6; k++)
+      parts[size_t(k)].push_back(r.breakdown_s.count(names[k]) ? r.breakdown_s.at(names[k]) : 0.0);
   }
-  // The slowest rank's step time and each component's largest per-rank mean.
-  std::sort(secs.begin(), secs.end());
-  double median = secs[secs.size() / 2], slowest = 0;
+  // Medians, like the step time: one step slowed by another job on the shared cores must not
+  // move a component (a mean did: compute above the whole median step). Then the slowest rank's
+  // step time and each component's largest per-rank median.
+  auto median_of = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  double median = median_of(secs), slowest = 0;
   MPI_Allreduce(&median, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  std::vector<double> mean(6), worst(6);
-  for (int k = 0; k < 6; k++) mean[size_t(k)] = sum[size_t(k)] / steps;
-  MPI_Reduce(mean.data(), worst.data(), 6, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  std::vector<double> mid(6), worst(6);
+  for (int k = 0; k < 6; k++) mid[size_t(k)] = median_of(parts[size_t(k)]);
+  MPI_Reduce(mid.data(), worst.data(), 6, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
   if (rank == 0) {
-    const MachineSpec local = parse_job("[machine]\npreset = \"local\"\n", "local machine", {}).machine;
+    MachineSpec local = parse_job("[machine]\npreset = \"local\"\n", "local machine", {}).machine;
+    // The local machine's device is one core (one rank per core). One rank running 2 threads has
+    // both cores: the catalog's cpu-local-2c device (its measured 2-thread GEMM rate and memory).
+    if (world == 1 && threads == 2) local.device = "cpu-local-2c";
     plan::Plan pl = plan::resolve_plan(p, Precision::fp32);
     const plan::Prediction pred = plan::predict(m, local, pl);
     const plan::Breakdown& b = pred.breakdown;
     const double predicted[6] = {b.compute, b.tp_comm, b.pp_comm, b.pp_bubble, b.dp_comm, b.optimizer};
     const double tokens = double(p.global_batch * m.seq_len);
-    std::printf("%d rank(s) x %d thread(s) tp%d pp%d dp%d | step %.4f s (predicted %.4f) | %.0f tokens/s (predicted %.0f) |",
-                world, threads, tp, pp, dp, slowest, pred.step_time_s, tokens / slowest, pred.tokens_per_s);
+    std::printf("%d rank(s) x %d thread(s) tp%d pp%d dp%d [%s] | step %.4f s (predicted %.4f) | %.0f tokens/s (predicted %.0f) |",
+                world, threads, tp, pp, dp, local.device.c_str(), slowest, pred.step_time_s, tokens / slowest,
+                pred.tokens_per_s);
     for (int k = 0; k < 6; k++) std::printf(" %s %.4f/%.4f", names[k], worst[size_t(k)], predicted[k]);
     std::printf("   (measured/predicted s)\n");
   }

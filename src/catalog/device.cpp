@@ -38,6 +38,16 @@ double positive(const toml::value& table, const std::string& file, const std::st
   return x;
 }
 
+// An optional key that may be 0 (a shape constant: 0 = no fall-off with that dimension).
+std::optional<double> optional_non_negative(const toml::value& table, const std::string& file,
+                                            const std::string& section, const std::string& key) {
+  if (!table.contains(key)) return std::nullopt;
+  const toml::value& v = table.at(key);
+  double x = v.is_integer() ? double(v.as_integer()) : v.is_floating() ? v.as_floating() : -1;
+  EXA_CHECK(x >= 0, "{}: [{}] {} = {} must be a number >= 0", file, section, key, toml::format(v));
+  return x;
+}
+
 std::vector<Device> read_devices() {
   std::string file = catalog_dir() + "/devices.toml";
   EXA_CHECK(std::filesystem::exists(file), "device catalog {} not found", file);
@@ -56,6 +66,8 @@ std::vector<Device> read_devices() {
     d.hbm_bw_gbs = positive(t, file, name, "hbm_bw_gbs");
     d.gemm_efficiency = positive(t, file, name, "gemm_efficiency");
     d.bw_efficiency = positive(t, file, name, "bw_efficiency");
+    d.gemm_dim_half = optional_non_negative(t, file, name, "gemm_dim_half");
+    d.gemm_tokens_half = optional_non_negative(t, file, name, "gemm_tokens_half");
     EXA_CHECK(d.gemm_efficiency <= 1 && d.bw_efficiency <= 1,
               "{}: [{}] efficiencies must be <= 1", file, name);
     devices.push_back(d);

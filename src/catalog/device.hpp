@@ -1,6 +1,7 @@
 // The device catalog: public peak figures of each accelerator (catalog/devices.toml, each number
 // with its source) plus the few calibrated efficiency constants the planner uses for it.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,11 @@ struct Device {
   // element-wise kernels reach.
   double gemm_efficiency = 0.7;
   double bw_efficiency = 0.7;
+  // Optional per-device GEMM shape constants (devices.toml keys gemm_dim_half and
+  // gemm_tokens_half): efficiency falls as gemm_efficiency / (1 + dim_half / (h/tp)) /
+  // (1 + tokens_half / tokens). Unset = the global calibration (plan::Calibration), fitted to GPU
+  // tiles; a CPU's BLAS reaches its rate on far smaller shapes.
+  std::optional<double> gemm_dim_half, gemm_tokens_half;
 
   double peak_tflops(Precision p) const;
 };

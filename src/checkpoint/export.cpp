@@ -71,6 +71,8 @@ struct Exported {
 };
 
 Exported to_hf_gpt2(std::map<std::string, Tensor>& W, const ModelSpec& m) {
+  EXA_CHECK(m.bias, "export --format hf: a GPT-2-style model has biases on every linear layer (GPT2LMHeadModel "
+                    "cannot load one without); this model has bias = false");
   EXA_CHECK(m.activation == Activation::gelu && m.norm == Norm::layernorm && m.position == Position::learned &&
                 m.kv_heads == m.heads,
             "export --format hf: a GPT-2-style model needs activation = \"gelu\", norm = \"layernorm\", position = "
@@ -119,20 +121,22 @@ Exported to_hf_llama(std::map<std::string, Tensor>& W, const ModelSpec& m) {
     T[q + "input_layernorm.weight"] = W.at(p + "ln_1.weight");
     for (const char* proj : {"q_proj", "k_proj", "v_proj", "o_proj"})
       for (const char* kind : {"weight", "bias"})
-        T[fmt::format("{}self_attn.{}.{}", q, proj, kind)] = W.at(fmt::format("{}attn.{}.{}", p, proj, kind));
+        if (m.bias || kind[0] == 'w')
+          T[fmt::format("{}self_attn.{}.{}", q, proj, kind)] = W.at(fmt::format("{}attn.{}.{}", p, proj, kind));
     T[q + "post_attention_layernorm.weight"] = W.at(p + "ln_2.weight");
     for (const char* proj : {"gate_proj", "up_proj", "down_proj"})
       for (const char* kind : {"weight", "bias"})
-        T[fmt::format("{}mlp.{}.{}", q, proj, kind)] = W.at(fmt::format("{}mlp.{}.{}", p, proj, kind));
+        if (m.bias || kind[0] == 'w')
+          T[fmt::format("{}mlp.{}.{}", q, proj, kind)] = W.at(fmt::format("{}mlp.{}.{}", p, proj, kind));
   }
   T["model.norm.weight"] = W.at("ln_f.weight");
   if (!m.tie_embeddings) T["lm_head.weight"] = W.at("lm_head.weight");
-  // Our linear layers carry biases: attention_bias and mlp_bias tell transformers to load them.
+  // With model.bias our linear layers carry biases: attention_bias and mlp_bias tell transformers to load them.
   e.config = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", m.vocab},
               {"hidden_size", m.hidden}, {"intermediate_size", m.ffn_hidden}, {"num_hidden_layers", m.layers},
               {"num_attention_heads", m.heads}, {"num_key_value_heads", m.kv_heads}, {"head_dim", m.head_dim()},
               {"max_position_embeddings", m.seq_len}, {"rms_norm_eps", m.norm_eps}, {"rope_theta", m.rope_theta},
-              {"hidden_act", "silu"}, {"attention_bias", true}, {"mlp_bias", true},
+              {"hidden_act", "silu"}, {"attention_bias", m.bias}, {"mlp_bias", m.bias},
               {"tie_word_embeddings", m.tie_embeddings}, {"torch_dtype", "float32"}};
   return e;
 }

@@ -33,6 +33,8 @@ struct ModelSpec {
   Norm norm = Norm::layernorm;
   Position position = Position::learned;
   bool tie_embeddings = true;
+  // Linear layers carry biases (QKV, out-projection, MLP), as GPT-2; false = none (Llama, MPT).
+  bool bias = true;
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
 

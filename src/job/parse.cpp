@@ -319,6 +319,7 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     if (int i = s.get_choice("norm", {"layernorm", "rmsnorm"}); i >= 0) m.norm = Norm(i);
     if (int i = s.get_choice("position", {"learned", "rope"}); i >= 0) m.position = Position(i);
     s.get_bool("tie_embeddings", m.tie_embeddings);
+    s.get_bool("bias", m.bias);
     s.get_float("norm_eps", m.norm_eps, 0, 1);
     s.get_float("rope_theta", m.rope_theta, 1, 1e12);
     // Shapes that cannot be built, with the equation, named by where their values came from.
@@ -335,7 +336,7 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
                                    "{} / {} = {}", job_origin(job, {"model.position", "model.hidden", "model.heads"}), m.hidden,
                                    m.heads, m.hidden / m.heads));
     s.report_unknown({"preset", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len", "vocab",
-                      "activation", "norm", "position", "tie_embeddings", "norm_eps", "rope_theta"});
+                      "activation", "norm", "position", "tie_embeddings", "bias", "norm_eps", "rope_theta"});
   }
   // [machine]
   {
@@ -465,9 +466,9 @@ std::string job_to_toml(const Job& job) {
   out += fmt::format(
       "[model]\nlayers = {}\nhidden = {}\nheads = {}\nkv_heads = {}\nffn_hidden = {}\nseq_len = {}\n"
       "vocab = {}\nactivation = \"{}\"\nnorm = \"{}\"\nposition = \"{}\"\ntie_embeddings = {}\n"
-      "norm_eps = {:.17g}\nrope_theta = {:.17g}\n\n",
+      "bias = {}\nnorm_eps = {:.17g}\nrope_theta = {:.17g}\n\n",
       m.layers, m.hidden, m.heads, m.kv_heads, m.ffn_hidden, m.seq_len, m.vocab, to_string(m.activation),
-      to_string(m.norm), to_string(m.position), m.tie_embeddings, m.norm_eps, m.rope_theta);
+      to_string(m.norm), to_string(m.position), m.tie_embeddings, m.bias, m.norm_eps, m.rope_theta);
   out += fmt::format(
       "[machine]\ndevice = {}\ngpus_per_node = {}\nintra_node_bw_gbs = {:.17g}\ninter_node_bw_gbs = {:.17g}\n"
       "intra_node_latency_us = {:.17g}\ninter_node_latency_us = {:.17g}\nstorage_bw_gbs = {:.17g}\n",

@@ -46,9 +46,9 @@ Gpt::Gpt(Backend& backend, const GptOptions& options, ParallelHooks* hooks)
   Hkv_ = m.kv_heads / tp;
   D_ = m.head_dim();
   F_ = m.ffn_hidden / tp;
-  const int64_t per = (m.vocab + tp - 1) / tp;
-  vocab_start_ = per * opt_.tp.rank;
-  vocab_local_ = std::min(m.vocab, vocab_start_ + per) - vocab_start_;
+  const VocabSlice vs = vocab_slice(m.vocab, tp, opt_.tp.rank);
+  vocab_start_ = vs.start;
+  vocab_local_ = vs.rows;
   EXA_CHECK(vocab_local_ > 0, "model: vocab {} too small for tp = {}", m.vocab, tp);
   sp_ = opt_.tp.sequence_parallel;
   EXA_CHECK(!sp_ || (B_ * T_) % tp == 0, "model: sequence parallelism needs micro_batch * seq "
@@ -72,6 +72,7 @@ Gpt::~Gpt() {
 void Gpt::build_layout() {
   const ModelSpec& m = opt_.model;
   const bool ln = m.norm == Norm::layernorm;
+  const bool bias = m.bias;  // linear-layer biases (model.bias); norms follow model.norm
   const float std0 = 0.02f;
   // GPT-2's scaled init: residual output projections get std / sqrt(2 * layers).
   const float std_res = std0 / std::sqrt(2.0f * float(m.layers));
@@ -110,25 +111,29 @@ void Gpt::build_layout() {
     o.qkv_w = add(p + "attn.q_proj.weight", {H * D, C}, 0, Hq_ * D, r * Hq_ * D, true, std0, 0);
     add(p + "attn.k_proj.weight", {KV * D, C}, 0, Hkv_ * D, r * Hkv_ * D, true, std0, 0);
     add(p + "attn.v_proj.weight", {KV * D, C}, 0, Hkv_ * D, r * Hkv_ * D, true, std0, 0);
-    o.qkv_b = add(p + "attn.q_proj.bias", {H * D}, 0, Hq_ * D, r * Hq_ * D, false, 0, 0);
-    add(p + "attn.k_proj.bias", {KV * D}, 0, Hkv_ * D, r * Hkv_ * D, false, 0, 0);
-    add(p + "attn.v_proj.bias", {KV * D}, 0, Hkv_ * D, r * Hkv_ * D, false, 0, 0);
+    if (bias) {
+      o.qkv_b = add(p + "attn.q_proj.bias", {H * D}, 0, Hq_ * D, r * Hq_ * D, false, 0, 0);
+      add(p + "attn.k_proj.bias", {KV * D}, 0, Hkv_ * D, r * Hkv_ * D, false, 0, 0);
+      add(p + "attn.v_proj.bias", {KV * D}, 0, Hkv_ * D, r * Hkv_ * D, false, 0, 0);
+    }
     o.o_w = add(p + "attn.o_proj.weight", {C, H * D}, 1, Hq_ * D, r * Hq_ * D, true, std_res, 0);
-    o.o_b = add(p + "attn.o_proj.bias", {C}, -1, 0, 0, false, 0, 0);
+    if (bias) o.o_b = add(p + "attn.o_proj.bias", {C}, -1, 0, 0, false, 0, 0);
     o.ln2_w = add(p + "ln_2.weight", {C}, -1, 0, 0, false, 0, 1.0f);
     if (ln) o.ln2_b = add(p + "ln_2.bias", {C}, -1, 0, 0, false, 0, 0.0f);
     if (m.activation == Activation::gelu) {
       o.fc1_w = add(p + "mlp.fc1.weight", {F, C}, 0, F_, r * F_, true, std0, 0);
-      o.fc1_b = add(p + "mlp.fc1.bias", {F}, 0, F_, r * F_, false, 0, 0);
+      if (bias) o.fc1_b = add(p + "mlp.fc1.bias", {F}, 0, F_, r * F_, false, 0, 0);
       o.fc2_w = add(p + "mlp.fc2.weight", {C, F}, 1, F_, r * F_, true, std_res, 0);
-      o.fc2_b = add(p + "mlp.fc2.bias", {C}, -1, 0, 0, false, 0, 0);
+      if (bias) o.fc2_b = add(p + "mlp.fc2.bias", {C}, -1, 0, 0, false, 0, 0);
     } else {
       o.fc1_w = add(p + "mlp.gate_proj.weight", {F, C}, 0, F_, r * F_, true, std0, 0);
       add(p + "mlp.up_proj.weight", {F, C}, 0, F_, r * F_, true, std0, 0);
-      o.fc1_b = add(p + "mlp.gate_proj.bias", {F}, 0, F_, r * F_, false, 0, 0);
-      add(p + "mlp.up_proj.bias", {F}, 0, F_, r * F_, false, 0, 0);
+      if (bias) {
+        o.fc1_b = add(p + "mlp.gate_proj.bias", {F}, 0, F_, r * F_, false, 0, 0);
+        add(p + "mlp.up_proj.bias", {F}, 0, F_, r * F_, false, 0, 0);
+      }
       o.fc2_w = add(p + "mlp.down_proj.weight", {C, F}, 1, F_, r * F_, true, std_res, 0);
-      o.fc2_b = add(p + "mlp.down_proj.bias", {C}, -1, 0, 0, false, 0, 0);
+      if (bias) o.fc2_b = add(p + "mlp.down_proj.bias", {C}, -1, 0, 0, false, 0, 0);
     }
     layer_off_.push_back(o);
   }

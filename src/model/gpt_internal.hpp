@@ -5,7 +5,7 @@
 namespace exatrain {
 
 // Offsets (floats) of one layer's parameters; the same offsets index the gradient arena.
-// -1 = absent (biases of rmsnorm).
+// -1 = absent (norm biases with rmsnorm, every linear bias with model.bias = false).
 struct Gpt::LayerOffsets {
   int64_t ln1_w = -1, ln1_b = -1;
   int64_t qkv_w = -1, qkv_b = -1;  // fused local [(Hq+2Hkv)*D, C], [(Hq+2Hkv)*D]

@@ -1,6 +1,7 @@
 // One transformer layer as a forward/backward pair (pre-norm GPT block):
 //   h   = norm_1(x)                       [Ns, C] -> [N, C]  (all-gather under seq. parallel)
 //   qkv = rope(h W_qkv^T + b_qkv)         [N, (Hq+2Hkv)*D]   column-parallel (heads)
+//   (every bias b_* is absent when model.bias = false)
 //   a   = causal_attention(qkv)           [N, Hq*D]
 //   mid = x + (a W_o^T) + b_o             [Ns, C]            row-parallel: all-reduce (or
 //                                                            reduce-scatter under seq. parallel)
@@ -23,7 +24,7 @@ void Gpt::layer_forward(int64_t l, const float* x, float* out, Acts& a) {
   norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, o.ln1_w, o.ln1_b);  // a.ln1 [N, C]
   // qkv[N, QKV] = ln1[N, C] @ W_qkv[QKV, C]^T + b
   be_.gemm(false, true, N, QKV, C, 1.0f, a.ln1, C, P + o.qkv_w, C, 0.0f, a.qkv, QKV);
-  be_.add_bias(a.qkv, P + o.qkv_b, N, QKV);
+  if (o.qkv_b >= 0) be_.add_bias(a.qkv, P + o.qkv_b, N, QKV);
   if (m.position == Position::rope)  // rotate the Hq query and Hkv key heads (adjacent)
     be_.rope(a.qkv, B_, T_, QKV, Hq_ + Hkv_, D_, float(m.rope_theta), false);
   be_.attention_forward(a.att, a.probs, a.qkv, B_, T_, Hq_, Hkv_, D_);
@@ -31,14 +32,14 @@ void Gpt::layer_forward(int64_t l, const float* x, float* out, Acts& a) {
   float* part = region_exit(a.mid);
   be_.gemm(false, true, N, C, HD, 1.0f, a.att, HD, P + o.o_w, HD, 0.0f, part, C);
   region_exit_done(part, a.mid);
-  be_.add_bias(a.mid, P + o.o_b, Ns, C);
+  if (o.o_b >= 0) be_.add_bias(a.mid, P + o.o_b, Ns, C);
   be_.add_inplace(a.mid, x, Ns * C);
 
   // ---- MLP block ----
   norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.mid, o.ln2_w, o.ln2_b);  // a.ln2 [N, C]
   // fc[N, FC] = ln2[N, C] @ W_1[FC, C]^T + b_1
   be_.gemm(false, true, N, FC, C, 1.0f, a.ln2, C, P + o.fc1_w, C, 0.0f, a.fc, FC);
-  be_.add_bias(a.fc, P + o.fc1_b, N, FC);
+  if (o.fc1_b >= 0) be_.add_bias(a.fc, P + o.fc1_b, N, FC);
   if (m.activation == Activation::gelu)
     be_.gelu_forward(a.fc_act, a.fc, N * F_);
   else
@@ -47,7 +48,7 @@ void Gpt::layer_forward(int64_t l, const float* x, float* out, Acts& a) {
   part = region_exit(out);
   be_.gemm(false, true, N, C, F_, 1.0f, a.fc_act, F_, P + o.fc2_w, F_, 0.0f, part, C);
   region_exit_done(part, out);
-  be_.add_bias(out, P + o.fc2_b, Ns, C);
+  if (o.fc2_b >= 0) be_.add_bias(out, P + o.fc2_b, Ns, C);
   be_.add_inplace(out, a.mid, Ns * C);
 }
 
@@ -63,7 +64,7 @@ void Gpt::layer_backward(int64_t l, const float* x, const float* dout, float* dx
     be_.attention_forward(nullptr, a.probs, a.qkv, B_, T_, Hq_, Hkv_, D_);
 
   // ---- MLP block: dout is d/d out [Ns, C] ----
-  be_.bias_backward(G + o.fc2_b, dout, Ns, C);
+  if (o.fc2_b >= 0) be_.bias_backward(G + o.fc2_b, dout, Ns, C);
   const float* dout_full = grad_to_full(dout);  // [N, C]
   // dW_2[C, F] += dout^T[C, N] @ fc_act[N, F];  dfc_act[N, F] = dout[N, C] @ W_2[C, F]
   be_.gemm(true, false, C, F_, N, 1.0f, dout_full, C, a.fc_act, F_, 1.0f, G + o.fc2_w, F_);
@@ -72,7 +73,7 @@ void Gpt::layer_backward(int64_t l, const float* x, const float* dout, float* dx
     be_.gelu_backward(dfc_, a.fc, dfc_act_, N * F_);
   else
     be_.swiglu_backward(dfc_, a.fc, dfc_act_, N, F_);
-  be_.bias_backward(G + o.fc1_b, dfc_, N, FC);
+  if (o.fc1_b >= 0) be_.bias_backward(G + o.fc1_b, dfc_, N, FC);
   // dW_1[FC, C] += dfc^T[FC, N] @ ln2[N, C];  dln2[N, C] = dfc[N, FC] @ W_1[FC, C]
   be_.gemm(true, false, FC, C, N, 1.0f, dfc_, FC, a.ln2, C, 1.0f, G + o.fc1_w, C);
   be_.gemm(false, false, N, C, FC, 1.0f, dfc_, FC, P + o.fc1_w, C, 0.0f, dln_, C);
@@ -82,7 +83,7 @@ void Gpt::layer_backward(int64_t l, const float* x, const float* dout, float* dx
   norm_backward(dmid_, o.ln2_w, o.ln2_b, dln2, a.mid, a.ln2_mean, a.ln2_rstd);
 
   // ---- attention block ----
-  be_.bias_backward(G + o.o_b, dmid_, Ns, C);
+  if (o.o_b >= 0) be_.bias_backward(G + o.o_b, dmid_, Ns, C);
   const float* dmid_full = grad_to_full(dmid_);  // [N, C]
   // dW_o[C, HD] += dmid^T[C, N] @ att[N, HD];  datt[N, HD] = dmid[N, C] @ W_o[C, HD]
   be_.gemm(true, false, C, HD, N, 1.0f, dmid_full, C, a.att, HD, 1.0f, G + o.o_w, HD);
@@ -90,7 +91,7 @@ void Gpt::layer_backward(int64_t l, const float* x, const float* dout, float* dx
   be_.attention_backward(dqkv_, datt_, a.qkv, a.probs, B_, T_, Hq_, Hkv_, D_);
   if (m.position == Position::rope)  // gradient w.r.t. the pre-rotation q and k
     be_.rope(dqkv_, B_, T_, QKV, Hq_ + Hkv_, D_, float(m.rope_theta), true);
-  be_.bias_backward(G + o.qkv_b, dqkv_, N, QKV);
+  if (o.qkv_b >= 0) be_.bias_backward(G + o.qkv_b, dqkv_, N, QKV);
   // dW_qkv[QKV, C] += dqkv^T @ ln1;  dln1[N, C] = dqkv[N, QKV] @ W_qkv[QKV, C]
   be_.gemm(true, false, QKV, C, N, 1.0f, dqkv_, QKV, a.ln1, C, 1.0f, G + o.qkv_w, C);
   be_.gemm(false, false, N, C, QKV, 1.0f, dqkv_, QKV, P + o.qkv_w, C, 0.0f, dln_, C);

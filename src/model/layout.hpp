@@ -12,7 +12,7 @@
 //   h.i.attn.q_proj.weight [H*D, C]    row split (column-parallel: heads)   decay
 //   h.i.attn.k_proj.weight [KV*D, C]   row split                            decay
 //   h.i.attn.v_proj.weight [KV*D, C]   row split                            decay
-//   h.i.attn.{q,k,v}_proj.bias         row split
+//   h.i.attn.{q,k,v}_proj.bias         row split (every linear bias: only when model.bias = true)
 //   h.i.attn.o_proj.weight [C, H*D]    column split (row-parallel)          decay
 //   h.i.attn.o_proj.bias [C]           replicated
 //   h.i.ln_2.weight / .bias [C]
@@ -46,6 +46,16 @@ struct ParamInfo {
   float init_std = 0;                 // > 0: normal(0, init_std); else constant init_value
   float init_value = 0;
 };
+
+// The vocabulary rows tensor-parallel rank `rank` of `tp` holds in the vocabulary-parallel
+// embedding and LM head: ceil(vocab / tp) rows each, the last rank(s) the remainder. The
+// vocabulary is NOT padded to a multiple of tp (Megatron pads it to a multiple of
+// make_vocab_size_divisible_by * tp, which adds logits the softmax sees): the model stays the
+// tp = 1 model, slices may differ by a few rows. The planner counts the same rows.
+struct VocabSlice {
+  int64_t start = 0, rows = 0;
+};
+VocabSlice vocab_slice(int64_t vocab, int64_t tp, int64_t rank);
 
 class ParamLayout {
  public:

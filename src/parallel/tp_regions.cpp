@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/check.hpp"
+#include "model/layout.hpp"
 
 namespace exatrain::parallel {
 
@@ -88,8 +89,8 @@ void reduce_scatter_to_sp_region_backward(Group& tp, const float* dy_shard, floa
 
 VocabRange vocab_range(int64_t vocab, int tp, int rank) {
   EXA_CHECK(vocab >= tp, "vocab-parallel needs vocab >= tp: vocab {} < tp {}", vocab, tp);
-  int64_t slice = (vocab + tp - 1) / tp;
-  return {std::min(vocab, rank * slice), std::min(vocab, (rank + 1) * slice)};
+  const VocabSlice s = vocab_slice(vocab, tp, rank);  // the model's (and the planner's) split
+  return {s.start, s.start + s.rows};
 }
 
 void vocab_parallel_max(Group& tp, float* row_max, int64_t n) { tp.all_reduce_max(row_max, n); }

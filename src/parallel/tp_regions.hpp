@@ -46,8 +46,8 @@ void reduce_scatter_to_sp_region_backward(Group& tp, const float* dy_shard, floa
 struct VocabRange {
   int64_t begin = 0, end = 0;
 };
-// Contiguous slices of ceil(vocab / tp) rows, the last one shorter — the engine's split
-// (src/model/layout.hpp), so that the runtime and the model agree on who owns which row.
+// Contiguous slices of ceil(vocab / tp) rows, the last one shorter: model/layout.hpp's
+// vocab_slice, so that the runtime, the model and the planner agree on who owns which row.
 VocabRange vocab_range(int64_t vocab, int tp, int rank);
 // Cross-entropy across vocabulary shards: global max of the logits (numerical stability), then
 // the global sum of exp(logit - max) and of the target logit. In place on [n] buffers.

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/check.hpp"
+#include "model/layout.hpp"
 #include "plan/flops.hpp"
 #include "plan/memory.hpp"
 
@@ -79,11 +80,10 @@ CommBytes bytes_sent_per_step(const ModelSpec& m, const Plan& p, const RankPosit
       // hand every micro-batch's gradients to their dp owners, so the sum over tp is taken per
       // micro-batch first (m times).
       const int64_t h = m.hidden;
-      const bool ln = m.norm == Norm::layernorm;
-      int64_t per_layer = ln ? 4 * h : 2 * h;
-      if (m.activation == Activation::gelu) per_layer += 2 * h;  // o_proj and fc2 biases
+      int64_t per_layer = 2 * norm_parameters(m);
+      if (m.bias) per_layer += 2 * h;  // o_proj and fc2 (down_proj) biases
       int64_t sp_elems = layers * per_layer;
-      if (last) sp_elems += ln ? 2 * h : h;  // ln_f
+      if (last) sp_elems += norm_parameters(m);  // ln_f
       out[CommKind::tp_all_reduce] += (p.zero >= 2 ? mb : 1) * ring_all_reduce_sent(sp_elems, q, r) * elem;
     }
   }
@@ -98,14 +98,15 @@ CommBytes bytes_sent_per_step(const ModelSpec& m, const Plan& p, const RankPosit
     // Under sequence parallelism a stage boundary carries this rank's t/tp rows only.
     out[CommKind::pp_send] = sends * (p.seq_parallel ? act / p.tp : act) * elem;
     // Tied embeddings: the first and last stage send each other their copy's gradient (this tp
-    // rank's ceil(vocab / tp) rows) once per step, to sum them. ZeRO 2/3 have reduce-scattered it
-    // over the replicas already: each rank sends only the 1/(dp cp) it owns.
+    // rank's vocabulary rows) once per step, to sum them. ZeRO 2/3 have reduce-scattered it over
+    // the replicas already: each rank sends only the 1/(dp cp) it owns.
     if (m.tie_embeddings && (first || last))
-      out[CommKind::pp_send] += (m.vocab + p.tp - 1) / p.tp * m.hidden / (p.zero >= 2 ? p.dp * p.cp : 1) * elem;
+      out[CommKind::pp_send] += vocab_slice(m.vocab, p.tp, pos.tp_rank).rows * m.hidden /
+                                (p.zero >= 2 ? p.dp * p.cp : 1) * elem;
   }
   const int64_t replicas = p.dp * p.cp;
   if (replicas > 1) {
-    const int64_t n = parameters_on_rank(m, p, pos.pp_rank);
+    const int64_t n = parameters_on_rank(m, p, pos.pp_rank, pos.tp_rank);
     const int64_t r = pos.dp_rank * p.cp + pos.cp_rank;
     if (p.zero == 0) {
       out[CommKind::dp_all_reduce] = ring_all_reduce_sent(n, replicas, r) * elem;

@@ -24,7 +24,7 @@
 //    (reduce-scatter with sp, plus an all-gather forward) of t*h and the vocabulary-parallel
 //    cross entropy's 3 fp32 all-reduces of t elements (max, sum of exp, target logit);
 //    with sequence parallelism, once per step, an all-reduce of the gradients that are partial
-//    sums over tp (norm weights/biases and the o_proj/fc2 biases of the rank's layers, ln_f on
+//    sums over tp (norm weights/biases and, with model.bias, the o_proj/fc2 biases of the rank's layers, ln_f on
 //    the last stage; the runtime does one per parameter: equal when tp divides hidden).
 //  * cp (cp > 1), per layer per micro-batch, ring attention: forward cp-1 point-to-point sends of
 //    the local K and V (2*t*kv_dim/tp elements each); backward cp-1 sends of K,V and cp-1 of
@@ -33,10 +33,11 @@
 //    with sequence parallelism, as Megatron's scatter-gather of the boundary tensor) forward
 //    and one backward; rank r sends m*(vp - [r == pp-1]) forward and m*(vp - [r == 0]) backward.
 //    Tied embeddings: once per step the first and the last pp rank send each other their copy of
-//    the embedding's gradient (ceil(vocab/tp) * h elements, this tp rank's rows) to sum them
+//    the embedding's gradient (this tp rank's vocab_slice rows * h elements) to sum them
 //    (Megatron's embedding-group all-reduce, a point-to-point exchange of two ranks).
 //  * dp (dp*cp > 1), over the dp*cp ranks holding the same weights, on one flat buffer of the
-//    rank's N = parameters_on_rank elements (no bucketing):
+//    rank's N = parameters_on_rank(pp_rank, tp_rank) elements (no bucketing; with an odd vocab
+//    the tp ranks' N differ by their vocabulary rows):
 //      zero 0: one all-reduce of N per step;  zero 1/2: one reduce-scatter of the gradients and
 //      one all-gather of the updated weights per step;  zero 3: per micro-batch an all-gather
 //      forward, an all-gather backward and a reduce-scatter of the gradients.

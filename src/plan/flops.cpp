@@ -3,12 +3,12 @@
 namespace exatrain::plan {
 
 namespace {
-bool gpt_style(const ModelSpec& m) { return m.activation == Activation::gelu; }
 // SwiGLU has three h x f matrices (gate, up, down), GELU two.
 int64_t mlp_matrices(const ModelSpec& m) { return m.activation == Activation::swiglu ? 3 : 2; }
 }  // namespace
 
 int64_t kv_dim(const ModelSpec& m) { return m.kv_heads * m.head_dim(); }
+int64_t norm_parameters(const ModelSpec& m) { return m.norm == Norm::rmsnorm ? m.hidden : 2 * m.hidden; }
 
 double layer_gemm_flops_per_token(const ModelSpec& m) {
   double h = double(m.hidden), kv = double(kv_dim(m)), f = double(m.ffn_hidden);
@@ -52,13 +52,9 @@ double hardware_flops_per_step(const ModelSpec& m, int64_t global_batch, Recompu
 int64_t layer_parameters(const ModelSpec& m) {
   int64_t h = m.hidden, kv = kv_dim(m), f = m.ffn_hidden;
   int64_t weights = h * (h + 2 * kv) + h * h + mlp_matrices(m) * h * f;
-  if (gpt_style(m)) {
-    int64_t biases = (h + 2 * kv) + h + f + h;  // QKV, out-proj, fc1, fc2
-    int64_t norms = 2 * 2 * h;                  // two LayerNorms, weight + bias
-    return weights + biases + norms;
-  }
-  int64_t norms = m.norm == Norm::rmsnorm ? 2 * h : 4 * h;
-  return weights + norms;
+  // Biases of QKV, out-proj, fc1 (gate and up for SwiGLU) and fc2: the runtime's layout.
+  int64_t biases = m.bias ? (h + 2 * kv) + h + (mlp_matrices(m) - 1) * f + h : 0;
+  return weights + biases + 2 * norm_parameters(m);
 }
 
 int64_t embedding_parameters(const ModelSpec& m) {
@@ -67,8 +63,7 @@ int64_t embedding_parameters(const ModelSpec& m) {
 }
 
 int64_t head_parameters(const ModelSpec& m) {
-  int64_t norm = m.norm == Norm::rmsnorm ? m.hidden : 2 * m.hidden;
-  return norm + (m.tie_embeddings ? 0 : m.vocab * m.hidden);
+  return norm_parameters(m) + (m.tie_embeddings ? 0 : m.vocab * m.hidden);
 }
 
 int64_t total_parameters(const ModelSpec& m) {

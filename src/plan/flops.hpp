@@ -1,5 +1,7 @@
 // FLOP and parameter counts of GPT-style (GELU MLP, LayerNorm, learned positions, biases) and
-// Llama-style (SwiGLU, RMSNorm, RoPE, GQA, no biases) decoder-only transformers.
+// Llama-style (SwiGLU, RMSNorm, RoPE, GQA, no biases) decoder-only transformers, and any mix of
+// those choices: parameter counts follow model.activation, norm, position, tie_embeddings and bias
+// one by one, tensor for tensor as the runtime's layout (src/model/gpt.cpp) holds them.
 //
 // Convention (Megatron, Narayanan et al. SC21 App. A): a multiply-add is 2 FLOPs; attention
 // counts the full s x s score matrix (QK^T and attention-over-V: 4*s*h per token per layer)
@@ -15,6 +17,7 @@
 namespace exatrain::plan {
 
 int64_t kv_dim(const ModelSpec& m);  // kv_heads * head_dim
+int64_t norm_parameters(const ModelSpec& m);  // one norm: weight (+ bias for layernorm)
 
 // Forward FLOPs per token of one transformer layer.
 double layer_gemm_flops_per_token(const ModelSpec& m);       // QKV, out-proj, MLP matmuls
@@ -33,7 +36,7 @@ double recompute_flops_per_step(const ModelSpec& m, int64_t global_batch, Recomp
 double hardware_flops_per_step(const ModelSpec& m, int64_t global_batch, Recompute r);
 
 // Parameters.
-int64_t layer_parameters(const ModelSpec& m);    // one transformer layer (weights, biases, norms)
+int64_t layer_parameters(const ModelSpec& m);    // one transformer layer (weights, biases if model.bias, norms)
 int64_t embedding_parameters(const ModelSpec& m);  // word (+ learned position) embeddings
 int64_t head_parameters(const ModelSpec& m);     // final norm + untied output matrix
 int64_t total_parameters(const ModelSpec& m);

@@ -2,13 +2,12 @@
 
 #include <algorithm>
 
+#include "model/layout.hpp"
 #include "plan/flops.hpp"
 
 namespace exatrain::plan {
 
 namespace {
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // Bytes per parameter held as weights / gradients / optimizer state. Mixed precision (fp16,
 // bf16, fp8) keeps 16-bit weights, fp32 gradients (Megatron's main_grad buffer, DeepSpeed's
 // BF16Optimizer, FSDP's fp32 reduce dtype all accumulate in fp32) and an fp32 master copy plus
@@ -20,25 +19,24 @@ BytesPerParam bytes_per_param(Precision p) {
 }
 }  // namespace
 
-int64_t parameters_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank) {
+int64_t parameters_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, int64_t tp_rank) {
   int64_t tp = p.tp, h = m.hidden, f = m.ffn_hidden, hd = m.head_dim();
   int64_t kv_local = m.kv_heads >= tp ? kv_dim(m) / tp : hd;  // per rank, for K and for V
-  bool gpt = m.activation == Activation::gelu;
   int64_t up_mats = m.activation == Activation::swiglu ? 2 : 1;
   int64_t layer = h * (h / tp + 2 * kv_local)  // QKV (column-parallel)
                   + (h / tp) * h                // out-proj (row-parallel)
                   + up_mats * h * (f / tp)      // fc1 or gate+up (column-parallel)
-                  + (f / tp) * h;               // fc2 (row-parallel)
-  if (gpt) layer += (h / tp + 2 * kv_local) + h + (f / tp) + h + 4 * h;  // biases + 2 LayerNorms
-  else layer += m.norm == Norm::rmsnorm ? 2 * h : 4 * h;
+                  + (f / tp) * h                // fc2 (row-parallel)
+                  + 2 * norm_parameters(m);     // two norms, replicated
+  if (m.bias) layer += (h / tp + 2 * kv_local) + h + up_mats * (f / tp) + h;  // split, replicated
   int64_t n = layers_on_rank(m, p, pp_rank) * layer;
-  int64_t vocab_rows = ceil_div(m.vocab, tp);
+  const int64_t vocab_rows = vocab_slice(m.vocab, tp, tp_rank).rows;
   if (pp_rank == 0) {
     n += vocab_rows * h;
     if (m.position == Position::learned) n += m.seq_len * h;
   }
   if (pp_rank == p.pp - 1) {
-    n += m.norm == Norm::rmsnorm ? h : 2 * h;
+    n += norm_parameters(m);
     if (!m.tie_embeddings || p.pp > 1) n += vocab_rows * h;
   }
   return n;

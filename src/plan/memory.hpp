@@ -11,13 +11,17 @@
 
 namespace exatrain::plan {
 
-// Exact parameter count held by one rank of pipeline rank `pp_rank` with Megatron's tensor
-// sharding: column-parallel QKV and fc1 (weights and biases split by tp), row-parallel out-proj
-// and fc2 (weights split, biases replicated), norms replicated, vocabulary-parallel embedding and
-// output matrix with ceil(vocab / tp) rows per rank; the first rank holds the embeddings, the
-// last the final norm and the output matrix (a copy of the tied embedding when pp > 1).
-// kv heads fewer than tp are replicated (each rank keeps one kv head).
-int64_t parameters_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank);
+// Exact parameter count held by the rank at (pp_rank, tp_rank): the floats of the runtime model's
+// arena (Gpt::layout().total(), summed over the rank's virtual stages; tests/plan/params_test.cpp
+// checks it over a grid of models and splits). Megatron's tensor sharding: column-parallel QKV and
+// fc1 / gate+up (weights and biases split by tp), row-parallel out-proj and fc2 (weights split,
+// biases replicated), norms replicated, biases only with model.bias; vocabulary-parallel
+// embedding and output matrix with the rows of model/layout.hpp's vocab_slice (ceil(vocab / tp),
+// the last rank the remainder: tp_rank 0 holds the most). The first pipeline rank holds the
+// embeddings, the last the final norm and the output matrix (a copy of the tied embedding when
+// pp > 1). kv heads fewer than tp are replicated (each rank keeps one kv head; the planner models
+// this Megatron option, the runtime rejects it).
+int64_t parameters_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, int64_t tp_rank = 0);
 
 // Activation bytes one transformer layer keeps per micro-batch for the backward pass, on one
 // tensor-parallel rank, 2-byte elements (16-bit training; x2 for fp32). Korthikanti Table 2,

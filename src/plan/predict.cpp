@@ -59,6 +59,11 @@ namespace {
 
 constexpr double kGiB = double(1 << 30);
 
+// The GEMM shape constants: the device's own (devices.toml, e.g. a CPU whose BLAS reaches its rate
+// on far smaller shapes than GPU tiles) or the global calibration.
+double dim_half(const Device& d, const Calibration& c) { return d.gemm_dim_half.value_or(c.dim_half); }
+double tokens_half(const Device& d, const Calibration& c) { return d.gemm_tokens_half.value_or(c.tokens_half); }
+
 // Seconds of one transformer layer for one micro-batch on one rank.
 struct LayerTime {
   double fwd = 0, bwd = 0, recompute = 0;  // compute incl. memory-bound work
@@ -76,7 +81,7 @@ LayerTime layer_time(const ModelSpec& m, const Plan& p, const Device& d, const C
   double bw = d.hbm_bw_gbs * 1e9 * d.bw_efficiency;
   double elem = double(element_bytes(p.precision));
   double shard_h = double(m.hidden) / tp;
-  double eff = d.gemm_efficiency / (1 + c.dim_half / shard_h) / (1 + c.tokens_half / tokens);
+  double eff = d.gemm_efficiency / (1 + dim_half(d, c) / shard_h) / (1 + tokens_half(d, c) / tokens);
 
   double gemm = layer_gemm_flops_per_token(m) * tokens / tp / (gemm_peak * eff);
   // Attention core: with cp each rank's queries attend to the whole sequence (s / cp of it
@@ -135,7 +140,7 @@ Prediction predict_checked(const ModelSpec& m, const MachineSpec& mach, const De
 
   // ---- compute per micro-batch on each pipeline rank ----
   LayerTime lt = layer_time(m, p, d, c);
-  double eff_head = d.gemm_efficiency / (1 + c.tokens_half / tokens);
+  double eff_head = d.gemm_efficiency / (1 + tokens_half(d, c) / tokens);
   double head_peak = d.peak_tflops(p.precision == Precision::fp8 ? Precision::bf16 : p.precision) * 1e12;
   double head = 3 * logits_flops_per_token(m) * tokens / p.tp / (head_peak * eff_head) +
                 3 * 3 * 4.0 * tokens * double(m.vocab) / p.tp / bw;  // fp32 softmax passes

@@ -17,7 +17,8 @@ namespace exatrain::plan {
 // (gemm_efficiency, bw_efficiency) live in catalog/devices.toml.
 struct Calibration {
   // GEMM efficiency falls for thin shapes: eff = gemm_efficiency / (1 + dim_half / (h/tp)) /
-  // (1 + tokens_half / tokens). Tile-quantisation scale of 128x256 CUTLASS/hipBLASLt tiles.
+  // (1 + tokens_half / tokens). Tile-quantisation scale of 128x256 CUTLASS/hipBLASLt tiles. A
+  // device with its own gemm_dim_half / gemm_tokens_half (devices.toml) uses those instead.
   double dim_half = 69;
   double tokens_half = 340;
   // Fused (flash) attention: its time is the counted attention FLOPs (4*s*h per token, the full

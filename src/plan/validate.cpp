@@ -118,9 +118,11 @@ RunCase case_from_row(const CsvRow& row, int index) {
     m.position = Position::rope;
     m.tie_embeddings = false;
     m.kv_heads = 8;
+    m.bias = false;
   }
   if (has(rc.source, "mosaicml")) {  // MPT: ALiBi (no position table), no biases; GELU 4h
     m.position = Position::rope;
+    m.bias = false;
   }
 
   // ---- measurement basis ----

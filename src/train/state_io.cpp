@@ -133,6 +133,7 @@ std::vector<std::pair<std::string, std::string>> model_fields(const ModelSpec& m
           {"norm", fmt::format("\"{}\"", to_string(m.norm))},
           {"position", fmt::format("\"{}\"", to_string(m.position))},
           {"tie_embeddings", m.tie_embeddings ? "true" : "false"},
+          {"bias", m.bias ? "true" : "false"},
           {"norm_eps", fmt::format("{}", m.norm_eps)},
           {"rope_theta", fmt::format("{}", m.rope_theta)}};
 }

@@ -16,8 +16,22 @@ TEST(Catalog, DeviceFigures) {
   EXPECT_DOUBLE_EQ(find_device("h100-sxm").peak_tflops(Precision::fp8), 1978.9);
   EXPECT_DOUBLE_EQ(find_device("a100-80g").peak_tflops(Precision::fp16), 312.0);
   EXPECT_DOUBLE_EQ(find_device("mi250x-gcd").hbm_gib, 64.0);
-  for (const char* name : {"a100-40g", "a100-80g", "h100-sxm", "h200", "mi250x-gcd", "v100", "cpu-local"})
+  for (const char* name : {"a100-40g", "a100-80g", "h100-sxm", "h200", "mi250x-gcd", "v100", "cpu-local",
+                           "cpu-local-2c"})
     EXPECT_NO_THROW(find_device(name)) << name;
+}
+
+TEST(Catalog, OptionalShapeConstantsOnlyWhereMeasured) {
+  // The CPU devices carry their measured GEMM shape constants; the GPUs use the global fit.
+  EXPECT_DOUBLE_EQ(*find_device("cpu-local").gemm_dim_half, 0.0);
+  EXPECT_DOUBLE_EQ(*find_device("cpu-local").gemm_tokens_half, 4.0);
+  EXPECT_DOUBLE_EQ(*find_device("cpu-local-2c").gemm_tokens_half, 10.0);
+  EXPECT_GT(find_device("cpu-local-2c").peak_tflops_fp32, 1.9 * find_device("cpu-local").peak_tflops_fp32);
+  for (const Device& d : all_devices())
+    if (d.name.rfind("cpu-", 0) != 0) {
+      EXPECT_FALSE(d.gemm_dim_half.has_value()) << d.name;
+      EXPECT_FALSE(d.gemm_tokens_half.has_value()) << d.name;
+    }
 }
 
 TEST(Catalog, UnknownDeviceListsKnownNames) {

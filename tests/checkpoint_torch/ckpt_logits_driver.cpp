@@ -3,7 +3,7 @@
 //   OUT/ckpt -> the checkpoint directory (model.safetensors), OUT/logits.bin float32 [T, V],
 //   OUT/tokens.bin int32 [T], OUT/config.json (the model section), OUT/hf_fp32 and OUT/hf_bf16
 //   (`exatrain export --format hf` of the checkpoint).
-// Usage: ckpt_logits_driver OUT_DIR gpt2|llama
+// Usage: ckpt_logits_driver OUT_DIR gpt2|llama|llama_nobias
 #include <filesystem>
 #include <fstream>
 
@@ -22,7 +22,7 @@
 using namespace exatrain;
 
 int main(int argc, char** argv) {
-  if (argc != 3) return fmt::print(stderr, "usage: {} OUT_DIR gpt2|llama\n", argv[0]), 2;
+  if (argc != 3) return fmt::print(stderr, "usage: {} OUT_DIR gpt2|llama|llama_nobias\n", argv[0]), 2;
   const std::string out = argv[1], variant = argv[2];
   std::filesystem::remove_all(out);
   std::filesystem::create_directories(out);
@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
       ? "layers = 2\nhidden = 32\nheads = 4\nseq_len = 16\ntie_embeddings = true\n"
       : "layers = 2\nhidden = 32\nheads = 4\nkv_heads = 2\nseq_len = 16\nactivation = \"swiglu\"\n"
         "norm = \"rmsnorm\"\nposition = \"rope\"\ntie_embeddings = false\nffn_hidden = 48\n";
+  if (variant == "llama_nobias") model += "bias = false\n";  // as the real Llama
   Job job = parse_job(fmt::format("[model]\n{}[parallel]\nglobal_batch = 2\n[train]\nsteps = 3\nthreads = 1\n"
                                   "lr = 1e-2\ndata = \"{}\"\nrun_dir = \"{}/run\"\n", model, po.out_dir, out),
                       "ckpt_logits.toml");
@@ -73,7 +74,8 @@ int main(int argc, char** argv) {
   nlohmann::json cfg = {{"layers", m.layers}, {"hidden", m.hidden}, {"heads", m.heads}, {"kv_heads", m.kv_heads},
                         {"seq_len", m.seq_len}, {"vocab", m.vocab}, {"activation", to_string(m.activation)},
                         {"norm", to_string(m.norm)}, {"position", to_string(m.position)},
-                        {"norm_eps", m.norm_eps}, {"rope_theta", m.rope_theta}, {"checkpoint", r.last_checkpoint}};
+                        {"norm_eps", m.norm_eps}, {"rope_theta", m.rope_theta}, {"bias", m.bias},
+                        {"checkpoint", r.last_checkpoint}};
   std::ofstream(out + "/config.json") << cfg.dump(2);
   // Hugging Face exports of the same checkpoint, in both dtypes.
   for (const char* dtype : {"fp32", "bf16"}) {

@@ -100,6 +100,9 @@ def main():
             got = hf_gpt2_forward(S, c, tokens)
         else:
             assert c["model_type"] == "llama" and c["num_key_value_heads"] == cfg["kv_heads"]
+            # transformers loads linear biases only when the config says so; none without them
+            assert c["attention_bias"] == c["mlp_bias"] == cfg["bias"], (c["attention_bias"], cfg["bias"])
+            assert cfg["bias"] or not any(n.endswith("_proj.bias") for n in S), sorted(S)
             got = gpt_forward(hf_llama_to_ours(S), cfg, tokens)
         ok &= compare(f"{variant} hf export {dtype}", got.detach().numpy().reshape(-1), ours, tol)
     if not ok:

@@ -57,6 +57,9 @@ expect_error "fresh run into an old run_dir" 'already holds a run' -- "$EXA" tra
 "$EXA" export run/checkpoints/step_00000006 --format hf --dtype bf16 --out hf > export.log 2>&1 && grep -q '"model_type": "gpt2"' hf/config.json \
   && echo "ok: export hf" || { echo "FAIL: export"; cat export.log; failures=$((failures + 1)); }
 expect_error "export bad format" 'expected safetensors or hf' -- "$EXA" export run/checkpoints/step_00000006 --format onnx --out x
+# The checkpoint's model has linear-layer biases: a job without them is a different model.
+expect_error "resume without biases" '[model] bias: the checkpoint has true, this job has false' -- \
+  "$EXA" train tiny.toml --resume auto --set model.bias=false --set train.steps=8
 # A truncated checkpoint file is named on load.
 truncate -s 100 run/checkpoints/step_00000006/model.safetensors
 expect_error "truncated checkpoint" 'model.safetensors' -- "$EXA" sample run/checkpoints/step_00000006 --prompt hi

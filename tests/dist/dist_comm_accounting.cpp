@@ -3,10 +3,12 @@
 // Conventions reconciled (docs/parallel.md, "Communication accounting"): the planner counts the
 // sequence-parallel partial-gradient all-reduce and sp-sized pipeline messages; the runtime pads
 // ZeRO arenas only when dp does not divide them and is run with one gradient bucket per arena.
-// GPT-2-style model (the planner's parameter count has no biases for SwiGLU models), vocab
-// divisible by tp (the planner gives every tp rank ceil(vocab / tp) rows). Embeddings are tied
-// unless a config says untied: with pp > 1 the first and last stage's exchange of the embedding's
-// gradient is counted under pp_send on both sides (pp 4: the middle stages send none).
+// GPT-2-style models (gelu, layernorm, learned positions, biases) and Llama-style ones (swiglu,
+// rmsnorm, rope, grouped-query attention with kv_heads % tp == 0, untied, with and without
+// linear-layer biases); vocab 64 (divisible by tp) or 67 (odd: at tp 2 the vocabulary slices are 34
+// and 33 rows, so the two tp ranks' dp buffers and tied-embedding messages differ). Embeddings are
+// tied unless a config says untied: with pp > 1 the first and last stage's exchange of the
+// embedding's gradient is counted under pp_send on both sides (pp 4: the middle stages send none).
 #include <mpi.h>
 #include <omp.h>
 
@@ -25,28 +27,49 @@ using namespace exatrain;
 using namespace exatrain::parallel;
 using dist_test::Config;
 
-static std::vector<Config> configs_for(int world) {
+struct Case {
+  Config cfg;
+  int64_t vocab = 64;
+  bool bias = true;
+  std::string name() const { return fmt::format("{} vocab={}{}", cfg.name(), vocab, bias ? "" : " bias=false"); }
+};
+
+static std::vector<Case> configs_for(int world) {
   auto c = [](int dp, int tp, int pp) {
     Config x;
     x.dp = dp, x.tp = tp, x.pp = pp;
     return x;
   };
-  std::vector<Config> v;
+  auto llama = [](Config x, int64_t vocab, bool bias) {
+    x.llama = true;
+    return Case{x, vocab, bias};
+  };
+  std::vector<Case> v;
   if (world == 4) {
-    v.push_back(c(2, 2, 1));
-    Config a = c(1, 2, 2); a.sp = true; v.push_back(a);
-    a = c(2, 1, 2); a.vp = 2; a.zero = 1; v.push_back(a);
-    a = c(4, 1, 1); a.zero = 2; a.micro_batches = 2; v.push_back(a);
-    a = c(1, 2, 2); a.recompute = Recompute::full; a.schedule = Schedule::gpipe; v.push_back(a);
-    a = c(2, 2, 1); a.zero = 3; a.untied = true; v.push_back(a);
-    a = c(1, 1, 4); v.push_back(a);
-    a = c(2, 1, 2); a.zero = 2; v.push_back(a);  // ZeRO 2: m reduce-scatters, tied exchange of the owned 1/dp
-    a = c(2, 1, 2); a.zero = 3; v.push_back(a);  // ZeRO 3: tied exchange of the owned 1/dp
-    a = c(2, 2, 1); a.sp = true; a.zero = 2; v.push_back(a);  // ZeRO 2/3 + sp: the partial-gradient
-    a = c(2, 2, 1); a.sp = true; a.zero = 3; a.untied = true; v.push_back(a);  // all-reduce m times
+    v.push_back({c(2, 2, 1)});
+    Config a = c(1, 2, 2); a.sp = true; v.push_back({a});
+    a = c(2, 1, 2); a.vp = 2; a.zero = 1; v.push_back({a});
+    a = c(4, 1, 1); a.zero = 2; a.micro_batches = 2; v.push_back({a});
+    a = c(1, 2, 2); a.recompute = Recompute::full; a.schedule = Schedule::gpipe; v.push_back({a});
+    a = c(2, 2, 1); a.zero = 3; a.untied = true; v.push_back({a});
+    a = c(1, 1, 4); v.push_back({a});
+    a = c(2, 1, 2); a.zero = 2; v.push_back({a});  // ZeRO 2: m reduce-scatters, tied exchange of the owned 1/dp
+    a = c(2, 1, 2); a.zero = 3; v.push_back({a});  // ZeRO 3: tied exchange of the owned 1/dp
+    a = c(2, 2, 1); a.sp = true; a.zero = 2; v.push_back({a});  // ZeRO 2/3 + sp: the partial-gradient
+    a = c(2, 2, 1); a.sp = true; a.zero = 3; a.untied = true; v.push_back({a});  // all-reduce m times
+    // Odd vocabulary at tp 2: uneven slices in the dp all-reduce and the tied-embedding exchange.
+    a = c(1, 2, 2); v.push_back({a, 67});
+    a = c(2, 2, 1); a.zero = 1; v.push_back({a, 67});
+    // Llama-style: biases or none, sequence parallelism (its partial-gradient all-reduce counts
+    // the norms and, with biases, the o_proj and down_proj biases), pipeline, ZeRO.
+    a = c(2, 2, 1); a.sp = true; v.push_back(llama(a, 67, false));
+    a = c(2, 2, 1); a.sp = true; a.zero = 2; v.push_back(llama(a, 64, true));
+    a = c(1, 2, 2); v.push_back(llama(a, 67, true));
+    a = c(2, 1, 2); a.zero = 1; v.push_back(llama(a, 67, false));
   } else if (world == 8) {
-    Config a = c(2, 2, 2); a.sp = true; a.zero = 1; a.recompute = Recompute::full; v.push_back(a);
-    a = c(2, 2, 2); a.vp = 2; v.push_back(a);
+    Config a = c(2, 2, 2); a.sp = true; a.zero = 1; a.recompute = Recompute::full; v.push_back({a});
+    a = c(2, 2, 2); a.vp = 2; v.push_back({a});
+    a = c(2, 2, 2); a.sp = true; v.push_back(llama(a, 67, false));
   }
   return v;
 }
@@ -56,10 +79,12 @@ int main(int argc, char** argv) {
   const int world = mpi.size, rank = mpi.rank;
   auto backend = make_cpu_backend(1);
   int failures = 0;
-  const std::vector<Config> configs = configs_for(world);
-  for (const Config& cfg : configs) {
+  const std::vector<Case> configs = configs_for(world);
+  for (const Case& cs : configs) {
+    const Config& cfg = cs.cfg;
     Job job = dist_test::job_for(cfg, 2);
-    job.model.vocab = 64;
+    job.model.vocab = cs.vocab;
+    job.model.bias = cs.bias;
     job.train.precision = Precision::fp32;
     const RuntimePlan rplan = runtime_plan_from_job(job, world);
     ParallelRuntime rt(MPI_COMM_WORLD, rplan);
@@ -104,8 +129,8 @@ int main(int argc, char** argv) {
     MPI_Reduce(&total, &all_total, 1, MPI_INT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
     failures += any_bad;
     if (rank == 0)
-      std::printf("%s np%d %-56s %lld bytes sent per step by all ranks, equal to the planner's per rank and kind\n",
-                  any_bad ? "FAIL" : "OK  ", world, cfg.name().c_str(), (long long)all_total);
+      std::printf("%s np%d %-72s %lld bytes sent per step by all ranks, equal to the planner's per rank and kind\n",
+                  any_bad ? "FAIL" : "OK  ", world, cs.name().c_str(), (long long)all_total);
     std::fflush(stdout);
   }
   if (rank == 0) std::printf("%d of %zu configurations failed\n", failures, configs.size());

@@ -99,6 +99,16 @@ TEST(JobParse, DefaultsFollowTheContract) {
   EXPECT_FALSE(j.parallel.recompute.has_value());
 }
 
+TEST(JobParse, ModelBiasKey) {
+  EXPECT_TRUE(parse_job("[model]\nhidden = 256\nheads = 8\n", "job.toml").model.bias);  // GPT-2 default
+  Job j = parse_job("[model]\npreset = \"llama3-8b\"\n", "job.toml");
+  EXPECT_FALSE(j.model.bias);  // the Llama presets: no linear-layer biases
+  EXPECT_FALSE(parse_job(job_to_toml(j), "roundtrip.toml").model.bias);
+  EXPECT_TRUE(parse_job("", "job.toml", {"model.preset=llama3-8b", "model.bias=true"}).model.bias);
+  std::string e = error_of("[model]\nbias = 0\n");
+  EXPECT_TRUE(contains(e, "job.toml: [model] bias = 0: expected true or false")) << e;
+}
+
 TEST(JobParse, AutoLeavesParallelFieldsOpen) {
   Job j = parse_job("[parallel]\ngpus = 8\ntp = \"auto\"\nrecompute = \"auto\"\nseq_parallel = \"auto\"\n", "job.toml");
   EXPECT_FALSE(j.parallel.tp.has_value());

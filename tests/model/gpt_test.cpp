@@ -319,6 +319,18 @@ TEST(Gpt, SimulatedSequenceParallelMatchesSingleRank) {
   check_tensor_parallel(tiny_model(Activation::swiglu, Norm::rmsnorm, Position::rope, 4, false), 4, true);
 }
 
+TEST(Gpt, SimulatedTensorAndSequenceParallelWithoutBiases) {
+  // model.bias = false: no linear-layer biases (Llama), so the sequence-parallel partial gradients
+  // are the norms only; GELU + layernorm without biases too (norm biases stay).
+  ModelSpec llama = tiny_model(Activation::swiglu, Norm::rmsnorm, Position::rope, 2, false);
+  llama.bias = false;
+  check_tensor_parallel(llama, 2, false);
+  check_tensor_parallel(llama, 2, true);
+  ModelSpec gelu = tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4);
+  gelu.bias = false;
+  check_tensor_parallel(gelu, 4, true);
+}
+
 // Records the layer-boundary hooks (what a DP/ZeRO runtime would use).
 class RecordingHooks final : public ParallelHooks {
  public:

@@ -18,7 +18,7 @@ ModelSpec llama3_8b() {
   ModelSpec m;
   m.layers = 32; m.hidden = 4096; m.heads = 32; m.kv_heads = 8; m.ffn_hidden = 14336;
   m.seq_len = 8192; m.vocab = 128256; m.activation = Activation::swiglu; m.norm = Norm::rmsnorm;
-  m.position = Position::rope; m.tie_embeddings = false;
+  m.position = Position::rope; m.tie_embeddings = false; m.bias = false;
   return m;
 }
 }  // namespace
@@ -56,6 +56,22 @@ TEST(Flops, PublishedParameterCounts) {
   EXPECT_EQ(total_parameters(gpt(12, 768, 12, 1024, 50257)), 124439808);
   // Llama 3 8B (meta-llama/Meta-Llama-3-8B): 8,030,261,248 parameters.
   EXPECT_EQ(total_parameters(llama3_8b()), 8030261248);
+}
+
+TEST(Flops, BiasesAndNormsFollowTheirOwnKeys) {
+  // GPT-2 small without linear biases: 12 layers x (QKV 3h + out-proj h + fc1 4h + fc2 h) fewer.
+  ModelSpec m = gpt(12, 768, 12, 1024, 50257);
+  m.bias = false;
+  EXPECT_EQ(total_parameters(m), 124439808 - 12 * (3 * 768 + 768 + 4 * 768 + 768));
+  // RMSNorm on a GELU model: the 2 per layer + ln_f norms lose their bias vectors (h each).
+  m.bias = true;
+  m.norm = Norm::rmsnorm;
+  EXPECT_EQ(total_parameters(m), 124439808 - (2 * 12 + 1) * 768);
+  // Llama 3 8B with biases on every linear layer (SwiGLU: gate, up and down): q 4096 + k, v
+  // 1024 each + o 4096 + gate, up 14336 each + down 4096 per layer.
+  ModelSpec l = llama3_8b();
+  l.bias = true;
+  EXPECT_EQ(total_parameters(l), 8030261248 + 32 * (4096 + 2 * 1024 + 4096 + 2 * 14336 + 4096));
 }
 
 TEST(Flops, GqaAndSwigluCounts) {

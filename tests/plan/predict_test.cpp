@@ -172,3 +172,23 @@ TEST(Predict, ZeroTwoPaysTheExposedReduceScatterPerMicroBatch) {
   ASSERT_GT(z1 - ag, 0) << "the test needs an exposed reduce-scatter";
   EXPECT_NEAR(z2 - ag, double(p.micro_batches()) * (z1 - ag), 1e-9 * z2);
 }
+
+TEST(Predict, DeviceShapeConstantsReplaceTheGlobalOnes) {
+  // cpu-local has its own gemm_dim_half / gemm_tokens_half (devices.toml, measured): the global
+  // calibration's shape constants (fitted to GPU tiles) do not move its prediction; a GPU device
+  // without them follows the global constants.
+  ModelSpec m;
+  m.layers = 4, m.hidden = 256, m.heads = 8, m.kv_heads = 8, m.ffn_hidden = 1024, m.seq_len = 128, m.vocab = 4096;
+  Plan p;
+  p.micro_batch = 2, p.global_batch = 8, p.precision = Precision::fp32;
+  Calibration other = default_calibration();
+  other.set("dim_half=500");
+  other.set("tokens_half=5000");
+  MachineSpec local = find_cluster("local");
+  ASSERT_TRUE(find_device("cpu-local").gemm_dim_half.has_value());
+  ASSERT_TRUE(find_device("cpu-local").gemm_tokens_half.has_value());
+  EXPECT_DOUBLE_EQ(predict(m, local, p, other).breakdown.compute, predict(m, local, p).breakdown.compute);
+  MachineSpec gpu = find_cluster("selene");
+  ASSERT_FALSE(find_device(gpu.device).gemm_dim_half.has_value());
+  EXPECT_GT(predict(m, gpu, p, other).breakdown.compute, 2 * predict(m, gpu, p).breakdown.compute);
+}

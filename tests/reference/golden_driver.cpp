@@ -32,6 +32,14 @@ ModelSpec variant_model(const std::string& v) {
     m.kv_heads = 2;
     m.ffn_hidden = 48;
     m.tie_embeddings = false;
+  } else if (v == "llama_nobias") {  // as llama, with no linear-layer biases (the real Llama)
+    m.activation = Activation::swiglu;
+    m.norm = Norm::rmsnorm;
+    m.position = Position::rope;
+    m.kv_heads = 2;
+    m.ffn_hidden = 48;
+    m.tie_embeddings = false;
+    m.bias = false;
   } else if (v == "gelu_rope_mqa") {  // gelu, layernorm, rope, one kv head
     m.position = Position::rope;
     m.kv_heads = 1;
@@ -39,7 +47,7 @@ ModelSpec variant_model(const std::string& v) {
     m.activation = Activation::swiglu;
     m.kv_heads = 2;
   } else {
-    EXA_FAIL("golden_driver: unknown variant '{}' (gpt2 | llama | gelu_rope_mqa | "
+    EXA_FAIL("golden_driver: unknown variant '{}' (gpt2 | llama | llama_nobias | gelu_rope_mqa | "
              "swiglu_layernorm_learned)", v);
   }
   return m;
@@ -140,7 +148,7 @@ int main(int argc, char** argv) try {
                    {"seq_len", m.seq_len}, {"vocab", m.vocab},
                    {"activation", to_string(m.activation)}, {"norm", to_string(m.norm)},
                    {"position", to_string(m.position)}, {"tie_embeddings", m.tie_embeddings},
-                   {"norm_eps", m.norm_eps}, {"rope_theta", m.rope_theta}};
+                   {"bias", m.bias}, {"norm_eps", m.norm_eps}, {"rope_theta", m.rope_theta}};
   meta["batch"] = B;
   meta["loss"] = loss;
   meta["train"] = {{"micro_batch", to.micro_batch}, {"grad_accum", to.grad_accum},

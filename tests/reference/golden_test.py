@@ -58,9 +58,9 @@ def gpt_forward(P, cfg, tokens):
     for i in range(cfg["layers"]):
         p = f"h.{i}."
         h = norm(x, P[p + "ln_1.weight"], get(p + "ln_1.bias"), cfg["norm"], eps)
-        q = F.linear(h, P[p + "attn.q_proj.weight"], P[p + "attn.q_proj.bias"])
-        k = F.linear(h, P[p + "attn.k_proj.weight"], P[p + "attn.k_proj.bias"])
-        v = F.linear(h, P[p + "attn.v_proj.weight"], P[p + "attn.v_proj.bias"])
+        q = F.linear(h, P[p + "attn.q_proj.weight"], get(p + "attn.q_proj.bias"))
+        k = F.linear(h, P[p + "attn.k_proj.weight"], get(p + "attn.k_proj.bias"))
+        v = F.linear(h, P[p + "attn.v_proj.weight"], get(p + "attn.v_proj.bias"))
         q = q.view(Bsz, T, H, D).transpose(1, 2)
         k = k.view(Bsz, T, KV, D).transpose(1, 2)
         v = v.view(Bsz, T, KV, D).transpose(1, 2)
@@ -71,20 +71,39 @@ def gpt_forward(P, cfg, tokens):
         att = (q @ k.transpose(-1, -2)) / math.sqrt(D)
         att = att.masked_fill(~mask, float("-inf")).softmax(-1)
         y = (att @ v).transpose(1, 2).reshape(Bsz, T, H * D)
-        x = x + F.linear(y, P[p + "attn.o_proj.weight"], P[p + "attn.o_proj.bias"])
+        x = x + F.linear(y, P[p + "attn.o_proj.weight"], get(p + "attn.o_proj.bias"))
         h = norm(x, P[p + "ln_2.weight"], get(p + "ln_2.bias"), cfg["norm"], eps)
         if cfg["activation"] == "gelu":
-            a = F.gelu(F.linear(h, P[p + "mlp.fc1.weight"], P[p + "mlp.fc1.bias"]),
+            a = F.gelu(F.linear(h, P[p + "mlp.fc1.weight"], get(p + "mlp.fc1.bias")),
                        approximate="tanh")
-            x = x + F.linear(a, P[p + "mlp.fc2.weight"], P[p + "mlp.fc2.bias"])
+            x = x + F.linear(a, P[p + "mlp.fc2.weight"], get(p + "mlp.fc2.bias"))
         else:
-            gate = F.linear(h, P[p + "mlp.gate_proj.weight"], P[p + "mlp.gate_proj.bias"])
-            up = F.linear(h, P[p + "mlp.up_proj.weight"], P[p + "mlp.up_proj.bias"])
+            gate = F.linear(h, P[p + "mlp.gate_proj.weight"], get(p + "mlp.gate_proj.bias"))
+            up = F.linear(h, P[p + "mlp.up_proj.weight"], get(p + "mlp.up_proj.bias"))
             x = x + F.linear(F.silu(gate) * up, P[p + "mlp.down_proj.weight"],
-                             P[p + "mlp.down_proj.bias"])
+                             get(p + "mlp.down_proj.bias"))
     x = norm(x, P["ln_f.weight"], get("ln_f.bias"), cfg["norm"], eps)
     head = P["lm_head.weight"] if "lm_head.weight" in P else P["wte.weight"]
     return F.linear(x, head)
+
+
+def expected_names(cfg):
+    """The parameters the architecture has (docs/engine.md): norm biases with layernorm only,
+    linear-layer biases only with bias = true, positions with learned only, lm_head untied only."""
+    ln, bias = cfg["norm"] == "layernorm", cfg["bias"]
+    names = {"wte.weight", "ln_f.weight"} | ({"ln_f.bias"} if ln else set())
+    if cfg["position"] == "learned":
+        names.add("wpe.weight")
+    if not cfg["tie_embeddings"]:
+        names.add("lm_head.weight")
+    mlp = ["fc1", "fc2"] if cfg["activation"] == "gelu" else ["gate_proj", "up_proj", "down_proj"]
+    for i in range(cfg["layers"]):
+        p = f"h.{i}."
+        for n in ("ln_1", "ln_2"):
+            names |= {p + n + ".weight"} | ({p + n + ".bias"} if ln else set())
+        for lin in [f"attn.{x}_proj" for x in "qkvo"] + [f"mlp.{x}" for x in mlp]:
+            names |= {p + lin + ".weight"} | ({p + lin + ".bias"} if bias else set())
+    return names
 
 
 def make_params(meta, flat):
@@ -127,6 +146,10 @@ def main():
 
     # ---- one forward/backward ----
     P = make_params(meta, flat)
+    have, want = set(P), expected_names(cfg)
+    if have != want:
+        failures.append(f"parameters: missing {sorted(want - have)}, unexpected {sorted(have - want)}")
+    print(f"params   {len(have)} tensors, {sum(p['numel'] for p in meta['params'])} values, bias = {cfg['bias']}")
     tokens = torch.tensor(load(a.workdir, "tokens.bin", np.int32).astype(np.int64)).view(Bsz, T)
     targets = torch.tensor(load(a.workdir, "targets.bin", np.int32).astype(np.int64)).view(-1)
     logits = gpt_forward(P, cfg, tokens)
