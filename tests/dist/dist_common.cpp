@@ -70,7 +70,7 @@ void val_batch(int64_t vocab, int64_t i, int64_t B, int64_t T, int32_t* inputs, 
 std::string Config::name() const {
   return fmt::format("dp{} tp{}{} pp{} vp{} {} zero{} recompute={} B={} m={}{}{}", dp, tp, sp ? "+sp" : "", pp, vp,
                      schedule == Schedule::gpipe ? "gpipe" : "1f1b", zero, to_string(recompute), micro_batch,
-                     micro_batches, llama ? " llama" : untied ? " untied" : "",
+                     micro_batches, std::string(llama ? " llama" : untied ? " untied" : "") + (nobias ? " nobias" : ""),
                      layers_per_stage.empty() ? "" : fmt::format(" layers_per_stage {}", fmt::join(layers_per_stage, ",")));
 }
 
@@ -97,6 +97,7 @@ Job job_for(const Config& c, int steps) {
   j.source = "dist-test";
   j.model = tiny_model(c.llama);
   if (c.untied) j.model.tie_embeddings = false;
+  if (c.nobias) j.model.bias = false;
   ParallelSpec& p = j.parallel;
   p.gpus = c.dp * c.tp * c.pp;
   p.tp = c.tp, p.pp = c.pp, p.dp = c.dp, p.cp = 1, p.vp = c.vp, p.zero = c.zero;

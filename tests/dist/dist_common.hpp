@@ -44,6 +44,7 @@ struct Config {
   int64_t micro_batch = 1, micro_batches = 4;  // per pipeline per step
   bool llama = false;  // swiglu + rmsnorm + rope + untied head (else GPT-2 style, tied)
   bool untied = false; // GPT-2 style with a separate lm_head
+  bool nobias = false; // [model] bias = false: no linear-layer biases (Llama's own setting)
   std::vector<int64_t> layers_per_stage;  // empty: balanced
   std::string name() const;
 };
