@@ -11,7 +11,7 @@
 #include "core/check.hpp"
 #include "optim/adamw.hpp"
 #include "parallel/executor.hpp"
-#include "parallel/tp_regions.hpp"
+#include "parallel/tp_hooks.hpp"
 #include "parallel/zero.hpp"
 
 namespace exatrain::parallel {
@@ -22,26 +22,15 @@ struct Range {
 };
 }  // namespace
 
-// The engine's ParallelHooks over the tp group (as MpiParallelHooks) plus the layer boundaries,
-// which the trainer uses for the data-parallel side.
-class DistHooks final : public ParallelHooks {
+// The engine's ParallelHooks over the tp group (MpiParallelHooks) plus the layer boundaries,
+// which the trainer uses for the data-parallel side (ZeRO-3 gathers, bucketed gradient launches).
+class DistHooks final : public MpiParallelHooks {
  public:
-  DistHooks(Group& tp, DistributedTrainer& owner, int chunk) : tp_(tp), owner_(owner), chunk_(chunk) {}
-  void input_grad_allreduce(float* g, int64_t n) override { copy_to_tp_region_backward(tp_, g, n); }
-  void partial_sum_allreduce(float* d, int64_t n) override { reduce_from_tp_region_forward(tp_, d, n); }
-  void vocab_max_allreduce(float* d, int64_t n) override { vocab_parallel_max(tp_, d, n); }
-  void vocab_sum_allreduce(float* d, int64_t n) override { vocab_parallel_sum(tp_, d, n); }
-  void sp_all_gather(const float* local, float* full, int64_t n) override {
-    tp_.all_gather(local, full, n);
-  }
-  void sp_reduce_scatter(const float* full, float* local, int64_t n) override {
-    tp_.reduce_scatter_sum(full, local, n);
-  }
+  DistHooks(Group& tp, DistributedTrainer& owner, int chunk) : MpiParallelHooks(tp), owner_(owner), chunk_(chunk) {}
   void before_layer(int64_t unit, Pass pass) override { owner_.on_before_layer(chunk_, unit, pass); }
   void after_layer(int64_t unit, Pass pass) override { owner_.on_after_layer(chunk_, unit, pass); }
 
  private:
-  Group& tp_;
   DistributedTrainer& owner_;
   int chunk_;
 };

@@ -42,6 +42,10 @@ RuntimePlan runtime_plan_from_job(const Job& job, int world) {
   int tp = static_cast<int>(resolved(job, p.tp, "tp"));
   int pp = static_cast<int>(resolved(job, p.pp, "pp"));
   int cp = static_cast<int>(resolved(job, p.cp, "cp"));
+  // The planner models context parallelism; the trainer does not run it (DistributedTrainer
+  // checks too, without the job's origins): refused here, where the message can name them.
+  EXA_CHECK(cp == 1, "{}: [parallel] cp = {}: context parallelism is planned but not run by the trainer "
+            "(expected cp = 1)", job_origin(job, {"parallel.cp"}), cp);
   std::optional<int> dp;
   if (p.dp) dp = static_cast<int>(*p.dp);  // omitted dp is inferred; "auto" too, there is one fit
   RuntimePlan r;
@@ -95,6 +99,15 @@ RuntimePlan runtime_plan_from_job(const Job& job, int world) {
               "{}: [parallel] layers_per_stage has {} entries but pp {} * vp {} = {} stages",
               job_origin(job, {"parallel.layers_per_stage", "parallel.pp", "parallel.vp"}), p.layers_per_stage.size(),
               pp, vp, stages);
+    // schedule.cpp's stages_from_list checks these too, but sees numbers only.
+    int64_t sum = 0;
+    for (size_t s = 0; s < p.layers_per_stage.size(); s++) {
+      EXA_CHECK(p.layers_per_stage[s] >= 1, "{}: [parallel] layers_per_stage[{}] = {}: every stage needs >= 1 layer",
+                job_origin(job, {"parallel.layers_per_stage"}), s, p.layers_per_stage[s]);
+      sum += p.layers_per_stage[s];
+    }
+    EXA_CHECK(sum == m.layers, "{}: [parallel] layers_per_stage sums to {} but the model has layers = {}",
+              job_origin(job, {"parallel.layers_per_stage", "model.layers"}), sum, m.layers);
   } else {
     EXA_CHECK(m.layers >= stages,
               "{}: [parallel] every pipeline stage needs a layer: layers {} < pp {} * vp {} = {}",

@@ -1,14 +1,14 @@
-// The engine's ParallelHooks (src/model/parallel_hooks.hpp, on the engine branch) implemented
-// with this room's tensor-parallel regions over the tp Group. Compiled only once that header is
-// present (after the engine and parallel branches are merged), so each branch builds alone.
+// The engine's ParallelHooks (src/model/parallel_hooks.hpp) implemented with the named
+// tensor-parallel regions of tp_regions.hpp over the tp Group: each hook is one region's
+// collective, so the regions the tests check are the ones the trainer runs.
 #pragma once
-#if __has_include("model/parallel_hooks.hpp")
 #include "model/parallel_hooks.hpp"
 #include "parallel/tp_regions.hpp"
 
 namespace exatrain::parallel {
 
-class MpiParallelHooks final : public ParallelHooks {
+// Not final: DistributedTrainer's hooks add the layer boundaries (before_layer / after_layer).
+class MpiParallelHooks : public ParallelHooks {
  public:
   explicit MpiParallelHooks(Group& tp) : tp_(tp) {}
   // Megatron f backward: gradient w.r.t. the replicated input of a column-parallel region.
@@ -21,13 +21,14 @@ class MpiParallelHooks final : public ParallelHooks {
   }
   void vocab_max_allreduce(float* data, int64_t n) override { vocab_parallel_max(tp_, data, n); }
   void vocab_sum_allreduce(float* data, int64_t n) override { vocab_parallel_sum(tp_, data, n); }
-  // Sequence parallelism: the engine splits the flat [B*T] token rows into tp contiguous chunks
-  // (rank r holds rows [r*N/tp, (r+1)*N/tp)), so these are plain flat all-gather/reduce-scatter.
+  // Sequence parallelism over the engine's flat token rows. The engine calls one all-gather hook
+  // for f~ forward and g~ backward, and one reduce-scatter hook for g~ forward and f~ backward
+  // (model/parallel_hooks.hpp): the same collectives, named here by their forward use.
   void sp_all_gather(const float* local, float* full, int64_t n_local) override {
-    tp_.all_gather(local, full, n_local);
+    gather_from_sp_region_forward(tp_, local, full, n_local);
   }
   void sp_reduce_scatter(const float* full, float* local, int64_t n_local) override {
-    tp_.reduce_scatter_sum(full, local, n_local);
+    reduce_scatter_to_sp_region_forward(tp_, full, local, n_local);
   }
 
  private:
@@ -35,5 +36,3 @@ class MpiParallelHooks final : public ParallelHooks {
 };
 
 }  // namespace exatrain::parallel
-#define EXATRAIN_HAS_MPI_PARALLEL_HOOKS 1
-#endif

@@ -5,16 +5,15 @@
 //   region                           forward          backward
 //   copy_to_tp_region        (f)     identity         all-reduce
 //   reduce_from_tp_region    (g)     all-reduce       identity
-//   gather_from_sp_region    (f~)    all-gather seq   reduce-scatter seq
-//   reduce_scatter_to_sp_region (g~) reduce-scatter   all-gather seq
+//   gather_from_sp_region    (f~)    all-gather rows  reduce-scatter rows
+//   reduce_scatter_to_sp_region (g~) reduce-scatter   all-gather rows
 //
-// The sequence-parallel pairs take activations laid out [B, T, C] (batch, sequence, width) as the
-// engine stores them; the shard of rank r is the sequence rows [r*T/tp, (r+1)*T/tp) of every
-// batch element, [B, T/tp, C]. Since T is not the outermost dimension the shards are packed into
-// one contiguous [tp, B, T/tp, C] block around the collective (cost: one copy of the buffer).
+// The sequence-parallel pairs work on the engine's layout: the flat token rows [N, C] of a
+// micro-batch (N = B*T), rank r holding the contiguous rows [r*N/tp, (r+1)*N/tp) (see
+// model/parallel_hooks.hpp). A shard is therefore one contiguous block and the pairs are plain
+// flat all-gather / reduce-scatter, chunks in rank order; n_shard = (N/tp) * C floats.
 #pragma once
 #include <cstdint>
-#include <vector>
 
 #include "parallel/comm.hpp"
 
@@ -28,19 +27,15 @@ void copy_to_tp_region_backward(Group& tp, float* dx, int64_t n);
 void reduce_from_tp_region_forward(Group& tp, float* y, int64_t n);
 inline void reduce_from_tp_region_backward(Group&, float*, int64_t) {}
 
-// f~: x_shard[B, T/tp, C] -> x_full[B, T, C] (forward all-gather along T);
-//     dx_full[B, T, C] -> dx_shard[B, T/tp, C] (backward reduce-scatter along T).
-void gather_from_sp_region_forward(Group& tp, const float* x_shard, float* x_full, int64_t B,
-                                   int64_t T, int64_t C);
-void gather_from_sp_region_backward(Group& tp, const float* dx_full, float* dx_shard, int64_t B,
-                                    int64_t T, int64_t C);
+// f~: x_shard[N/tp, C] -> x_full[N, C] (forward all-gather of the token rows);
+//     dx_full[N, C] -> dx_shard[N/tp, C] (backward reduce-scatter, SUM, rank r keeps chunk r).
+void gather_from_sp_region_forward(Group& tp, const float* x_shard, float* x_full, int64_t n_shard);
+void gather_from_sp_region_backward(Group& tp, const float* dx_full, float* dx_shard, int64_t n_shard);
 
-// g~: y_partial[B, T, C] -> y_shard[B, T/tp, C] (forward reduce-scatter along T);
-//     dy_shard[B, T/tp, C] -> dy_full[B, T, C] (backward all-gather along T).
-void reduce_scatter_to_sp_region_forward(Group& tp, const float* y_partial, float* y_shard,
-                                         int64_t B, int64_t T, int64_t C);
-void reduce_scatter_to_sp_region_backward(Group& tp, const float* dy_shard, float* dy_full,
-                                          int64_t B, int64_t T, int64_t C);
+// g~: y_partial[N, C] -> y_shard[N/tp, C] (forward reduce-scatter, SUM);
+//     dy_shard[N/tp, C] -> dy_full[N, C] (backward all-gather).
+void reduce_scatter_to_sp_region_forward(Group& tp, const float* y_partial, float* y_shard, int64_t n_shard);
+void reduce_scatter_to_sp_region_backward(Group& tp, const float* dy_shard, float* dy_full, int64_t n_shard);
 
 // Vocabulary-parallel embedding and cross-entropy: rank r owns vocabulary rows [begin, end).
 struct VocabRange {

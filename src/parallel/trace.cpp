@@ -1,6 +1,7 @@
 #include "parallel/trace.hpp"
 
 #include <cstdio>
+#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
@@ -58,6 +59,14 @@ void write_chrome_trace(MPI_Comm comm, const std::vector<TraceEvent>& mine, cons
   bool ok = std::fwrite(json.data(), 1, json.size(), f) == json.size();
   ok = (std::fclose(f) == 0) && ok;
   EXA_SYSCHECK(ok, "writing trace {}", path);
+}
+
+void check_trace_writable(const std::string& path) {
+  const bool existed = std::filesystem::exists(path);
+  std::FILE* f = std::fopen(path.c_str(), "ab");  // "ab": an existing file is left as it is
+  EXA_SYSCHECK(f != nullptr, "--trace {}: cannot write the trace there", path);
+  EXA_SYSCHECK(std::fclose(f) == 0, "--trace {}: closing the file", path);
+  if (!existed) std::filesystem::remove(path);
 }
 
 }  // namespace exatrain::parallel

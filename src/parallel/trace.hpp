@@ -21,6 +21,11 @@ double trace_us_since(double origin);
 // JSON for all ranks' events: per_rank[r] becomes process r ("pid": r).
 std::string chrome_trace_json(const std::vector<std::vector<TraceEvent>>& per_rank);
 
+// Before step 1: that rank 0 will be able to write the trace to `path` (opened for appending and
+// closed; a file created by the check is removed again), so a bad --trace PATH ends the run at
+// start instead of after the traced steps. Throws naming the path and the system's reason.
+void check_trace_writable(const std::string& path);
+
 // Gathers every rank's events to rank 0 of `comm`, which writes the JSON to `path` (checked).
 // Collective over comm.
 void write_chrome_trace(MPI_Comm comm, const std::vector<TraceEvent>& mine, const std::string& path);

@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
     std::string trace;
     int64_t final_step = 0;
     auto track = [&](int s, double loss) {
-      worst = std::max(worst, std::abs(loss - ref.losses[size_t(s)]) / ref.losses[size_t(s)]);
+      worst = dist_test::worst_of(worst, dist_test::rel_diff(loss, ref.losses[size_t(s)]));
       trace += fmt::format(" {:.6f}/{:.6f}", loss, ref.losses[size_t(s)]);
     };
     if (cs.single_resume) {
@@ -151,7 +151,7 @@ int main(int argc, char** argv) {
       b.src->seek(cursor_of(ex));
       for (int s = half; s < steps; s++) track(s, b.trainer->train_step().loss);
       b.trainer->gather_full_params();
-      for (int c = 0; c < b.trainer->chunks(); c++) w = std::max(w, dist_test::max_weight_diff(b.trainer->chunk(c), ref));
+      for (int c = 0; c < b.trainer->chunks(); c++) w = dist_test::worst_of(w, dist_test::max_weight_diff(b.trainer->chunk(c), ref));
       final_step = b.trainer->step();
     }
     double mine[2] = {worst, w}, all[2];

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include <fmt/format.h>
@@ -190,10 +191,23 @@ static void visit_slices(const Gpt& model, const Reference& ref, Visit visit) {
   }
 }
 
+double rel_diff(double a, double b) {
+  if (!std::isfinite(a) || !std::isfinite(b)) return std::numeric_limits<double>::infinity();
+  return b != 0 ? std::abs(a - b) / std::abs(b) : std::abs(a - b);
+}
+
+double worst_of(double worst, double x) {
+  if (std::isnan(worst) || std::isnan(x)) return std::numeric_limits<double>::infinity();
+  return std::max(worst, x);
+}
+
+// +inf for NaN and inf: a ratio of sums that overflowed or met a NaN fails every tolerance.
+static double finite_or_inf(double x) { return std::isfinite(x) ? x : std::numeric_limits<double>::infinity(); }
+
 double max_weight_diff(const Gpt& model, const Reference& ref) {
   double worst = 0;
   visit_slices(model, ref, [&](const ParamInfo&, double a, double b) {
-    worst = std::max(worst, std::abs(a - b) / (1 + std::abs(b)));
+    worst = worst_of(worst, finite_or_inf(std::abs(a - b) / (1 + std::abs(b))));
   });
   return worst;
 }
@@ -206,10 +220,10 @@ WeightErrors weight_errors(const Gpt& model, const Reference& ref) {
   visit_slices(model, ref, [&](const ParamInfo& p, double a, double b) {
     Sums& s = per[p.name];
     s.diff2 += (a - b) * (a - b), s.ref2 += b * b;
-    s.max_diff = std::max(s.max_diff, std::abs(a - b)), s.max_ref = std::max(s.max_ref, std::abs(b));
+    s.max_diff = worst_of(s.max_diff, std::abs(a - b)), s.max_ref = worst_of(s.max_ref, std::abs(b));
   });
   double model_max_ref = 0;
-  for (const float w : ref.params) model_max_ref = std::max(model_max_ref, double(std::abs(w)));
+  for (const float w : ref.params) model_max_ref = worst_of(model_max_ref, double(std::abs(w)));
   const bool rope = model.options().model.position == Position::rope;
   WeightErrors w;
   for (const auto& [name, s] : per) {
@@ -217,15 +231,31 @@ WeightErrors weight_errors(const Gpt& model, const Reference& ref) {
       // Its exact gradient is 0: q . (k + b) adds the same q . b to every score of a query's row,
       // and softmax ignores that. Its values are AdamW's normalisation of rounding noise, in any
       // implementation and summation order: compared on the model's scale.
-      w.zero_grad_rel = std::max(w.zero_grad_rel, s.max_diff / model_max_ref);
+      w.zero_grad_rel = worst_of(w.zero_grad_rel, finite_or_inf(s.max_diff / model_max_ref));
       continue;
     }
-    const double norm = s.ref2 > 0 ? std::sqrt(s.diff2 / s.ref2) : std::sqrt(s.diff2);
-    const double max = s.max_ref > 0 ? s.max_diff / s.max_ref : s.max_diff;
+    const double norm = finite_or_inf(s.ref2 > 0 ? std::sqrt(s.diff2 / s.ref2) : std::sqrt(s.diff2));
+    const double max = finite_or_inf(s.max_ref > 0 ? s.max_diff / s.max_ref : s.max_diff);
     if (norm > w.norm_rel) w.norm_rel = norm, w.norm_tensor = name;
     if (max > w.max_rel) w.max_rel = max, w.max_tensor = name;
   }
   return w;
+}
+
+std::string nan_comparison_problems(Gpt& model, const Reference& ref) {
+  const double nan = std::nan("");
+  std::string problems;
+  if (!(rel_diff(nan, 3.0) > 1e-5) || !(rel_diff(3.0, nan) > 1e-5)) problems += " rel_diff passes a NaN loss;";
+  if (!(worst_of(0.0, nan) > 1e-5) || !(worst_of(nan, 0.0) > 1e-5)) problems += " worst_of drops a NaN;";
+  // One weight of the first tensor this rank holds turned into NaN, as a diverged run would have.
+  float* p = model.params() + model.layout().entries().front().offset;
+  const float saved = *p;
+  *p = std::numeric_limits<float>::quiet_NaN();
+  const WeightErrors e = weight_errors(model, ref);
+  if (!(e.norm_rel > 1e-5) || !(e.max_rel > 1e-5)) problems += fmt::format(" weight_errors passes a NaN weight ({}, {});", e.norm_rel, e.max_rel);
+  if (!(max_weight_diff(model, ref) > 1e-4)) problems += " max_weight_diff passes a NaN weight;";
+  *p = saved;
+  return problems;
 }
 
 }  // namespace dist_test

@@ -78,6 +78,14 @@ struct Reference {
 // inject_nan_at_step / skip: as TrainerOptions (skipped steps record a NaN loss).
 Reference run_single_rank(const exatrain::Job& job, int64_t inject_nan_at_step = -1, bool skip = false);
 
+// NaN-safe comparisons. std::max(worst, NaN) keeps `worst` and `NaN > x` is false, so a run whose
+// losses or weights are NaN would pass a tolerance; these turn anything not finite into +inf
+// (which also survives MPI_MAX, whose treatment of NaN is unspecified).
+// |a - b| / |b| (|a - b| when b == 0); +inf when a or b is not finite.
+double rel_diff(double a, double b);
+// max(worst, x); +inf when either is NaN.
+double worst_of(double worst, double x);
+
 // Bytes of [p, p + bytes) resident in memory (mincore over the pages it touches).
 int64_t resident_bytes(const void* p, int64_t bytes);
 
@@ -94,5 +102,10 @@ struct WeightErrors {
   std::string norm_tensor, max_tensor;  // where the worst was
 };
 WeightErrors weight_errors(const exatrain::Gpt& model, const Reference& ref);
+
+// The proof that the comparisons above are NaN-safe: on a copy of `model`'s trained state with one
+// NaN weight, and for a NaN loss, every criterion must fail. Restores the weight. Returns "" when
+// they all fail as they must, else which one passed wrongly.
+std::string nan_comparison_problems(exatrain::Gpt& model, const Reference& ref);
 
 }  // namespace dist_test

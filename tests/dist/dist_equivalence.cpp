@@ -4,7 +4,9 @@
 // same slice of the single-rank model), ||w - w_ref|| / ||w_ref|| <= 1e-5 and max |w - w_ref| <=
 // 1e-5 max |w_ref|; the attention key bias of a model without RoPE, whose exact gradient is 0, to
 // 1e-5 of the model's largest weight. ZeRO 3 and ZeRO 2 also check with mincore that released
-// parameter / reduce-scattered gradient pages went back to the OS. Run as
+// parameter / reduce-scattered gradient pages went back to the OS; ZeRO 0 with dp > 1 that some
+// gradient buckets were launched during backward (the overlap). The comparisons are NaN-safe
+// (dist_common.hpp), proved on the first configuration with a NaN loss and weight. Run as
 // `mpirun -np N dist_equivalence`; exits non-zero on any mismatch.
 #include <mpi.h>
 #include <omp.h>
@@ -68,6 +70,10 @@ static std::vector<Config> configs_for(int world) {
     a = c(2, 1, 2); a.zero = 3; a.recompute = R::full; v.push_back(a);  // ... and on the ZeRO-3 shards
     a = c(2, 2, 1); a.sp = true; a.zero = 2; a.llama = true; a.nobias = true; v.push_back(a);  // Llama's own: no biases
     a = c(1, 2, 2); a.llama = true; a.nobias = true; a.zero = 1; v.push_back(a);
+    // docs/parallel.md promises dp 4 with every ZeRO stage and pp 4 with both schedules.
+    a = c(4, 1, 1); a.micro_batches = 2; v.push_back(a);
+    a = c(4, 1, 1); a.zero = 3; a.micro_batches = 2; v.push_back(a);
+    a = c(1, 1, 4); a.schedule = S::gpipe; v.push_back(a);
   } else if (world == 8) {
     Config a = c(2, 2, 2); a.sp = true; a.zero = 1; a.recompute = R::selective; v.push_back(a);
     a = c(2, 2, 2); a.vp = 2; a.llama = true; a.recompute = R::full; v.push_back(a);
@@ -111,7 +117,7 @@ int main(int argc, char** argv) {
     std::string trace;
     for (int s = 0; s < steps; s++) {
       const DistStepMetrics m = trainer.train_step();
-      worst_loss = std::max(worst_loss, std::abs(m.loss - ref.losses[size_t(s)]) / std::abs(ref.losses[size_t(s)]));
+      worst_loss = dist_test::worst_of(worst_loss, dist_test::rel_diff(m.loss, ref.losses[size_t(s)]));
       early += m.buckets_launched_early;
       if (s == 0 || s == steps - 1) trace += fmt::format(" step{} {:.6f}/{:.6f}", s + 1, m.loss, ref.losses[size_t(s)]);
     }
@@ -151,7 +157,7 @@ int main(int argc, char** argv) {
     const double val = trainer.evaluate(dist_test::kValBatches, [&](int64_t i, int32_t* tok, int32_t* tgt) {
       dist_test::val_batch(job.model.vocab, i, cfg.micro_batch, job.model.seq_len, tok, tgt);
     });
-    worst_loss = std::max(worst_loss, std::abs(val - ref.val_loss) / std::abs(ref.val_loss));
+    worst_loss = dist_test::worst_of(worst_loss, dist_test::rel_diff(val, ref.val_loss));
     trace += fmt::format(" val {:.6f}/{:.6f}", val, ref.val_loss);
     trainer.gather_full_params();  // ZeRO 3: the weights live in shards
     // Final weights, per tensor (each rank's slice against the single-rank model's):
@@ -162,14 +168,28 @@ int main(int argc, char** argv) {
       if (std::getenv("EXATRAIN_TEST_VERBOSE"))
         std::printf("  rank %d chunk %d: worst norm rel %.2e (%s), max rel %.2e (%s)\n", rank, c, e.norm_rel,
                     e.norm_tensor.c_str(), e.max_rel, e.max_tensor.c_str());
-      norm_rel = std::max(norm_rel, e.norm_rel), max_rel = std::max(max_rel, e.max_rel);
-      zero_grad_rel = std::max(zero_grad_rel, e.zero_grad_rel);
+      norm_rel = dist_test::worst_of(norm_rel, e.norm_rel), max_rel = dist_test::worst_of(max_rel, e.max_rel);
+      zero_grad_rel = dist_test::worst_of(zero_grad_rel, e.zero_grad_rel);
     }
+    // The comparisons themselves: with one weight (and a loss) made NaN they must fail, or a
+    // diverged run would print OK. Checked on the first configuration's trained model.
+    std::string nan_problems;
+    if (&cfg == &configs.front()) nan_problems = dist_test::nan_comparison_problems(trainer.chunk(0), ref);
+    int nan_bad = !nan_problems.empty(), nan_bad_any = 0;
+    MPI_Allreduce(&nan_bad, &nan_bad_any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (!nan_problems.empty()) std::printf("FAIL rank %d: NaN-safety of the comparisons:%s\n", rank, nan_problems.c_str());
+    if (&cfg == &configs.front() && rank == 0 && !nan_bad_any)
+      std::printf("OK   np%d the comparisons fail on a NaN loss and on a NaN weight\n", world);
     double mine[4] = {worst_loss, norm_rel, max_rel, zero_grad_rel}, all[4];
     MPI_Allreduce(mine, all, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     int64_t early_all = 0;
     MPI_Allreduce(&early, &early_all, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
-    const bool ok = all[0] <= 1e-5 && all[1] <= 1e-5 && all[2] <= 1e-5 && all[3] <= 1e-5 && released;
+    // ZeRO 0 with dp > 1 and several buckets (bucket_floats above): the all-reduce overlaps the
+    // backward pass, so some buckets must be launched before it ends (not all after it).
+    const bool overlapped = cfg.zero != 0 || cfg.dp == 1 || early_all > 0;
+    if (!overlapped) trace += " no bucket launched during backward (the overlap is not happening);";
+    const bool ok = all[0] <= 1e-5 && all[1] <= 1e-5 && all[2] <= 1e-5 && all[3] <= 1e-5 && released &&
+                    overlapped && !nan_bad_any;
     failures += !ok;
     if (rank == 0)
       std::printf("%s np%d %-58s loss rel diff %.2e; weights per tensor: norm rel %.2e, max rel %.2e (key bias, "

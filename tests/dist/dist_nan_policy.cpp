@@ -53,9 +53,8 @@ int main(int argc, char** argv) {
           if (m.skipped != skip || trainer.step() != nan_step - 1) bad++;
           if (!skip) break;  // "stop": the caller stops here
         } else {
-          const double d = std::abs(m.loss - ref.losses[size_t(s)]) / std::abs(ref.losses[size_t(s)]);
-          if (!std::isfinite(d)) bad++;  // NaN where the reference is finite (or the reverse)
-          worst = std::max(worst, d);
+          // +inf (a failure) where either loss is NaN: the step expected here is a finite one.
+          worst = dist_test::worst_of(worst, dist_test::rel_diff(m.loss, ref.losses[size_t(s)]));
         }
       }
       if (skip && trainer.step() != steps - 1) bad++;  // one step of `steps` was skipped

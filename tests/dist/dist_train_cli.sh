@@ -9,7 +9,9 @@
 #      group dp" (or "group world", for the loss sum) from `exatrain train` itself;
 #   3. nan_policy through the same session (NAN_SESSION = dist_nan_session): "stop" ends every
 #      rank with the single-rank message, "skip" skips the step on every rank;
-#   4. resume (another model refused; one metrics record per step), 5. "auto" plans, 6. errors
+#   1c. breakdown_s_per_rank of both ranks under the planner's names, `exatrain report` measured
+#      vs predicted; 4. resume (another model refused; one metrics record per step), 4b. resume at
+#      another topology (1 rank; tp 2) on the uninterrupted run's losses; 5. "auto" plans, 6. errors
 #      printed once when every rank has them, naming the rank otherwise.
 # Usage: dist_train_cli.sh MPIEXEC EXATRAIN WORKDIR NAN_SESSION
 set -u
@@ -37,6 +39,38 @@ for s in dv:
 mfu = [r["mfu"] for r in dist if "loss" in r]
 assert len(mfu) == 4 and all(0 < m < 1 for m in mfu), mfu
 print(f"ok: val_loss equals the single-rank run's; MFU per step {', '.join(f'{m:.2%}' for m in mfu)}")
+PY
+# 1c. Observability: every step record holds the time breakdown of both ranks under the planner's
+#     names (plan::Breakdown), and `exatrain report` puts it next to the prediction.
+/usr/bin/python3 - <<'PY' || failures=$((failures + 1))
+import json
+planner = {"compute", "tp_comm", "cp_comm", "pp_comm", "pp_bubble", "dp_comm", "optimizer", "other"}
+steps = [json.loads(l) for l in open("run/metrics.jsonl") if '"loss"' in l]
+assert len(steps) == 4, steps
+for r in steps:
+    per = r["breakdown_s_per_rank"]
+    assert r["ranks"] == 2 and len(per) == 2, r
+    for b in per:
+        assert set(b) <= planner and {"compute", "dp_comm", "optimizer"} <= set(b), sorted(b)
+        assert all(v >= 0 for v in b.values()) and b["compute"] > 0 and b["dp_comm"] > 0, b
+print("ok: breakdown_s_per_rank of 2 ranks per step, planner names:", sorted(steps[-1]["breakdown_s_per_rank"][0]))
+PY
+"$EXA" report run > report.log 2>&1 || { echo "FAIL: exatrain report"; cat report.log; failures=$((failures + 1)); }
+/usr/bin/python3 - <<'PY' || { cat report.log; failures=$((failures + 1)); }
+import re
+text = open("report.log").read()
+assert "measured vs predicted" in text, "no measured vs predicted table"
+rows = {m.group(1): (m.group(2), m.group(3)) for m in re.finditer(r"^ +(\w+) +([0-9.]+) +(\S+)$", text, re.M)}
+for part in ("compute", "dp_comm", "optimizer", "step"):
+    assert part in rows and float(rows[part][0]) >= 0, (part, rows)
+assert float(rows["step"][0]) > 0 and float(rows["compute"][0]) > 0, rows
+NUMBER_ONLY = False  # True once a job without [machine] predicts on the local machine (main's fix)
+predicted = rows["step"][1]
+if re.fullmatch(r"[0-9.]+", predicted):
+    assert float(predicted) > 0, rows
+else:
+    assert not NUMBER_ONLY and predicted == "-" and "(no prediction: " in text, ("no predicted number", rows)
+print("ok: exatrain report: measured vs predicted, step measured", rows["step"][0], "predicted", predicted)
 PY
 # 1b. The 2-rank checkpoint (every rank wrote its slices) is the single-rank trainer's format: PyTorch
 #     reads both and finds the same tensors, shapes, metadata and values (|a - b| / (1 + |b|) <= 1e-5).
@@ -66,6 +100,31 @@ PY
   || { echo "FAIL: resume"; cat more.log; failures=$((failures + 1)); }
 steps=$(/usr/bin/python3 -c "import json; print(' '.join(str(json.loads(l)['step']) for l in open('run/metrics.jsonl') if '\"loss\"' in l))")
 [ "$steps" = "1 2 3 4 5 6" ] && echo "ok: one record per step after resume" || { echo "FAIL: steps $steps"; failures=$((failures + 1)); }
+# 4b. Resume at ANOTHER topology: the checkpoint of a 2-rank dp 2 ZeRO 1 run at step 3 of 6,
+#     continued on one rank (no mpirun) and on 2 ranks at tp 2, gives the uninterrupted 2-rank
+#     run's losses at steps 4-6 (1e-5 relative).
+"${MPIRUN[@]}" "$EXA" train job.toml --plain --set train.run_dir=long --set train.steps=6 \
+  --set train.checkpoint_every=3 > long.log 2>&1 || { echo "FAIL: 6-step 2-rank run"; cat long.log; failures=$((failures + 1)); }
+"$EXA" train job.toml --plain --resume long/checkpoints/step_00000003 --set train.run_dir=long_1rank \
+  --set train.steps=6 --set parallel.gpus=1 --set parallel.dp=1 --set parallel.zero=0 > long_1rank.log 2>&1 \
+  || { echo "FAIL: single-rank resume of the dp2 checkpoint"; cat long_1rank.log; failures=$((failures + 1)); }
+"${MPIRUN[@]}" "$EXA" train job.toml --plain --resume long/checkpoints/step_00000003 --set train.run_dir=long_tp2 \
+  --set train.steps=6 --set parallel.tp=2 --set parallel.dp=1 --set parallel.zero=0 > long_tp2.log 2>&1 \
+  || { echo "FAIL: tp2 resume of the dp2 checkpoint"; cat long_tp2.log; failures=$((failures + 1)); }
+/usr/bin/python3 - <<'PY' || failures=$((failures + 1))
+import json
+def losses(path):
+    return {r["step"]: r["loss"] for r in map(json.loads, filter(str.strip, open(path))) if "loss" in r}
+ref = losses("long/metrics.jsonl")
+assert sorted(ref) == [1, 2, 3, 4, 5, 6], ref
+for run in ("long_1rank", "long_tp2"):
+    got = losses(run + "/metrics.jsonl")
+    assert sorted(got) == [4, 5, 6], (run, got)
+    rel = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in got)
+    assert rel <= 1e-5, (run, got, ref)
+    print(f"ok: {run} resumed the dp2 checkpoint of step 3: steps 4-6 losses",
+          ", ".join(f"{got[s]:.6f}" for s in sorted(got)), f"(uninterrupted: rel diff {rel:.1e})")
+PY
 # 5. "auto" picks a plan this runtime can run: with one kv head, tp must stay 1.
 sed -e 's/^tp = 1/tp = "auto"/' -e 's/^dp = 2/dp = "auto"/' -e 's/^zero = 1/zero = "auto"/' -e 's/^heads = 2/heads = 2\nkv_heads = 1/' job.toml > auto.toml
 "${MPIRUN[@]}" "$EXA" train auto.toml --plain --set train.run_dir=auto --set train.steps=1 > auto.log 2>&1 \

@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
     int64_t early = 0;
     for (int s = 0; s < steps; s++) {
       const DistStepMetrics m = trainer.train_step();
-      worst_loss = std::max(worst_loss, std::abs(m.loss - ref.losses[size_t(s)]) / std::abs(ref.losses[size_t(s)]));
+      worst_loss = dist_test::worst_of(worst_loss, dist_test::rel_diff(m.loss, ref.losses[size_t(s)]));
       early += m.buckets_launched_early;
     }
     if (cfg.zero == 2) {
@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
                            " shard {} KiB (1/dp)", most / 1024, arena / 1024, 100.0 * double(most) / double(arena),
                            bound / 1024, arena / cfg.dp / 1024);
     }
-    if (worst_loss > 1e-5) problems += fmt::format(" loss differs from one rank by {:.2e};", worst_loss);
+    if (!(worst_loss <= 1e-5)) problems += fmt::format(" loss differs from one rank by {:.2e};", worst_loss);
     int bad = !problems.empty(), any_bad = 0;
     MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     // Each rank's own figures (the stages differ), in rank order.

@@ -85,3 +85,22 @@ TEST(Setup, ErrorsNameTheSetThatGaveTheValue) {
                    "at least as many micro-batches as stages: micro_batches 2 < pp 3"),
             std::string::npos) << e;
 }
+
+// Refusals the trainer would otherwise raise without the origins: cp > 1 and a layers_per_stage
+// list that does not add up.
+TEST(Setup, CpAndLayersPerStageErrorsNameTheirOrigin) {
+  const std::string toml = "[model]\nlayers = 8\nhidden = 64\nheads = 8\nkv_heads = 2\nffn_hidden = 256\n"
+                           "seq_len = 32\nvocab = 100\n[parallel]\ngpus = 4\nglobal_batch = 16\ntp = 1\npp = 2\n"
+                           "cp = 1\nvp = 1\nzero = 0\nmicro_batch = 1\nrecompute = \"none\"\nseq_parallel = false\n"
+                           "schedule = \"1f1b\"\n";
+  std::string e = error_of(parse_job(toml, "test.toml", {"parallel.cp=2"}), 4);
+  EXPECT_NE(e.find("--set parallel.cp=2: [parallel] cp = 2: context parallelism is planned but not run by the "
+                   "trainer (expected cp = 1)"),
+            std::string::npos) << e;
+  e = error_of(parse_job(toml + "layers_per_stage = [3, 4]\n", "test.toml"), 4);
+  EXPECT_NE(e.find("test.toml: [parallel] layers_per_stage sums to 7 but the model has layers = 8"), std::string::npos)
+      << e;
+  e = error_of(parse_job(toml + "layers_per_stage = [8, 0]\n", "test.toml"), 4);
+  EXPECT_NE(e.find("test.toml: [parallel] layers_per_stage[1] = 0: every stage needs >= 1 layer"), std::string::npos)
+      << e;
+}

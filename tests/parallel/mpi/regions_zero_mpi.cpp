@@ -46,45 +46,41 @@ TEST(TpRegionsMpi, RegionPairsAreAllReduceOrIdentity) {
   EXPECT_EQ(ledger.calls["tp_all_reduce"], p > 1 ? 2 : 0);
 }
 
-TEST(TpRegionsMpi, SequenceParallelPairsShardAlongTheSequence) {
-  Group tp(MPI_COMM_WORLD, "tp", nullptr, nullptr);
+TEST(TpRegionsMpi, SequenceParallelPairsShardTheFlatTokenRows) {
+  CommLedger ledger;
+  Group tp(MPI_COMM_WORLD, "tp", &ledger, nullptr);
   int p = tp.size(), me = tp.rank();
-  const int64_t B = 3, T = 4 * p, C = 5, Ts = T / p;
-  auto at = [&](int64_t b, int64_t t, int64_t c) { return (b * T + t) * C + c; };
-  // y_partial[B, T, C] differs per rank; g~ forward gives my rows of the sum.
-  std::vector<float> partial(B * T * C), shard(B * Ts * C);
-  for (int64_t i = 0; i < B * T * C; i++) partial[i] = value(me, i);
-  reduce_scatter_to_sp_region_forward(tp, partial.data(), shard.data(), B, T, C);
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t t = 0; t < Ts; t++)
-      for (int64_t c = 0; c < C; c++) {
-        double ref = 0;
-        for (int r = 0; r < p; r++) ref += value(r, at(b, me * Ts + t, c));
-        EXPECT_NEAR(shard[(b * Ts + t) * C + c], ref, 1e-6 * (1 + p * p));
-      }
-  // f~ forward (all-gather along T) of the g~ output is the full all-reduce (Megatron-SP's
-  // identity: reduce-scatter + all-gather == all-reduce).
-  std::vector<float> full(B * T * C), allreduced = partial;
-  gather_from_sp_region_forward(tp, shard.data(), full.data(), B, T, C);
-  tp.all_reduce_sum(allreduced.data(), B * T * C);
-  for (int64_t i = 0; i < B * T * C; i++)
-    EXPECT_NEAR(full[i], allreduced[i], 1e-6 * (1 + p * p));
-  // Backward pairs are the transposes: f~ backward = reduce-scatter, g~ backward = all-gather.
-  std::vector<float> dshard(B * Ts * C), dfull(B * T * C);
-  gather_from_sp_region_backward(tp, partial.data(), dshard.data(), B, T, C);
-  EXPECT_EQ(dshard, shard);
-  reduce_scatter_to_sp_region_backward(tp, shard.data(), dfull.data(), B, T, C);
-  EXPECT_EQ(dfull, full);
-  // Indivisible sequence is an error naming the numbers.
-  if (p > 1) {
-    try {
-      gather_from_sp_region_forward(tp, shard.data(), full.data(), B, T + 1, C);
-      ADD_FAILURE() << "expected an error";
-    } catch (const exatrain::Error& e) {
-      EXPECT_NE(std::string(e.what()).find(fmt::format("seq_len {} % tp {} = 1", T + 1, p)),
-                std::string::npos);
+  // The engine's layout: N = B*T token rows of C floats, rank r holding rows [r*N/tp, (r+1)*N/tp)
+  // (B = 3, T = 4p: for p > 2 a shard's rows span two sequences, which a [B, T, C] split would not).
+  const int64_t N = 3 * 4 * p, C = 5, Ns = N / p, n_shard = Ns * C;
+  // y_partial[N, C] differs per rank; g~ forward gives my rows of the sum.
+  std::vector<float> partial(N * C), shard(n_shard);
+  for (int64_t i = 0; i < N * C; i++) partial[i] = value(me, i);
+  reduce_scatter_to_sp_region_forward(tp, partial.data(), shard.data(), n_shard);
+  for (int64_t row = 0; row < Ns; row++)
+    for (int64_t c = 0; c < C; c++) {
+      double ref = 0;
+      for (int r = 0; r < p; r++) ref += value(r, (me * Ns + row) * C + c);
+      EXPECT_NEAR(shard[row * C + c], ref, 1e-6 * (1 + p * p));
     }
+  // f~ forward (all-gather of the rows) of the g~ output is the full all-reduce (Megatron-SP's
+  // identity: reduce-scatter + all-gather == all-reduce).
+  std::vector<float> full(N * C), allreduced = partial;
+  gather_from_sp_region_forward(tp, shard.data(), full.data(), n_shard);
+  tp.all_reduce_sum(allreduced.data(), N * C);
+  for (int64_t i = 0; i < N * C; i++) EXPECT_NEAR(full[i], allreduced[i], 1e-6 * (1 + p * p));
+  // Backward pairs are the transposes: f~ backward = reduce-scatter, g~ backward = all-gather.
+  std::vector<float> dshard(n_shard), dfull(N * C);
+  gather_from_sp_region_backward(tp, partial.data(), dshard.data(), n_shard);
+  EXPECT_EQ(dshard, shard);
+  reduce_scatter_to_sp_region_backward(tp, shard.data(), dfull.data(), n_shard);
+  EXPECT_EQ(dfull, full);
+  // One rank: every pair copies (the no-op) and nothing is communicated.
+  if (p == 1) {
+    EXPECT_EQ(shard, partial);
   }
+  EXPECT_EQ(ledger.calls["tp_reduce_scatter"], p > 1 ? 2 : 0);
+  EXPECT_EQ(ledger.calls["tp_all_gather"], p > 1 ? 2 : 0);
 }
 
 TEST(TpRegionsMpi, VocabParallelCrossEntropyMatchesTheFullSoftmax) {
