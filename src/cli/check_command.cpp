@@ -1,8 +1,11 @@
 // `exatrain check JOB.toml [--set k=v ...]`: validate a job file and print it fully resolved
-// (presets applied, defaults explicit) — the quickest way to see what a run will use.
+// (presets applied, defaults explicit) — the quickest way to see what a run will use. When every
+// [parallel] degree is set, the plan is validated as `predict` does (gpus = tp*pp*dp*cp, batch
+// arithmetic, micro-batches >= stages, ...), with the failing equation.
 #include <fmt/format.h>
 
 #include "cli/commands.hpp"
+#include "cli/job_plan.hpp"
 #include "job/parse.hpp"
 
 namespace exatrain::cli {
@@ -12,6 +15,10 @@ void add_check_command(CLI::App& app) {
   auto sets = std::make_shared<std::vector<std::string>>();
   cmd->add_option("job", *path, "the job file (TOML)")->required();
   cmd->add_option("--set", *sets, "override a key: section.key=value (repeatable)");
-  cmd->callback([path, sets] { fmt::print("{}", job_to_toml(load_job(*path, *sets))); });
+  cmd->callback([path, sets] {
+    const Job job = load_job(*path, *sets);
+    if (parallel_is_resolved(job.parallel)) resolved_plan_of(job, *path);
+    fmt::print("{}", job_to_toml(job));
+  });
 }
 }  // namespace exatrain::cli

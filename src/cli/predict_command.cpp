@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "cli/commands.hpp"
+#include "cli/job_plan.hpp"
 #include "core/check.hpp"
 #include "job/parse.hpp"
 #include "plan/comm.hpp"
@@ -25,18 +26,7 @@ void add_predict_command(CLI::App& app) {
                   "convention is in src/plan/comm.hpp) instead of the prediction");
   cmd->callback([path, sets, json, rank] {
     Job job = load_job(*path, *sets);
-    plan::Plan p;
-    try {
-      p = plan::resolve_plan(job.parallel, job.train.precision);
-    } catch (const Error& e) {  // name the job file; drop the internal (src/...:line) suffix
-      std::string msg = e.what();
-      auto k = msg.rfind(" (");
-      if (k != std::string::npos && msg.find(".cpp:", k) != std::string::npos) msg.erase(k);
-      throw Error(fmt::format("{}: {}", *path, msg));
-    }
-    // Plan errors name the job file and print the failing equation (no source-line suffix).
-    if (std::string err = plan::plan_error(job.model, p); !err.empty())
-      throw Error(fmt::format("{}: invalid plan: {}", *path, err));
+    const plan::Plan p = resolved_plan_of(job, *path);
     if (*rank >= 0) {
       plan::CommBytes b = plan::bytes_sent_per_step(job.model, p, plan::rank_position(p, *rank));
       nlohmann::json j;

@@ -280,12 +280,20 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     }
     if (!table.is_table()) errors.push_back(fmt::format("{}: {} must be a table [{}]", source, name, name));
   }
+  // No [machine] at all (no table, no preset, no --set machine.*): the job runs on this machine,
+  // so it is the `local` cluster (catalog/clusters/local.toml), the one "auto" plans use too.
+  // (A data root without the catalog keeps the built-in defaults: one cpu-local device.)
+  bool machine_named = root.contains("machine") || preset_sets.count("machine") ||
+                       !std::ifstream(fmt::format("{}/catalog/clusters/local.toml", data_root())).good();
+  for (const auto& s : other_sets) machine_named = machine_named || s.rfind("machine.", 0) == 0;
   for (auto& [name, sec] : sections) {
     const toml::value* table = nullptr;
     if (root.contains(name) && root.at(name).is_table()) table = &root.at(name);
     // The preset goes in first so that the file's own keys (and --set) override it.
     if (preset_sets.count(name)) apply_set(sections, preset_sets[name], errors);
     else if (table && table->contains("preset")) sec.put("preset", table->at("preset"), source);
+    else if (name == "machine" && !machine_named)
+      sec.put("preset", toml::value("local"), fmt::format("{} (no [machine]: this machine)", source));
     if (sec.has("preset"))
       apply_preset(sec, name == "model" ? "models" : "catalog/clusters", preset_sets.count(name) ? "--set" : source,
                    errors);

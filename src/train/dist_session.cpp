@@ -54,29 +54,35 @@ constexpr int kBreakdown = 6;
 // [parallel] fields left "auto" (or omitted) on several ranks: the planner's best plan for this
 // world size on the `local` machine (catalog/clusters/local.toml) fills them, and rank 0 prints
 // it. Context parallelism is fixed to 1 (the trainer does not run it). Every rank searches (the
-// search is deterministic), so no plan needs to be sent around.
+// search is deterministic), so no plan needs to be sent around. dp alone omitted is no search:
+// the contract's default, world / (tp * cp * pp), which runtime_plan_from_job infers (and whose
+// equation it prints when it does not divide).
 void resolve_auto_parallel(Job& job, int world, std::FILE* log) {
   ParallelSpec& p = job.parallel;
-  const bool any_auto = !p.tp || !p.pp || !p.dp || !p.cp || !p.vp || !p.zero || !p.micro_batch || !p.recompute ||
+  const bool any_auto = !p.tp || !p.pp || !p.cp || !p.vp || !p.zero || !p.micro_batch || !p.recompute ||
                         !p.seq_parallel || !p.schedule;
   if (!any_auto) return;
+  // A gpus the user wrote must still be the world size ([parallel] gpus defaults to it here).
+  EXA_CHECK(!job.origins.count("parallel.gpus") || p.gpus == world,
+            "{}: [parallel] gpus = {} but the job runs on {} MPI ranks", job_origin(job, {"parallel.gpus"}), p.gpus,
+            world);
   ParallelSpec fixed = p;
   fixed.gpus = world;
   if (!fixed.cp) fixed.cp = 1;
   const MachineSpec local = parse_job("[machine]\npreset = \"local\"\n", "local machine", {}).machine;
   const plan::SearchResult res = plan::search_plans(job.model, local, fixed, job.train.precision, 200);
   // The best plan this runtime can execute: the planner also models what Megatron can do and we
-  // cannot yet (context parallelism, replicated kv heads, ZeRO-3 with pipelined tied embeddings).
-  auto runnable = [&](const plan::Plan& c) {
-    return c.cp == 1 && job.model.kv_heads % c.tp == 0 &&
-           !(c.zero == 3 && c.pp > 1 && job.model.tie_embeddings);
-  };
+  // cannot yet (context parallelism, replicated kv heads).
+  auto runnable = [&](const plan::Plan& c) { return c.cp == 1 && job.model.kv_heads % c.tp == 0; };
   const plan::Prediction* best = nullptr;
   for (const auto& c : res.top)
     if (runnable(c.plan)) { best = &c; break; }
   EXA_CHECK(best != nullptr, "{}: [parallel] has \"auto\" fields, and the planner found no plan for {} ranks on "
-            "the local machine that this runtime can run ({} plans searched, {} fit); set the degrees explicitly",
-            job.source, world, res.searched, res.top.size());
+            "the local machine that this runtime can run with the fields that are set ({} plans searched, {} fit: "
+            "`exatrain plan` on the job with --set parallel.gpus={} shows why); set the degrees explicitly",
+            job_origin(job, {"parallel.tp", "parallel.pp", "parallel.dp", "parallel.zero", "parallel.micro_batch",
+                             "parallel.global_batch"}),
+            world, res.searched, res.top.size(), world);
   const plan::Plan& b = best->plan;
   p.layers_per_stage = b.layers_per_stage;
   p.gpus = world;

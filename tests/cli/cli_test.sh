@@ -25,6 +25,11 @@ expect_error "impossible shape" 'hidden = 770 is not divisible by heads = 12' --
 expect_error "missing job" "cannot open job file 'nope.toml'" -- "$EXA" train nope.toml
 expect_error "bad --set" '--set: [train] lr = "fast": expected a number' -- "$EXA" check typo.toml --set train.lr=fast
 expect_error "missing checkpoint" 'no-such-ckpt' -- "$EXA" sample no-such-ckpt --prompt hi
+# `check` validates a fully set [parallel] as `predict` does, printing the failing equation.
+printf '[model]\nlayers = 4\nhidden = 64\nheads = 4\n[parallel]\ngpus = 4\ntp = 2\npp = 2\nzero = 0\nmicro_batch = 1\nrecompute = "none"\nglobal_batch = 8\n' > par.toml
+"$EXA" check par.toml > /dev/null && echo "ok: check accepts a valid plan" || { echo "FAIL: check of a valid plan"; failures=$((failures + 1)); }
+expect_error "check: gpus" 'par.toml: invalid plan: gpus = tp * pp * dp * cp: 2 * 2 * 1 * 1 = 4, but gpus = 8' -- "$EXA" check par.toml --set parallel.gpus=8 --set parallel.dp=1
+expect_error "check: stages" 'micro-batches >= pp: global_batch / (dp * micro_batch) = 1 / (1 * 1) = 1 < pp = 2' -- "$EXA" check par.toml --set parallel.global_batch=1
 expect_error "missing run dir" 'cannot open metrics file' -- "$EXA" report no-such-run
 
 # A tiny real run: byte tokenizer on a few lines.

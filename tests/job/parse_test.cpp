@@ -237,3 +237,17 @@ TEST(JobParse, PresetThenFileThenSet) {
   EXPECT_EQ(j.model.layers, 3);    // --set overrides the file
   EXPECT_FALSE(j.model.vocab_from_data);
 }
+
+TEST(JobParse, NoMachineSectionMeansThisMachine) {
+  // A job without [machine] runs here: the `local` cluster, as "auto" plans use it.
+  Job j = parse_job("[model]\nhidden = 64\nheads = 4\n", "job.toml", {});
+  EXPECT_EQ(j.machine.preset, "local");
+  EXPECT_EQ(j.machine.device, "cpu-local");
+  EXPECT_EQ(j.machine.gpus_per_node, 2);
+  EXPECT_GT(j.machine.intra_node_bw_gbs, 0);
+  EXPECT_NE(j.origins.at("machine.preset").find("no [machine]: this machine"), std::string::npos);
+  // Any [machine] key (file or --set) is the user's machine description: no preset is added.
+  Job k = parse_job("[model]\nhidden = 64\nheads = 4\n", "job.toml", {"machine.device=h100-sxm"});
+  EXPECT_EQ(k.machine.preset, "");
+  EXPECT_EQ(k.machine.intra_node_bw_gbs, 0);
+}

@@ -129,9 +129,14 @@ TEST(Report, MeasuredNextToPredictedUsesTheSlowestRankAndThePlanner) {
   EXPECT_NE(t.find("dp_comm        0.5000"), std::string::npos) << t;
   EXPECT_NE(t.find("step           0.3000"), std::string::npos) << t;
   EXPECT_EQ(t.find("no prediction"), std::string::npos) << t;  // the planner predicted this job
-  // No [machine]: no bandwidth between the two ranks, so no (infinite) prediction but the reason.
-  std::ofstream(d + "/job.toml") << "[model]\nlayers = 2\nhidden = 64\nheads = 4\nseq_len = 32\nvocab = 256\n"
-                                    "[parallel]\ngpus = 2\ndp = 2\nglobal_batch = 4\n[train]\nprecision = \"fp32\"\n";
+  // No [machine]: this machine (the local cluster), so the planner predicts.
+  const std::string two_ranks = "[model]\nlayers = 2\nhidden = 64\nheads = 4\nseq_len = 32\nvocab = 256\n"
+                                "[parallel]\ngpus = 2\ndp = 2\nglobal_batch = 4\n[train]\nprecision = \"fp32\"\n";
+  std::ofstream(d + "/job.toml") << two_ranks;
+  t = measured_vs_predicted(read_metrics(d + "/metrics.jsonl"), d);
+  EXPECT_EQ(t.find("no prediction"), std::string::npos) << t;
+  // A machine without bandwidth between the two ranks: no (infinite) prediction but the reason.
+  std::ofstream(d + "/job.toml") << two_ranks << "[machine]\ndevice = \"cpu-local\"\n";
   t = measured_vs_predicted(read_metrics(d + "/metrics.jsonl"), d);
   EXPECT_EQ(t.find("inf"), std::string::npos) << t;
   EXPECT_NE(t.find("(no prediction: " + d + "/job.toml: machine.inter_node_bw_gbs = 0"), std::string::npos) << t;

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# `exatrain train` on 2 ranks with [parallel] dp omitted: dp is the contract's default world /
+# (tp * cp * pp), inferred without asking the planner; when it does not divide, or gpus is not the
+# world size, the error prints the equation once (rank 0). Usage: dist_cli_degrees.sh MPIEXEC EXATRAIN WORKDIR
+set -u
+MPIEXEC=$1 EXA=$2 WORK=$3
+source "$(dirname "$0")/dist_cli_setup.sh"
+write_job job.toml "" "steps = 2"
+sed -i '/^dp = /d' job.toml
+failures=0
+# expect_once WHAT TEXT -- mpirun args: the run fails and TEXT appears exactly once in its output.
+expect_once() {
+  local what=$1 want=$2; shift 3
+  local out n
+  out=$("${MPIRUN[@]}" "$EXA" train job.toml --plain "$@" 2>&1) && { echo "FAIL: $what: exit 0"; failures=$((failures + 1)); return; }
+  n=$(grep -cF -- "$want" <<< "$out")
+  [ "$n" = 1 ] && echo "ok: $what: $want" || { echo "FAIL: $what: \"$want\" $n times in:"; echo "$out"; failures=$((failures + 1)); }
+}
+"${MPIRUN[@]}" "$EXA" train job.toml --plain > infer.log 2>&1 || { echo "FAIL: dp omitted"; cat infer.log; exit 1; }
+if grep -q "\[parallel\] auto" infer.log; then echo "FAIL: dp omitted asked the planner"; failures=$((failures + 1)); fi
+grep -q "training on 2 MPI ranks (tp 1 x pp 1 (vp 1, 1f1b) x dp 2" infer.log && echo "ok: dp omitted -> dp = 2 (world 2 / (tp 1 * cp 1 * pp 1))" \
+  || { echo "FAIL: dp omitted did not give dp 2"; cat infer.log; failures=$((failures + 1)); }
+rm -rf run
+expect_once "dp does not divide" "cannot infer dp: world 2 is not divisible by tp 1 * cp 1 * pp 3 = 3" -- --set parallel.pp=3
+expect_once "gpus, degrees set" "--set parallel.gpus=8: [parallel] gpus = 8 but the job runs on 2 MPI ranks" -- --set parallel.gpus=8
+expect_once "gpus, auto" "--set parallel.gpus=8: [parallel] gpus = 8 but the job runs on 2 MPI ranks" -- \
+  --set parallel.gpus=8 --set parallel.zero=auto
+expect_once "stages" "micro_batches 1 < pp 2" -- --set parallel.pp=2 --set parallel.global_batch=1
+exit $failures
