@@ -220,6 +220,10 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
 
   std::unique_ptr<report::MetricsWriter> metrics;
   std::unique_ptr<report::Progress> progress;
+  // Rank 0 writes the trace after step 3: find out now, not after training started, that it cannot.
+  if (!opt.trace.empty())
+    on_rank0_for_all(MPI_COMM_WORLD, rt.watchdog(), "MPI_Bcast (trace path verdict)",
+                     [&] { parallel::check_trace_writable(opt.trace); });
   on_rank0_for_all(MPI_COMM_WORLD, rt.watchdog(), "MPI_Bcast (run_dir verdict)", [&] {
     EXA_CHECK(resuming || !fs::exists(job.train.run_dir + "/metrics.jsonl"),
               "{}: [train] run_dir = \"{}\" already holds a run (metrics.jsonl); expected a new directory: pass "

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `exatrain train` on 2 ranks with [parallel] dp omitted: dp is the contract's default world /
 # (tp * cp * pp), inferred without asking the planner; when it does not divide, or gpus is not the
-# world size, the error prints the equation once (rank 0). Usage: dist_cli_degrees.sh MPIEXEC EXATRAIN WORKDIR
+# world size, the error prints the equation once (rank 0); so is an unwritable --trace path, before step 1. Usage: dist_cli_degrees.sh MPIEXEC EXATRAIN WORKDIR
 set -u
 MPIEXEC=$1 EXA=$2 WORK=$3
 source "$(dirname "$0")/dist_cli_setup.sh"
@@ -26,4 +26,7 @@ expect_once "gpus, degrees set" "--set parallel.gpus=8: [parallel] gpus = 8 but 
 expect_once "gpus, auto" "--set parallel.gpus=8: [parallel] gpus = 8 but the job runs on 2 MPI ranks" -- \
   --set parallel.gpus=8 --set parallel.zero=auto
 expect_once "stages" "micro_batches 1 < pp 2" -- --set parallel.pp=2 --set parallel.global_batch=1
+# A trace path that cannot be written is refused before step 1 (rank 0 checks it for all).
+expect_once "bad --trace" "--trace /nonexistent/dir/t.json: cannot write the trace there" -- --trace /nonexistent/dir/t.json
+[ ! -e run/metrics.jsonl ] && echo "ok: no step ran" || { echo "FAIL: steps ran before the trace path was refused"; failures=$((failures + 1)); }
 exit $failures
