@@ -86,14 +86,11 @@ int main(int argc, char** argv) {
     job.model.vocab = cs.vocab;
     job.model.bias = cs.bias;
     job.train.precision = Precision::fp32;
-    const RuntimePlan rplan = runtime_plan_from_job(job, world);
-    ParallelRuntime rt(MPI_COMM_WORLD, rplan);
-    dist_test::SyntheticSource src(job.model.vocab, rt.dp().rank(), rt.dp().size());
-    DistOptions o;
-    o.model = job.model;
-    o.train = job.train;
-    o.bucket_floats = int64_t(1) << 40;  // one bucket per arena: the planner's flat all-reduce
-    DistributedTrainer trainer(*backend, rt, o, src);
+    dist_test::DistRun run = dist_test::make_run(*backend, job, [](DistOptions& o) {
+      o.bucket_floats = int64_t(1) << 40;  // one bucket per arena: the planner's flat all-reduce
+    });
+    DistributedTrainer& trainer = *run.trainer;
+    const ParallelRuntime& rt = *run.rt;
     trainer.train_step();
     const DistStepMetrics m = trainer.train_step();  // a steady step: the ledger was reset at its start
 

@@ -76,21 +76,18 @@ int main(int argc, char** argv) {
     job.model.ffn_hidden = cs.odd ? 250 : 256;
     const dist_test::Reference ref = dist_test::run_single_rank(job);
 
-    const RuntimePlan plan = runtime_plan_from_job(job, world);
-    ParallelRuntime rt(MPI_COMM_WORLD, plan);
-    dist_test::SyntheticSource src(job.model.vocab, rt.dp().rank(), rt.dp().size());
-    DistOptions o;
-    o.model = job.model;
-    o.train = job.train;
-    o.bucket_floats = 4096;  // 4 pages
-    o.buckets_in_flight = 2;
     DistributedTrainer* trainer_at = nullptr;
     std::vector<int64_t> peak;  // per chunk: most gradient-arena bytes resident at a backward hook
-    o.after_backward_unit = [&](int c, int64_t) {
-      Gpt& g = trainer_at->chunk(c);
-      peak[size_t(c)] = std::max(peak[size_t(c)], dist_test::resident_bytes(g.grads(), g.num_params() * 4));
-    };
-    DistributedTrainer trainer(*backend, rt, o, src);
+    const int64_t bucket_floats = 4096, in_flight = 2;  // 4-page buckets, 2 in flight
+    dist_test::DistRun run = dist_test::make_run(*backend, job, [&](DistOptions& o) {
+      o.bucket_floats = bucket_floats;
+      o.buckets_in_flight = in_flight;
+      o.after_backward_unit = [&](int c, int64_t) {
+        Gpt& g = trainer_at->chunk(c);
+        peak[size_t(c)] = std::max(peak[size_t(c)], dist_test::resident_bytes(g.grads(), g.num_params() * 4));
+      };
+    });
+    DistributedTrainer& trainer = *run.trainer;
     trainer_at = &trainer;
     peak.assign(size_t(trainer.chunks()), 0);
 
@@ -121,8 +118,8 @@ int main(int argc, char** argv) {
       int64_t most = 0, bound = 0, arena = 0, total = 0;
       for (int c = 0; c < trainer.chunks(); c++) {
         Gpt& g = trainer.chunk(c);
-        const int64_t bucket = (o.bucket_floats - o.bucket_floats % cfg.dp) * 4;
-        int64_t allowed = (o.buckets_in_flight + 1) * (bucket + 2 * page) + 2 * page;
+        const int64_t bucket = (bucket_floats - bucket_floats % cfg.dp) * 4;
+        int64_t allowed = (in_flight + 1) * (bucket + 2 * page) + 2 * page;
         const StageRange& st = g.options().stage;
         if (st.has_head && job.model.tie_embeddings)
           allowed += g.layout().find("wte.weight").numel * 4 + 2 * page;
