@@ -45,6 +45,8 @@ void check_plan(const ModelSpec& model, const Plan& plan);
 // Layers per pipeline rank when pp does not divide the layers: floor(layers/pp) each, the
 // remainder going one by one to the middle ranks first, because the first and last ranks also
 // carry the embedding and the LM head. E.g. 126 layers on 16 ranks: 7, 8 x 14, 7.
+// Megatron's convention, used only to read published runs that don't state their partition
+// (validate.cpp); a plan without layers_per_stage uses the cost-balanced split of plan/stages.hpp.
 std::vector<int64_t> balanced_layers(int64_t layers, int64_t pp);
 
 // Transformer layers on each pipeline rank (size pp): the sum over the rank's vp stages of
