@@ -69,6 +69,17 @@ SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const Paral
   TopK top{std::max(1, top_k), {}};
   std::map<std::array<int64_t, 4>, Candidate> best_per_layout;
   const int64_t G = f.gpus, B = f.global_batch;
+  // A listed split that no candidate can use is the job's error, not "no plan found".
+  if (!f.layers_per_stage.empty()) {
+    const int64_t sum = std::accumulate(f.layers_per_stage.begin(), f.layers_per_stage.end(), int64_t(0));
+    EXA_CHECK(sum == m.layers, "[parallel] layers_per_stage sums to {} but the model has layers = {}", sum,
+              m.layers);
+    if (f.pp && f.vp)
+      EXA_CHECK(int64_t(f.layers_per_stage.size()) == *f.pp * *f.vp,
+                "[parallel] layers_per_stage has {} entries, expected pp * vp = {} * {} = {} (one per "
+                "virtual stage, stage s = chunk * pp + pp_rank)",
+                f.layers_per_stage.size(), *f.pp, *f.vp, *f.pp * *f.vp);
+  }
 
   std::vector<Recompute> recomputes =
       choices(f.recompute, {Recompute::none, Recompute::selective, Recompute::full});

@@ -47,8 +47,11 @@ struct StageCosts {
 StageCosts stage_costs(const ModelSpec& model);
 
 // Minimises the most expensive stage (exact DP) given each layer's cost and the embedding and head
-// costs; every stage gets at least one layer ("layers 3 < stages 4" otherwise). Ties go to the
-// split with the earliest boundaries.
+// costs; every stage gets at least one layer ("layers 3 < stages 4" otherwise). Among splits with
+// the same most expensive stage, the backtrack takes each stage's earliest optimal start, walking
+// back from the last stage: later stages tend to be long and the first ones short (GPT-2 124M at
+// pp 4: 3, 4, 4, 1), which also suits memory, since under 1F1B the first pipeline ranks keep the
+// most micro-batches in flight.
 std::vector<StageLayers> balance_stages(const std::vector<double>& layer_cost, double embed_cost,
                                         double head_cost, int stages);
 // An explicit layers-per-stage list ([parallel] layers_per_stage, one entry per stage); checks

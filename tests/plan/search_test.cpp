@@ -70,6 +70,34 @@ TEST(Search, FixedFieldsAreRespected) {
   }
 }
 
+TEST(Search, ListedStagesFixVpOrFailWithTheEquation) {
+  // 12 layers on pp 2: a list of 4 stages means vp 2 (stage s = chunk * pp + pp_rank).
+  ParallelSpec f;
+  f.gpus = 16; f.global_batch = 64; f.pp = 2;
+  f.layers_per_stage = {2, 3, 3, 4};
+  SearchResult r = search_plans(gpt(12, 768, 12, 1024), dgx("a100-80g"), f, Precision::bf16, 3);
+  ASSERT_FALSE(r.top.empty());
+  for (const auto& c : r.top) {
+    EXPECT_EQ(c.plan.vp, 2);
+    EXPECT_EQ(c.plan.layers_per_stage, f.layers_per_stage);
+  }
+  auto message = [&](const ParallelSpec& spec) {
+    try {
+      search_plans(gpt(12, 768, 12, 1024), dgx("a100-80g"), spec, Precision::bf16, 3);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  f.vp = 3;  // pp * vp = 6 stages, but 4 listed: an error, not an empty search
+  EXPECT_NE(message(f).find("[parallel] layers_per_stage has 4 entries, expected pp * vp = 2 * 3 = 6"),
+            std::string::npos) << message(f);
+  f.vp.reset();
+  f.layers_per_stage = {6, 5};
+  EXPECT_NE(message(f).find("[parallel] layers_per_stage sums to 11 but the model has layers = 12"),
+            std::string::npos) << message(f);
+}
+
 TEST(PlanRules, ErrorsPrintTheEquation) {
   ModelSpec m = gpt(96, 12288, 96, 2048);
   Plan p;
