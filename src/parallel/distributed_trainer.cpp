@@ -85,18 +85,11 @@ DistributedTrainer::DistributedTrainer(Backend& backend, ParallelRuntime& rt, co
   m_ = plan_.micro_batches;
   const int pp = mesh.pp, vp = plan_.pipeline.vp, S = pp * vp;
   const int pp_rank = rt_.mesh().coord.pp;
-  // Contiguous layer ranges for the S stages, balanced by forward FLOPs per token: a layer's
-  // matmuls (QKV, out-projection, MLP) and attention, and the LM head on the last stage (vocab x
-  // hidden: often several layers' worth); the embedding is a lookup (no FLOPs to speak of).
-  const ModelSpec& md = opt_.model;
-  const double h = double(md.hidden), kv = double(md.kv_heads * md.head_dim()), f = double(md.ffn_hidden);
-  const double mlp = (md.activation == Activation::swiglu ? 3.0 : 2.0) * h * f;
-  const double layer_flops = 2.0 * (h * (h + 2.0 * kv) + h * h + mlp) + 4.0 * double(md.seq_len) * h;
-  const double head_flops = 2.0 * h * double(md.vocab);
-  std::vector<double> layer_cost(size_t(md.layers), layer_flops);
+  // Contiguous layer ranges for the S stages: [parallel] layers_per_stage, else balanced by cost
+  // with the embedding and the LM head counted (plan/stages.hpp) -- the same split the planner
+  // predicts and counts bytes for.
   const std::vector<StageLayers> stages =
-      opt_.layers_per_stage.empty() ? balance_stages(layer_cost, 0.0, head_flops, S)
-                                    : stages_from_list(layer_cost, 0.0, head_flops, opt_.layers_per_stage, S);
+      plan::pipeline_stages(opt_.model, pp, vp, opt_.layers_per_stage);
   const int dp = rt_.dp().size(), dp_rank = rt_.dp().rank();
   for (int c = 0; c < vp; c++) {
     auto ch = std::make_unique<Chunk>();

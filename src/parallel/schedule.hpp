@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "plan/stages.hpp"
+
 namespace exatrain::parallel {
 
 enum class PipeSchedule { gpipe, one_f_one_b, interleaved };
@@ -87,20 +89,10 @@ SimResult simulate_pipeline(const PipelineTable& table, double t_fwd, double t_b
 //   rank 1 | .  F0 B0 B0 F1 B1 B1 .  .
 std::string render_timeline(const PipelineTable& table, const SimResult& sim);
 
-// Stage balancing: contiguous layer ranges for S = pp * vp stages.
-struct StageLayers {
-  int first = 0, end = 0;  // transformer layers [first, end)
-  bool embedding = false;  // stage 0 holds the embedding
-  bool head = false;       // stage S-1 holds the final norm + LM head (+ loss)
-  double cost = 0;
-};
-// Minimises the most expensive stage (exact DP) given each layer's cost and the embedding and head
-// costs; every stage gets at least one layer ("layers 3 < stages 4" otherwise).
-std::vector<StageLayers> balance_stages(const std::vector<double>& layer_cost, double embed_cost,
-                                        double head_cost, int stages);
-// An explicit layers-per-stage list ([parallel] layers_per_stage); checks count and sum.
-std::vector<StageLayers> stages_from_list(const std::vector<double>& layer_cost, double embed_cost,
-                                          double head_cost, const std::vector<int64_t>& per_stage,
-                                          int stages);
+// Stage balancing lives in plan/stages.hpp, shared with the planner so that both split the layers
+// the same way; the runtime names it from here.
+using plan::StageLayers;
+using plan::balance_stages;
+using plan::stages_from_list;
 
 }  // namespace exatrain::parallel

@@ -116,18 +116,19 @@ Memory memory_of_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, bool w
 Memory memory_per_device(const ModelSpec& m, const Plan& p, const Device& d) {
   // Candidates for the most loaded rank: the first (embedding, most micro-batches in flight),
   // the last (LM head) and, among the middle ranks, the first one of each distinct layer count
-  // (in-flight micro-batches only fall with the rank). Even stages: ranks 0 and pp-1.
+  // (in-flight micro-batches only fall with the rank).
   Memory worst = memory_of_rank(m, p, 0, true);
   auto consider = [&](int64_t r) {
     Memory mem = memory_of_rank(m, p, r, true);
     if (mem.total > worst.total) worst = mem;
   };
   if (p.pp > 1) consider(p.pp - 1);
-  if (!p.layers_per_stage.empty()) {
+  if (p.pp > 2) {
+    const std::vector<int64_t> layers = layers_per_rank(m, p);
     int64_t seen[4] = {-1, -1, -1, -1};  // balanced stages have at most 2 distinct counts
     int n_seen = 0;
     for (int64_t r = 1; r + 1 < p.pp; ++r) {
-      int64_t l = p.layers_per_stage[r];
+      int64_t l = layers[size_t(r)];
       bool known = false;
       for (int i = 0; i < n_seen; ++i) known |= seen[i] == l;
       if (known) continue;

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "core/check.hpp"
+#include "plan/stages.hpp"
 
 namespace exatrain::plan {
 
@@ -87,25 +88,24 @@ std::string plan_error(const ModelSpec& m, const Plan& p) {
                        m_count, p.pp, m_count % p.pp);
   if (p.seq_parallel && p.tp == 1)
     return "seq_parallel = true needs tp > 1 (it splits the tensor-parallel region's sequence)";
+  const int64_t stages = p.pp * p.vp;
   if (!p.layers_per_stage.empty()) {
-    if (int64_t(p.layers_per_stage.size()) != p.pp)
-      return fmt::format("layers_per_stage has {} entries, expected pp = {}",
-                         p.layers_per_stage.size(), p.pp);
+    // One entry per virtual stage, in stage order (stage s = chunk * pp + pp_rank), as the runtime.
+    if (int64_t(p.layers_per_stage.size()) != stages)
+      return fmt::format("layers_per_stage has {} entries, expected pp * vp = {} * {} = {} (one per "
+                         "virtual stage, stage s = chunk * pp + pp_rank)",
+                         p.layers_per_stage.size(), p.pp, p.vp, stages);
+    for (size_t s = 0; s < p.layers_per_stage.size(); ++s)
+      if (p.layers_per_stage[s] < 1)
+        return fmt::format("layers_per_stage[{}] = {}: every virtual stage needs >= 1 layer", s,
+                           p.layers_per_stage[s]);
     int64_t sum = std::accumulate(p.layers_per_stage.begin(), p.layers_per_stage.end(), 0L);
     if (sum != m.layers)
       return fmt::format("sum(layers_per_stage) = {} must equal layers = {}", sum, m.layers);
-    // Uneven stages: every virtual stage needs a layer; chunks may differ by one layer (the
-    // end ranks' shorter chunk stands for the embedding / LM head, as Megatron's
-    // account-for-embedding split does).
-    for (int64_t l : p.layers_per_stage)
-      if (l < p.vp)
-        return fmt::format("each of the vp = {} virtual stages of a pipeline rank needs a layer, "
-                           "but a rank has layers_per_stage = {} < vp", p.vp, l);
-  } else {
-    if (m.layers % (p.pp * p.vp) != 0)
-      return fmt::format("pp * vp must divide layers (or set layers_per_stage): layers % (pp * vp)"
-                         " = {} % ({} * {}) = {}, expected 0", m.layers, p.pp, p.vp,
-                         m.layers % (p.pp * p.vp));
+  } else if (stages > m.layers) {
+    // The default split is balanced by cost (plan/stages.hpp): any pp * vp up to the layers.
+    return fmt::format("every virtual stage needs a layer: pp * vp = {} * {} = {} > layers = {}",
+                       p.pp, p.vp, stages, m.layers);
   }
   return "";
 }
@@ -125,8 +125,12 @@ std::vector<int64_t> balanced_layers(int64_t layers, int64_t pp) {
 }
 
 std::vector<int64_t> layers_per_rank(const ModelSpec& m, const Plan& p) {
-  if (!p.layers_per_stage.empty()) return p.layers_per_stage;
-  return std::vector<int64_t>(p.pp, m.layers / p.pp);
+  return layers_per_pp_rank(m, p.pp, p.vp, p.layers_per_stage);
+}
+
+int64_t layers_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank) {
+  if (p.pp == 1) return m.layers;  // the common case, without the memo's lookup
+  return layers_per_rank(m, p)[size_t(pp_rank)];
 }
 
 }  // namespace exatrain::plan

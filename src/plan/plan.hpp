@@ -20,7 +20,8 @@ struct Plan {
   bool seq_parallel = false;
   Schedule schedule = Schedule::one_f_one_b;
   Precision precision = Precision::bf16;
-  // Explicit layers per pipeline rank (size pp) when layers don't divide evenly; empty = even.
+  // Explicit layers per virtual stage (size pp * vp, stage s = chunk * pp + pp_rank, as the
+  // runtime); empty = the cost-balanced default split (plan/stages.hpp), the runtime's too.
   std::vector<int64_t> layers_per_stage;
   // Fused (flash) attention: the s x s score matrix is never stored nor streamed through HBM.
   // Not a job-file key; true for every current framework (Megatron-LM, NeMo, torchtitan,
@@ -44,14 +45,15 @@ void check_plan(const ModelSpec& model, const Plan& plan);
 // Layers per pipeline rank when pp does not divide the layers: floor(layers/pp) each, the
 // remainder going one by one to the middle ranks first, because the first and last ranks also
 // carry the embedding and the LM head. E.g. 126 layers on 16 ranks: 7, 8 x 14, 7.
+// Megatron's convention, used only to read published runs that don't state their partition
+// (validate.cpp); a plan without layers_per_stage uses the cost-balanced split of plan/stages.hpp.
 std::vector<int64_t> balanced_layers(int64_t layers, int64_t pp);
 
-// Transformer layers on each pipeline rank (size pp): layers_per_stage when given, else even.
+// Transformer layers on each pipeline rank (size pp): the sum over the rank's vp stages of
+// layers_per_stage when given, else of the cost-balanced split the runtime uses
+// (plan/stages.hpp layers_per_pp_rank, memoised). The plan must be valid (plan_error empty).
 std::vector<int64_t> layers_per_rank(const ModelSpec& model, const Plan& plan);
-// The same for one rank, without building the vector (hot path of the search).
-inline int64_t layers_on_rank(const ModelSpec& model, const Plan& plan, int64_t pp_rank) {
-  return plan.layers_per_stage.empty() ? model.layers / plan.pp : plan.layers_per_stage[pp_rank];
-}
+int64_t layers_on_rank(const ModelSpec& model, const Plan& plan, int64_t pp_rank);
 
 int64_t element_bytes(Precision p);  // 4 for fp32, 2 for fp16/bf16/fp8 (fp8 keeps bf16 weights)
 

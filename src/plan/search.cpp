@@ -69,6 +69,17 @@ SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const Paral
   TopK top{std::max(1, top_k), {}};
   std::map<std::array<int64_t, 4>, Candidate> best_per_layout;
   const int64_t G = f.gpus, B = f.global_batch;
+  // A listed split that no candidate can use is the job's error, not "no plan found".
+  if (!f.layers_per_stage.empty()) {
+    const int64_t sum = std::accumulate(f.layers_per_stage.begin(), f.layers_per_stage.end(), int64_t(0));
+    EXA_CHECK(sum == m.layers, "[parallel] layers_per_stage sums to {} but the model has layers = {}", sum,
+              m.layers);
+    if (f.pp && f.vp)
+      EXA_CHECK(int64_t(f.layers_per_stage.size()) == *f.pp * *f.vp,
+                "[parallel] layers_per_stage has {} entries, expected pp * vp = {} * {} = {} (one per "
+                "virtual stage, stage s = chunk * pp + pp_rank)",
+                f.layers_per_stage.size(), *f.pp, *f.vp, *f.pp * *f.vp);
+  }
 
   std::vector<Recompute> recomputes =
       choices(f.recompute, {Recompute::none, Recompute::selective, Recompute::full});
@@ -82,21 +93,21 @@ SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const Paral
         int64_t dp = G / (tp * cp * pp);
         if (f.dp && *f.dp != dp) continue;
         if (B % dp) continue;
-        // Stages: even when pp divides the layers, else the file's layers_per_stage, else
-        // balanced with lighter end stages. vp: the divisors of the layers per stage (uneven:
-        // of the largest stage, up to the smallest, so only the lighter ranks get a short chunk).
-        std::vector<int64_t> stages = f.layers_per_stage;
-        if (stages.empty() && m.layers % pp) stages = balanced_layers(m.layers, pp);
-        int64_t largest = m.layers / pp, smallest = largest;
-        if (!stages.empty()) {
-          largest = *std::max_element(stages.begin(), stages.end());
-          smallest = *std::min_element(stages.begin(), stages.end());
-        }
+        // Stages: the file's layers_per_stage (pp * vp entries: it fixes vp), else the
+        // cost-balanced default split the runtime uses (plan/stages.hpp). vp candidates: the
+        // divisors of the layers per rank (rounded up), each stage keeping >= 1 layer.
+        const std::vector<int64_t>& stages = f.layers_per_stage;
         std::vector<int64_t> vps;
-        if (f.vp) vps = {*f.vp};
-        else
-          for (int64_t v : divisors(std::max<int64_t>(largest, 1)))
-            if ((v == 1 || pp > 1) && v <= smallest) vps.push_back(v);
+        if (!stages.empty()) {
+          if (int64_t(stages.size()) % pp) continue;
+          vps = {int64_t(stages.size()) / pp};
+          if (f.vp && *f.vp != vps[0]) continue;
+        } else if (f.vp) {
+          vps = {*f.vp};
+        } else {
+          for (int64_t v : divisors((m.layers + pp - 1) / pp))
+            if ((v == 1 || pp > 1) && pp * v <= m.layers) vps.push_back(v);
+        }
         for (int64_t zero : choices<int64_t>(f.zero, {0, 1, 2, 3})) {
           if (zero > 0 && dp * cp == 1) continue;  // nothing to shard: same as zero 0
           Plan base;
@@ -107,12 +118,15 @@ SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const Paral
           std::vector<bool> sps = f.seq_parallel ? std::vector<bool>{*f.seq_parallel}
                                                  : tp > 1 ? std::vector<bool>{false, true}
                                                           : std::vector<bool>{false};
-          bool static_fits = true;
-          if (prune) {
-            base.micro_batch = mbs.front();
-            static_fits = static_memory_lower_bound(m, base) <= capacity;
-          }
           for (int64_t vp : vps) {
+            // Per vp: the default split (so the end ranks' layers) may differ between vps.
+            bool static_fits = true;
+            if (prune) {
+              Plan lower = base;
+              lower.micro_batch = mbs.front();
+              lower.vp = vp;
+              static_fits = plan_error(m, lower).empty() ? static_memory_lower_bound(m, lower) <= capacity : true;
+            }
             std::vector<Schedule> scheds =
                 f.schedule ? std::vector<Schedule>{*f.schedule}
                 : (vp > 1 || pp == 1) ? std::vector<Schedule>{Schedule::one_f_one_b}

@@ -174,8 +174,8 @@ RunCase case_from_row(const CsvRow& row, int index) {
   else if (has(notes, "interleaved")) return skip("interleaved schedule without vp");
   else p.vp = 1;
   // Megatron-DeepSpeed's "type:transformer|embedding" partition counts each embedding as a layer
-  // slot: the first and last stages get one transformer layer fewer.
-  if (p.pp > 1 && has(notes, "transformer|embedding") && (m.layers + 2) % p.pp == 0) {
+  // slot: the first and last stages get one transformer layer fewer (vp 1: one stage per rank).
+  if (p.pp > 1 && p.vp == 1 && has(notes, "transformer|embedding") && (m.layers + 2) % p.pp == 0) {
     int64_t per = (m.layers + 2) / p.pp;
     p.layers_per_stage.assign(p.pp, per);
     p.layers_per_stage.front() -= 1;

@@ -9,6 +9,8 @@
 // and 33 rows, so the two tp ranks' dp buffers and tied-embedding messages differ). Embeddings are
 // tied unless a config says untied: with pp > 1 the first and last stage's exchange of the
 // embedding's gradient is counted under pp_send on both sides (pp 4: the middle stages send none).
+// Every case also checks that both sides place the same layers on each pipeline rank; vocab 256 at
+// pp 2 makes the default (cost-balanced) split uneven, 3 + 1.
 #include <mpi.h>
 #include <omp.h>
 
@@ -66,6 +68,10 @@ static std::vector<Case> configs_for(int world) {
     a = c(2, 2, 1); a.sp = true; a.zero = 2; v.push_back(llama(a, 64, true));
     a = c(1, 2, 2); v.push_back(llama(a, 67, true));
     a = c(2, 1, 2); a.zero = 1; v.push_back(llama(a, 67, false));
+    // Default (cost-balanced) split made uneven by the LM head: vocab 256 costs 1.7 layers of the
+    // tiny model, so pp 2 places 3 + 1 layers (plan/stages.hpp), in the planner as in the runtime.
+    a = c(2, 1, 2); v.push_back({a, 256});
+    a = c(1, 2, 2); a.sp = true; v.push_back(llama(a, 256, true));
   } else if (world == 8) {
     Config a = c(2, 2, 2); a.sp = true; a.zero = 1; a.recompute = Recompute::full; v.push_back({a});
     a = c(2, 2, 2); a.vp = 2; v.push_back({a});
@@ -101,6 +107,16 @@ int main(int argc, char** argv) {
     if (pos.tp_rank != mc.tp || pos.dp_rank != mc.dp || pos.pp_rank != mc.pp)
       problems += fmt::format(" rank order differs: planner (tp {}, dp {}, pp {}) runtime (tp {}, dp {}, pp {});",
                               pos.tp_rank, pos.dp_rank, pos.pp_rank, mc.tp, mc.dp, mc.pp);
+    // The same pipeline split: the planner's layers on this pp rank = the runtime's chunks' layers.
+    int64_t runtime_layers = 0;
+    for (int ch = 0; ch < trainer.chunks(); ch++) {
+      const StageRange& st = trainer.chunk(ch).options().stage;
+      runtime_layers += st.last_layer - st.first_layer;
+    }
+    const int64_t planner_layers = plan::layers_per_rank(job.model, p)[size_t(pos.pp_rank)];
+    if (planner_layers != runtime_layers)
+      problems += fmt::format(" layers on pp rank {}: runtime {} planner {};", pos.pp_rank, runtime_layers,
+                              planner_layers);
     const plan::CommBytes want = plan::bytes_sent_per_step(job.model, p, pos);
     std::map<std::string, int64_t> got = m.bytes;
     int64_t total = 0;

@@ -1,8 +1,11 @@
 // The planner's per-rank parameter count equals the floats of the runtime model's arena, for every
 // architecture the model supports (gelu/swiglu, layernorm/rmsnorm, learned/rope, multi-head/GQA,
 // tied/untied, with and without biases), tp 1/2/4 with even and odd vocabularies, and pipeline
-// splits (even, uneven, interleaved). Memory, ZeRO shards and the dp byte counts all use this count.
+// splits (even, uneven, interleaved; listed, and the default cost-balanced split the runtime builds).
+// Memory, ZeRO shards and the dp byte counts all use this count.
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include <fmt/format.h>
 
@@ -10,6 +13,7 @@
 #include "model/gpt.hpp"
 #include "plan/flops.hpp"
 #include "plan/memory.hpp"
+#include "plan/stages.hpp"
 
 using namespace exatrain;
 
@@ -60,13 +64,8 @@ TEST(Params, PlannerCountEqualsRuntimeArenaOnEveryRank) {
           m.tie_embeddings = !(arch & 8);
           m.bias = !(arch & 16);
           for (const Split& s : splits) {
-            plan::Plan p;
-            p.tp = tp, p.pp = s.pp, p.vp = s.vp, p.gpus = tp * s.pp;
-            for (int64_t r = 0; r < s.pp; r++) {  // the planner's list: layers per pipeline rank
-              int64_t n = 0;
-              for (int64_t c = 0; c < s.vp; c++) n += s.per_stage[size_t(c * s.pp + r)];
-              p.layers_per_stage.push_back(n);
-            }
+            plan::Plan p;  // the same list as the runtime: one entry per virtual stage
+            p.tp = tp, p.pp = s.pp, p.vp = s.vp, p.gpus = tp * s.pp, p.layers_per_stage = s.per_stage;
             for (int64_t r = 0; r < s.pp; r++)
               for (int t = 0; t < tp; t++) {
                 const int64_t want = runtime_params(*be, m, s, r, tp, t);
@@ -95,4 +94,48 @@ TEST(Params, OddVocabularySlicesGiveTheLastTpRankFewerRows) {
   p.tp = 4, p.gpus = 4;
   EXPECT_EQ(plan::parameters_on_rank(m, p, 0, 0) - plan::parameters_on_rank(m, p, 0, 3), (16 - 13) * 32);
   EXPECT_EQ(plan::parameters_on_rank(m, p, 0, 1), plan::parameters_on_rank(m, p, 0, 0));
+}
+
+// Without layers_per_stage: the planner's layers and parameters on every pipeline rank equal the
+// arenas of the Gpt stages the runtime builds from plan::pipeline_stages (what DistributedTrainer
+// calls), for models whose LM head is light (vocab 61: even splits) or heavy (vocab 1024: the last
+// stage gets fewer layers), pp 2-4 and vp 1-2.
+TEST(Params, DefaultSplitPlannerEqualsRuntimeStages) {
+  auto be = make_cpu_backend(1);
+  int checked = 0, uneven = 0;
+  for (int arch = 0; arch < 4; arch++)
+    for (int64_t layers : {6, 7})
+      for (int64_t vocab : {61, 1024})
+        for (int tp : {1, 2})
+          for (int64_t pp : {2, 3, 4})
+            for (int64_t vp : {1, 2}) {
+              if (pp * vp > layers) continue;
+              ModelSpec m;
+              m.layers = layers, m.hidden = 32, m.heads = 4, m.kv_heads = 2, m.ffn_hidden = 48, m.seq_len = 8;
+              m.vocab = vocab;
+              m.activation = arch & 1 ? Activation::swiglu : Activation::gelu;
+              m.position = arch & 2 ? Position::rope : Position::learned;
+              m.tie_embeddings = !(arch & 2);
+              Split s{pp, vp, {}};
+              for (const plan::StageLayers& st : plan::pipeline_stages(m, pp, vp, {}))
+                s.per_stage.push_back(st.end - st.first);
+              plan::Plan p;  // no list: the planner's default split
+              p.tp = tp, p.pp = pp, p.vp = vp, p.gpus = tp * pp, p.global_batch = 12;  // 12 micro-batches
+              ASSERT_EQ(plan::plan_error(m, p), "") << fmt::format("layers {} pp {} vp {}", layers, pp, vp);
+              const std::vector<int64_t> planned = plan::layers_per_rank(m, p);
+              std::vector<int64_t> built(size_t(pp), 0);
+              for (size_t st = 0; st < s.per_stage.size(); st++) built[st % size_t(pp)] += s.per_stage[st];
+              const std::string what = fmt::format("arch {} layers {} vocab {} tp {} pp {} vp {} stages [{}]", arch,
+                                                   layers, vocab, tp, pp, vp, fmt::join(s.per_stage, ","));
+              ASSERT_EQ(planned, built) << what;
+              uneven += *std::max_element(built.begin(), built.end()) != *std::min_element(built.begin(), built.end());
+              for (int64_t r = 0; r < pp; r++)
+                for (int t = 0; t < tp; t++) {
+                  ASSERT_EQ(plan::parameters_on_rank(m, p, r, t), runtime_params(*be, m, s, r, tp, t))
+                      << what << fmt::format(" at pp_rank {} tp_rank {}", r, t);
+                  ++checked;
+                }
+            }
+  EXPECT_GT(checked, 400);
+  EXPECT_GT(uneven, 40);  // the grid exercises uneven default splits, not only even ones
 }

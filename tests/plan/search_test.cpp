@@ -70,6 +70,34 @@ TEST(Search, FixedFieldsAreRespected) {
   }
 }
 
+TEST(Search, ListedStagesFixVpOrFailWithTheEquation) {
+  // 12 layers on pp 2: a list of 4 stages means vp 2 (stage s = chunk * pp + pp_rank).
+  ParallelSpec f;
+  f.gpus = 16; f.global_batch = 64; f.pp = 2;
+  f.layers_per_stage = {2, 3, 3, 4};
+  SearchResult r = search_plans(gpt(12, 768, 12, 1024), dgx("a100-80g"), f, Precision::bf16, 3);
+  ASSERT_FALSE(r.top.empty());
+  for (const auto& c : r.top) {
+    EXPECT_EQ(c.plan.vp, 2);
+    EXPECT_EQ(c.plan.layers_per_stage, f.layers_per_stage);
+  }
+  auto message = [&](const ParallelSpec& spec) {
+    try {
+      search_plans(gpt(12, 768, 12, 1024), dgx("a100-80g"), spec, Precision::bf16, 3);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  f.vp = 3;  // pp * vp = 6 stages, but 4 listed: an error, not an empty search
+  EXPECT_NE(message(f).find("[parallel] layers_per_stage has 4 entries, expected pp * vp = 2 * 3 = 6"),
+            std::string::npos) << message(f);
+  f.vp.reset();
+  f.layers_per_stage = {6, 5};
+  EXPECT_NE(message(f).find("[parallel] layers_per_stage sums to 11 but the model has layers = 12"),
+            std::string::npos) << message(f);
+}
+
 TEST(PlanRules, ErrorsPrintTheEquation) {
   ModelSpec m = gpt(96, 12288, 96, 2048);
   Plan p;
@@ -85,16 +113,19 @@ TEST(PlanRules, ErrorsPrintTheEquation) {
   EXPECT_EQ(plan_error(m, p), "micro-batches >= pp: global_batch / (dp * micro_batch) = 8 / (4 * 1) = "
                               "2 < pp = 4");
   p.global_batch = 64; p.pp = 4; p.vp = 5;
-  EXPECT_EQ(plan_error(m, p), "pp * vp must divide layers (or set layers_per_stage): layers % (pp * vp) "
-                              "= 96 % (4 * 5) = 16, expected 0");
-  EXPECT_THROW(check_plan(m, p), Error);
-  p.vp = 8;
-  p.layers_per_stage = {23, 25, 25, 23};  // uneven but every rank holds >= vp layers
+  // Without a list the default split is balanced by cost (plan/stages.hpp): 20 stages of 96 layers
+  // need not be even; 4 * 25 = 100 stages cannot each hold a layer.
   EXPECT_EQ(plan_error(m, p), "");
-  p.layers_per_stage = {5, 43, 43, 5};
-  EXPECT_EQ(plan_error(m, p), "each of the vp = 8 virtual stages of a pipeline rank needs a layer, "
-                              "but a rank has layers_per_stage = 5 < vp");
-  p.layers_per_stage = {23, 25, 25, 22};
+  p.vp = 25;
+  EXPECT_EQ(plan_error(m, p), "every virtual stage needs a layer: pp * vp = 4 * 25 = 100 > layers = 96");
+  EXPECT_THROW(check_plan(m, p), Error);
+  p.vp = 2;
+  p.layers_per_stage = {11, 13, 13, 11, 12, 12, 12, 12};  // one entry per virtual stage (pp * vp)
+  EXPECT_EQ(plan_error(m, p), "");
+  p.layers_per_stage = {23, 25, 25, 23};  // per pipeline rank: the old meaning, rejected
+  EXPECT_EQ(plan_error(m, p), "layers_per_stage has 4 entries, expected pp * vp = 4 * 2 = 8 (one per "
+                              "virtual stage, stage s = chunk * pp + pp_rank)");
+  p.layers_per_stage = {11, 13, 13, 11, 12, 12, 12, 11};
   EXPECT_EQ(plan_error(m, p), "sum(layers_per_stage) = 95 must equal layers = 96");
 }
 
