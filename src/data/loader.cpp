@@ -152,8 +152,12 @@ void TokenLoader::next_batch(int32_t* tokens_out, int32_t* targets_out, int64_t 
             "dataset {} is too small: a global batch of {} x {} ranks windows of seq_len {} "
             "needs {}, but only {} training windows exist",
             dir_, batch, options_.dp_size, options_.seq_len, global, train_windows_);
-  // An epoch ends when a whole global batch no longer fits; the rest of it is skipped.
-  if (cursor_.position + global > train_windows_) {
+  const uint64_t step = options_.step_windows > 0 ? uint64_t(options_.step_windows) : global;
+  EXA_CHECK(step % global == 0 && step <= train_windows_,
+            "dataset {}: a step of {} windows (the global batch) must be a multiple of batch {} x {} ranks and "
+            "fit the {} training windows", dir_, step, batch, options_.dp_size, train_windows_);
+  // An epoch ends at a step boundary when a whole step no longer fits; the rest of it is skipped.
+  if (cursor_.position % step == 0 && cursor_.position + step > train_windows_) {
     cursor_.epoch++;
     cursor_.position = 0;
   }

@@ -25,6 +25,10 @@ struct LoaderOptions {
   double val_fraction = 0.05;    // 0 = no validation windows
   int64_t dp_rank = 0;
   int64_t dp_size = 1;
+  // Windows one optimizer step reads, all ranks together (the global batch; 0: one call's batch x
+  // dp_size). An epoch ends only at a step boundary, so where it ends, and thus the order of the
+  // tokens, does not depend on dp or on how the step is cut into micro-batches.
+  int64_t step_windows = 0;
   bool verify_checksums = true;  // sha256 of every shard + a scan of all ids at open
 };
 

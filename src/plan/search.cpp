@@ -37,21 +37,32 @@ std::vector<T> choices(const std::optional<T>& fixed, std::vector<T> all) {
 struct Candidate {
   double step;
   Plan plan;
+  double memory = 0;  // bytes per device: of two equally fast plans the leaner ranks first
+  int64_t seq = 0;    // order of enumeration: breaks the remaining ties (a total order)
 };
 
-// Keeps the k best (smallest step) candidates.
+// "a ranks before b": faster; as fast and leaner; or as both and enumerated first. A total order,
+// so the k kept are the same whatever k is (the winner of an exact tie does not depend on --top).
+bool ranks_before(const Candidate& a, const Candidate& b) {
+  if (a.step != b.step) return a.step < b.step;
+  if (a.memory != b.memory) return a.memory < b.memory;
+  return a.seq < b.seq;
+}
+
+// Keeps the k best candidates by ranks_before.
 struct TopK {
   int k;
-  std::vector<Candidate> heap;  // max-heap on step
-  void offer(double step, const Plan& p) {
-    auto cmp = [](const Candidate& a, const Candidate& b) { return a.step < b.step; };
+  int64_t offered = 0;
+  std::vector<Candidate> heap;  // max-heap: the worst kept candidate in front
+  void offer(double step, double memory, const Plan& p) {
+    Candidate c{step, p, memory, offered++};
     if (int(heap.size()) < k) {
-      heap.push_back({step, p});
-      std::push_heap(heap.begin(), heap.end(), cmp);
-    } else if (step < heap.front().step) {
-      std::pop_heap(heap.begin(), heap.end(), cmp);
-      heap.back() = {step, p};
-      std::push_heap(heap.begin(), heap.end(), cmp);
+      heap.push_back(std::move(c));
+      std::push_heap(heap.begin(), heap.end(), ranks_before);
+    } else if (ranks_before(c, heap.front())) {
+      std::pop_heap(heap.begin(), heap.end(), ranks_before);
+      heap.back() = std::move(c);
+      std::push_heap(heap.begin(), heap.end(), ranks_before);
     }
   }
 };
@@ -150,7 +161,7 @@ SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const Paral
                     }
                     ++res.feasible;
                     Prediction pr = predict_checked(m, mach, dev, p, mem, cal);
-                    top.offer(pr.step_time_s, p);
+                    top.offer(pr.step_time_s, mem.total, p);
                     std::array<int64_t, 4> layout{tp, pp, dp, cp};
                     auto it = best_per_layout.find(layout);
                     if (it == best_per_layout.end()) best_per_layout.emplace(layout, Candidate{pr.step_time_s, p});
@@ -162,8 +173,7 @@ SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const Paral
       }
     }
   }
-  std::sort(top.heap.begin(), top.heap.end(),
-            [](const Candidate& a, const Candidate& b) { return a.step < b.step; });
+  std::sort(top.heap.begin(), top.heap.end(), ranks_before);
   for (const Candidate& c : top.heap) res.top.push_back(predict(m, mach, c.plan, cal));
   if (!res.top.empty()) {
     const Plan& w = res.top.front().plan;

@@ -162,6 +162,7 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
   lo.seed = job.train.seed;
   lo.dp_rank = rt.dp().rank();
   lo.dp_size = rt.dp().size();
+  lo.step_windows = job.parallel.global_batch;  // epochs end between steps: the single rank's order
   data::TokenLoader loader(result.dataset_dir, lo);
   LoaderSource source(loader);
   const int threads = job.train.threads > 0 ? int(job.train.threads) : std::max(1, omp_get_num_procs() / world);

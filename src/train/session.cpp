@@ -139,6 +139,7 @@ TrainRunResult run_training(const Job& job_in, const TrainRunOptions& opt) {
   data::LoaderOptions lo;
   lo.seq_len = job.model.seq_len;
   lo.seed = job.train.seed;
+  lo.step_windows = job.parallel.global_batch;  // epochs end between steps: the order of any topology
   data::TokenLoader loader(result.dataset_dir, lo);
   const int64_t data_vocab = loader.vocab_size();
   if (job.model.vocab_from_data) job.model.vocab = data_vocab;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <memory>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -283,4 +284,50 @@ TEST(Loader, LargeVocabularyUsesFourByteTokens) {
     loader.next_batch(x.data(), y.data(), 1);
     EXPECT_LT(window_of(x.data(), y.data(), 8, 70000, 100), 100u);
   }
+}
+
+TEST(Loader, StepsReadTheSameWindowsWhateverDpAndMicroBatches) {
+  // A step of G = 8 windows read as 8 micro-batches of 1 on one rank, as 2 micro-batches of 2 on
+  // each of 2 ranks, and as one batch of 4 on each of 2 ranks: every step reads the same set of
+  // windows, also across epoch boundaries (500 / 6 = 83 windows: an epoch is 10 steps + 3 skipped,
+  // and a micro-batch-wise boundary would cut the step differently for each reading).
+  TempDir dir;
+  make_dataset(dir.path, 500, 1000, 500);
+  const int64_t L = 6, G = 8;
+  auto windows_per_step = [&](int64_t dp, int64_t batch, int steps) {
+    std::vector<std::unique_ptr<TokenLoader>> ranks;
+    for (int64_t r = 0; r < dp; r++) {
+      LoaderOptions o;
+      o.seq_len = L, o.seed = 7, o.dp_rank = r, o.dp_size = dp, o.step_windows = G;
+      ranks.push_back(std::make_unique<TokenLoader>(dir.path, o));
+    }
+    std::vector<std::vector<uint64_t>> out;
+    std::vector<int32_t> x(size_t(batch * L)), y(size_t(batch * L));
+    for (int s = 0; s < steps; s++) {
+      std::vector<uint64_t> ws;
+      for (int64_t mb = 0; mb < G / (batch * dp); mb++)
+        for (auto& loader : ranks) {
+          loader->next_batch(x.data(), y.data(), batch);
+          for (int64_t b = 0; b < batch; b++) ws.push_back(window_of(&x[size_t(b * L)], &y[size_t(b * L)], L, 1000, 500));
+        }
+      std::sort(ws.begin(), ws.end());
+      out.push_back(ws);
+    }
+    return out;
+  };
+  const auto one = windows_per_step(1, 1, 35), two = windows_per_step(2, 2, 35), whole = windows_per_step(2, 4, 35);
+  EXPECT_EQ(one, two);
+  EXPECT_EQ(one, whole);
+  // Without step_windows, the epoch boundary of micro-batches of 1 differs: the check above can fail.
+  LoaderOptions o;
+  o.seq_len = L, o.seed = 7;
+  TokenLoader micro(dir.path, o);
+  std::vector<int32_t> x(static_cast<size_t>(L)), y(static_cast<size_t>(L));
+  std::vector<uint64_t> step10;
+  for (int s = 0; s < 11 * G; s++) {
+    micro.next_batch(x.data(), y.data(), 1);
+    if (s >= 10 * G) step10.push_back(window_of(x.data(), y.data(), L, 1000, 500));
+  }
+  std::sort(step10.begin(), step10.end());
+  EXPECT_NE(step10, one[10]);
 }
