@@ -77,6 +77,23 @@ void resolve_auto_parallel(Job& job, int world, std::FILE* log) {
   const plan::Prediction* best = nullptr;
   for (const auto& c : res.top)
     if (runnable(c.plan)) { best = &c; break; }
+  if (!best) {
+    // Say which equation the fields that are set break: the plan with every unset field at its
+    // most permissive value (tp, pp, cp, vp 1, dp = world / (tp pp cp), micro_batch 1, ZeRO 0).
+    ParallelSpec probe = fixed;
+    for (auto* d : {&probe.tp, &probe.pp, &probe.cp, &probe.vp, &probe.micro_batch, &probe.zero}) if (!*d) *d = 1;
+    if (!fixed.zero) probe.zero = 0;
+    if (!probe.recompute) probe.recompute = Recompute::none;
+    std::string why;
+    try {
+      why = plan::plan_error(job.model, plan::resolve_plan(probe, job.train.precision));
+    } catch (const Error& e) {
+      why = e.what();
+    }
+    EXA_CHECK(why.empty(), "{}: [parallel] the fields that are set cannot make a plan for {} ranks (unset ones at "
+              "their smallest values): {}", job_origin(job, {"parallel.tp", "parallel.pp", "parallel.dp", "parallel.cp",
+              "parallel.vp", "parallel.micro_batch", "parallel.global_batch", "parallel.layers_per_stage"}), world, why);
+  }
   EXA_CHECK(best != nullptr, "{}: [parallel] has \"auto\" fields, and the planner found no plan for {} ranks on "
             "the local machine that this runtime can run with the fields that are set ({} plans searched, {} fit: "
             "`exatrain plan` on the job with --set parallel.gpus={} shows why); set the degrees explicitly",
@@ -150,10 +167,13 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
     if (job.model.vocab_from_data) job.model.vocab = probe.vocab_size();
   }
   // From here on, until the trainer exists, every check depends on the job alone: same on every rank.
+  // [parallel] gpus omitted: the ranks the job was launched on (a gpus the job sets must match).
+  if (!job.origins.count("parallel.gpus")) job.parallel.gpus = world;
   const parallel::RuntimePlan plan = on_every_rank([&] {
     resolve_auto_parallel(job, world, rank == 0 ? opt.out : nullptr);
     return parallel::runtime_plan_from_job(job, world);
   });
+  if (!job.parallel.dp) job.parallel.dp = plan.mesh.dp;  // inferred: the run's job.toml says which
   parallel::RuntimeOptions ropt;
   ropt.watchdog_timeout_s = job.parallel.watchdog_timeout_s;  // 0: no watchdog thread
   parallel::ParallelRuntime rt(MPI_COMM_WORLD, plan, ropt);
