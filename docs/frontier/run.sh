@@ -8,8 +8,8 @@ for model in gpt3-22b gpt3-175b gpt3-1t; do
     gpus=$((nodes * 8))
     case $nodes in 9408) gbs=18816 ;; *) gbs=1536 ;; esac
     echo "== $model on $nodes nodes ($gpus GCDs), global_batch $gbs"
-    # Same --top in both runs: plans that tie exactly (22B on 384 nodes: ZeRO-1 = ZeRO-2) are ordered
-    # by an unstable sort of the kept top N, so different N could name different winners.
+    # Plans that tie exactly (22B on 384 nodes: ZeRO-1 = ZeRO-2) rank by memory, the leaner first
+    # (src/plan/search.cpp ranks_before), whatever --top is; the same --top keeps the files alike.
     "$EXE" plan "$D/$model.toml" --json --top 3 --set parallel.gpus=$gpus \
       --set parallel.global_batch=$gbs --set machine.node_mtbf_hours=50000 > "$D/$model-$nodes.json"
     "$EXE" plan "$D/$model.toml" --top 3 --set parallel.gpus=$gpus \

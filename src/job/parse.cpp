@@ -280,12 +280,12 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     }
     if (!table.is_table()) errors.push_back(fmt::format("{}: {} must be a table [{}]", source, name, name));
   }
-  // No [machine] at all (no table, no preset, no --set machine.*): the job runs on this machine,
-  // so it is the `local` cluster (catalog/clusters/local.toml), the one "auto" plans use too.
-  // (A data root without the catalog keeps the built-in defaults: one cpu-local device.)
-  bool machine_named = root.contains("machine") || preset_sets.count("machine") ||
-                       !std::ifstream(fmt::format("{}/catalog/clusters/local.toml", data_root())).good();
-  for (const auto& s : other_sets) machine_named = machine_named || s.rfind("machine.", 0) == 0;
+  // No [machine] table and no machine preset: the job runs on this machine, so it is the `local`
+  // cluster (catalog/clusters/local.toml), the one "auto" plans use too; a --set machine.KEY
+  // overrides one of its keys, as it would a preset's. (A data root without the catalog keeps the
+  // built-in defaults: one cpu-local device.)
+  const bool machine_named = root.contains("machine") || preset_sets.count("machine") ||
+                             !std::ifstream(fmt::format("{}/catalog/clusters/local.toml", data_root())).good();
   for (auto& [name, sec] : sections) {
     const toml::value* table = nullptr;
     if (root.contains(name) && root.at(name).is_table()) table = &root.at(name);

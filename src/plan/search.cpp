@@ -54,16 +54,18 @@ struct TopK {
   int k;
   int64_t offered = 0;
   std::vector<Candidate> heap;  // max-heap: the worst kept candidate in front
-  void offer(double step, double memory, const Plan& p) {
+  // Returns the candidate as ranked (with its enumeration number), kept or not.
+  Candidate offer(double step, double memory, const Plan& p) {
     Candidate c{step, p, memory, offered++};
     if (int(heap.size()) < k) {
-      heap.push_back(std::move(c));
+      heap.push_back(c);
       std::push_heap(heap.begin(), heap.end(), ranks_before);
     } else if (ranks_before(c, heap.front())) {
       std::pop_heap(heap.begin(), heap.end(), ranks_before);
-      heap.back() = std::move(c);
+      heap.back() = c;
       std::push_heap(heap.begin(), heap.end(), ranks_before);
     }
+    return c;
   }
 };
 
@@ -161,11 +163,11 @@ SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const Paral
                     }
                     ++res.feasible;
                     Prediction pr = predict_checked(m, mach, dev, p, mem, cal);
-                    top.offer(pr.step_time_s, mem.total, p);
+                    const Candidate c = top.offer(pr.step_time_s, mem.total, p);
                     std::array<int64_t, 4> layout{tp, pp, dp, cp};
                     auto it = best_per_layout.find(layout);
-                    if (it == best_per_layout.end()) best_per_layout.emplace(layout, Candidate{pr.step_time_s, p});
-                    else if (pr.step_time_s < it->second.step) it->second = {pr.step_time_s, p};
+                    if (it == best_per_layout.end()) best_per_layout.emplace(layout, c);
+                    else if (ranks_before(c, it->second)) it->second = c;
                   }
                 }
           }
@@ -179,7 +181,7 @@ SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const Paral
     const Plan& w = res.top.front().plan;
     const Candidate* other = nullptr;
     for (const auto& [layout, c] : best_per_layout)
-      if (layout != std::array<int64_t, 4>{w.tp, w.pp, w.dp, w.cp} && (!other || c.step < other->step))
+      if (layout != std::array<int64_t, 4>{w.tp, w.pp, w.dp, w.cp} && (!other || ranks_before(c, *other)))
         other = &c;
     if (other) res.best_other_layout = predict(m, mach, other->plan, cal);
   }

@@ -246,8 +246,13 @@ TEST(JobParse, NoMachineSectionMeansThisMachine) {
   EXPECT_EQ(j.machine.gpus_per_node, 2);
   EXPECT_GT(j.machine.intra_node_bw_gbs, 0);
   EXPECT_NE(j.origins.at("machine.preset").find("no [machine]: this machine"), std::string::npos);
-  // Any [machine] key (file or --set) is the user's machine description: no preset is added.
-  Job k = parse_job("[model]\nhidden = 64\nheads = 4\n", "job.toml", {"machine.device=h100-sxm"});
-  EXPECT_EQ(k.machine.preset, "");
-  EXPECT_EQ(k.machine.intra_node_bw_gbs, 0);
+  // A --set machine.KEY overrides one key of that machine, as of a preset.
+  Job k = parse_job("[model]\nhidden = 64\nheads = 4\n", "job.toml", {"machine.node_mtbf_hours=50000"});
+  EXPECT_EQ(k.machine.preset, "local");
+  EXPECT_GT(k.machine.intra_node_bw_gbs, 0);
+  EXPECT_EQ(k.machine.node_mtbf_hours.value_or(0), 50000);
+  // A [machine] table in the file is the user's machine description: no preset is added.
+  Job t = parse_job("[model]\nhidden = 64\nheads = 4\n[machine]\ndevice = \"h100-sxm\"\n", "job.toml", {});
+  EXPECT_EQ(t.machine.preset, "");
+  EXPECT_EQ(t.machine.intra_node_bw_gbs, 0);
 }
