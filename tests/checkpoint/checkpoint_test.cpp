@@ -13,6 +13,7 @@
 #include "core/check.hpp"
 #include "core/fileio.hpp"
 #include "../test_util/temp_dir.hpp"
+#include "../test_util/error_of.hpp"
 
 using namespace exatrain;
 using namespace exatrain::checkpoint;
@@ -40,15 +41,6 @@ std::string save(const std::string& root, int64_t step, int64_t keep, int64_t n 
   ckpt.add_blob("data_cursor.json", "{\"epoch\":0,\"position\":" + std::to_string(step) + "}");
   ckpt.add_blob("job.toml", "[train]\nsteps = 10\n");
   return ckpt.commit(keep);
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 // Everything written to `log` by f, as text.

@@ -12,6 +12,7 @@
 #include "core/check.hpp"
 #include "core/fileio.hpp"
 #include "../test_util/temp_dir.hpp"
+#include "../test_util/error_of.hpp"
 
 using namespace exatrain;
 using namespace exatrain::checkpoint;
@@ -27,15 +28,6 @@ std::vector<float> pattern(int64_t n) {  // same values as safetensors_torch.py
 const std::vector<float> kSpecials = {1.0f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -0.0f,
                                       INFINITY, -INFINITY, 3.4028234e38f, 1e-40f, -2.5e-39f,
                                       65504.0f, 0.1f, NAN};
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 std::string python_script() {
   return std::string(EXATRAIN_SOURCE_DIR) + "/tests/checkpoint/safetensors_torch.py";

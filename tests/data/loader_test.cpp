@@ -16,6 +16,7 @@
 #include "data/loader.hpp"
 #include "data/shard.hpp"
 #include "../test_util/temp_dir.hpp"
+#include "../test_util/error_of.hpp"
 
 using namespace exatrain;
 using namespace exatrain::data;
@@ -63,15 +64,6 @@ uint64_t window_of(const int32_t* tokens, const int32_t* targets, int64_t L, uin
     if (match) return w;
   }
   return UINT64_MAX;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 }  // namespace

@@ -7,18 +7,14 @@
 
 #include "core/check.hpp"
 #include "job/parse.hpp"
+#include "../test_util/error_of.hpp"
 
 using namespace exatrain;
 
 namespace {
 // Returns the error text of parsing `text`, or "" when it parsed.
-std::string error_of(const std::string& text, const std::vector<std::string>& sets = {}) {
-  try {
-    parse_job(text, "job.toml", sets);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+std::string parse_error(const std::string& text, const std::vector<std::string>& sets = {}) {
+  return error_of([&] { parse_job(text, "job.toml", sets); });
 }
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 }  // namespace
@@ -105,7 +101,7 @@ TEST(JobParse, ModelBiasKey) {
   EXPECT_FALSE(j.model.bias);  // the Llama presets: no linear-layer biases
   EXPECT_FALSE(parse_job(job_to_toml(j), "roundtrip.toml").model.bias);
   EXPECT_TRUE(parse_job("", "job.toml", {"model.preset=llama3-8b", "model.bias=true"}).model.bias);
-  std::string e = error_of("[model]\nbias = 0\n");
+  std::string e = parse_error("[model]\nbias = 0\n");
   EXPECT_TRUE(contains(e, "job.toml: [model] bias = 0: expected true or false")) << e;
 }
 
@@ -126,65 +122,65 @@ TEST(JobParse, SetOverridesFileAndParsesTypes) {
 }
 
 TEST(JobParse, UnknownKeyIsNamedWithSuggestion) {
-  std::string e = error_of("[model]\nhiden = 256\n");
+  std::string e = parse_error("[model]\nhiden = 256\n");
   EXPECT_TRUE(contains(e, "job.toml: [model] unknown key \"hiden\" (did you mean \"hidden\"?)")) << e;
 }
 
 TEST(JobParse, UnknownSectionIsNamed) {
-  std::string e = error_of("[modle]\nhidden = 256\n");
+  std::string e = parse_error("[modle]\nhidden = 256\n");
   EXPECT_TRUE(contains(e, "unknown section [modle]")) << e;
 }
 
 TEST(JobParse, WrongTypeNamesKeyValueAndExpectation) {
-  std::string e = error_of("[model]\nlayers = \"twelve\"\n");
+  std::string e = parse_error("[model]\nlayers = \"twelve\"\n");
   EXPECT_TRUE(contains(e, "job.toml: [model] layers = \"twelve\": expected an integer")) << e;
-  e = error_of("[model]\nactivation = \"relu\"\n");
+  e = parse_error("[model]\nactivation = \"relu\"\n");
   EXPECT_TRUE(contains(e, "[model] activation = \"relu\": expected one of \"gelu\" \"swiglu\"")) << e;
-  e = error_of("[parallel]\nzero = 4\n");
+  e = parse_error("[parallel]\nzero = 4\n");
   EXPECT_TRUE(contains(e, "[parallel] zero = 4: expected an integer in [0, 3] or \"auto\"")) << e;
 }
 
 TEST(JobParse, ImpossibleShapesPrintTheEquation) {
-  std::string e = error_of("[model]\nhidden = 770\nheads = 12\n");
+  std::string e = parse_error("[model]\nhidden = 770\nheads = 12\n");
   EXPECT_TRUE(contains(e, "hidden = 770 is not divisible by heads = 12")) << e;
-  e = error_of("[model]\nhidden = 768\nheads = 12\nkv_heads = 5\n");
+  e = parse_error("[model]\nhidden = 768\nheads = 12\nkv_heads = 5\n");
   EXPECT_TRUE(contains(e, "heads = 12 is not divisible by kv_heads = 5")) << e;
 }
 
 // A problem between keys names where each value came from: a value given by --set is named as
 // that --set (the file alone would send the user looking in the wrong place).
 TEST(JobParse, DerivedChecksNameTheSetThatCausedThem) {
-  std::string e = error_of("[model]\nhidden = 768\nheads = 12\n", {"model.heads=7"});
+  std::string e = parse_error("[model]\nhidden = 768\nheads = 12\n", {"model.heads=7"});
   EXPECT_TRUE(contains(e, "job.toml and --set model.heads=7: [model] hidden = 768 is not divisible by heads = 7"))
       << e;
-  e = error_of("[model]\nhidden = 768\n", {"model.heads=12", "model.kv_heads=5"});
+  e = parse_error("[model]\nhidden = 768\n", {"model.heads=12", "model.kv_heads=5"});
   EXPECT_TRUE(contains(e, "\n  --set model.heads=12 and --set model.kv_heads=5: [model] heads = 12 is not divisible "
                           "by kv_heads = 5")) << e;
-  e = error_of("[train]\nlr = 0.001\n", {"train.min_lr=0.01"});
+  e = parse_error("[train]\nlr = 0.001\n", {"train.min_lr=0.01"});
   EXPECT_TRUE(contains(e, "--set train.min_lr=0.01 and job.toml: [train] min_lr = 0.01 is above lr = 0.001")) << e;
-  e = error_of("[model]\nhidden = 770\nheads = 12\n");  // no --set: the file alone
+  e = parse_error("[model]\nhidden = 770\nheads = 12\n");  // no --set: the file alone
   EXPECT_TRUE(contains(e, "\n  job.toml: [model] hidden = 770 is not divisible by heads = 12")) << e;
 }
 
 TEST(JobParse, AllProblemsReportedTogether) {
-  std::string e = error_of("[model]\nhiden = 1\nlayers = -3\n[train]\nlr = \"fast\"\n");
+  std::string e = parse_error("[model]\nhiden = 1\nlayers = -3\n[train]\nlr = \"fast\"\n");
   EXPECT_TRUE(contains(e, "3 problems in job job.toml")) << e;
 }
 
 TEST(JobParse, SetErrorsAreNamed) {
-  std::string e = error_of("", {"model.hidden=abc"});
+  std::string e = parse_error("", {"model.hidden=abc"});
   EXPECT_TRUE(contains(e, "--set: [model] hidden = \"abc\": expected an integer")) << e;
-  e = error_of("", {"nosection"});
+  e = parse_error("", {"nosection"});
   EXPECT_TRUE(contains(e, "--set nosection: expected section.key=value")) << e;
 }
 
 TEST(JobParse, SyntaxErrorNamesTheFile) {
-  std::string e = error_of("[model\nhidden = 1\n");
+  std::string e = parse_error("[model\nhidden = 1\n");
   EXPECT_TRUE(contains(e, "job.toml: not valid TOML")) << e;
 }
 
 TEST(JobParse, MissingPresetIsNamed) {
-  std::string e = error_of("[model]\npreset = \"no-such-model\"\n");
+  std::string e = parse_error("[model]\npreset = \"no-such-model\"\n");
   EXPECT_TRUE(contains(e, "preset = \"no-such-model\": expected the name of a file models/no-such-model.toml")) << e;
 }
 

@@ -5,18 +5,10 @@
 
 #include "core/check.hpp"
 #include "parallel/mesh.hpp"
+#include "../test_util/error_of.hpp"
 
 using namespace exatrain;
 using namespace exatrain::parallel;
-
-static std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(Mesh, InfersDpAndValidatesTheEquation) {
   MeshShape s = resolve_mesh_shape(16, 2, 1, 4, std::nullopt);

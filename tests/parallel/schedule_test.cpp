@@ -5,18 +5,10 @@
 
 #include "core/check.hpp"
 #include "parallel/schedule.hpp"
+#include "../test_util/error_of.hpp"
 
 using namespace exatrain;
 using namespace exatrain::parallel;
-
-static std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 static std::vector<PipelinePlan> plans() {
   std::vector<PipelinePlan> out;

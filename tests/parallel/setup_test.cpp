@@ -4,6 +4,7 @@
 #include "core/check.hpp"
 #include "job/parse.hpp"
 #include "parallel/setup.hpp"
+#include "../test_util/error_of.hpp"
 
 using namespace exatrain;
 using namespace exatrain::parallel;
@@ -15,13 +16,8 @@ static Job job_with(const std::string& parallel) {
   return parse_job(toml, "test.toml");
 }
 
-static std::string error_of(const Job& job, int world) {
-  try {
-    runtime_plan_from_job(job, world);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+static std::string plan_error_of(const Job& job, int world) {
+  return error_of([&] { runtime_plan_from_job(job, world); });
 }
 
 static const char* kFull =
@@ -39,31 +35,31 @@ TEST(Setup, ResolvesDpMicroBatchesAndTheInterleavedSchedule) {
 
 TEST(Setup, BadCombinationsPrintTheEquation) {
   std::string base = std::string("gpus = 8\nglobal_batch = 16\n") + kFull;
-  EXPECT_NE(error_of(job_with(base), 4).find("gpus = 8 but the job runs on 4 MPI ranks"),
+  EXPECT_NE(plan_error_of(job_with(base), 4).find("gpus = 8 but the job runs on 4 MPI ranks"),
             std::string::npos);
-  EXPECT_NE(error_of(job_with(std::string("gpus = 8\nglobal_batch = 10\n") + kFull), 8)
+  EXPECT_NE(plan_error_of(job_with(std::string("gpus = 8\nglobal_batch = 10\n") + kFull), 8)
                 .find("global_batch 10 is not divisible by micro_batch 2 * dp 2 = 4"),
             std::string::npos);
-  EXPECT_NE(error_of(job_with("gpus = 6\nglobal_batch = 12\ntp = 4\npp = 1\ncp = 1\nvp = 1\n"
+  EXPECT_NE(plan_error_of(job_with("gpus = 6\nglobal_batch = 12\ntp = 4\npp = 1\ncp = 1\nvp = 1\n"
                               "zero = 0\nmicro_batch = 1\nrecompute = \"none\"\n"
                               "seq_parallel = false\nschedule = \"1f1b\"\n"),
                      6)
                 .find("cannot infer dp: world 6 is not divisible by tp 4 * cp 1 * pp 1 = 4"),
             std::string::npos);
-  EXPECT_NE(error_of(job_with("gpus = 3\nglobal_batch = 12\ntp = 3\npp = 1\ncp = 1\nvp = 1\n"
+  EXPECT_NE(plan_error_of(job_with("gpus = 3\nglobal_batch = 12\ntp = 3\npp = 1\ncp = 1\nvp = 1\n"
                               "zero = 0\nmicro_batch = 1\nrecompute = \"none\"\n"
                               "seq_parallel = false\nschedule = \"1f1b\"\n"),
                      3)
                 .find("tp 3 must divide heads 8: 8 % 3 = 2"),
             std::string::npos);
   // global_batch 4 / (micro_batch 1 * dp 1) = 4 micro-batches cannot fill 8 pipeline stages.
-  EXPECT_NE(error_of(job_with("gpus = 8\nglobal_batch = 4\ntp = 1\npp = 8\ncp = 1\nvp = 1\n"
+  EXPECT_NE(plan_error_of(job_with("gpus = 8\nglobal_batch = 4\ntp = 1\npp = 8\ncp = 1\nvp = 1\n"
                               "zero = 0\nmicro_batch = 1\nrecompute = \"none\"\n"
                               "seq_parallel = false\nschedule = \"1f1b\"\n"),
                      8)
                 .find("micro_batches 4 < pp 8"),
             std::string::npos);
-  EXPECT_NE(error_of(job_with("gpus = 8\nglobal_batch = 16\ntp = 2\npp = 2\nvp = 2\n"), 8)
+  EXPECT_NE(plan_error_of(job_with("gpus = 8\nglobal_batch = 16\ntp = 2\npp = 2\nvp = 2\n"), 8)
                 .find("is \"auto\""),
             std::string::npos);
 }
@@ -74,13 +70,13 @@ TEST(Setup, ErrorsNameTheSetThatGaveTheValue) {
                            "seq_len = 32\nvocab = 100\n[parallel]\ngpus = 3\nglobal_batch = 12\npp = 1\ncp = 1\n"
                            "vp = 1\nzero = 0\nmicro_batch = 1\nrecompute = \"none\"\nseq_parallel = false\n"
                            "schedule = \"1f1b\"\n";
-  std::string e = error_of(parse_job(toml, "test.toml", {"parallel.tp=3"}), 3);
+  std::string e = plan_error_of(parse_job(toml, "test.toml", {"parallel.tp=3"}), 3);
   EXPECT_NE(e.find("--set parallel.tp=3 and test.toml: [parallel] tp 3 must divide heads 8: 8 % 3 = 2"),
             std::string::npos) << e;
-  e = error_of(parse_job(toml, "test.toml", {"parallel.tp=1", "parallel.gpus=4"}), 2);
+  e = plan_error_of(parse_job(toml, "test.toml", {"parallel.tp=1", "parallel.gpus=4"}), 2);
   EXPECT_NE(e.find("--set parallel.gpus=4: [parallel] gpus = 4 but the job runs on 2 MPI ranks"), std::string::npos)
       << e;
-  e = error_of(parse_job(toml, "test.toml", {"parallel.tp=1", "parallel.pp=3", "parallel.global_batch=2"}), 3);
+  e = plan_error_of(parse_job(toml, "test.toml", {"parallel.tp=1", "parallel.pp=3", "parallel.global_batch=2"}), 3);
   EXPECT_NE(e.find("--set parallel.pp=3 and test.toml and --set parallel.global_batch=2: [parallel] a pipeline needs "
                    "at least as many micro-batches as stages: micro_batches 2 < pp 3"),
             std::string::npos) << e;
@@ -93,14 +89,14 @@ TEST(Setup, CpAndLayersPerStageErrorsNameTheirOrigin) {
                            "seq_len = 32\nvocab = 100\n[parallel]\ngpus = 4\nglobal_batch = 16\ntp = 1\npp = 2\n"
                            "cp = 1\nvp = 1\nzero = 0\nmicro_batch = 1\nrecompute = \"none\"\nseq_parallel = false\n"
                            "schedule = \"1f1b\"\n";
-  std::string e = error_of(parse_job(toml, "test.toml", {"parallel.cp=2"}), 4);
+  std::string e = plan_error_of(parse_job(toml, "test.toml", {"parallel.cp=2"}), 4);
   EXPECT_NE(e.find("--set parallel.cp=2: [parallel] cp = 2: context parallelism is planned but not run by the "
                    "trainer (expected cp = 1)"),
             std::string::npos) << e;
-  e = error_of(parse_job(toml + "layers_per_stage = [3, 4]\n", "test.toml"), 4);
+  e = plan_error_of(parse_job(toml + "layers_per_stage = [3, 4]\n", "test.toml"), 4);
   EXPECT_NE(e.find("test.toml: [parallel] layers_per_stage sums to 7 but the model has layers = 8"), std::string::npos)
       << e;
-  e = error_of(parse_job(toml + "layers_per_stage = [8, 0]\n", "test.toml"), 4);
+  e = plan_error_of(parse_job(toml + "layers_per_stage = [8, 0]\n", "test.toml"), 4);
   EXPECT_NE(e.find("test.toml: [parallel] layers_per_stage[1] = 0: every stage needs >= 1 layer"), std::string::npos)
       << e;
 }

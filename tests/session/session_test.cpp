@@ -16,6 +16,7 @@
 #include "report/metrics.hpp"
 #include "train/sample.hpp"
 #include "train/session.hpp"
+#include "../test_util/error_of.hpp"
 
 using namespace exatrain;
 namespace fs = std::filesystem;
@@ -87,15 +88,6 @@ std::vector<double> losses(const std::string& run_dir) {
   for (const auto& r : report::read_metrics(run_dir + "/metrics.jsonl"))
     if (r.contains("loss")) out.push_back(r["loss"].get<double>());
   return out;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
