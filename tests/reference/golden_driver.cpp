@@ -25,21 +25,14 @@ ModelSpec variant_model(const std::string& v) {
   m.seq_len = 12;
   m.vocab = 53;
   if (v == "gpt2") {  // gelu, layernorm, learned positions, multi-head, tied
-  } else if (v == "llama") {  // swiglu, rmsnorm, rope, grouped-query (2 kv heads), untied
-    m.activation = Activation::swiglu;
-    m.norm = Norm::rmsnorm;
+  } else if (v == "llama" || v == "llama_nobias") {  // swiglu, rmsnorm, rope, grouped-query (2 kv
+    m.activation = Activation::swiglu;                // heads), untied; llama_nobias: no linear-layer
+    m.norm = Norm::rmsnorm;                           // biases (the real Llama)
     m.position = Position::rope;
     m.kv_heads = 2;
     m.ffn_hidden = 48;
     m.tie_embeddings = false;
-  } else if (v == "llama_nobias") {  // as llama, with no linear-layer biases (the real Llama)
-    m.activation = Activation::swiglu;
-    m.norm = Norm::rmsnorm;
-    m.position = Position::rope;
-    m.kv_heads = 2;
-    m.ffn_hidden = 48;
-    m.tie_embeddings = false;
-    m.bias = false;
+    m.bias = v == "llama";
   } else if (v == "gelu_rope_mqa") {  // gelu, layernorm, rope, one kv head
     m.position = Position::rope;
     m.kv_heads = 1;
