@@ -266,4 +266,10 @@ class HostBuffer {
 // Kernels smaller than parallel_min_work elements run single-threaded (0: always parallel).
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0, int64_t parallel_min_work = 1 << 15);
 
+// A backend by name: "cpu" (make_cpu_backend) or "cpu-guarded" (cpu/guarded_backend.hpp: the
+// CPU backend over device memory that host code cannot touch outside an op). Other names fail
+// with the list of known ones.
+std::unique_ptr<Backend> make_backend(const std::string& name, int threads = 0,
+                                      int64_t parallel_min_work = 1 << 15);
+
 }  // namespace exatrain
