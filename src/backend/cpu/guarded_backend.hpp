@@ -5,6 +5,11 @@
 // gets the same through begin_host_access / end_host_access. Any other access faults, and the
 // fault handler names the allocation, the offset and the op (or "outside any op") before the
 // process aborts. Selected with `--set train.backend=cpu-guarded`; the equivalence suite runs on it.
+//
+// A test instrument, not a fast path: every op costs a few mprotect calls (see
+// notes in docs/architecture.md for the measured overhead). One thread calls into it at a time
+// (OpenMP inside the ops is fine); a second thread fails with an error, see guarded_memory.hpp.
+// Results are bit-identical to make_cpu_backend with the same threads and parallel_min_work.
 #pragma once
 #include <cstdint>
 #include <memory>
