@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <string>
 
+#include "../test_util/error_of.hpp"
 #include "backend/backend.hpp"
 #include "core/check.hpp"
 
@@ -33,16 +34,6 @@ class Guarded : public testing::Test {
 void no_core_dump() {
   struct rlimit r = {0, 0};
   setrlimit(RLIMIT_CORE, &r);
-}
-
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 bool mapped(const void* p) {

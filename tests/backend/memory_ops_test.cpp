@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../test_util/error_of.hpp"
 #include "backend/backend.hpp"
 #include "core/check.hpp"
 #include "op_harness.hpp"
@@ -27,16 +28,6 @@ class MemoryOps : public testing::TestWithParam<std::string> {
  protected:
   Backend& be() { return backend_named(GetParam()); }
 };
-
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 const uintptr_t kPage = uintptr_t(sysconf(_SC_PAGESIZE));
 
