@@ -59,6 +59,8 @@ Gpt::Gpt(Backend& backend, const GptOptions& options, ParallelHooks* hooks)
   const size_t arena_bytes = sizeof(float) * size_t(layout_.total());
   params_ = static_cast<float*>(opt_.lazy_params ? be_.alloc_bytes_lazy(arena_bytes) : be_.alloc_bytes(arena_bytes));
   grads_ = static_cast<float*>(opt_.lazy_grads ? be_.alloc_bytes_lazy(arena_bytes) : be_.alloc_bytes(arena_bytes));
+  be_.label(params_, "parameter arena");
+  be_.label(grads_, "gradient arena");
   mem_.params = mem_.grads = int64_t(sizeof(float)) * layout_.total();
   allocate_activations();
 }
@@ -154,6 +156,7 @@ void Gpt::build_layout() {
 
 float* Gpt::alloc_act(int64_t n) {
   float* p = be_.alloc(n);  // owned_, freed in ~Gpt
+  be_.label(p, "activations");
   owned_.push_back(p);
   mem_.activations += int64_t(sizeof(float)) * n;
   return p;
