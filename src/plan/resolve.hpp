@@ -3,7 +3,8 @@
 //
 //   training_job_problems  what the file alone must satisfy to train on `world` ranks (precision,
 //                          steps, gpus against the world, degrees a single process cannot run),
-//                          every problem at once: load_job reports them with the file's own
+//                          every problem at once: `train` passes them to load_job, which reports
+//                          them with the file's own problems (check_training_job: as one error)
 //   fill_auto_parallel     [parallel] fields left "auto" or omitted: on one rank the single-process
 //                          defaults (every degree 1, ZeRO 0, micro_batch 1, no recomputation); on
 //                          several, the planner's best plan on the `local` machine that this runtime
@@ -11,6 +12,7 @@
 //   plan_from_job          the fully set [parallel] as a Plan, dp inferred (world / (tp cp pp)),
 //                          checked by plan/plan.hpp's rules (Purpose::train): an error names the
 //                          origins of the keys and the equation that fails
+//   resolve_training_plan  the three in order, once per run (train/session.cpp)
 //
 // Owns: the path from a Job to the plan `train` runs. May use: job/, catalog/, plan/.
 #pragma once
