@@ -30,8 +30,9 @@ void training_job_problems(const Job& job, int world, std::vector<std::string>& 
 void check_training_job(const Job& job, int world);
 void fill_auto_parallel(Job& job, int world, std::FILE* log);
 Plan plan_from_job(const Job& job, int world);
-// The three in order (training_job_problems thrown as one error listing them); the job's
-// inferred dp and gpus are written back, so that the run's job.toml says which.
+// The three in order, on a job that passed check_training_job (the session checks it first,
+// before any data is prepared; `train` already at load_job, with the file's own problems); the
+// job's inferred dp and gpus are written back, so that the run's job.toml says which.
 Plan resolve_training_plan(Job& job, int world, std::FILE* log);
 
 }  // namespace exatrain::plan
