@@ -6,7 +6,8 @@ The marker convention (docs/tutorial/README.md, "How the tutorial is tested"):
   ```sh                 a command block: run, in order, by `bash -euo pipefail` in the chapter's
                         scratch directory (links to the repository's files, its own runs/).
                         Words after `sh`: `expect-fail` (the block must exit non-zero: an error
-                        message the chapter shows), `timeout=SECONDS` (default 300).
+                        message the chapter shows), `timeout=SECONDS` (default 300), `id=NAME`
+                        (markers further on read its output as output("NAME")).
   ```output             the abridged output of the command block before it. Every line must match
                         a line the commands printed, in order; numbers match any number (they
                         depend on the machine), `...` alone skips lines, `...` inside a line
@@ -50,13 +51,15 @@ class Block:
         self.kind, self.info, self.lines, self.line_no = kind, info, lines, line_no
         words = info.split()[1:]
         self.expect_fail = "expect-fail" in words
-        self.timeout = 300
+        self.timeout, self.id = 300, None
         for w in words:
             if w.startswith("timeout="):
                 self.timeout = int(w.split("=", 1)[1])
+            elif w.startswith("id="):
+                self.id = w.split("=", 1)[1]
             elif w != "expect-fail":
                 raise ChapterError(f"line {line_no}: unknown word '{w}' after ```sh "
-                                   "(known: expect-fail, timeout=SECONDS)")
+                                   "(known: expect-fail, timeout=SECONDS, id=NAME)")
         self.output = None  # the Block of kind 'output' that follows, if any
         self.markers = []   # markers in the prose after this block, before the next command block
 
@@ -138,13 +141,22 @@ def line_regex(shown):
     return re.compile("".join(parts))
 
 
+ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def terminal_text(text):
+    """What a terminal leaves readable: escape sequences (a progress bar's erase-line) dropped,
+    carriage returns as line ends, so each state of a progress bar is a line."""
+    return ANSI_RE.sub("", text).replace("\r", "\n")
+
+
 def is_skip(line):
     return line.strip() in ("", "...", "…")
 
 
 def match_output(shown_lines, actual):
     """Returns [(shown_index, actual_line_index)] or raises ChapterError naming the first miss."""
-    actual_lines = [a.rstrip() for a in actual.replace("\r", "\n").split("\n")]
+    actual_lines = [a.rstrip() for a in terminal_text(actual).split("\n")]
     matches, k = [], 0
     for idx, shown in enumerate(shown_lines):
         if is_skip(shown):
@@ -183,6 +195,13 @@ class Helpers:
         self.scratch = scratch
         self.out = ""
         self.outputs = []
+        self.named = {}
+
+    def output(self, name):
+        """The output of the command block marked ```sh id=NAME."""
+        if name not in self.named:
+            raise ChapterError(f"output: no command block with id={name} before this marker")
+        return self.named[name]
 
     def path(self, p):
         return os.path.join(self.scratch, p)
@@ -201,6 +220,14 @@ class Helpers:
             raise ChapterError(f"grab: no match for /{pattern}/ in the output")
         return float(m.group(group).replace(",", ""))
 
+    def after(self, marker, text=None):
+        """The text after the first line that contains `marker` (e.g. one table of an output)."""
+        text = self.out if text is None else text
+        k = text.find(marker)
+        if k < 0:
+            raise ChapterError(f"after: '{marker}' is not in the output")
+        return text[text.find("\n", k) + 1:]
+
     def grab_all(self, pattern, text=None, group=1):
         text = self.out if text is None else text
         return [float(m.group(group).replace(",", "")) for m in re.finditer(pattern, text, re.M)]
@@ -212,6 +239,9 @@ class Helpers:
     def metrics(self, run):
         with open(self.path(os.path.join(run, "metrics.jsonl"))) as f:
             return [json.loads(l) for l in f if l.strip()]
+
+    def step_records(self, run):
+        return [r for r in self.metrics(run) if "loss" in r]
 
     def losses(self, run):
         return {r["step"]: r["loss"] for r in self.metrics(run) if "loss" in r}
@@ -386,8 +416,11 @@ def main():
             print("  " + evaluate(mk, helpers, figures_dir, args.update, edits, chapter))
         for n, b in enumerate(blocks, 1):
             out, rc, secs = run_block(b, args.scratch, env)
+            out = terminal_text(out)
             helpers.out = out
             helpers.outputs.append(out)
+            if b.id:
+                helpers.named[b.id] = out
             first = b.lines[0] if b.lines else ""
             print(f"[{n}/{len(blocks)}] line {b.line_no}: {first[:90]}  ({secs:.1f} s, exit {rc})")
             if args.show:
