@@ -301,27 +301,33 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
     consecutive_skips = 0;
     ++steps_this_run;
     const double mfu = peak_gflops > 0 ? world_flops / double(world) / m.seconds / 1e9 / peak_gflops : 0.0;
-    double mine[kBreakdown];
+    // Per rank: the breakdown, then its resident and peak resident bytes (one gather for all).
+    constexpr int kPerRank = kBreakdown + 2;
+    double mine[kPerRank];
     for (int k = 0; k < kBreakdown; k++) {
       auto it = m.breakdown_s.find(kBreakdownNames[k]);
       mine[k] = it == m.breakdown_s.end() ? 0.0 : it->second;
     }
-    std::vector<double> all(size_t(kBreakdown * world));
+    mine[kBreakdown] = double(resident_bytes()), mine[kBreakdown + 1] = double(peak_rss_bytes());
+    std::vector<double> all(size_t(kPerRank * world));
     {
       parallel::WatchdogScope watch(rt.watchdog(), "world", m.step, "MPI_Gather (time breakdown)");
-      MPI_Gather(mine, kBreakdown, MPI_DOUBLE, all.data(), kBreakdown, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+      MPI_Gather(mine, kPerRank, MPI_DOUBLE, all.data(), kPerRank, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     }
     result.last_loss = m.loss;
     if (rank == 0) {
-      nlohmann::json per_rank = nlohmann::json::array();
+      nlohmann::json per_rank = nlohmann::json::array(), rss = per_rank, peak = per_rank;
       for (int r = 0; r < world; r++) {
         nlohmann::json b;
-        for (int k = 0; k < kBreakdown; k++) b[kBreakdownNames[k]] = all[size_t(r * kBreakdown + k)];
+        for (int k = 0; k < kBreakdown; k++) b[kBreakdownNames[k]] = all[size_t(r * kPerRank + k)];
         per_rank.push_back(b);
+        rss.push_back(int64_t(all[size_t(r * kPerRank + kBreakdown)]));
+        peak.push_back(int64_t(all[size_t(r * kPerRank + kBreakdown + 1)]));
       }
       metrics->write({{"step", m.step}, {"loss", m.loss}, {"grad_norm", m.grad_norm}, {"lr", m.lr},
                       {"tokens_per_s", m.tokens_per_s}, {"mfu", mfu}, {"seconds", m.seconds}, {"ranks", world},
-                      {"breakdown_s_per_rank", per_rank}});
+                      {"breakdown_s_per_rank", per_rank}, {"rss_bytes_per_rank", rss},
+                      {"peak_rss_bytes_per_rank", peak}});
       if (m.step % job.train.log_every == 0 || m.step == job.train.steps)
         progress->update({m.step, m.loss, m.lr, m.grad_norm, m.tokens_per_s, mfu, m.seconds});
     }

@@ -9,7 +9,8 @@
 #      group dp" (or "group world", for the loss sum) from `exatrain train` itself;
 #   3. nan_policy through the same session (NAN_SESSION = dist_nan_session): "stop" ends every
 #      rank with the single-rank message, "skip" skips the step on every rank;
-#   1c. breakdown_s_per_rank of both ranks under the planner's names, `exatrain report` measured
+#   1c. breakdown_s_per_rank of both ranks under the planner's names (and each rank's resident and
+#      peak resident bytes), `exatrain report` measured
 #      vs predicted; 4. resume (another model refused; one metrics record per step), 4b. resume at
 #      another topology (1 rank; tp 2) on the uninterrupted run's losses; 5. "auto" plans, 6. errors
 #      printed once when every rank has them, naming the rank otherwise.
@@ -53,7 +54,11 @@ for r in steps:
     for b in per:
         assert set(b) <= planner and {"compute", "dp_comm", "optimizer"} <= set(b), sorted(b)
         assert all(v >= 0 for v in b.values()) and b["compute"] > 0 and b["dp_comm"] > 0, b
+    # Each rank's resident and peak resident bytes (the process is at least its 2 MiB of state).
+    rss, peak = r["rss_bytes_per_rank"], r["peak_rss_bytes_per_rank"]
+    assert len(rss) == 2 and len(peak) == 2 and all(2**21 < a <= b for a, b in zip(rss, peak)), (rss, peak)
 print("ok: breakdown_s_per_rank of 2 ranks per step, planner names:", sorted(steps[-1]["breakdown_s_per_rank"][0]))
+print("ok: rss_bytes_per_rank", steps[-1]["rss_bytes_per_rank"], "peak", steps[-1]["peak_rss_bytes_per_rank"])
 PY
 "$EXA" report run > report.log 2>&1 || { echo "FAIL: exatrain report"; cat report.log; failures=$((failures + 1)); }
 /usr/bin/python3 - <<'PY' || { cat report.log; failures=$((failures + 1)); }
