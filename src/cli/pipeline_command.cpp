@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.hpp"
-#include "core/fileio.hpp"
+#include "cli/prediction_chart.hpp"
 #include "parallel/schedule.hpp"
 #include "report/figures.hpp"
 
@@ -71,7 +71,7 @@ void add_pipeline_command(CLI::App& app) {
     bool integral = o->t_fwd == int(o->t_fwd) && o->t_bwd == int(o->t_bwd);
     if (integral && sim.makespan <= 400) fmt::print("\n{}", parallel::render_timeline(t, sim));
     if (!o->svg.empty()) {
-      write_file_atomic(o->svg, report::timeline_svg(timeline_chart(t, sim, o->t_fwd, o->t_bwd)));
+      write_figure(o->svg, report::timeline_svg(timeline_chart(t, sim, o->t_fwd, o->t_bwd)));
       fmt::print("\ntimeline: {}\n", o->svg);
     }
     if (o->rank >= 0 && o->rank < plan.pp) {

@@ -1,6 +1,7 @@
 #include "cli/prediction_chart.hpp"
 
 #include <algorithm>
+#include <filesystem>
 
 #include <fmt/format.h>
 
@@ -98,9 +99,16 @@ std::string prediction_tables(const std::vector<LabelledPrediction>& preds, cons
   return out;
 }
 
+void write_figure(const std::string& path, const std::string& svg) {
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  std::error_code ec;
+  if (!dir.empty()) std::filesystem::create_directories(dir, ec);  // a failure shows in the write
+  write_file_atomic(path, svg);
+}
+
 void write_prediction_svg(const std::vector<LabelledPrediction>& preds, const std::string& title,
                           const std::string& path) {
-  write_file_atomic(path, report::bar_panels_svg(prediction_panels(preds, title)));
+  write_figure(path, report::bar_panels_svg(prediction_panels(preds, title)));
 }
 
 }  // namespace exatrain::cli

@@ -29,7 +29,10 @@ std::vector<report::BarPanel> prediction_panels(const std::vector<LabelledPredic
 // Two text tables (time, memory) with a column per part that is not zero everywhere.
 std::string prediction_tables(const std::vector<LabelledPrediction>& preds, const std::string& label_header);
 
-// write_file_atomic of the SVG; prints nothing.
+// Writes a figure (atomically: temporary name, then rename), creating its directory if needed.
+void write_figure(const std::string& path, const std::string& svg);
+
+// write_figure of the predictions' bars; prints nothing.
 void write_prediction_svg(const std::vector<LabelledPrediction>& preds, const std::string& title,
                           const std::string& path);
 

@@ -24,15 +24,18 @@ Vary parse_vary(const std::string& s) {
   EXA_CHECK(eq != std::string::npos && eq > 0 && s.find('.') < eq && eq + 1 < s.size(),
             "sweep: --vary '{}': expected section.key=V1,V2,... (e.g. parallel.zero=0,1,2,3)", s);
   Vary v{s.substr(0, eq), {}};
-  std::string rest = s.substr(eq + 1);
-  for (size_t start = 0;;) {
-    const size_t comma = rest.find(',', start);
-    std::string value = rest.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+  // Values are separated by commas outside brackets, so that a list is one value:
+  // parallel.layers_per_stage=[6,6],[9,3].
+  std::string value;
+  int depth = 0;
+  for (char c : s.substr(eq + 1) + ",") {
+    depth += c == '[' ? 1 : c == ']' ? -1 : 0;
+    if (c != ',' || depth > 0) { value += c; continue; }
     EXA_CHECK(!value.empty(), "sweep: --vary '{}': an empty value in the list", s);
     v.values.push_back(value);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
+    value.clear();
   }
+  EXA_CHECK(depth == 0, "sweep: --vary '{}': unbalanced brackets", s);
   return v;
 }
 // The job's own message without the internal (src/...:line) suffix: a row of the table.

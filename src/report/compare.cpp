@@ -1,6 +1,7 @@
 #include "report/compare.hpp"
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <map>
 
@@ -84,6 +85,9 @@ RunComparison compare_runs(const std::vector<std::string>& run_dirs, const std::
   std::vector<Chart> charts{loss};
   if (!val.series.empty()) charts.push_back(val);
   charts.push_back(tps);
+  const std::filesystem::path dir = std::filesystem::path(svg_path).parent_path();
+  std::error_code ec;
+  if (!dir.empty()) std::filesystem::create_directories(dir, ec);  // a failure shows in the write
   write_file_atomic(svg_path, svg_document(charts, 980));
   out.table += fmt::format("plot: {}\n", svg_path);
   return out;
