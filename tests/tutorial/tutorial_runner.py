@@ -274,7 +274,7 @@ class Helpers:
     def namespace(self, x):
         ns = {name: getattr(self, name) for name in dir(self) if not name.startswith("_")}
         ns.update({k: getattr(math, k) for k in dir(math) if not k.startswith("_")})
-        ns.update({"out": self.out, "outputs": self.outputs, "X": x, "abs": abs, "min": min,
+        ns.update({"out": self.out, "outputs": self.outputs, "X": x, "re": re, "abs": abs, "min": min,
                    "max": max, "len": len, "sum": sum, "all": all, "any": any, "sorted": sorted,
                    "round": round, "int": int, "float": float})
         return ns
