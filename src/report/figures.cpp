@@ -24,15 +24,20 @@ std::string svg_open(double w, double h) {
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
       "font-family=\"sans-serif\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n", w, h);
 }
-// One legend row: a square of colour palette(i) and its name, left to right from x.
-std::string legend_row(const std::vector<std::pair<int, std::string>>& items, double x, double y) {
+// The legend: a square of colour palette(i) and its name per item, left to right from x0,
+// wrapping before x_max; `y` is the first row's baseline and is left below the last row.
+std::string legend_rows(const std::vector<std::pair<int, std::string>>& items, double x0, double x_max, double& y) {
   std::string g;
+  double x = x0;
   for (const auto& [colour, name] : items) {
+    const double w = 14 + kCharW * double(name.size()) + 14;
+    if (x > x0 && x + w > x_max) x = x0, y += 16;
     g += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"10\" height=\"10\" fill=\"{}\"/>"
                      "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\">{}</text>\n",
                      x, y - 9, palette(colour), x + 14, y, svg_escape(name));
-    x += 14 + kCharW * double(name.size()) + 14;
+    x += w;
   }
+  y += 16;
   return g;
 }
 // Vertical grid lines with tick labels under a plot area [x0, x0 + pw] x [y0, y1].
@@ -58,15 +63,24 @@ void check_panel(const BarPanel& p) {
   }
 }
 
-// One panel as a <g> at height y0; returns its height through `height`.
-std::string bar_panel_group(const BarPanel& p, double width, double y0, double& height) {
-  const double row = 24, gap = 8, top = 52, bottom = 44;
+// The left margin that fits every bar label of every panel, and the right one for the notes.
+struct BarLayout {
+  double width = 0, left = 0, right = 0;
+};
+BarLayout bar_layout(const std::vector<BarPanel>& panels, double width) {
   size_t label_chars = 4, note_chars = 4;
-  for (const Bar& b : p.bars) label_chars = std::max(label_chars, b.label.size()), note_chars = std::max(note_chars, b.note.size());
-  const double left = std::min(width * 0.5, 16 + kCharW * double(label_chars));
-  const double right = 16 + kCharW * double(note_chars);
-  const double pw = std::max(100.0, width - left - right);
-  height = top + double(p.bars.size()) * (row + gap) + bottom;
+  for (const BarPanel& p : panels)
+    for (const Bar& b : p.bars) label_chars = std::max(label_chars, b.label.size()), note_chars = std::max(note_chars, b.note.size());
+  BarLayout l;
+  l.left = 16 + kCharW * double(label_chars);
+  l.right = 16 + kCharW * double(note_chars);
+  l.width = std::max(width, l.left + 420 + l.right);  // at least 420 px of bars
+  return l;
+}
+
+// One panel as a <g> at height y0; returns its height through `height`.
+std::string bar_panel_group(const BarPanel& p, const BarLayout& l, double y0, double& height) {
+  const double row = 24, gap = 8, bottom = 44, left = l.left, pw = l.width - l.left - l.right;
   double xmax = p.limit;
   for (const Bar& b : p.bars) {
     double sum = 0;
@@ -83,8 +97,16 @@ std::string bar_panel_group(const BarPanel& p, double width, double y0, double& 
   for (size_t i = 0; i < p.parts.size(); ++i)
     if (std::any_of(p.bars.begin(), p.bars.end(), [&](const Bar& b) { return b.values[i] > 0; }))
       legend.emplace_back(int(i), p.parts[i]);
-  g += legend_row(legend, left, 40);
+  double top = 40;
+  g += legend_rows(legend, 10, l.width - 10, top);
+  if (p.limit > 0) {  // the limit's key: a dashed line and its label, under the legend
+    g += fmt::format("<line x1=\"10\" x2=\"30\" y1=\"{0:.1f}\" y2=\"{0:.1f}\" stroke=\"#000\" stroke-dasharray=\"5 3\"/>"
+                     "<text x=\"36\" y=\"{1:.1f}\" font-size=\"11\">{2}</text>\n", top - 4, top, svg_escape(p.limit_label));
+    top += 16;
+  }
+  top += 6;
   const double plot_bottom = top + double(p.bars.size()) * (row + gap);
+  height = plot_bottom + bottom;
   g += x_axis(0, xmax, left, pw, top - 4, plot_bottom);
   for (size_t k = 0; k < p.bars.size(); ++k) {
     const Bar& b = p.bars[k];
@@ -104,10 +126,8 @@ std::string bar_panel_group(const BarPanel& p, double width, double y0, double& 
                      svg_escape(b.note));
   }
   if (p.limit > 0)
-    g += fmt::format("<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1}\" y2=\"{2:.1f}\" stroke=\"#000\" "
-                     "stroke-dasharray=\"5 3\"/><text x=\"{0:.1f}\" y=\"{1}\" font-size=\"11\" "
-                     "text-anchor=\"end\">{3}</text>\n",
-                     px(p.limit), top - 6, plot_bottom, svg_escape(p.limit_label));
+    g += fmt::format("<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1:.1f}\" y2=\"{2:.1f}\" stroke=\"#000\" "
+                     "stroke-dasharray=\"5 3\"/>\n", px(p.limit), top - 4, plot_bottom);
   g += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\" text-anchor=\"middle\">{}</text>\n",
                    left + pw / 2, plot_bottom + 32, svg_escape(p.unit));
   return g + "</g>\n";
@@ -115,15 +135,16 @@ std::string bar_panel_group(const BarPanel& p, double width, double y0, double& 
 }  // namespace
 
 std::string bar_panels_svg(const std::vector<BarPanel>& panels, double width) {
+  for (const BarPanel& p : panels) check_panel(p);
+  const BarLayout layout = bar_layout(panels, width);
   std::string body;
   double y = 0;
   for (const BarPanel& p : panels) {
-    check_panel(p);
     double h = 0;
-    body += bar_panel_group(p, width, y, h);
+    body += bar_panel_group(p, layout, y, h);
     y += h;
   }
-  return svg_open(width, y) + body + "</svg>\n";
+  return svg_open(layout.width, y) + body + "</svg>\n";
 }
 
 std::string timeline_svg(const TimelineChart& c, double width) {
@@ -141,17 +162,20 @@ std::string timeline_svg(const TimelineChart& c, double width) {
   if (!(tmax > 0)) tmax = 1;
   size_t lane_chars = 4;
   for (const std::string& l : c.lanes) lane_chars = std::max(lane_chars, l.size());
-  const double left = 16 + kCharW * double(lane_chars), right = 20, top = 52, row = 26, gap = 6, bottom = 44;
+  const double left = 16 + kCharW * double(lane_chars), right = 20, row = 26, gap = 6, bottom = 44;
   const double pw = width - left - right;
+  std::vector<std::pair<int, std::string>> legend;
+  for (size_t i = 0; i < c.legend.size(); ++i) legend.emplace_back(int(i), c.legend[i]);
+  double top = 40;
+  const std::string legend_svg = legend_rows(legend, 10, width - 10, top);
+  top += 6;
   const double plot_bottom = top + double(c.lanes.size()) * (row + gap);
   const double height = plot_bottom + bottom;
   auto px = [&](double t) { return left + t / tmax * pw; };
 
   std::string g = svg_open(width, height);
   g += fmt::format("<text x=\"10\" y=\"18\" font-size=\"15\" font-weight=\"bold\">{}</text>\n", svg_escape(c.title));
-  std::vector<std::pair<int, std::string>> legend;
-  for (size_t i = 0; i < c.legend.size(); ++i) legend.emplace_back(int(i), c.legend[i]);
-  g += legend_row(legend, left, 40);
+  g += legend_svg;
   g += x_axis(0, tmax, left, pw, top - 4, plot_bottom);
   for (size_t r = 0; r < c.lanes.size(); ++r) {
     const double y = top + double(r) * (row + gap);

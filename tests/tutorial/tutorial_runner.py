@@ -356,15 +356,24 @@ def evaluate(marker, helpers, figures_dir, update, edits, chapter):
 
 # ---------------------------------------------------------------------------------------------
 def make_scratch(scratch, repo, build):
-    """A fresh directory that looks like the repository root to the commands: links to its
-    files, `build` -> the build directory, and its own runs/."""
+    """A fresh directory that looks like the repository root to the commands: a copy of its
+    files (so that a command which edits one, e.g. `sed -i` on a copy of catalog/, edits the
+    copy), `build` -> the build directory, links to corpus/ and data-cache/ (the prepared corpus,
+    shared by every chapter and never rewritten: `data prepare --reuse` finds it), its own runs/."""
     if os.path.exists(scratch):
         shutil.rmtree(scratch)
     os.makedirs(scratch)
+    linked = ("corpus", "data-cache")
     for name in os.listdir(repo):
-        if name in ("runs", "build", ".git") or name.startswith("build"):
+        src, dst = os.path.join(repo, name), os.path.join(scratch, name)
+        if name in ("runs", ".git") or name.startswith("build"):
             continue
-        os.symlink(os.path.join(repo, name), os.path.join(scratch, name))
+        if name in linked:
+            os.symlink(src, dst)
+        elif os.path.isdir(src):
+            shutil.copytree(src, dst, symlinks=True)
+        else:
+            shutil.copy2(src, dst)
     os.symlink(build, os.path.join(scratch, "build"))
 
 
