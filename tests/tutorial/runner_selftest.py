@@ -83,6 +83,8 @@ drifts = {
     "an expected failure that succeeds": GOOD.replace("; exit 1", ""),
     "a figure the commands did not write": GOOD.replace("<!--figure runs/a/fig.svg-->", "<!--figure runs/a/nope.svg-->"),
     "an unknown word after sh": GOOD.replace("```sh expect-fail", "```sh expect-failure"),
+    "a table row of another label": GOOD.replace("printf 'a\\nb 12\\nc\\n'", "printf 'a\\nb 12\\nc\\n2 0.5\\n'")
+                                          .replace("b 7\n```", "b 7\n32 0.4\n```"),
 }
 for what, text in drifts.items():
     rc, out, _ = run(text)

@@ -124,11 +124,17 @@ def parse_chapter(text):
 # ---------------------------------------------------------------------------------------------
 # Output blocks: shown lines against the real output.
 def line_regex(shown):
-    """A shown line as a regex: numbers match any number, `...` any text, spaces any spaces."""
+    """A shown line as a regex: numbers match any number, `...` any text, spaces any spaces; but
+    an integer that begins the line is a row's label ("  32  0.4155 ...", "128 nodes: ...") and
+    must match itself, or the rows of a table would be interchangeable."""
     parts, pos = [], 0
     s = shown.strip()
+    label = re.match(r"\d+(?=[\s:]|$)", s)
+    if label:
+        parts.append(re.escape(label.group(0)))
+        pos = label.end()
     token_re = re.compile(r"(\.\.\.|…)|(" + NUM + r")|(\s+)")
-    for m in token_re.finditer(s):
+    for m in token_re.finditer(s, pos):
         parts.append(re.escape(s[pos:m.start()]))
         if m.group(1):
             parts.append(".*?")
@@ -181,8 +187,10 @@ def updated_output(shown_lines, actual):
         if "..." in shown or "…" in shown:  # keep the abridgement, refresh only the numbers
             got = line_regex(shown).fullmatch(actual_lines[k].strip()).groups()
             it = iter(got)
-            indent = shown[:len(shown) - len(shown.lstrip())]
-            new[idx] = indent + NUM_RE.sub(lambda m: next(it), shown.strip())
+            indent, body = shown[:len(shown) - len(shown.lstrip())], shown.strip()
+            label = re.match(r"\d+(?=[\s:]|$)", body)
+            head = label.group(0) if label else ""
+            new[idx] = indent + head + NUM_RE.sub(lambda m: next(it), body[len(head):])
         else:
             new[idx] = actual_lines[k]
     return new
