@@ -55,8 +55,10 @@ for r in steps:
         assert set(b) <= planner and {"compute", "dp_comm", "optimizer"} <= set(b), sorted(b)
         assert all(v >= 0 for v in b.values()) and b["compute"] > 0 and b["dp_comm"] > 0, b
     # Each rank's resident and peak resident bytes (the process is at least its 2 MiB of state).
+    # The peak (getrusage) and the resident size (/proc/self/statm) come from counters the kernel
+    # updates separately, so the peak may trail by a few pages (measured: 92 KiB of 41 MiB).
     rss, peak = r["rss_bytes_per_rank"], r["peak_rss_bytes_per_rank"]
-    assert len(rss) == 2 and len(peak) == 2 and all(2**21 < a <= b for a, b in zip(rss, peak)), (rss, peak)
+    assert len(rss) == 2 and len(peak) == 2 and all(2**21 < a <= 1.05 * b for a, b in zip(rss, peak)), (rss, peak)
 print("ok: breakdown_s_per_rank of 2 ranks per step, planner names:", sorted(steps[-1]["breakdown_s_per_rank"][0]))
 print("ok: rss_bytes_per_rank", steps[-1]["rss_bytes_per_rank"], "peak", steps[-1]["peak_rss_bytes_per_rank"])
 PY
