@@ -415,13 +415,14 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     s.get_int("log_every", t.log_every, 1, int64_t(1) << 40);
     s.get_int("threads", t.threads, 0, 4096);
     if (int i = s.get_choice("nan_policy", {"stop", "skip"}); i >= 0) t.nan_policy = i == 0 ? "stop" : "skip";
+    if (int i = s.get_choice("backend", {"cpu", "cpu-guarded"}); i >= 0) t.backend = i == 0 ? "cpu" : "cpu-guarded";
     if (t.min_lr > t.lr)
       errors.push_back(fmt::format("{}: [train] min_lr = {} is above lr = {} (the cosine schedule decays "
                                    "from lr down to min_lr)", job_origin(job, {"train.min_lr", "train.lr"}), t.min_lr, t.lr));
     s.report_unknown({"precision", "optimizer", "steps", "seed", "lr", "min_lr", "warmup_steps",
                       "weight_decay", "beta1", "beta2", "eps", "grad_clip", "data", "run_dir",
                       "checkpoint_every", "keep_checkpoints", "eval_every", "eval_batches", "log_every",
-                      "threads", "nan_policy"});
+                      "threads", "nan_policy", "backend"});
   }
 
   if (extra) extra(job, errors);
@@ -495,10 +496,10 @@ std::string job_to_toml(const Job& job) {
       "\n[train]\nprecision = \"{}\"\noptimizer = \"{}\"\nsteps = {}\nseed = {}\nlr = {:.17g}\nmin_lr = {:.17g}\n"
       "warmup_steps = {}\nweight_decay = {:.17g}\nbeta1 = {:.17g}\nbeta2 = {:.17g}\neps = {:.17g}\n"
       "grad_clip = {:.17g}\ndata = {}\nrun_dir = {}\ncheckpoint_every = {}\nkeep_checkpoints = {}\n"
-      "eval_every = {}\neval_batches = {}\nlog_every = {}\nthreads = {}\nnan_policy = \"{}\"\n",
+      "eval_every = {}\neval_batches = {}\nlog_every = {}\nthreads = {}\nnan_policy = \"{}\"\nbackend = \"{}\"\n",
       to_string(t.precision), t.optimizer, t.steps, t.seed, t.lr, t.min_lr, t.warmup_steps, t.weight_decay,
       t.beta1, t.beta2, t.eps, t.grad_clip, quoted(t.data), quoted(t.run_dir), t.checkpoint_every, t.keep_checkpoints,
-      t.eval_every, t.eval_batches, t.log_every, t.threads, t.nan_policy);
+      t.eval_every, t.eval_batches, t.log_every, t.threads, t.nan_policy, t.backend);
   return out;
 }
 
