@@ -242,7 +242,7 @@ bool Session::handle_nonfinite(const StepMetrics& m) {
 }
 
 // One metrics.jsonl line (rank 0): the step's numbers, MFU over the world, every rank's breakdown
-// and its resident and peak resident bytes (one gather for all).
+// and its resident and peak resident bytes (one gather for all), rank 0's bytes sent by kind.
 void Session::write_metrics(const StepMetrics& m) {
   const double mfu = peak_gflops_ > 0 ? world_flops_ / double(world_) / m.seconds / 1e9 / peak_gflops_ : 0.0;
   constexpr int kPerRank = kBreakdown + 2;
@@ -270,6 +270,7 @@ void Session::write_metrics(const StepMetrics& m) {
   j["breakdown_s_per_rank"] = per_rank;
   j["rss_bytes_per_rank"] = rss;
   j["peak_rss_bytes_per_rank"] = peak;
+  j["bytes_sent"] = m.bytes;  // rank 0's byte ledger for the step (parallel/comm.hpp's convention)
   metrics_->write(j);
   if (m.step % job_.train.log_every == 0 || m.step == job_.train.steps)
     progress_->update({m.step, m.loss, m.lr, m.grad_norm, m.tokens_per_s, mfu, m.seconds});
