@@ -21,4 +21,5 @@ void add_validate_command(CLI::App& app);
 void add_predict_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_pipeline_command(CLI::App& app);
+void add_sweep_command(CLI::App& app);
 }  // namespace exatrain::cli
