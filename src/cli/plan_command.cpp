@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.hpp"
+#include "cli/job_plan.hpp"
 #include "core/check.hpp"
 #include "job/parse.hpp"
 #include "plan/predict.hpp"
@@ -25,7 +26,7 @@ void add_plan_command(CLI::App& app) {
                   "model's error, docs/planner.md)")
       ->check(CLI::Range(0.0, 0.9));
   cmd->callback([path, sets, json, top, headroom] {
-    Job job = load_job(*path, *sets);
+    Job job = load_job(*path, *sets, check_job_catalog);
     {
       plan::Plan probe;
       probe.gpus = job.parallel.gpus;

@@ -1,5 +1,7 @@
 #include "plan/plan.hpp"
 
+#include "plan/flops.hpp"
+
 #include <numeric>
 
 #include <fmt/format.h>
@@ -51,9 +53,14 @@ std::string plan_error(const ModelSpec& m, const Plan& p) {
                        "pp={} dp={} cp={} vp={} micro_batch={} global_batch={})",
                        p.tp, p.pp, p.dp, p.cp, p.vp, p.micro_batch, p.global_batch);
   if (p.zero < 0 || p.zero > 3) return fmt::format("zero must be 0, 1, 2 or 3 (got {})", p.zero);
-  if (p.tp * p.pp * p.dp * p.cp != p.gpus)
+  // Parameter counts and the degrees' product in wide arithmetic: the job file's limits allow
+  // values whose int64 products overflow.
+  if (std::string e = model_size_problem(m); !e.empty()) return e;
+  const __int128 ranks = __int128(p.tp) * p.pp * p.dp * p.cp;
+  if (ranks != p.gpus)
     return fmt::format("gpus = tp * pp * dp * cp: {} * {} * {} * {} = {}, but gpus = {}", p.tp,
-                       p.pp, p.dp, p.cp, p.tp * p.pp * p.dp * p.cp, p.gpus);
+                       p.pp, p.dp, p.cp, double(ranks) < 1e18 ? fmt::format("{}", int64_t(ranks))
+                                                               : fmt::format("{:.3g}", double(ranks)), p.gpus);
   if (m.heads % p.tp != 0)
     return fmt::format("tp must divide heads: heads % tp = {} % {} = {}, expected 0", m.heads,
                        p.tp, m.heads % p.tp);
@@ -70,6 +77,9 @@ std::string plan_error(const ModelSpec& m, const Plan& p) {
     return fmt::format("context parallelism splits each sequence into 2*cp load-balanced chunks: "
                        "seq_len % (2*cp) = {} % {} = {}, expected 0", m.seq_len, 2 * p.cp,
                        m.seq_len % (2 * p.cp));
+  if (__int128(p.dp) * p.micro_batch > INT64_MAX)  // the product below would overflow
+    return fmt::format("global_batch must be divisible by dp * micro_batch: dp * micro_batch = {} * {} is far above "
+                       "global_batch = {}", p.dp, p.micro_batch, p.global_batch);
   if (p.global_batch % (p.dp * p.micro_batch) != 0)
     return fmt::format("global_batch must be divisible by dp * micro_batch: {} % ({} * {}) = {}, "
                        "expected 0", p.global_batch, p.dp, p.micro_batch,
