@@ -148,8 +148,16 @@ TEST(Checkpoint, ResumeAutoSkipsIncompleteCheckpoints) {
   EXPECT_NE(log.find("checkpoint file " + (dir / "step_00000250/rng.bin") + " is truncated"),
             std::string::npos)
       << log;
+  // The newer ones that failed are moved aside, kept whole: no later save of step 300 or 250
+  // overwrites them (the run resumes at 200 and will save those steps again).
+  EXPECT_FALSE(fs::exists(dir / "step_00000300"));
+  EXPECT_TRUE(fs::exists(dir / "step_00000300.incomplete/model.safetensors"));
+  EXPECT_TRUE(fs::exists(dir / "step_00000250.damaged/rng.bin"));
+  EXPECT_NE(log.find("moved " + (dir / "step_00000300") + " aside to " + (dir / "step_00000300.incomplete")),
+            std::string::npos)
+      << log;
   // An explicit checkpoint that does not verify is an error, not a silent fallback.
-  std::string err = error_of([&] { resolve_resume(dir / "step_00000300", dir.path, nullptr); });
+  std::string err = error_of([&] { resolve_resume(dir / "step_00000300.incomplete", dir.path, nullptr); });
   EXPECT_NE(err.find("is incomplete"), std::string::npos) << err;
 }
 
