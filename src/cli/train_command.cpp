@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.hpp"
+#include "cli/job_plan.hpp"
 #include "job/parse.hpp"
 #include "report/report.hpp"
 #include "train/sample.hpp"
@@ -33,6 +34,7 @@ void add_train_command(CLI::App& app) {
     // Every rank reads the same file and --set values: a problem there is printed once.
     Job job = on_every_rank([&] {
       return load_job(a->job, a->sets, [](const Job& j, std::vector<std::string>& errors) {
+        check_job_catalog(j, errors);
         if (!wants_distributed(j)) check_single_rank_job(j, errors);
       });
     });
@@ -69,6 +71,8 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--temperature", so->temperature, "softmax temperature (0 = greedy)")->capture_default_str();
   cmd->add_option("--top-k", so->top_k, "sample among the k most likely tokens (0 = all)")->capture_default_str();
   cmd->add_option("--seed", so->seed, "random seed")->capture_default_str();
+  cmd->add_flag("--allow-nonfinite", so->allow_nonfinite,
+                "sample even when the weights hold NaN or Inf (a loud warning instead of an error)");
   cmd->callback([so, dir] {
     SampleResult r = sample_from_checkpoint(*dir, *so);
     fmt::print("{}\n", r.text);

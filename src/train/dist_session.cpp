@@ -25,6 +25,7 @@
 #include "checkpoint/checkpoint.hpp"
 #include "data/manifest.hpp"
 #include "train/dist_checkpoint.hpp"
+#include "train/resume_check.hpp"
 #include "train/every_rank.hpp"
 #include "train/machine_peak.hpp"
 #include "report/metrics.hpp"
@@ -234,7 +235,7 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
     // Rank 0's resolve_resume verified the checksums; the others check sizes only.
     on_every_rank([&] { check_same_model(checkpoint::CheckpointReader(resume_dir, checkpoint::Verify::sizes), job.model); });
     const TrainerExtras saved = load_distributed_checkpoint(trainer, MPI_COMM_WORLD, resume_dir, true);
-    loader.restore_cursor(saved.data_cursor_json);
+    on_every_rank([&] { restore_trainer_state(resume_dir, trainer.step(), saved, job, loader); });
     if (rank == 0) fmt::print(opt.out, "resumed from {} (step {})\n", resume_dir, trainer.step());
   }
   result.first_step = trainer.step();
@@ -250,9 +251,9 @@ TrainRunResult run_distributed_training(const Job& job_in, const TrainRunOptions
               "{}: [train] run_dir = \"{}\" already holds a run (metrics.jsonl); expected a new directory: pass "
               "--resume auto to continue it, or --set train.run_dir=OTHER", job_origin(job, {"train.run_dir"}),
               job.train.run_dir);
+    make_directories(job.train.run_dir, fmt::format("{}: [train] run_dir", job_origin(job, {"train.run_dir"})));
   });
   if (rank == 0) {
-    fs::create_directories(job.train.run_dir);
     write_file_atomic(job.train.run_dir + "/job.toml", extras.job_toml);
     if (resuming) report::drop_metrics_after(job.train.run_dir + "/metrics.jsonl", result.first_step);
     metrics = std::make_unique<report::MetricsWriter>(job.train.run_dir + "/metrics.jsonl");

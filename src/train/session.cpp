@@ -22,6 +22,7 @@
 #include "report/metrics.hpp"
 #include "report/progress.hpp"
 #include "report/report.hpp"
+#include "train/resume_check.hpp"
 #include "train/state_io.hpp"
 #include "train/trainer.hpp"
 
@@ -130,6 +131,8 @@ std::string resolve_dataset(const Job& job, std::FILE* log) {
 TrainRunResult run_training(const Job& job_in, const TrainRunOptions& opt) {
   Job job = job_in;
   validate_local_job(job);
+  // Before the data and the model: an unwritable run_dir is reported now, naming the key.
+  make_directories(job.train.run_dir, fmt::format("{}: [train] run_dir", job_origin(job, {"train.run_dir"})));
   TrainRunResult result;
   result.last_val_loss = std::numeric_limits<double>::quiet_NaN();
   result.run_dir = job.train.run_dir;
@@ -171,12 +174,11 @@ TrainRunResult run_training(const Job& job_in, const TrainRunOptions& opt) {
             "{}: [train] run_dir = \"{}\" already holds a run (metrics.jsonl); expected a new directory: pass "
             "--resume auto to continue it, or --set train.run_dir=OTHER", job_origin(job, {"train.run_dir"}),
             job.train.run_dir);
-  fs::create_directories(job.train.run_dir);
   if (auto ref = checkpoint::resolve_resume(opt.resume, ckpt_root, opt.out)) {
     checkpoint::CheckpointReader reader(ref->dir);
     check_same_model(reader, job.model);
     TrainerExtras saved = load_trainer_state(reader, backend, trainer);
-    loader.restore_cursor(saved.data_cursor_json);
+    restore_trainer_state(ref->dir, trainer.step(), saved, job, loader);
     fmt::print(opt.out, "resumed from {} (step {})\n", ref->dir, trainer.step());
   }
   result.first_step = trainer.step();
