@@ -1,6 +1,13 @@
-// The compute interface the model is written against. Every pointer passed to an op is a
-// "device pointer" obtained from alloc(); the model never dereferences one itself, so a CUDA
-// backend (cuBLAS + kernels) can implement this class without touching model code.
+// The compute interface the model and the runtime are written against: the DEVICE BOUNDARY.
+// Every pointer passed to an op is a "device pointer" obtained from alloc(); no code outside
+// src/backend/ dereferences one (model, optimizer, parallel runtime and trainer alike): what they
+// do to device memory is an op here (copies, axpy, scale, sums of squares, fills, page release,
+// staging copies to and from host memory). So a CUDA backend (cuBLAS + kernels + NCCL) can
+// implement this class without touching the code above it, and the guarded CPU backend
+// (cpu/guarded_backend.hpp: device memory is PROT_NONE except inside an op) proves on the CPU
+// that nothing above reaches around it.
+//
+// Owns: the ops, device memory, host staging memory, streams and events. May use: core/.
 //
 // Conventions (all tensors are dense, row-major, float32 unless said otherwise):
 //   N = rows (B*T tokens), C = channels, O = output features, F = ffn hidden (local shard),
@@ -9,17 +16,47 @@
 //   gradients the comment of each op says whether it overwrites (=) or accumulates (+=).
 // Determinism: every op produces bit-identical results for identical inputs and an identical
 // thread count (reductions have a fixed order; no atomics).
+//
+// Streams and events: ops run on the backend's compute stream in submission order. A stream
+// orders work; an event marks a point in a stream: record(e, s) completes e when everything
+// submitted to s before it has completed; wait(s, e) makes later work on s wait for e;
+// synchronize(e) blocks the host until e. The trainer records an event when a unit's gradients
+// are final and the data-parallel reduction waits for it before a collective reads them (on a
+// GPU: a communication stream waiting on the compute stream). The CPU backends run every op to
+// completion in the calling thread, so their streams are trivially ordered: record marks the
+// event done, wait and synchronize only check that it was recorded.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 namespace exatrain {
+
+class Stream {
+ public:
+  virtual ~Stream() = default;
+};
+
+class Event {
+ public:
+  virtual ~Event() = default;
+  bool recorded = false;  // host-synchronous backends: set by record()
+};
 
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
+
+  // ---- streams and events (see the header comment; defaults: host-synchronous) -------------
+  virtual Stream& compute_stream() { return compute_; }
+  virtual std::unique_ptr<Stream> create_stream() { return std::make_unique<Stream>(); }
+  virtual std::unique_ptr<Event> create_event() { return std::make_unique<Event>(); }
+  virtual void record(Event& e, Stream&) { e.recorded = true; }
+  virtual void wait(Stream& s, const Event& e);   // checks that e was recorded
+  virtual void synchronize(const Event& e);       // likewise
+  virtual void synchronize() {}                    // every stream
 
   // ---- memory ------------------------------------------------------------------------------
   // alloc_bytes returns zeroed, 64-byte aligned device memory; free_bytes(nullptr) is a no-op.
@@ -35,6 +72,33 @@ class Backend {
   virtual void copy(void* dst_device, const void* src_device, size_t bytes) = 0;
   virtual void zero(void* p, size_t bytes) = 0;
   float* alloc(int64_t n) { return static_cast<float*>(alloc_bytes(sizeof(float) * size_t(n))); }
+  // Names an allocation for error messages (e.g. "gradient arena"); a no-op unless the backend
+  // reports on its memory (the guarded backend names it when host code touches it).
+  virtual void label(const void* p, const std::string& what) {}
+  // x[n] = value.
+  virtual void fill(float* x, float value, int64_t n) = 0;
+  // Returns the memory of x[0, n) to the system (CPU: madvise(MADV_DONTNEED) of the whole pages;
+  // they read 0 until written again). A page that [x, x+n) shares with other data is released
+  // too when it lies inside [free_begin, free_end), memory the caller says is free as well (e.g.
+  // the neighbouring gradient buckets already reduced); otherwise only the part of it inside
+  // [x, x+n) is set to partial_fill (0 for gradients that must read 0 again, NaN for released
+  // ZeRO-3 parameters so that a pass using one poisons the loss).
+  virtual void release(float* x, int64_t n, float partial_fill, const float* free_begin,
+                       const float* free_end) = 0;
+  void release(float* x, int64_t n, float partial_fill) { release(x, n, partial_fill, x, x + n); }
+
+  // Host staging memory (CPU: plain aligned memory; CUDA: pinned), for copies between device
+  // memory and files, the host's own arrays or a host-only library; freed with free_host.
+  virtual void* alloc_host(size_t bytes);
+  virtual void free_host(void* p);
+
+  // Host access for a communication library that reads and writes device memory itself (MPI):
+  // between begin_host_access(p, bytes) and end_host_access(token), [p, p+bytes) may be read and
+  // written outside an op. Pointers that are not device memory are ignored. Returns a token.
+  virtual int64_t begin_host_access(const void* p, size_t bytes) { return 0; }
+  virtual void end_host_access(int64_t token) {}
+  // Whether a communication library may be handed device pointers (with the access above).
+  virtual bool host_accessible() const { return true; }
 
   // ---- GEMM --------------------------------------------------------------------------------
   // C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C[M,N]; op(X) = X^T when trans_x.
@@ -56,6 +120,10 @@ class Backend {
   virtual void bias_backward(float* dbias, const float* dout, int64_t N, int64_t O) = 0;  // dbias[O] += sum_n dout[N,O]
   // sum of squares in double, fixed summation order independent of the thread count.
   virtual double sum_squares(const float* x, int64_t n) = 0;
+  // bfloat16 storage (the upper 16 bits of a float): f32 -> bf16 rounds to nearest even (NaN
+  // stays NaN), bf16 -> f32 is exact.
+  virtual void f32_to_bf16(uint16_t* dst, const float* src, int64_t n) = 0;
+  virtual void bf16_to_f32(float* dst, const uint16_t* src, int64_t n) = 0;
 
   // ---- norms (statistics saved for backward) -------------------------------------------------
   // out[N,C] = (inp - mean) * rstd * w[C] + b[C]; mean[N], rstd[N] saved.
@@ -143,6 +211,55 @@ class Backend {
   // ---- instrumentation -----------------------------------------------------------------------
   // Seconds and floating-point operations spent in gemm / gemm_strided_batched since reset.
   double gemm_seconds = 0, gemm_flops = 0;
+
+ private:
+  Stream compute_;
+};
+
+// A device allocation of n floats that frees itself (move-only). Empty when n == 0.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Backend& be, int64_t n, const char* label = nullptr, bool lazy = false);
+  ~DeviceBuffer() { reset(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  float* data() const { return p_; }
+  int64_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  void reset();
+
+ private:
+  Backend* be_ = nullptr;
+  float* p_ = nullptr;
+  int64_t n_ = 0;
+};
+
+// Host staging memory of n elements of T from Backend::alloc_host (move-only).
+template <class T>
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(Backend& be, int64_t n)
+      : be_(&be), p_(static_cast<T*>(be.alloc_host(sizeof(T) * size_t(n > 0 ? n : 1)))), n_(n) {}
+  ~HostBuffer() {
+    if (be_) be_->free_host(p_);
+  }
+  HostBuffer(HostBuffer&& o) noexcept : be_(o.be_), p_(o.p_), n_(o.n_) { o.be_ = nullptr, o.p_ = nullptr, o.n_ = 0; }
+  HostBuffer& operator=(HostBuffer&& o) noexcept {
+    std::swap(be_, o.be_), std::swap(p_, o.p_), std::swap(n_, o.n_);
+    return *this;
+  }
+  T* data() const { return p_; }
+  int64_t size() const { return n_; }
+  T& operator[](int64_t i) const { return p_[i]; }
+
+ private:
+  Backend* be_ = nullptr;
+  T* p_ = nullptr;
+  int64_t n_ = 0;
 };
 
 // The CPU backend (OpenBLAS sgemm + OpenMP kernels). `threads` <= 0: all cores.

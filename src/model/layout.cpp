@@ -8,11 +8,6 @@
 
 namespace exatrain {
 
-VocabSlice vocab_slice(int64_t vocab, int64_t tp, int64_t rank) {
-  const int64_t per = (vocab + tp - 1) / tp;
-  const int64_t start = std::min(vocab, per * rank);
-  return {start, std::min(vocab, start + per) - start};
-}
 
 int64_t ParamLayout::add(ParamInfo info) {
   int64_t n = 1;

@@ -40,7 +40,7 @@
 #include "model/gpt.hpp"
 #include "parallel/runtime.hpp"
 #include "parallel/trace.hpp"
-#include "train/token_source.hpp"
+#include "data/token_source.hpp"
 
 namespace exatrain::parallel {
 

@@ -4,7 +4,8 @@
 #include <cmath>
 
 #include "core/check.hpp"
-#include "model/layout.hpp"
+#include "job/model_shapes.hpp"
+#include "plan/mesh.hpp"
 #include "plan/flops.hpp"
 #include "plan/memory.hpp"
 
@@ -26,12 +27,10 @@ const char* to_string(CommKind k) {
 
 RankPosition rank_position(const Plan& p, int64_t rank) {
   EXA_CHECK(rank >= 0 && rank < p.gpus, "rank {} outside 0..{}", rank, p.gpus - 1);
-  RankPosition pos;
-  pos.tp_rank = rank % p.tp;
-  pos.cp_rank = (rank / p.tp) % p.cp;
-  pos.dp_rank = (rank / (p.tp * p.cp)) % p.dp;
-  pos.pp_rank = rank / (p.tp * p.cp * p.dp);
-  return pos;
+  // The one rank arithmetic (plan/mesh.hpp), shared with the runtime's communicators.
+  const MeshShape shape{int(p.tp), int(p.cp), int(p.dp), int(p.pp)};
+  const MeshCoord c = coord_of(shape, int(rank));
+  return {c.tp, c.cp, c.dp, c.pp};
 }
 
 int64_t ring_chunk(int64_t e, int64_t p, int64_t c) { return e / p + (c < e % p ? 1 : 0); }

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "model/layout.hpp"
+#include "job/model_shapes.hpp"
 #include "plan/flops.hpp"
 
 namespace exatrain::plan {

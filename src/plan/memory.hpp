@@ -16,7 +16,7 @@ namespace exatrain::plan {
 // checks it over a grid of models and splits). Megatron's tensor sharding: column-parallel QKV and
 // fc1 / gate+up (weights and biases split by tp), row-parallel out-proj and fc2 (weights split,
 // biases replicated), norms replicated, biases only with model.bias; vocabulary-parallel
-// embedding and output matrix with the rows of model/layout.hpp's vocab_slice (ceil(vocab / tp),
+// embedding and output matrix with the rows of job/model_shapes.hpp's vocab_slice (ceil(vocab / tp),
 // the last rank the remainder: tp_rank 0 holds the most). The first pipeline rank holds the
 // embeddings, the last the final norm and the output matrix (a copy of the tied embedding when
 // pp > 1). kv heads fewer than tp are replicated (each rank keeps one kv head; the planner models

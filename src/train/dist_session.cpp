@@ -16,6 +16,7 @@
 #include "core/check.hpp"
 #include "core/fileio.hpp"
 #include "data/loader.hpp"
+#include "data/token_source.hpp"
 #include "job/parse.hpp"
 #include "parallel/distributed_trainer.hpp"
 #include "parallel/setup.hpp"
@@ -35,19 +36,6 @@ namespace exatrain {
 namespace {
 
 namespace fs = std::filesystem;
-
-class LoaderSource final : public TokenSource {
- public:
-  explicit LoaderSource(data::TokenLoader& loader) : loader_(loader) {}
-  void next_batch(int64_t B, int64_t, int32_t* inputs, int32_t* targets) override {
-    loader_.next_batch(inputs, targets, B);
-  }
-  uint64_t position() const override { return loader_.cursor().position; }
-  void seek(uint64_t) override { EXA_FAIL("train: restore the loader through its cursor JSON"); }
-
- private:
-  data::TokenLoader& loader_;
-};
 
 const char* kBreakdownNames[] = {"compute", "tp_comm", "pp_comm", "pp_bubble", "dp_comm", "optimizer"};
 constexpr int kBreakdown = 6;

@@ -16,6 +16,7 @@
 #include "core/fileio.hpp"
 #include "core/paths.hpp"
 #include "data/loader.hpp"
+#include "data/token_source.hpp"
 #include "data/manifest.hpp"
 #include "data/prepare.hpp"
 #include "job/parse.hpp"
@@ -33,23 +34,6 @@ namespace fs = std::filesystem;
 
 // The bundled corpus (corpus/README.md) is prepared with this vocabulary for the default job.
 constexpr uint32_t kBundledVocab = 4096;
-
-// Adapts the memory-mapped loader to the trainer's TokenSource. The loader's own cursor (saved
-// as JSON in checkpoints) is the resumable position, so position()/seek() are not used.
-class LoaderSource final : public TokenSource {
- public:
-  explicit LoaderSource(data::TokenLoader& loader) : loader_(loader) {}
-  void next_batch(int64_t B, int64_t T, int32_t* inputs, int32_t* targets) override {
-    EXA_CHECK(T == loader_.seq_len(), "train: batch of {} tokens asked of a loader of sequences of {}", T,
-              loader_.seq_len());
-    loader_.next_batch(inputs, targets, B);
-  }
-  uint64_t position() const override { return loader_.cursor().position; }
-  void seek(uint64_t) override { EXA_FAIL("train: restore the loader through its cursor JSON"); }
-
- private:
-  data::TokenLoader& loader_;
-};
 
 void validate_local_job(const Job& job) {
   std::vector<std::string> errors;

@@ -10,7 +10,7 @@
 #include "job/job.hpp"
 #include "model/gpt.hpp"
 #include "optim/adamw.hpp"
-#include "train/token_source.hpp"
+#include "data/token_source.hpp"
 
 namespace exatrain {
 

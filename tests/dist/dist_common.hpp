@@ -11,7 +11,7 @@
 #include "job/job.hpp"
 #include "model/gpt.hpp"
 #include "parallel/distributed_trainer.hpp"
-#include "train/token_source.hpp"
+#include "data/token_source.hpp"
 
 namespace dist_test {
 

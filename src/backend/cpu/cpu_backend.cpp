@@ -7,6 +7,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <omp.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -74,6 +75,34 @@ void CpuBackend::zero(void* p, size_t bytes) {
     int64_t len = std::min<int64_t>(chunk, int64_t(bytes) - begin);
     std::memset(c + begin, 0, size_t(len));
   }
+}
+
+void CpuBackend::fill(float* x, float value, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= min_work_)
+  for (int64_t i = 0; i < n; i++) x[i] = value;
+}
+
+void CpuBackend::release(float* x, int64_t n, float partial_fill, const float* free_begin,
+                         const float* free_end) {
+  EXA_CHECK(free_begin <= x && x + n <= free_end, "cpu backend: release of [{}, {}) outside the free range "
+            "[{}, {})", static_cast<const void*>(x), static_cast<const void*>(x + n),
+            static_cast<const void*>(free_begin), static_cast<const void*>(free_end));
+  if (n <= 0) return;
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t b = uintptr_t(x), e = uintptr_t(x + n);
+  // Whole pages inside [x, x+n); the first and last page touched also when they lie in the free range.
+  uintptr_t lo = (b + page - 1) / page * page, hi = e / page * page;
+  if (b / page * page >= uintptr_t(free_begin)) lo = b / page * page;
+  if ((e + page - 1) / page * page <= uintptr_t(free_end)) hi = (e + page - 1) / page * page;
+  if (hi <= lo) {
+    fill(x, partial_fill, n);
+    return;
+  }
+  // The parts of x outside [lo, hi) stay resident: they share a page with live data.
+  if (b < lo) fill(x, partial_fill, int64_t((lo - b) / sizeof(float)));
+  if (hi < e) fill(reinterpret_cast<float*>(hi), partial_fill, int64_t((e - hi) / sizeof(float)));
+  EXA_SYSCHECK(madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) == 0,
+               "cpu backend: madvise(MADV_DONTNEED) of {} bytes", hi - lo);
 }
 
 // ---- GEMM --------------------------------------------------------------------------------------
@@ -201,6 +230,28 @@ double CpuBackend::sum_squares(const float* x, int64_t n) {
   double total = 0;
   for (double p : partial) total += p;
   return total;
+}
+
+void CpuBackend::f32_to_bf16(uint16_t* dst, const float* src, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= min_work_)
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t u;
+    std::memcpy(&u, &src[i], 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN: keep it a (quiet) NaN
+      dst[i] = uint16_t((u >> 16) | 0x40u);
+      continue;
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+    dst[i] = uint16_t(u >> 16);
+  }
+}
+
+void CpuBackend::bf16_to_f32(float* dst, const uint16_t* src, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= min_work_)
+  for (int64_t i = 0; i < n; i++) {
+    const uint32_t u = uint32_t(src[i]) << 16;
+    std::memcpy(&dst[i], &u, 4);
+  }
 }
 
 // ---- AdamW -------------------------------------------------------------------------------------

@@ -27,6 +27,9 @@ class CpuBackend final : public Backend {
   void download(void* dst, const void* src, size_t bytes) override;
   void copy(void* dst, const void* src, size_t bytes) override;
   void zero(void* p, size_t bytes) override;
+  void fill(float* x, float value, int64_t n) override;
+  void release(float* x, int64_t n, float partial_fill, const float* free_begin,
+               const float* free_end) override;
 
   void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
             const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
@@ -42,6 +45,8 @@ class CpuBackend final : public Backend {
   void add_bias(float* out, const float* bias, int64_t N, int64_t O) override;
   void bias_backward(float* dbias, const float* dout, int64_t N, int64_t O) override;
   double sum_squares(const float* x, int64_t n) override;
+  void f32_to_bf16(uint16_t* dst, const float* src, int64_t n) override;
+  void bf16_to_f32(float* dst, const uint16_t* src, int64_t n) override;
 
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                          const float* b, int64_t N, int64_t C, float eps) override;

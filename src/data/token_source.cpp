@@ -1,6 +1,7 @@
-#include "train/token_source.hpp"
+#include "data/token_source.hpp"
 
 #include "core/check.hpp"
+#include "data/loader.hpp"
 
 namespace exatrain {
 
@@ -18,5 +19,15 @@ void InMemoryTokenStream::next_batch(int64_t B, int64_t T, int32_t* inputs, int3
     pos_ = (pos_ + uint64_t(T)) % n;
   }
 }
+
+void LoaderSource::next_batch(int64_t B, int64_t T, int32_t* inputs, int32_t* targets) {
+  EXA_CHECK(T == loader_.seq_len(), "train: batch of {} tokens asked of a loader of sequences of {}", T,
+            loader_.seq_len());
+  loader_.next_batch(inputs, targets, B);
+}
+
+uint64_t LoaderSource::position() const { return loader_.cursor().position; }
+
+void LoaderSource::seek(uint64_t) { EXA_FAIL("train: restore the loader through its cursor JSON"); }
 
 }  // namespace exatrain

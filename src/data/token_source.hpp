@@ -6,6 +6,9 @@
 #include <vector>
 
 namespace exatrain {
+namespace data {
+class TokenLoader;
+}
 
 class TokenSource {
  public:
@@ -29,6 +32,20 @@ class InMemoryTokenStream final : public TokenSource {
  private:
   std::vector<int32_t> tokens_;
   uint64_t pos_ = 0;
+};
+
+// The memory-mapped loader (data/loader.hpp) as a TokenSource: asks of it batches of its own
+// sequence length only (anything else is an error naming both). Its resumable position is the
+// loader's cursor JSON (TokenLoader::cursor_json / restore_cursor), so seek() is refused.
+class LoaderSource final : public TokenSource {
+ public:
+  explicit LoaderSource(data::TokenLoader& loader) : loader_(loader) {}
+  void next_batch(int64_t B, int64_t T, int32_t* inputs, int32_t* targets) override;
+  uint64_t position() const override;
+  void seek(uint64_t position) override;
+
+ private:
+  data::TokenLoader& loader_;
 };
 
 }  // namespace exatrain

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# check_layering.sh CMAKE BUILD_DIR "PROBES" "CONTROLS" (tests/layering/CMakeLists.txt): every probe
+# (an include of a room its room may not use) must fail to compile because the header is not
+# found; every control (the includes a room may use) must compile.
+set -u
+cmake=$1 build=$2
+read -r -a probes <<< "${3//;/ }"
+read -r -a controls <<< "${4//;/ }"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+if ! "$cmake" --build "$build" --target "${controls[@]}" > "$log" 2>&1; then
+  echo "FAIL: an allowed include does not compile:"; tail -30 "$log"; exit 1
+fi
+echo "ok: ${#controls[@]} rooms compile with the headers of every room they may use"
+# One build of every probe, going on after errors (make -k): each must fail, not finding the header.
+"$cmake" --build "$build" --target "${probes[@]}" -- -k > "$log" 2>&1 && { echo "FAIL: the probes compiled"; exit 1; }
+fails=0
+for p in "${probes[@]}"; do
+  if ! grep -q "$p.cpp:.*No such file or directory" "$log"; then
+    echo "FAIL: $p did not fail with a missing header:"; grep -A3 "$p" "$log" | head -8; fails=$((fails + 1))
+  fi
+done
+[ "$fails" = 0 ] || exit 1
+echo "ok: ${#probes[@]} includes of rooms a room may not use fail to compile (header not found), e.g.:"
+grep -m1 "probe_model_includes_train.cpp:.*No such file" "$log"
