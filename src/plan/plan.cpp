@@ -56,6 +56,13 @@ std::string plan_error(const ModelSpec& m, const Plan& p) {
   // Parameter counts and the degrees' product in wide arithmetic: the job file's limits allow
   // values whose int64 products overflow.
   if (std::string e = model_size_problem(m); !e.empty()) return e;
+  // The per-rank byte counts (plan/comm.cpp, memory.cpp) multiply tokens, hidden and layers in
+  // int64: a step whose activations alone are beyond 2^56 bytes is refused with its figure.
+  const __int128 activation_bytes = __int128(p.global_batch) * m.seq_len * m.hidden * (m.layers + 2) * 16;
+  if (activation_bytes > (__int128(1) << 56))
+    return fmt::format("a step's activations are too large to count: global_batch * seq_len * hidden * (layers + 2) "
+                       "* 16 bytes = {} * {} * {} * {} * 16 = {:.3g} bytes, more than 2^56", p.global_batch, m.seq_len,
+                       m.hidden, m.layers + 2, double(activation_bytes));
   const __int128 ranks = __int128(p.tp) * p.pp * p.dp * p.cp;
   if (ranks != p.gpus)
     return fmt::format("gpus = tp * pp * dp * cp: {} * {} * {} * {} = {}, but gpus = {}", p.tp,
