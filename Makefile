@@ -13,7 +13,8 @@ FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 60
 # ASan + UBSan (every UBSan report is fatal); -fsanitize=fuzzer-no-link instruments the library
 # for libFuzzer's coverage (the unit tests link without libFuzzer).
-SAN_FLAGS := -O1 -gline-tables-only -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+SAN_FLAGS := -O1 -gline-tables-only -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
+  -Wno-pass-failed -Wno-unknown-warning-option
 # The unit tests that also run under the sanitizers: the readers (checkpoint, data, report), the
 # job parser, the training loop (session, train), the bad-input tests and core.
 SAN_ROOMS := core;job;checkpoint;data;report;session;train;bad_inputs

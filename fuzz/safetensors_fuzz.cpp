@@ -11,7 +11,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       exatrain::fuzz::write_scratch("in.safetensors", std::string(reinterpret_cast<const char*>(data), size));
   exatrain::fuzz::expect_clear_errors([&] {
     exatrain::checkpoint::SafetensorsReader r(path);
-    for (const auto& [name, info] : r.tensors()) {
+    for (const auto& entry : r.tensors()) {
+      const std::string& name = entry.first;  // (clang 14 cannot capture structured bindings)
+      const exatrain::checkpoint::TensorInfo& info = entry.second;
       exatrain::fuzz::expect_clear_errors([&] {
         const std::vector<float> v = r.read_f32(name);
         exatrain::fuzz::require(int64_t(v.size()) == info.numel(), "read_f32 size");

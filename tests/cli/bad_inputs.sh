@@ -164,6 +164,14 @@ expect_error "sample: NaN weights" 'ln_f.weight: 1 of 16 values are NaN or Inf (
 expect_error "export: NaN weights" 'pass --allow-nonfinite to export them anyway' -- "$EXA" export nan --out nanout
 expect_ok "export --allow-nonfinite warns" 'WARNING: exporting them anyway' -- "$EXA" export nan --out nanout --allow-nonfinite
 
+# job.toml crafted to describe another model than the weights: sample refuses before allocating,
+# export names the tensor whose shape disagrees.
+rm -rf otherjob && cp -r $C/step_00000006 otherjob
+sed -i 's/^ffn_hidden = 64$/ffn_hidden = 32/' otherjob/job.toml && recheck otherjob
+expect_error "sample: job.toml of another model" 'otherjob: job.toml describes a model of' -- "$EXA" sample otherjob --prompt line
+expect_error "export: job.toml of another model" 'export: tensor "h.0.mlp.fc1.weight" has shape [64, 16], but the checkpoint'"'"'s job.toml implies [32, 16]' \
+  -- "$EXA" export otherjob --format hf --out otherout
+
 # Every checkpoint incomplete: the restart moves them aside (kept) instead of overwriting them.
 rm -rf inc && cp -r run inc && rm inc/checkpoints/step_*/COMPLETE
 sed 's|run_dir = "run"|run_dir = "inc"|' tiny.toml > inc.toml
