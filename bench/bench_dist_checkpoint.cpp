@@ -20,9 +20,9 @@
 #include <fmt/format.h>
 
 #include "backend/backend.hpp"
-#include "parallel/distributed_trainer.hpp"
-#include "parallel/setup.hpp"
-#include "train/dist_checkpoint.hpp"
+#include "plan/resolve.hpp"
+#include "train/trainer.hpp"
+#include "train/checkpoint_io.hpp"
 #include "train/every_rank.hpp"
 
 using namespace exatrain;
@@ -83,12 +83,13 @@ int main(int argc, char** argv) {
     p.gpus = world, p.dp = l.dp, p.tp = l.tp, p.pp = l.pp, p.cp = 1, p.vp = 1, p.zero = l.zero;
     p.micro_batch = 1, p.global_batch = 2 * l.dp * l.pp, p.recompute = Recompute::none;
     p.seq_parallel = false, p.schedule = Schedule::one_f_one_b;
-    parallel::ParallelRuntime rt(MPI_COMM_WORLD, parallel::runtime_plan_from_job(job, world));
+    const plan::Plan plan = plan::plan_from_job(job, world);
+    parallel::ParallelRuntime rt(MPI_COMM_WORLD,
+                                 parallel::MeshShape{int(plan.tp), int(plan.cp), int(plan.dp), int(plan.pp)}, *backend);
     NoTokens tokens;
-    parallel::DistOptions o;
-    o.model = job.model;
-    o.train = job.train;
-    parallel::DistributedTrainer trainer(*backend, rt, o, tokens);
+    TrainerOptions o = trainer_options(job, plan);
+    o.peak_gflops = 1;
+    Trainer trainer(*backend, rt, o, tokens);
     int64_t state = 0;  // bytes of this rank's own parameters, moments (and ZeRO shards)
     for (const auto& s : trainer.state_slices()) state += int64_t(sizeof(float)) * (s.end - s.begin);
     TrainerExtras ex;
@@ -96,7 +97,7 @@ int main(int argc, char** argv) {
     MPI_Barrier(MPI_COMM_WORLD);
     int64_t before = reset_peak_bytes();
     double t0 = MPI_Wtime();
-    std::string dir = save_distributed_checkpoint(trainer, MPI_COMM_WORLD, root, ex, 1);
+    std::string dir = save_checkpoint(trainer, MPI_COMM_WORLD, root, ex, 1);
     const double save_s = MPI_Wtime() - t0;
     const int64_t save_growth = peak_bytes() - before;
     const CheckpointIoStats saved = last_checkpoint_io_stats();
@@ -104,7 +105,7 @@ int main(int argc, char** argv) {
     MPI_Barrier(MPI_COMM_WORLD);
     before = reset_peak_bytes();
     t0 = MPI_Wtime();
-    load_distributed_checkpoint(trainer, MPI_COMM_WORLD, dir);
+    load_checkpoint(trainer, MPI_COMM_WORLD, dir);
     const double load_s = MPI_Wtime() - t0;
     const int64_t load_growth = peak_bytes() - before;
     const CheckpointIoStats loaded = last_checkpoint_io_stats();

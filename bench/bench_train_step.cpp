@@ -185,14 +185,15 @@ int main(int argc, char** argv) try {
 
   TrainerOptions o;  // ModelSpec defaults are GPT-2 124M
   o.model.vocab = 50257;
-  o.micro_batch = 4;
-  o.seq = 64;
+  o.seq = 64;  // 64-token sequences of the 1024-position model
+  o.plan = single_rank_plan(/*micro_batch=*/4, /*micro_batches=*/1);
   o.train.lr = 6e-4;
   o.train.warmup_steps = 0;
   o.train.steps = 1000;
   o.peak_gflops = peak;
   ChecksummedStream data(tokens);
-  Trainer tr(*be, o, data);
+  auto rt = parallel::ParallelRuntime::local(*be);  // one rank, the same trainer as mpirun -np N
+  Trainer tr(*be, *rt, o, data);
   std::printf("engine: %lld parameters, %.2f GFLOP per step (model FLOPs)\n",
               (long long)tr.model().num_params(), tr.model().flops_per_step() / 1e9);
 

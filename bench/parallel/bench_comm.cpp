@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "parallel/comm.hpp"
+#include "parallel/mpi_group.hpp"
 
 using namespace exatrain::parallel;
 
@@ -33,7 +34,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
   }
   CommLedger ledger;
-  Group g(MPI_COMM_WORLD, "dp", &ledger, nullptr);
+  MpiGroup g(MPI_COMM_WORLD, "dp", &ledger, nullptr);
   int p = g.size(), me = g.rank();
   if (me == 0)
     std::printf("# %d ranks, median of %d reps\n%-15s %12s %12s %10s %10s\n", p, reps, "op",

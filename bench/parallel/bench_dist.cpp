@@ -17,8 +17,8 @@
 
 #include "backend/backend.hpp"
 #include "job/parse.hpp"
-#include "parallel/distributed_trainer.hpp"
-#include "parallel/setup.hpp"
+#include "plan/resolve.hpp"
+#include "train/trainer.hpp"
 #include "plan/predict.hpp"
 
 using namespace exatrain;
@@ -75,21 +75,21 @@ int main(int argc, char** argv) {
   p.global_batch = 8, p.recompute = Recompute::none, p.seq_parallel = false, p.schedule = Schedule::one_f_one_b;
   job.train.steps = warmup + steps;
   job.train.precision = Precision::fp32;
-  const parallel::RuntimePlan rplan = parallel::runtime_plan_from_job(job, world);
-  parallel::ParallelRuntime rt(MPI_COMM_WORLD, rplan);
+  const plan::Plan rplan = plan::plan_from_job(job, world);
   auto backend = make_cpu_backend(threads);
   omp_set_num_threads(threads);
+  parallel::ParallelRuntime rt(MPI_COMM_WORLD,
+                               parallel::MeshShape{int(rplan.tp), int(rplan.cp), int(rplan.dp), int(rplan.pp)}, *backend);
   HashTokens data(m.vocab, rt.dp().rank(), rt.dp().size());
-  parallel::DistOptions o;
-  o.model = m;
-  o.train = job.train;
-  parallel::DistributedTrainer trainer(*backend, rt, o, data);
+  TrainerOptions o = trainer_options(job, rplan);
+  o.peak_gflops = 1;
+  Trainer trainer(*backend, rt, o, data);
   const char* names[] = {"compute", "tp_comm", "pp_comm", "pp_bubble", "dp_comm", "optimizer"};
   std::vector<double> secs;
   std::vector<std::vector<double>> parts(6);  // per component, one value per measured step
   for (int s = 0; s < warmup + steps; s++) {
     MPI_Barrier(MPI_COMM_WORLD);
-    const parallel::DistStepMetrics r = trainer.train_step();
+    const StepMetrics r = trainer.train_step();
     if (s < warmup) continue;
     secs.push_back(r.seconds);
     for (int k = 0; k < 6; k++)

@@ -13,8 +13,8 @@
 
 #include "backend/backend.hpp"
 #include "dist_common.hpp"
-#include "parallel/distributed_trainer.hpp"
-#include "parallel/setup.hpp"
+#include "plan/resolve.hpp"
+#include "train/trainer.hpp"
 
 using namespace exatrain;
 using namespace exatrain::parallel;
@@ -42,14 +42,13 @@ int main(int argc, char** argv) {
   ModelSpec& m = job.model;
   m.layers = 12, m.hidden = 768, m.heads = 12, m.kv_heads = 12, m.ffn_hidden = 3072, m.vocab = 50257, m.seq_len = 128;
   {
-    const RuntimePlan plan = runtime_plan_from_job(job, w.size);
-    ParallelRuntime rt(MPI_COMM_WORLD, plan);
-    dist_test::SyntheticSource src(m.vocab, rt.dp().rank(), rt.dp().size());
+    const plan::Plan plan = plan::plan_from_job(job, w.size);
     auto be = make_cpu_backend(1);
-    DistOptions o;
-    o.model = m;
-    o.train = job.train;
-    DistributedTrainer t(*be, rt, o, src);
+    ParallelRuntime rt(MPI_COMM_WORLD, MeshShape{int(plan.tp), int(plan.cp), int(plan.dp), int(plan.pp)}, *be);
+    dist_test::SyntheticSource src(m.vocab, rt.dp().rank(), rt.dp().size());
+    TrainerOptions o = trainer_options(job, plan);
+    o.peak_gflops = 1;
+    Trainer t(*be, rt, o, src);
     const double built = status_mib("VmRSS:"), built_peak = status_mib("VmHWM:");
     t.train_step();
     const double stepped = status_mib("VmRSS:"), peak = status_mib("VmHWM:");

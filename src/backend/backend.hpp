@@ -266,4 +266,10 @@ class HostBuffer {
 // Kernels smaller than parallel_min_work elements run single-threaded (0: always parallel).
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0, int64_t parallel_min_work = 1 << 15);
 
+// The backend named in the job ([train] backend): "cpu" or "cpu-guarded" (the CPU backend with
+// device memory the host cannot touch outside an op: cpu/guarded_backend.hpp). Unknown names are
+// an error listing the known ones.
+std::unique_ptr<Backend> make_backend(const std::string& name, int threads = 0,
+                                      int64_t parallel_min_work = 1 << 15);
+
 }  // namespace exatrain

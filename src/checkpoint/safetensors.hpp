@@ -50,7 +50,7 @@ class SafetensorsWriter {
                  DType stored, const std::vector<int64_t>& global_shape,
                  const std::vector<int64_t>& offset);
   // A whole float32 tensor declared without data, for a file whose data others write at the
-  // offsets data_ranges() gives (e.g. every rank its slices: train/dist_checkpoint.hpp).
+  // offsets data_ranges() gives (e.g. every rank its slices: train/checkpoint_io.hpp).
   // header() and file_prefix() lay it out as add() would; write() refuses it.
   void declare(const std::string& name, const std::vector<int64_t>& shape);
   void set_metadata(const std::string& key, const std::string& value);

@@ -9,7 +9,6 @@
 #include "job/parse.hpp"
 #include "report/report.hpp"
 #include "train/sample.hpp"
-#include "train/dist_session.hpp"
 #include "train/every_rank.hpp"
 #include "train/session.hpp"
 
@@ -28,36 +27,29 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--set", a->sets, "override a key: section.key=value (repeatable)");
   cmd->add_option("--resume", a->resume, "auto (newest valid checkpoint in run_dir), none, or a checkpoint directory");
   cmd->add_flag("--plain", a->plain, "plain log lines instead of a progress bar");
-  cmd->add_option("--trace", a->trace, "multi-rank runs: write a Chrome/Perfetto trace of the first 3 steps of every rank");
+  cmd->add_option("--trace", a->trace, "write a Chrome/Perfetto trace of the first 3 steps of every rank");
   cmd->callback([a] {
+    init_mpi();  // first: the job's checks need the number of ranks it runs on
     // The trainer's own requirements are reported together with the file's problems.
     // Every rank reads the same file and --set values: a problem there is printed once.
     Job job = on_every_rank([&] {
       return load_job(a->job, a->sets, [](const Job& j, std::vector<std::string>& errors) {
-        check_job_catalog(j, errors);
-        if (!wants_distributed(j)) check_single_rank_job(j, errors);
+        check_job_catalog(j, errors);  // an unknown device is refused by every command
+        check_training_job(j, errors);
       });
     });
     TrainRunOptions o;
     o.resume = a->resume;
     if (a->plain) o.interactive = 0;
     o.trace = a->trace;
-    if (wants_distributed(job)) {  // several MPI ranks, or a [parallel] degree other than 1
-      TrainRunResult r = run_distributed_training(job, o);
-      if (!r.run_dir.empty()) {  // rank 0
-        report::RunSummary s = report::write_report(r.run_dir);
-        fmt::print("\n{}", report::format_summary(s, r.run_dir));
-        if (!r.last_checkpoint.empty()) fmt::print("  checkpoint        {}\n", r.last_checkpoint);
-        fmt::print("  metrics           {}/metrics.jsonl\n", r.run_dir);
-      }
-      finalize_mpi();
-      return;
+    TrainRunResult r = run_training(job, o);  // on 1..N ranks (mpirun, srun, or none)
+    if (!r.run_dir.empty()) {                 // rank 0
+      report::RunSummary s = report::write_report(r.run_dir);
+      fmt::print("\n{}", report::format_summary(s, r.run_dir));
+      if (!r.last_checkpoint.empty()) fmt::print("  checkpoint        {}\n", r.last_checkpoint);
+      fmt::print("  metrics           {}/metrics.jsonl\n", r.run_dir);
     }
-    TrainRunResult r = run_training(job, o);
-    report::RunSummary s = report::write_report(r.run_dir);
-    fmt::print("\n{}", report::format_summary(s, r.run_dir));
-    if (!r.last_checkpoint.empty()) fmt::print("  checkpoint        {}\n", r.last_checkpoint);
-    fmt::print("  metrics           {}/metrics.jsonl\n", r.run_dir);
+    finalize_mpi();
   });
 }
 

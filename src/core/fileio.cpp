@@ -31,7 +31,12 @@ size_t allowed_by_injection(size_t bytes) {
 
 void inject_write_failure_after(int64_t bytes) { g_fail_after.store(bytes); }
 
-OutputFile::OutputFile(const std::string& path) : path_(path) {
+OutputFile::OutputFile(const std::string& path, Open how) : path_(path) {
+  if (how == Open::existing) {
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    EXA_SYSCHECK(fd_ >= 0, "cannot open {} for writing", path);
+    return;
+  }
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   EXA_SYSCHECK(fd_ >= 0, "cannot create {}", path);
 }
@@ -64,7 +69,12 @@ void OutputFile::pwrite(const void* data, size_t bytes, uint64_t offset) {
   EXA_CHECK(fd_ >= 0, "write to {} after it was closed", path_);
   const char* p = static_cast<const char*>(data);
   while (bytes > 0) {
-    ssize_t n = ::pwrite(fd_, p, bytes, off_t(offset));
+    const size_t chunk = allowed_by_injection(bytes);
+    if (chunk == 0) {
+      errno = ENOSPC;
+      EXA_SYSCHECK(false, "cannot write {} at offset {}", path_, offset);
+    }
+    ssize_t n = ::pwrite(fd_, p, chunk, off_t(offset));
     if (n < 0 && errno == EINTR) continue;
     EXA_SYSCHECK(n >= 0, "cannot write {} at offset {}", path_, offset);
     p += n;

@@ -18,7 +18,10 @@ namespace exatrain {
 // bytes placed with pwrite(), which is for headers patched in place: hash those yourself).
 class OutputFile {
  public:
-  explicit OutputFile(const std::string& path);  // creates or truncates
+  // create: creates or truncates; existing: opens a file that exists for writing in place (e.g. a
+  // checkpoint file every rank writes its slices of with pwrite).
+  enum class Open { create, existing };
+  explicit OutputFile(const std::string& path, Open how = Open::create);
   ~OutputFile();                                 // closes; never throws
   OutputFile(const OutputFile&) = delete;
   OutputFile& operator=(const OutputFile&) = delete;
@@ -38,7 +41,8 @@ class OutputFile {
 };
 
 // Test hook: after `bytes` more bytes have been written through OutputFile (all files
-// together), every write fails with ENOSPC, as on a full disk. Negative = off (the default).
+// together, write and pwrite), every write fails with ENOSPC, as on a full disk. Negative = off
+// (the default).
 void inject_write_failure_after(int64_t bytes);
 
 // fsync a directory so that the names created or renamed in it survive a crash.

@@ -94,6 +94,9 @@ struct TrainSpec {
   int64_t log_every = 1;
   int64_t threads = 0;          // 0 = all cores
   std::string nan_policy = "stop";  // stop | skip
+  // The compute backend: "cpu" (OpenBLAS + OpenMP) or "cpu-guarded" (the same with device memory
+  // the host cannot touch outside an op: the proof of the device boundary, for tests).
+  std::string backend = "cpu";
   bool operator==(const TrainSpec&) const = default;
 };
 

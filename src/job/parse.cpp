@@ -492,13 +492,14 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     s.get_int("log_every", t.log_every, 1, int64_t(1) << 40);
     s.get_int("threads", t.threads, 0, 4096);
     if (int i = s.get_choice("nan_policy", {"stop", "skip"}); i >= 0) t.nan_policy = i == 0 ? "stop" : "skip";
+    if (int i = s.get_choice("backend", {"cpu", "cpu-guarded"}); i >= 0) t.backend = i == 0 ? "cpu" : "cpu-guarded";
     if (t.min_lr > t.lr)
       errors.push_back(fmt::format("{}: [train] min_lr = {} is above lr = {} (the cosine schedule decays "
                                    "from lr down to min_lr)", job_origin(job, {"train.min_lr", "train.lr"}), t.min_lr, t.lr));
     s.report_unknown({"precision", "optimizer", "steps", "seed", "lr", "min_lr", "warmup_steps",
                       "weight_decay", "beta1", "beta2", "eps", "grad_clip", "data", "run_dir",
                       "checkpoint_every", "keep_checkpoints", "eval_every", "eval_batches", "log_every",
-                      "threads", "nan_policy"});
+                      "threads", "nan_policy", "backend"});
   }
 
   if (extra) extra(job, errors);
@@ -588,7 +589,7 @@ std::string job_to_toml(const Job& job) {
          line("run_dir", t.run_dir) + line("checkpoint_every", t.checkpoint_every) +
          line("keep_checkpoints", t.keep_checkpoints) + line("eval_every", t.eval_every) +
          line("eval_batches", t.eval_batches) + line("log_every", t.log_every) + line("threads", t.threads) +
-         line("nan_policy", t.nan_policy);
+         line("nan_policy", t.nan_policy) + line("backend", t.backend);
   return out;
 }
 

@@ -59,6 +59,8 @@ Gpt::Gpt(Backend& backend, const GptOptions& options, ParallelHooks* hooks)
   const size_t arena_bytes = sizeof(float) * size_t(layout_.total());
   params_ = static_cast<float*>(opt_.lazy_params ? be_.alloc_bytes_lazy(arena_bytes) : be_.alloc_bytes(arena_bytes));
   grads_ = static_cast<float*>(opt_.lazy_grads ? be_.alloc_bytes_lazy(arena_bytes) : be_.alloc_bytes(arena_bytes));
+  be_.label(params_, "parameter arena");
+  be_.label(grads_, "gradient arena");
   mem_.params = mem_.grads = int64_t(sizeof(float)) * layout_.total();
   allocate_activations();
 }
@@ -76,79 +78,85 @@ void Gpt::build_layout() {
   const float std0 = 0.02f;
   // GPT-2's scaled init: residual output projections get std / sqrt(2 * layers).
   const float std_res = std0 / std::sqrt(2.0f * float(m.layers));
-  // add(name, global shape, split dim, local extent along it, start, decay, std, const value)
-  auto add = [&](const std::string& name, std::vector<int64_t> global, int split,
-                 int64_t local, int64_t start, bool decay, float init_std, float value) {
+  const int r = opt_.tp.rank;
+  const int64_t H = m.heads, KV = m.kv_heads, D = D_, C = C_, F = m.ffn_hidden;
+  using R = ParamRole;
+  // add(name, role, unit, global shape, split dim, local extent along it, start, std, const value)
+  auto add = [&](const std::string& name, ParamRole role, int64_t unit, std::vector<int64_t> global, int split,
+                 int64_t local, int64_t start, float init_std, float value) {
     ParamInfo p;
     p.name = name;
+    p.role = role;
+    p.unit = unit;
     p.global_shape = global;
     p.shard_shape = global;
     if (split >= 0) p.shard_shape[size_t(split)] = local;
     p.split_dim = split;
     p.shard_start = split >= 0 ? start : 0;
-    p.decay = decay;
-    // Used on this rank's rows only under sequence parallelism: norms and the biases added
-    // after a row-parallel exit.
-    p.sp_partial_grad = sp_ && (name.find("ln_") != std::string::npos ||
-                                name.ends_with("o_proj.bias") || name.ends_with("fc2.bias") ||
-                                name.ends_with("down_proj.bias"));
+    p.decay = role == R::matrix || role == R::embedding || role == R::head;
+    // Used on this rank's rows only under sequence parallelism: the norms and the biases added
+    // after a row-parallel exit (replicated over tp; the column-parallel biases are split).
+    p.sp_partial_grad = sp_ && (role == R::norm || (role == R::bias && split < 0));
     p.init_std = init_std;
     p.init_value = value;
     return layout_.add(p);
   };
-  const int r = opt_.tp.rank;
-  const int64_t H = m.heads, KV = m.kv_heads, D = D_, C = C_, F = m.ffn_hidden;
+  const int64_t E = kEmbeddingUnit;
   const bool head_own_wte = opt_.stage.has_head && m.tie_embeddings && !opt_.stage.has_embedding;
-  if (opt_.stage.has_embedding || head_own_wte)
-    off_wte_ = add("wte.weight", {m.vocab, C}, 0, vocab_local_, vocab_start_, true, std0, 0);
+  if (opt_.stage.has_embedding || head_own_wte) {
+    // The head stage's copy of a tied embedding belongs to the head (only the head reads it).
+    off_wte_ = add("wte.weight", R::embedding, head_own_wte ? kHeadUnit : E, {m.vocab, C}, 0, vocab_local_,
+                   vocab_start_, std0, 0);
+    if (head_own_wte) layout_.mark_tied_copy(off_wte_);
+  }
   if (opt_.stage.has_embedding && m.position == Position::learned)
-    off_wpe_ = add("wpe.weight", {m.seq_len, C}, -1, 0, 0, true, std0, 0);
+    off_wpe_ = add("wpe.weight", R::embedding, E, {m.seq_len, C}, -1, 0, 0, std0, 0);
   for (int64_t l = first_; l < first_ + L_; l++) {
     const std::string p = "h." + std::to_string(l) + ".";
     LayerOffsets o;
-    o.ln1_w = add(p + "ln_1.weight", {C}, -1, 0, 0, false, 0, 1.0f);
-    if (ln) o.ln1_b = add(p + "ln_1.bias", {C}, -1, 0, 0, false, 0, 0.0f);
-    o.qkv_w = add(p + "attn.q_proj.weight", {H * D, C}, 0, Hq_ * D, r * Hq_ * D, true, std0, 0);
-    add(p + "attn.k_proj.weight", {KV * D, C}, 0, Hkv_ * D, r * Hkv_ * D, true, std0, 0);
-    add(p + "attn.v_proj.weight", {KV * D, C}, 0, Hkv_ * D, r * Hkv_ * D, true, std0, 0);
+    o.ln1_w = add(p + "ln_1.weight", R::norm, l, {C}, -1, 0, 0, 0, 1.0f);
+    if (ln) o.ln1_b = add(p + "ln_1.bias", R::norm, l, {C}, -1, 0, 0, 0, 0.0f);
+    o.qkv_w = add(p + "attn.q_proj.weight", R::matrix, l, {H * D, C}, 0, Hq_ * D, r * Hq_ * D, std0, 0);
+    add(p + "attn.k_proj.weight", R::matrix, l, {KV * D, C}, 0, Hkv_ * D, r * Hkv_ * D, std0, 0);
+    add(p + "attn.v_proj.weight", R::matrix, l, {KV * D, C}, 0, Hkv_ * D, r * Hkv_ * D, std0, 0);
     if (bias) {
-      o.qkv_b = add(p + "attn.q_proj.bias", {H * D}, 0, Hq_ * D, r * Hq_ * D, false, 0, 0);
-      add(p + "attn.k_proj.bias", {KV * D}, 0, Hkv_ * D, r * Hkv_ * D, false, 0, 0);
-      add(p + "attn.v_proj.bias", {KV * D}, 0, Hkv_ * D, r * Hkv_ * D, false, 0, 0);
+      o.qkv_b = add(p + "attn.q_proj.bias", R::bias, l, {H * D}, 0, Hq_ * D, r * Hq_ * D, 0, 0);
+      add(p + "attn.k_proj.bias", R::bias, l, {KV * D}, 0, Hkv_ * D, r * Hkv_ * D, 0, 0);
+      add(p + "attn.v_proj.bias", R::bias, l, {KV * D}, 0, Hkv_ * D, r * Hkv_ * D, 0, 0);
     }
-    o.o_w = add(p + "attn.o_proj.weight", {C, H * D}, 1, Hq_ * D, r * Hq_ * D, true, std_res, 0);
-    if (bias) o.o_b = add(p + "attn.o_proj.bias", {C}, -1, 0, 0, false, 0, 0);
-    o.ln2_w = add(p + "ln_2.weight", {C}, -1, 0, 0, false, 0, 1.0f);
-    if (ln) o.ln2_b = add(p + "ln_2.bias", {C}, -1, 0, 0, false, 0, 0.0f);
+    o.o_w = add(p + "attn.o_proj.weight", R::matrix, l, {C, H * D}, 1, Hq_ * D, r * Hq_ * D, std_res, 0);
+    if (bias) o.o_b = add(p + "attn.o_proj.bias", R::bias, l, {C}, -1, 0, 0, 0, 0);
+    o.ln2_w = add(p + "ln_2.weight", R::norm, l, {C}, -1, 0, 0, 0, 1.0f);
+    if (ln) o.ln2_b = add(p + "ln_2.bias", R::norm, l, {C}, -1, 0, 0, 0, 0.0f);
     if (m.activation == Activation::gelu) {
-      o.fc1_w = add(p + "mlp.fc1.weight", {F, C}, 0, F_, r * F_, true, std0, 0);
-      if (bias) o.fc1_b = add(p + "mlp.fc1.bias", {F}, 0, F_, r * F_, false, 0, 0);
-      o.fc2_w = add(p + "mlp.fc2.weight", {C, F}, 1, F_, r * F_, true, std_res, 0);
-      if (bias) o.fc2_b = add(p + "mlp.fc2.bias", {C}, -1, 0, 0, false, 0, 0);
+      o.fc1_w = add(p + "mlp.fc1.weight", R::matrix, l, {F, C}, 0, F_, r * F_, std0, 0);
+      if (bias) o.fc1_b = add(p + "mlp.fc1.bias", R::bias, l, {F}, 0, F_, r * F_, 0, 0);
+      o.fc2_w = add(p + "mlp.fc2.weight", R::matrix, l, {C, F}, 1, F_, r * F_, std_res, 0);
+      if (bias) o.fc2_b = add(p + "mlp.fc2.bias", R::bias, l, {C}, -1, 0, 0, 0, 0);
     } else {
-      o.fc1_w = add(p + "mlp.gate_proj.weight", {F, C}, 0, F_, r * F_, true, std0, 0);
-      add(p + "mlp.up_proj.weight", {F, C}, 0, F_, r * F_, true, std0, 0);
+      o.fc1_w = add(p + "mlp.gate_proj.weight", R::matrix, l, {F, C}, 0, F_, r * F_, std0, 0);
+      add(p + "mlp.up_proj.weight", R::matrix, l, {F, C}, 0, F_, r * F_, std0, 0);
       if (bias) {
-        o.fc1_b = add(p + "mlp.gate_proj.bias", {F}, 0, F_, r * F_, false, 0, 0);
-        add(p + "mlp.up_proj.bias", {F}, 0, F_, r * F_, false, 0, 0);
+        o.fc1_b = add(p + "mlp.gate_proj.bias", R::bias, l, {F}, 0, F_, r * F_, 0, 0);
+        add(p + "mlp.up_proj.bias", R::bias, l, {F}, 0, F_, r * F_, 0, 0);
       }
-      o.fc2_w = add(p + "mlp.down_proj.weight", {C, F}, 1, F_, r * F_, true, std_res, 0);
-      if (bias) o.fc2_b = add(p + "mlp.down_proj.bias", {C}, -1, 0, 0, false, 0, 0);
+      o.fc2_w = add(p + "mlp.down_proj.weight", R::matrix, l, {C, F}, 1, F_, r * F_, std_res, 0);
+      if (bias) o.fc2_b = add(p + "mlp.down_proj.bias", R::bias, l, {C}, -1, 0, 0, 0, 0);
     }
     layer_off_.push_back(o);
   }
   if (opt_.stage.has_head) {
-    off_lnf_w_ = add("ln_f.weight", {C}, -1, 0, 0, false, 0, 1.0f);
-    if (ln) off_lnf_b_ = add("ln_f.bias", {C}, -1, 0, 0, false, 0, 0.0f);
-    off_head_ = m.tie_embeddings
-                    ? off_wte_
-                    : add("lm_head.weight", {m.vocab, C}, 0, vocab_local_, vocab_start_, true,
-                          std0, 0);
+    off_lnf_w_ = add("ln_f.weight", R::norm, kHeadUnit, {C}, -1, 0, 0, 0, 1.0f);
+    if (ln) off_lnf_b_ = add("ln_f.bias", R::norm, kHeadUnit, {C}, -1, 0, 0, 0, 0.0f);
+    off_head_ = m.tie_embeddings ? off_wte_
+                                 : add("lm_head.weight", R::head, kHeadUnit, {m.vocab, C}, 0, vocab_local_,
+                                       vocab_start_, std0, 0);
   }
 }
 
 float* Gpt::alloc_act(int64_t n) {
   float* p = be_.alloc(n);  // owned_, freed in ~Gpt
+  be_.label(p, "activations");
   owned_.push_back(p);
   mem_.activations += int64_t(sizeof(float)) * n;
   return p;

@@ -90,6 +90,7 @@ class Gpt {
 
   // ---- facts -------------------------------------------------------------------------------
   const GptOptions& options() const { return opt_; }
+  Backend& backend() const { return be_; }
   int64_t vocab_start() const { return vocab_start_; }
   int64_t vocab_local() const { return vocab_local_; }
   ModelMemory memory() const { return mem_; }

@@ -19,10 +19,26 @@ int64_t ParamLayout::add(ParamInfo info) {
   return entries_.back().offset;
 }
 
+void ParamLayout::mark_tied_copy(int64_t offset) {
+  for (ParamInfo& e : entries_)
+    if (e.offset == offset) e.tied_copy = true;
+}
+
 const ParamInfo& ParamLayout::find(const std::string& name) const {
   for (const auto& e : entries_)
     if (e.name == name) return e;
   EXA_FAIL("parameter '{}' is not in this model's layout ({} parameters)", name, entries_.size());
+}
+
+const char* to_string(ParamRole r) {
+  switch (r) {
+    case ParamRole::matrix: return "matrix";
+    case ParamRole::embedding: return "embedding";
+    case ParamRole::head: return "head";
+    case ParamRole::norm: return "norm";
+    case ParamRole::bias: return "bias";
+  }
+  return "?";
 }
 
 namespace {

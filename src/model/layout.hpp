@@ -35,15 +35,35 @@
 
 namespace exatrain {
 
+// What a parameter is to the code that treats parameters differently (optimizers, weight decay,
+// sequence-parallel partial sums), so that no code needs to read it off the name:
+//   matrix     the 2-D weights inside a layer (attention q/k/v/o, MLP): a matrix optimizer's domain
+//   embedding  the token (wte) and learned position (wpe) tables, also the head stage's tied copy of wte
+//   head       the untied output projection (lm_head)
+//   norm       layernorm/rmsnorm weights and biases
+//   bias       the biases of linear layers
+enum class ParamRole { matrix, embedding, head, norm, bias };
+const char* to_string(ParamRole r);
+
+// The unit a parameter belongs to: the global index of its transformer layer, or one of these
+// (the model's ParallelHooks report passes through units: model/parallel_hooks.hpp).
+inline constexpr int64_t kEmbeddingUnit = -1;  // wte, wpe
+inline constexpr int64_t kHeadUnit = -2;       // ln_f, lm_head, and the head stage's tied copy of wte
+
 struct ParamInfo {
-  std::string name;
+  std::string name;                   // Hugging Face style, for checkpoints and messages only
   std::vector<int64_t> global_shape;  // the full tensor, as in a tp=1 model
   std::vector<int64_t> shard_shape;   // what this instance holds
   int split_dim = -1;                 // -1 replicated, else the dimension that is sliced
   int64_t shard_start = 0;            // first index of this slice along split_dim
   int64_t offset = 0;                 // in floats, into the parameter (and gradient) arena
   int64_t numel = 0;                  // product of shard_shape
-  bool decay = false;                 // AdamW weight decay applies (matrices, embeddings)
+  ParamRole role = ParamRole::matrix;
+  int64_t unit = 0;                   // layer index, kEmbeddingUnit or kHeadUnit (see above)
+  // The head stage's own copy of the tied embedding (first stage elsewhere): its gradient must be
+  // summed with the embedding stage's, and it is saved by that stage only.
+  bool tied_copy = false;
+  bool decay = false;                 // weight decay applies (matrices, embeddings, head)
   bool sp_partial_grad = false;       // sequence parallel: gradient is a partial sum over tp
   float init_std = 0;                 // > 0: normal(0, init_std); else constant init_value
   float init_value = 0;
@@ -54,8 +74,11 @@ class ParamLayout {
  public:
   // Appends a parameter at the current end of the arena; returns its offset.
   int64_t add(ParamInfo info);
+  void mark_tied_copy(int64_t offset);  // the entry at `offset` is the head stage's tied copy
   const std::vector<ParamInfo>& entries() const { return entries_; }
-  const ParamInfo& find(const std::string& name) const;  // throws Error naming the parameter
+  // By name, for tests and tools that match tensors across models; the runtime reads roles and
+  // units instead. Throws an Error naming the parameter.
+  const ParamInfo& find(const std::string& name) const;
   int64_t total() const { return total_; }               // floats in the arena
 
  private:

@@ -33,6 +33,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "model/layout.hpp"
+
 namespace exatrain {
 
 // Which slice of each sharded weight this model instance holds.
@@ -59,14 +61,15 @@ class ParallelHooks {
 
   // Layer boundaries, for the data-parallel side of the runtime (not collectives themselves;
   // default no-ops). `layer` is the GLOBAL layer index; its parameters are the layout entries
-  // named "h.<layer>." (one contiguous arena range). kEmbedding / kHead stand for the
-  // embedding (wte, wpe) and the head (ln_f, lm_head or the tied wte).
+  // whose ParamInfo::unit is that index (one contiguous arena range). kEmbedding / kHead stand for
+  // the embedding (wte, wpe) and the head (ln_f, lm_head or the tied wte): model/layout.hpp's
+  // kEmbeddingUnit and kHeadUnit.
   //   before_layer(l, pass): the layer's parameters are about to be read (ZeRO-3: gather them).
   //   after_layer(l, pass):  done with them for this pass (ZeRO-3: release). After
   //                          Pass::backward the layer's gradients for this micro-batch are
   //                          final (start a bucketed non-blocking all-reduce).
   enum class Pass { forward, backward, recompute };
-  static constexpr int64_t kEmbedding = -1, kHead = -2;
+  static constexpr int64_t kEmbedding = kEmbeddingUnit, kHead = kHeadUnit;
   virtual void before_layer(int64_t layer, Pass pass) {}
   virtual void after_layer(int64_t layer, Pass pass) {}
 };

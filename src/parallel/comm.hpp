@@ -1,6 +1,12 @@
-// Collectives over one MPI communicator ("group": tp, cp, dp, pp or world) with byte accounting.
+// Collectives over one process group ("group": tp, cp, dp, pp or world) with byte accounting.
+// `Group` is the interface the runtime is written against; MpiGroup (parallel/mpi_group.hpp)
+// implements it with MPI now, an NCCL group can implement it later. Buffers are device memory
+// (Backend::alloc) unless said otherwise; every element has a DType (fp32, bf16, int32, fp64).
 //
-// Choice: every reduction calls Open MPI's own collectives (MPI_Allreduce, MPI_Iallreduce,
+// Owns: the Group interface, the byte ledger and its convention. May use: core/, plan/ (the
+// convention's pure functions), backend/ (events, memory access).
+//
+// Choice (MpiGroup): every reduction calls Open MPI's own collectives (MPI_Allreduce, MPI_Iallreduce,
 // MPI_Reduce_scatter_block, MPI_Allgather, ...) instead of a hand-written ring. Open MPI picks the
 // algorithm from (communicator size, message size) only, never from arrival timing, so the
 // summation order — and hence every bit of the result — is the same run to run, and the MPI
@@ -23,7 +29,7 @@
 //                                                         scatter + ring all-gather; start-up only)
 //   send            E                                     kind "<g>_send" (pp_send, cp_send)
 //   receive         nothing
-// times 4 bytes per element (fp32). p = 1 sends nothing (the call returns without MPI).
+// times the element size of the call's DType (4 for fp32, 2 for bf16). p = 1 sends nothing (the call returns without MPI).
 // <g> is the group name: "tp", "cp", "dp" (the dp x cp group that holds the same weights, as in
 // the planner), "pp". ledger.calls[kind] counts calls, ledger.seconds[kind] the wall time blocked
 // in them (blocking calls and waits; receives are timed under "<g>_recv"). The caller resets the
@@ -34,13 +40,10 @@
 #include <string>
 #include <vector>
 
-#include <mpi.h>
-
+#include "backend/backend.hpp"
 #include "plan/comm.hpp"
 
 namespace exatrain::parallel {
-
-class Watchdog;
 
 // Pure forms of the convention above, in ELEMENTS: the planner's own functions, so the ledger
 // and plan::bytes_sent_per_step count with one definition.
@@ -65,64 +68,103 @@ struct CommLedger {
 // "pp_comm" the time blocked completing pipeline sends. Other groups (e.g. "world") are ignored.
 std::map<std::string, double> comm_breakdown_s(const CommLedger& ledger);
 
-// A pending non-blocking operation. Wait on it through the Group that started it.
+// Element types of communication buffers. bf16 is bfloat16 storage (Backend::f32_to_bf16);
+// its sum is computed in fp32 and rounded back (per pairwise step of the reduction).
+enum class DType { f32, bf16, i32, f64 };
+int64_t dtype_bytes(DType t);
+const char* to_string(DType t);
+enum class ReduceOp { sum, max };
+
+// A pending non-blocking operation: a handle into the Group that started it (wait or test it
+// through that Group). Inactive (id < 0) once completed, or when the call sent nothing.
 struct Request {
-  MPI_Request req = MPI_REQUEST_NULL;
-  std::string kind;
-  int64_t op_index = -1;
-  bool active() const { return req != MPI_REQUEST_NULL; }
+  int64_t id = -1;
+  bool active() const { return id >= 0; }
 };
 
 class Group {
  public:
-  // ledger and watchdog may be null (no accounting / no watchdog). Both outlive the group.
-  Group(MPI_Comm comm, std::string name, CommLedger* ledger, Watchdog* watchdog);
-
+  virtual ~Group() = default;
   const std::string& name() const { return name_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
-  MPI_Comm comm() const { return comm_; }
 
-  // buf[n], in place: element-wise sum / max over the group.
-  void all_reduce_sum(float* buf, int64_t n);
-  void all_reduce_max(float* buf, int64_t n);
-  // in[size * shard] -> out[shard]: out = sum over ranks of in[rank * shard : (rank+1) * shard].
-  // in and out must not overlap; in == nullptr means "in place": the input is out[size * shard]
-  // and the result lands in out[0 : shard] (MPI_IN_PLACE semantics).
-  void reduce_scatter_sum(const float* in, float* out, int64_t shard);
-  // out[size * shard]: gathers every rank's shard in rank order. in[shard] may be nullptr, meaning
-  // "in place": this rank's shard already sits at out + rank * shard.
-  void all_gather(const float* in, float* out, int64_t shard);
-  void broadcast(float* buf, int64_t n, int root);
-  // Point-to-point with group-local peer ranks. kind == "" means "<name>_send".
-  void send(const float* buf, int64_t n, int peer, int tag, const std::string& kind = "");
-  void recv(float* buf, int64_t n, int peer, int tag);
+  // ---- collectives (n, shard: elements of type t). Size 1: no communication (a copy where the
+  // output is another buffer). Every one is accounted in the ledger by the convention above.
+  // buf[n] in place: element-wise sum / max over the group.
+  virtual void all_reduce(void* buf, int64_t n, DType t, ReduceOp op) = 0;
+  // in[size * shard] -> out[shard] = sum over ranks of in[rank * shard : (rank+1) * shard]; in and
+  // out must not overlap; in == nullptr means in place: the input is out[size * shard] and the
+  // result lands in out[0 : shard].
+  virtual void reduce_scatter(const void* in, void* out, int64_t shard, DType t) = 0;
+  // out[size * shard]: every rank's shard in rank order; in == nullptr: this rank's shard already
+  // sits at out + rank * shard.
+  virtual void all_gather(const void* in, void* out, int64_t shard, DType t) = 0;
+  // Unequal shards (ZeRO layouts cut between parameter entries): rank r's shard has counts[r]
+  // elements, the shards back to back in rank order. reduce_scatter_v: in[sum counts] -> out[counts[rank]];
+  // all_gather_v in place: buf[sum counts], this rank's shard already at its place. Accounted as
+  // the ring with these chunks (reduce-scatter E - counts[r], all-gather E - counts[(r+1) % p]).
+  virtual void reduce_scatter_v(const void* in, void* out, const std::vector<int64_t>& counts, DType t) = 0;
+  virtual void all_gather_v(void* buf, const std::vector<int64_t>& counts, DType t) = 0;
+  virtual void broadcast(void* buf, int64_t n, DType t, int root) = 0;
+  // in[n] of every rank -> out[size * n] on `root` (out may be null elsewhere). For host values
+  // (metrics); not accounted.
+  virtual void gather(const void* in, void* out, int64_t n, DType t, int root) = 0;
+  // Point-to-point with group-local peer ranks; kind "" = "<name>_send".
+  virtual void send(const void* buf, int64_t n, DType t, int peer, int tag, const std::string& kind = "") = 0;
+  virtual void recv(void* buf, int64_t n, DType t, int peer, int tag) = 0;
+  // Sends send[n] to peer and receives its recv[n] at once (an exchange of two ranks).
+  virtual void send_recv(const void* send, void* recv, int64_t n, DType t, int peer, int tag,
+                         const std::string& kind = "") = 0;
 
-  // Non-blocking variants: bytes are counted at launch; time is counted in wait().
-  Request iall_reduce_sum(float* buf, int64_t n);
-  Request ireduce_scatter_sum(const float* in, float* out, int64_t shard);
-  Request iall_gather(const float* in, float* out, int64_t shard);
-  Request isend(const float* buf, int64_t n, int peer, int tag, const std::string& kind = "");
-  Request irecv(float* buf, int64_t n, int peer, int tag);
-  void wait(Request& r);
-  void wait_all(std::vector<Request>& rs);
-  // Drives progress (Open MPI has no progress thread by default); true when r has completed.
-  bool test(Request& r);
+  // Non-blocking variants: bytes are counted at launch, time in wait().
+  virtual Request iall_reduce(void* buf, int64_t n, DType t) = 0;  // sum
+  virtual Request ireduce_scatter(const void* in, void* out, int64_t shard, DType t) = 0;
+  virtual Request iall_gather(const void* in, void* out, int64_t shard, DType t) = 0;
+  virtual Request isend(const void* buf, int64_t n, DType t, int peer, int tag, const std::string& kind = "") = 0;
+  virtual Request irecv(void* buf, int64_t n, DType t, int peer, int tag) = 0;
+  virtual void wait(Request& r) = 0;
+  // Drives progress; true when r has completed (then it is inactive).
+  virtual bool test(Request& r) = 0;
+  virtual void barrier() = 0;
+  // Collectives of this group started after this call read data that the backend's streams
+  // produced before `e` (MPI: the host waits for e; NCCL: its stream waits for e).
+  virtual void after(const Event& e) = 0;
 
-  void barrier();
+  // ---- fp32 shorthands (the runtime's common case)
+  void all_reduce_sum(float* buf, int64_t n) { all_reduce(buf, n, DType::f32, ReduceOp::sum); }
+  void all_reduce_max(float* buf, int64_t n) { all_reduce(buf, n, DType::f32, ReduceOp::max); }
+  void reduce_scatter_sum(const float* in, float* out, int64_t shard) { reduce_scatter(in, out, shard, DType::f32); }
+  void all_gather(const float* in, float* out, int64_t shard) { all_gather(in, out, shard, DType::f32); }
+  void broadcast(float* buf, int64_t n, int root) { broadcast(buf, n, DType::f32, root); }
+  void send(const float* buf, int64_t n, int peer, int tag, const std::string& kind = "") {
+    send(buf, n, DType::f32, peer, tag, kind);
+  }
+  void recv(float* buf, int64_t n, int peer, int tag) { recv(buf, n, DType::f32, peer, tag); }
+  Request iall_reduce_sum(float* buf, int64_t n) { return iall_reduce(buf, n, DType::f32); }
+  Request ireduce_scatter_sum(const float* in, float* out, int64_t shard) {
+    return ireduce_scatter(in, out, shard, DType::f32);
+  }
+  Request iall_gather(const float* in, float* out, int64_t shard) { return iall_gather(in, out, shard, DType::f32); }
+  Request isend(const float* buf, int64_t n, int peer, int tag, const std::string& kind = "") {
+    return isend(buf, n, DType::f32, peer, tag, kind);
+  }
+  Request irecv(float* buf, int64_t n, int peer, int tag) { return irecv(buf, n, DType::f32, peer, tag); }
+  void wait_all(std::vector<Request>& rs) {
+    for (Request& r : rs) wait(r);
+  }
+  // A host scalar summed over the group (losses, norms): fp64, not accounted.
+  double sum(double x) {
+    all_reduce(&x, 1, DType::f64, ReduceOp::sum);
+    return x;
+  }
+
+ protected:
+  Group(std::string name, int rank, int size) : name_(std::move(name)), rank_(rank), size_(size) {}
 
  private:
-  std::string kind_of(const char* op) const { return name_ + "_" + op; }
-  int64_t next_op() { return ++op_count_; }
-  void account(const std::string& kind, int64_t bytes);
-  struct Blocked;  // RAII: watchdog enter/leave + time accounting
-
-  MPI_Comm comm_;
   std::string name_;
-  CommLedger* ledger_;
-  Watchdog* watchdog_;
   int rank_ = 0, size_ = 1;
-  int64_t op_count_ = 0;
 };
 
 }  // namespace exatrain::parallel

@@ -13,7 +13,7 @@ namespace {
 
 // A buffer with the request that fills it (receive) or drains it (send).
 struct Pending {
-  std::vector<float> buf;
+  DeviceBuffer buf;
   Request req;
 };
 
@@ -25,8 +25,16 @@ int message_tag(const PipelinePlan& p, bool grad, int mb, int dst_stage) {
 
 }  // namespace
 
-void run_pipeline(Group& pp, const PipelineTable& t, int64_t act_floats, const StageCallbacks& cb,
+DeviceBuffer BufferPool::take() {
+  if (free_.empty()) return DeviceBuffer(be_, floats_, "pipeline message");
+  DeviceBuffer b = std::move(free_.back());
+  free_.pop_back();
+  return b;
+}
+
+void run_pipeline(Group& pp, BufferPool& pool, const PipelineTable& t, const StageCallbacks& cb,
                   PipelineTiming* timing) {
+  const int64_t act_floats = pool.floats();
   const PipelinePlan& p = t.plan;
   EXA_CHECK(pp.size() == p.pp, "pipeline table built for pp {} run on a group of {} ranks", p.pp,
             pp.size());
@@ -60,6 +68,7 @@ void run_pipeline(Group& pp, const PipelineTable& t, int64_t act_floats, const S
   auto reap_sends = [&] {
     for (size_t i = 0; i < sending.size();) {
       if (pp.test(sending[i].req)) {
+        pool.give(std::move(sending[i].buf));
         sending[i] = std::move(sending.back());
         sending.pop_back();
       } else {
@@ -74,13 +83,13 @@ void run_pipeline(Group& pp, const PipelineTable& t, int64_t act_floats, const S
     switch (a.kind) {
       case ActionKind::recv_act: {
         Pending& in = act_in[u];
-        in.buf.resize(act_floats);
+        in.buf = pool.take();
         in.req = pp.irecv(in.buf.data(), act_floats, a.peer, message_tag(p, false, a.mb, s));
         break;
       }
       case ActionKind::recv_grad: {
         Pending& in = grad_in[u];
-        in.buf.resize(act_floats);
+        in.buf = pool.take();
         in.req = pp.irecv(in.buf.data(), act_floats, a.peer, message_tag(p, true, a.mb, s));
         break;
       }
@@ -96,12 +105,15 @@ void run_pipeline(Group& pp, const PipelineTable& t, int64_t act_floats, const S
         }
         float* out = nullptr;
         if (s < S - 1) {
-          act_out[u].buf.resize(act_floats);
+          act_out[u].buf = pool.take();
           out = act_out[u].buf.data();
         }
         timed(true, [&] { return fmt::format("F mb{} c{}", a.mb, a.chunk); },
               [&] { cb.forward(a.mb, a.chunk, in, out); });
-        act_in.erase(u);  // the callback stashed what backward needs
+        if (auto it = act_in.find(u); it != act_in.end()) {  // the callback stashed what backward needs
+          pool.give(std::move(it->second.buf));
+          act_in.erase(it);
+        }
         break;
       }
       case ActionKind::send_act: {
@@ -126,12 +138,15 @@ void run_pipeline(Group& pp, const PipelineTable& t, int64_t act_floats, const S
         }
         float* g_in = nullptr;
         if (s > 0) {
-          grad_out_send[u].buf.resize(act_floats);
+          grad_out_send[u].buf = pool.take();
           g_in = grad_out_send[u].buf.data();
         }
         timed(true, [&] { return fmt::format("B mb{} c{}", a.mb, a.chunk); },
               [&] { cb.backward(a.mb, a.chunk, g_out, g_in); });
-        grad_in.erase(u);
+        if (auto it = grad_in.find(u); it != grad_in.end()) {
+          pool.give(std::move(it->second.buf));
+          grad_in.erase(it);
+        }
         break;
       }
       case ActionKind::send_grad: {
@@ -147,7 +162,12 @@ void run_pipeline(Group& pp, const PipelineTable& t, int64_t act_floats, const S
     }
   }
   timed(false, [] { return std::string("wait sends"); },
-        [&] { for (Pending& msg : sending) pp.wait(msg.req); });
+        [&] {
+          for (Pending& msg : sending) {
+            pp.wait(msg.req);
+            pool.give(std::move(msg.buf));
+          }
+        });
   EXA_CHECK(act_in.empty() && grad_in.empty(), "rank {} finished its table with {} unused receives",
             r, act_in.size() + grad_in.size());
 }

@@ -12,16 +12,33 @@
 // The callbacks keep whatever they stash for backward (activations, recomputation state).
 // Every message has the same size act_floats (micro_batch * seq * hidden, over tp under sequence
 // parallelism). Tags encode (micro-batch, destination stage, act/grad), so messages can never be
-// confused whatever order MPI delivers them in.
+// confused whatever order MPI delivers them in. Message buffers are device memory from a
+// BufferPool (kept across steps); the callbacks' in/out/grad pointers are device pointers.
 #pragma once
 #include <cstdint>
 #include <functional>
 
+#include "backend/backend.hpp"
 #include "parallel/comm.hpp"
 #include "parallel/schedule.hpp"
 #include "parallel/trace.hpp"
 
 namespace exatrain::parallel {
+
+// Device buffers of one size, reused: take() hands out a free one (allocating when none is),
+// give() returns it.
+class BufferPool {
+ public:
+  BufferPool(Backend& be, int64_t floats) : be_(be), floats_(floats) {}
+  int64_t floats() const { return floats_; }
+  DeviceBuffer take();
+  void give(DeviceBuffer b) { free_.push_back(std::move(b)); }
+
+ private:
+  Backend& be_;
+  int64_t floats_;
+  std::vector<DeviceBuffer> free_;
+};
 
 struct StageCallbacks {
   std::function<void(int mb, int chunk, const float* in, float* out)> forward;
@@ -40,7 +57,8 @@ struct PipelineTiming {
 
 // pp.rank() selects the table row; pp.size() must equal table.plan.pp. Returns when every action
 // has run and every send has completed (so the next step may reuse tags).
-void run_pipeline(Group& pp, const PipelineTable& table, int64_t act_floats,
-                  const StageCallbacks& cb, PipelineTiming* timing = nullptr);
+// Every message has pool.floats() elements.
+void run_pipeline(Group& pp, BufferPool& pool, const PipelineTable& table, const StageCallbacks& cb,
+                  PipelineTiming* timing = nullptr);
 
 }  // namespace exatrain::parallel

@@ -1,14 +1,19 @@
-// Everything a rank needs to communicate, built once at start-up from a RuntimePlan: the mesh,
-// one Group per axis (tp, cp, pp and the dp x cp replica group named "dp", as the planner counts
-// it), one byte ledger shared by all of them and the watchdog. The training loop owns one.
+// Everything a rank needs to communicate, built once at start-up from the plan's mesh: one Group
+// per axis (tp, cp, pp and the dp x cp replica group named "dp", as the planner counts it), a
+// "world" group for the step's control values (loss, norm, timings), one byte ledger shared by
+// all of them and the watchdog. The trainer owns one.
 // MPI must be initialised with MPI_Init_thread(..., MPI_THREAD_FUNNELED, ...) or higher: the
 // watchdog thread never calls MPI, and OpenMP kernels run between MPI calls of the main thread.
+// ParallelRuntime::local() is the world of one process without MPI (groups of one rank, which
+// communicate nothing): a single-rank trainer built without mpirun.
+//
+// Owns: the groups and their ledger. May use: backend/, plan/ (the mesh arithmetic), parallel/.
 #pragma once
 #include <memory>
 
+#include "backend/backend.hpp"
 #include "parallel/comm.hpp"
 #include "parallel/mesh.hpp"
-#include "parallel/setup.hpp"
 #include "parallel/watchdog.hpp"
 
 namespace exatrain::parallel {
@@ -20,29 +25,33 @@ struct RuntimeOptions {
 
 class ParallelRuntime {
  public:
-  // Collective over `world` (MPI_Comm_split per axis).
-  ParallelRuntime(MPI_Comm world, const RuntimePlan& plan, const RuntimeOptions& opts = {});
+  // Collective over `world` (MPI_Comm_split per axis). `memory`: the backend whose device memory
+  // the groups' buffers live in (they reach it only inside its host-access scopes).
+  ParallelRuntime(MPI_Comm world, const MeshShape& shape, Backend& memory, const RuntimeOptions& opts = {});
+  // One process, no MPI.
+  static std::unique_ptr<ParallelRuntime> local(Backend& memory);
   ~ParallelRuntime();
   ParallelRuntime(const ParallelRuntime&) = delete;
   ParallelRuntime& operator=(const ParallelRuntime&) = delete;
 
-  const RuntimePlan& plan() const { return plan_; }
   const Mesh& mesh() const { return mesh_; }
+  const MeshShape& shape() const { return mesh_.shape; }
   CommLedger& ledger() { return ledger_; }
   Watchdog* watchdog() { return watchdog_.get(); }  // null when off
   Group& tp() { return *tp_; }
   Group& cp() { return *cp_; }
   Group& dp() { return *dp_; }  // the replica group: dp x cp ranks with the same weights
   Group& pp() { return *pp_; }
+  Group& world() { return *world_; }
   // True on the pipeline rank that runs the last stage's loss (pp rank pp-1 for every schedule).
-  bool holds_loss() const { return mesh_.coord.pp == plan_.mesh.pp - 1; }
+  bool holds_loss() const { return mesh_.coord.pp == mesh_.shape.pp - 1; }
 
  private:
-  RuntimePlan plan_;
+  ParallelRuntime() = default;
   Mesh mesh_;
   CommLedger ledger_;
   std::unique_ptr<Watchdog> watchdog_;
-  std::unique_ptr<Group> tp_, cp_, dp_, pp_;
+  std::unique_ptr<Group> tp_, cp_, dp_, pp_, world_;
 };
 
 }  // namespace exatrain::parallel

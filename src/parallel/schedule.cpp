@@ -59,6 +59,17 @@ void validate_pipeline(const PipelinePlan& p) {
   }
 }
 
+PipelinePlan pipeline_plan(const plan::Plan& p) {
+  PipelinePlan r;
+  r.pp = int(p.pp);
+  r.vp = int(p.vp);
+  r.micro_batches = int(p.micro_batches());
+  r.schedule = p.schedule == Schedule::gpipe ? PipeSchedule::gpipe
+               : p.vp > 1                    ? PipeSchedule::interleaved
+                                             : PipeSchedule::one_f_one_b;
+  return r;
+}
+
 int stage_of(const PipelinePlan& p, int rank, int chunk) { return chunk * p.pp + rank; }
 
 int warmup_units(const PipelinePlan& p, int rank) {

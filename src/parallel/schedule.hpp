@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "plan/plan.hpp"
 #include "plan/stages.hpp"
 
 namespace exatrain::parallel {
@@ -57,6 +58,9 @@ struct PipelineTable {
 //   "fewer micro-batches than stages": micro_batches 2 < pp 4
 //   interleaved: micro_batches 6 % pp 4 = 2 (must be 0); vp > 1 needs pp > 1; gpipe needs vp 1.
 void validate_pipeline(const PipelinePlan& plan);
+// The pipeline of a resolved plan: pp, vp, micro-batches per step, and its schedule (GPipe, or
+// 1F1B, interleaved when vp > 1). Checks nothing: plan_problem's rules hold for a resolved plan.
+PipelinePlan pipeline_plan(const plan::Plan& p);
 PipelineTable build_pipeline(const PipelinePlan& plan);
 
 int stage_of(const PipelinePlan& plan, int rank, int chunk);

@@ -3,9 +3,6 @@
 #include <algorithm>
 #include <iterator>
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -25,6 +22,35 @@ ZeroLayout ZeroLayout::make(int64_t total, int dp, int64_t align) {
   return z;
 }
 
+ZeroLayout ZeroLayout::aligned(const ParamLayout& layout, int64_t begin, int64_t end, int dp) {
+  EXA_CHECK(begin <= end && dp >= 1, "bad aligned ZeRO layout: [{}, {}) over dp {}", begin, end, dp);
+  // Entry boundaries inside [begin, end], relative to begin.
+  std::vector<int64_t> cuts{0};
+  for (const ParamInfo& p : layout.entries()) {
+    if (p.offset + p.numel <= begin || p.offset >= end) continue;
+    EXA_CHECK(p.offset >= begin && p.offset + p.numel <= end, "aligned ZeRO layout: entry {} [{}, {}) straddles "
+              "the range [{}, {})", p.name, p.offset, p.offset + p.numel, begin, end);
+    cuts.push_back(p.offset + p.numel - begin);
+  }
+  EXA_CHECK(cuts.back() == end - begin, "aligned ZeRO layout: the entries cover {} of the {} elements of [{}, {})",
+            cuts.back(), end - begin, begin, end);
+  ZeroLayout z;
+  z.total = z.padded = end - begin;
+  z.dp = dp;
+  z.bounds.assign(size_t(dp) + 1, z.total);
+  z.bounds[0] = 0;
+  // Rank r's shard ends at the entry boundary nearest to (r+1) * total / dp (monotone).
+  for (int r = 1; r < dp; r++) {
+    const double target = double(z.total) * r / dp;
+    auto it = std::lower_bound(cuts.begin(), cuts.end(), int64_t(target));
+    int64_t c = it == cuts.end() ? cuts.back() : *it;
+    if (it != cuts.begin() && target - double(*std::prev(it)) < double(c) - target) c = *std::prev(it);
+    z.bounds[size_t(r)] = std::max(c, z.bounds[size_t(r) - 1]);
+  }
+  for (int r = 0; r < dp; r++) z.shard = std::max(z.shard, z.bounds[size_t(r) + 1] - z.bounds[size_t(r)]);
+  return z;
+}
+
 ShardRange ZeroLayout::owned(int rank) const {
   ShardRange r = range(rank);
   r.begin = std::min(r.begin, total);
@@ -32,38 +58,31 @@ ShardRange ZeroLayout::owned(int rank) const {
   return r;
 }
 
-void reduce_scatter_grads(Group& dp, const ZeroLayout& z, const float* grads, float* shard_out,
+std::vector<int64_t> ZeroLayout::counts() const {
+  std::vector<int64_t> c;
+  for (int r = 0; r < dp; r++) c.push_back(range(r).size());
+  return c;
+}
+
+void reduce_scatter_grads(Backend& be, Group& dp, const ZeroLayout& z, const float* grads, float* shard_out,
                           float scale) {
   EXA_CHECK(dp.size() == z.dp, "ZeRO layout made for dp {} used on a group of {}", z.dp, dp.size());
-  dp.reduce_scatter_sum(grads, shard_out, z.shard);
-  if (scale != 1.0f) {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < z.shard; i++) shard_out[i] *= scale;
-  }
+  if (z.even()) dp.reduce_scatter_sum(grads, shard_out, z.shard);
+  else dp.reduce_scatter_v(grads, shard_out, z.counts(), DType::f32);
+  if (scale != 1.0f) be.scale(shard_out, scale, z.range(dp.rank()).size());
 }
 
 void all_gather_params(Group& dp, const ZeroLayout& z, float* params) {
   EXA_CHECK(dp.size() == z.dp, "ZeRO layout made for dp {} used on a group of {}", z.dp, dp.size());
-  dp.all_gather(nullptr, params, z.shard);
+  if (z.even()) dp.all_gather(nullptr, params, z.shard);
+  else dp.all_gather_v(params, z.counts(), DType::f32);
 }
 
-void return_pages(float* arena, int64_t n, float partial_fill, const char* what) {
-  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
-  float* end = arena + n;
-  const uintptr_t lo = (uintptr_t(arena) + page - 1) / page * page, hi = uintptr_t(end) / page * page;
-  if (hi <= lo) {
-    std::fill(arena, end, partial_fill);
-    return;
-  }
-  std::fill(arena, reinterpret_cast<float*>(lo), partial_fill);
-  std::fill(reinterpret_cast<float*>(hi), end, partial_fill);
-  EXA_SYSCHECK(madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) == 0,
-               "madvise(MADV_DONTNEED) of {} bytes of {}", hi - lo, what);
-}
-
-GradBucketer::GradBucketer(Group& dp, float* grads, int64_t n, int64_t bucket_floats, BucketOp op,
-                           const std::vector<int64_t>& splits, int max_in_flight)
-    : dp_(dp), grads_(grads), n_(n), op_(op), max_in_flight_(std::max(1, max_in_flight)) {
+GradBucketer::GradBucketer(Backend& be, Group& dp, Compressor& compressor, float* grads, int64_t n,
+                           int64_t bucket_floats, BucketOp op, const std::vector<int64_t>& splits, int max_in_flight,
+                           const ParamLayout* layout)
+    : be_(be), dp_(dp), compressor_(compressor), layout_(layout), grads_(grads), n_(n), op_(op),
+      max_in_flight_(std::max(1, max_in_flight)) {
   EXA_CHECK(bucket_floats >= 1, "gradient bucket must hold >= 1 float, got {}", bucket_floats);
   // Bucket bounds: every split (inside the arena) ends a bucket; between splits, buckets of
   // bucket_floats and a shorter last one.
@@ -84,9 +103,10 @@ GradBucketer::GradBucketer(Group& dp, float* grads, int64_t n, int64_t bucket_fl
       shard_at_.push_back(k);
       k += owned(b, dp.rank()).size();
       // A bucket dp does not divide is reduce-scattered (and gathered) through a zero-padded copy.
-      if (bucket_size(b) % dp.size() != 0) staging_[size_t(b)].assign(size_t(chunk(b) * dp.size()), 0.0f);
+      if (bucket_size(b) % dp.size() != 0) staging_[size_t(b)] = DeviceBuffer(be, chunk(b) * dp.size(), "ZeRO-2 staging");
     }
-    shard_.assign(size_t(k), 0.0f);
+    shard_ = DeviceBuffer(be, k, "ZeRO-2 gradient shard");
+    zero_shard();
     retired_.assign(size_t(nb), 0);
   }
   ready_.assign(size_t(nb), 0);
@@ -130,23 +150,35 @@ void GradBucketer::mark_ready(int64_t offset, int64_t len) {
     poll();
     return;
   }
-  // Poke the launched requests: Open MPI progresses non-blocking collectives only inside MPI calls.
-  for (int64_t b = next_launch_ + 1; b < buckets(); b++) dp_.test(reqs_[size_t(b)]);
+  // Poke the launched reductions: Open MPI progresses non-blocking collectives only inside MPI calls.
+  for (int64_t b = next_launch_ + 1; b < buckets(); b++)
+    if (reqs_[size_t(b)]) reqs_[size_t(b)]->test();
 }
 
 void GradBucketer::launch(int64_t b) {
   float* base = grads_ + bounds_[size_t(b)];
+  BucketReduce r;
+  r.index = b;
+  r.layout = layout_;
+  r.begin = bounds_[size_t(b)];
+  r.end = bounds_[size_t(b) + 1];
   if (op_ == BucketOp::all_reduce) {
-    reqs_[size_t(b)] = dp_.iall_reduce_sum(base, bucket_size(b));
+    r.kind = ReduceKind::all_reduce;
+    r.data = r.out = base;
+    r.n = bucket_size(b);
   } else {  // in place: the summed chunk r lands at the bucket's start, accumulated by retire()
-    std::vector<float>& pad = staging_[size_t(b)];
+    DeviceBuffer& pad = staging_[size_t(b)];
     if (!pad.empty()) {
-      std::copy_n(base, bucket_size(b), pad.begin());
-      std::fill(pad.begin() + bucket_size(b), pad.end(), 0.0f);
+      be_.copy(pad.data(), base, sizeof(float) * size_t(bucket_size(b)));
+      be_.fill(pad.data() + bucket_size(b), 0.0f, pad.size() - bucket_size(b));
     }
-    reqs_[size_t(b)] = dp_.ireduce_scatter_sum(nullptr, pad.empty() ? base : pad.data(), chunk(b));
+    r.kind = ReduceKind::reduce_scatter;
+    r.data = r.out = pad.empty() ? base : pad.data();
+    r.n = chunk(b) * dp_.size();
+    r.shard = chunk(b);
     in_flight_.push_back(b);
   }
+  reqs_[size_t(b)] = compressor_.start(dp_, be_, r);
 }
 
 void GradBucketer::launch_ready() {
@@ -157,53 +189,36 @@ void GradBucketer::launch_ready() {
 }
 
 void GradBucketer::poll() {
-  // MPI_Test drives progress (Open MPI has no progress thread) and tells which are done.
+  // Testing drives progress (Open MPI has no progress thread) and tells which are done.
   std::vector<int64_t> still;
   for (int64_t b : in_flight_) {
-    if (dp_.test(reqs_[size_t(b)])) retire(b);
+    if (!reqs_[size_t(b)] || reqs_[size_t(b)]->test()) retire(b);
     else still.push_back(b);
   }
   in_flight_ = std::move(still);
   // Bounded memory: beyond max_in_flight the oldest is waited for (every rank launched it).
   while (int64_t(in_flight_.size()) > max_in_flight_) {
     const int64_t b = in_flight_.front();
-    dp_.wait(reqs_[size_t(b)]);
+    if (reqs_[size_t(b)]) reqs_[size_t(b)]->wait();
     retire(b);
     in_flight_.erase(in_flight_.begin());
   }
 }
 
-bool GradBucketer::page_done(uintptr_t page_begin) const {
-  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
-  const uintptr_t a = uintptr_t(grads_), z = uintptr_t(grads_ + n_);
-  if (page_begin < a || page_begin + page > z) return false;  // shared with other allocations
-  const int64_t first = bucket_of(int64_t((page_begin - a) / sizeof(float)));
-  const int64_t last = bucket_of(int64_t((page_begin + page - a) / sizeof(float)) - 1);
-  for (int64_t k = first; k <= last; k++)
-    if (!retired_[size_t(k)]) return false;
-  return true;
-}
-
 void GradBucketer::retire(int64_t b) {
+  reqs_[size_t(b)].reset();
   float* base = grads_ + bounds_[size_t(b)];
   const float* sum = staging_[size_t(b)].empty() ? base : staging_[size_t(b)].data();
-  float* dst = shard_.data() + shard_at_[size_t(b)];
   const int64_t mine = owned(b, dp_.rank()).size();
-  for (int64_t i = 0; i < mine; i++) dst[i] += sum[i];
+  be_.add_inplace(shard_.data() + shard_at_[size_t(b)], sum, mine);
   retired_[size_t(b)] = 1;
-  // The bucket's floats on its first and last page read 0 from now on (those pages may be
-  // shared with buckets still being written); its inner pages, and an end page once every bucket
-  // on it is done, go back to the OS.
-  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
-  float* end = base + bucket_size(b);
-  const uintptr_t lo = uintptr_t(base) / page * page, hi = (uintptr_t(end) + page - 1) / page * page;
-  std::fill(base, std::min(end, reinterpret_cast<float*>(lo + page)), 0.0f);
-  std::fill(std::max(base, reinterpret_cast<float*>(hi - page)), end, 0.0f);
-  const uintptr_t from = page_done(lo) ? lo : lo + page;
-  const uintptr_t to = hi - page > lo ? (page_done(hi - page) ? hi : hi - page) : std::max(from, hi);
-  if (to > from)
-    EXA_SYSCHECK(madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED) == 0,
-                 "madvise(MADV_DONTNEED) of {} reduce-scattered ZeRO-2 gradient bytes", to - from);
+  // The bucket reads 0 from now on: its pages go back to the OS, a page it shares with a
+  // neighbouring bucket too once that one is retired as well (the run of retired buckets around
+  // it is free memory); otherwise its part of that page is set to 0.
+  int64_t lo = b, hi = b;
+  while (lo > 0 && retired_[size_t(lo) - 1]) lo--;
+  while (hi + 1 < buckets() && retired_[size_t(hi) + 1]) hi++;
+  be_.release(base, bucket_size(b), 0.0f, grads_ + bounds_[size_t(lo)], grads_ + bounds_[size_t(hi) + 1]);
 }
 
 std::vector<ShardRange> GradBucketer::owned_ranges(int rank) const {
@@ -217,17 +232,17 @@ void GradBucketer::gather_params(float* params) {
   EXA_CHECK(op_ == BucketOp::reduce_scatter, "gather_params() is for ZeRO-2 (reduce_scatter) buckets");
   std::vector<Request> reqs;
   for (int64_t b = buckets() - 1; b >= 0; b--) {
-    std::vector<float>& pad = staging_[size_t(b)];
+    DeviceBuffer& pad = staging_[size_t(b)];
     if (!pad.empty()) {  // my owned range at its padded place, then every rank's back to params
       const ShardRange own = owned(b, dp_.rank());
-      std::copy(params + own.begin, params + own.end, pad.begin() + dp_.rank() * chunk(b));
+      be_.copy(pad.data() + dp_.rank() * chunk(b), params + own.begin, sizeof(float) * size_t(own.size()));
     }
     reqs.push_back(dp_.iall_gather(nullptr, pad.empty() ? params + bounds_[size_t(b)] : pad.data(), chunk(b)));
   }
   dp_.wait_all(reqs);
   for (int64_t b = 0; b < buckets(); b++)
     if (!staging_[size_t(b)].empty())
-      std::copy_n(staging_[size_t(b)].begin(), bucket_size(b), params + bounds_[size_t(b)]);
+      be_.copy(params + bounds_[size_t(b)], staging_[size_t(b)].data(), sizeof(float) * size_t(bucket_size(b)));
 }
 
 void GradBucketer::end_micro_batch() {
@@ -235,7 +250,7 @@ void GradBucketer::end_micro_batch() {
   early_ += launched();
   for (int64_t b = next_launch_; b >= 0; b--) launch(b);
   for (int64_t b : in_flight_) {
-    dp_.wait(reqs_[size_t(b)]);
+    if (reqs_[size_t(b)]) reqs_[size_t(b)]->wait();
     retire(b);
   }
   in_flight_.clear();
@@ -245,24 +260,26 @@ void GradBucketer::end_micro_batch() {
   next_launch_ = buckets() - 1;
 }
 
-void GradBucketer::zero_shard() { std::fill(shard_.begin(), shard_.end(), 0.0f); }
+void GradBucketer::zero_shard() {
+  if (!shard_.empty()) be_.zero(shard_.data(), sizeof(float) * size_t(shard_.size()));
+}
 
 void GradBucketer::finish(float scale) {
   if (op_ == BucketOp::reduce_scatter) {
     if (!marked_.empty()) end_micro_batch();
     launched_early_ = early_;
     early_ = 0;
-    if (scale != 1.0f)
-      for (float& g : shard_) g *= scale;
+    if (scale != 1.0f && !shard_.empty()) be_.scale(shard_.data(), scale, shard_.size());
     return;
   }
   launched_early_ = launched();
   for (int64_t b = next_launch_; b >= 0; b--) launch(b);
-  for (int64_t b = buckets() - 1; b >= 0; b--) dp_.wait(reqs_[size_t(b)]);
-  if (scale != 1.0f) {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n_; i++) grads_[i] *= scale;
-  }
+  for (int64_t b = buckets() - 1; b >= 0; b--)
+    if (reqs_[size_t(b)]) {
+      reqs_[size_t(b)]->wait();
+      reqs_[size_t(b)].reset();
+    }
+  if (scale != 1.0f) be_.scale(grads_, scale, n_);
   std::fill(ready_.begin(), ready_.end(), 0);
   marked_.clear();
   next_launch_ = buckets() - 1;

@@ -1,5 +1,9 @@
 // ZeRO (Rajbhandari et al. 2020) as offset arithmetic over a flat arena, plus the bucketed,
-// non-blocking data-parallel gradient all-reduce.
+// non-blocking data-parallel gradient reduction (all-reduce or reduce-scatter) whose per-bucket
+// reduction is the compressor slot (parallel/compressor.hpp). All memory here is device memory,
+// touched only through Backend ops.
+//
+// Owns: shard arithmetic, gradient buckets. May use: backend/, parallel/comm, parallel/compressor.
 //
 // ZeRO sharding: the arena of `total` floats is padded to `padded` = a multiple of dp * align so
 // that every rank owns one equal, aligned shard [r * shard, (r+1) * shard). The padding tail is
@@ -8,13 +12,18 @@
 //   ZeRO 1:   reduce_scatter_grads (grads -> my shard summed) once per step, step on my shard,
 //             all_gather_params (every shard -> everyone's arena).
 //   ZeRO 2:   GradBucketer in reduce_scatter mode (below): every micro-batch, bucket by bucket.
-//   ZeRO 3:   the same all-gather per unit range before use; return_pages releases it after.
+//   ZeRO 3:   the same all-gather per unit range before use; Backend::release returns it after.
+// ZeroLayout::aligned cuts shards only between parameter entries instead (one owner per matrix,
+// for optimizers that need whole matrices): shards of unequal size, reduced with
+// reduce_scatter_v / all_gather_v.
 #pragma once
 #include <cstdint>
 #include <map>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "parallel/comm.hpp"
+#include "parallel/compressor.hpp"
 
 namespace exatrain::parallel {
 
@@ -25,28 +34,34 @@ struct ShardRange {
 
 struct ZeroLayout {
   int64_t total = 0;   // real elements
-  int64_t padded = 0;  // multiple of dp * align, >= total
-  int64_t shard = 0;   // padded / dp
+  int64_t padded = 0;  // multiple of dp * align, >= total (aligned layouts: = total)
+  int64_t shard = 0;   // padded / dp (aligned layouts: the largest shard)
   int dp = 1;
+  // Aligned layouts only: rank r owns [bounds[r], bounds[r+1]) (dp + 1 entries, cut between
+  // parameter entries); empty for the even layout of make().
+  std::vector<int64_t> bounds;
 
   // align: shard sizes are multiples of it (e.g. 16 floats = one 64-byte cache line).
   static ZeroLayout make(int64_t total, int dp, int64_t align = 16);
-  ShardRange range(int rank) const { return {rank * shard, (rank + 1) * shard}; }
+  // Shards of [begin, end) of `layout`'s arena (offsets relative to begin) that cut only between
+  // entries: each rank's share as close to (end - begin) / dp as whole entries allow (a rank may
+  // own nothing when entries are large). The entries must tile [begin, end).
+  static ZeroLayout aligned(const ParamLayout& layout, int64_t begin, int64_t end, int dp);
+  bool even() const { return bounds.empty(); }
+  ShardRange range(int rank) const {
+    return even() ? ShardRange{rank * shard, (rank + 1) * shard} : ShardRange{bounds[size_t(rank)], bounds[size_t(rank) + 1]};
+  }
   // The real (unpadded) elements of that shard; may be empty for the last ranks of a tiny arena.
   ShardRange owned(int rank) const;
+  std::vector<int64_t> counts() const;  // aligned: every rank's shard size
 };
 
 // grads[padded] (this rank's full gradient) -> shard_out[shard] = sum over dp ranks of my shard,
 // multiplied by `scale` (1/dp for a mean).
-void reduce_scatter_grads(Group& dp, const ZeroLayout& z, const float* grads, float* shard_out,
+void reduce_scatter_grads(Backend& be, Group& dp, const ZeroLayout& z, const float* grads, float* shard_out,
                           float scale);
 // params[padded]: this rank's shard is already at params + rank * shard; fills the others.
 void all_gather_params(Group& dp, const ZeroLayout& z, float* params);
-
-// Returns the memory of arena[0, n) to the OS: the whole pages inside it are dropped with
-// madvise(MADV_DONTNEED) (they read 0 until written again, then cost a page fault each); the parts
-// of the (at most two) pages it shares with its neighbours are set to `partial_fill` instead.
-void return_pages(float* arena, int64_t n, float partial_fill, const char* what);
 
 // Bucketed, non-blocking gradient all-reduce over the dp group (PyTorch DDP style). The arena is
 // cut into buckets of at most `bucket_floats`, also ending at each offset in `splits` (e.g. the
@@ -79,9 +94,11 @@ enum class BucketOp { all_reduce, reduce_scatter };
 
 class GradBucketer {
  public:
-  GradBucketer(Group& dp, float* grads, int64_t n, int64_t bucket_floats,
+  // grads: device [n]. Each bucket's reduction goes through `compressor` (the identity: the
+  // dense collective); layout (may be null) tells it which entries a bucket holds.
+  GradBucketer(Backend& be, Group& dp, Compressor& compressor, float* grads, int64_t n, int64_t bucket_floats,
                BucketOp op = BucketOp::all_reduce, const std::vector<int64_t>& splits = {},
-               int max_in_flight = 2);
+               int max_in_flight = 2, const ParamLayout* layout = nullptr);
   void mark_ready(int64_t offset, int64_t len);
   // reduce_scatter mode, after each micro-batch's backward: launch what is left, wait for every
   // bucket, accumulate and release them; re-arms for the next micro-batch.
@@ -101,6 +118,7 @@ class GradBucketer {
   // back (scaled by finish()).
   const float* shard_grads() const { return shard_.data(); }
   float* shard_grads() { return shard_.data(); }
+  int64_t shard_size() const { return shard_.size(); }
   // Buckets started so far in this micro-batch / step (before finish()).
   int64_t launched() const { return buckets() - 1 - next_launch_; }
   // Buckets launched before finish() (all_reduce) or before end_micro_batch() (reduce_scatter,
@@ -116,9 +134,11 @@ class GradBucketer {
   ShardRange owned(int64_t b, int rank) const;   // reduce_scatter: rank's chunk of bucket b, clamped
   void poll();             // reduce_scatter: retire completed buckets, bound those in flight
   void retire(int64_t b);  // reduce_scatter: accumulate b's chunk into the shard, free its pages
-  bool page_done(uintptr_t page) const;  // inside the arena and all its buckets retired
 
+  Backend& be_;
   Group& dp_;
+  Compressor& compressor_;
+  const ParamLayout* layout_;
   float* grads_;
   int64_t n_;
   BucketOp op_;
@@ -127,11 +147,11 @@ class GradBucketer {
   std::vector<int64_t> shard_at_;  // reduce_scatter: bucket b's chunk starts at shard_[shard_at_[b]]
   std::vector<int64_t> ready_;  // elements marked ready per bucket
   std::map<int64_t, int64_t> marked_;  // begin -> end of every range marked this micro-batch
-  std::vector<Request> reqs_;
+  std::vector<std::unique_ptr<Reduction>> reqs_;  // per bucket, while in flight
   std::vector<uint8_t> retired_;   // reduce_scatter: bucket done this micro-batch
   std::vector<int64_t> in_flight_; // reduce_scatter: launched, not retired, oldest first
-  std::vector<float> shard_;    // reduce_scatter mode: this rank's summed chunks [sum of owned sizes]
-  std::vector<std::vector<float>> staging_;  // reduce_scatter: [dp * chunk] for buckets dp does not divide
+  DeviceBuffer shard_;             // reduce_scatter mode: this rank's summed chunks [sum of owned sizes]
+  std::vector<DeviceBuffer> staging_;  // reduce_scatter: [dp * chunk] for buckets dp does not divide
   int64_t next_launch_;         // highest bucket index not launched yet (-1: all launched)
   int64_t early_ = 0;           // reduce_scatter: launched before end_micro_batch, this step
   int64_t launched_early_ = 0;

@@ -1,12 +1,11 @@
 #include "plan/plan.hpp"
 
-#include "plan/flops.hpp"
-
 #include <numeric>
 
 #include <fmt/format.h>
 
 #include "core/check.hpp"
+#include "plan/flops.hpp"
 #include "plan/stages.hpp"
 
 namespace exatrain::plan {
@@ -45,86 +44,209 @@ Plan resolve_plan(const ParallelSpec& par, Precision precision) {
   return p;
 }
 
-std::string plan_error(const ModelSpec& m, const Plan& p) {
+namespace {
+
+// The rules every plan must satisfy, in order (a rule may assume the ones before it hold). Each
+// problem names the job keys involved, the planner's wording of the rule with its equation, and
+// (where the trainer has always said it so) the trainer's wording after the job's origins.
+struct Rules {
+  const ModelSpec& m;
+  const Plan& p;
+  Purpose purpose;
+  std::optional<PlanProblem> found;
+
+  bool fail(std::vector<std::string> keys, std::string text, std::string job_text = "") {
+    if (job_text.empty()) job_text = "[parallel] " + text;
+    found = PlanProblem{std::move(keys), std::move(text), std::move(job_text)};
+    return true;
+  }
+  bool degrees();
+  bool sizes();
+  bool runtime();
+  bool shapes();
+  bool runtime_shapes();
+  bool batches();
+  bool pipeline();
+  bool stages();
+};
+
+bool Rules::degrees() {
   auto positive = [](int64_t v) { return v >= 1; };
-  if (!positive(p.tp) || !positive(p.pp) || !positive(p.dp) || !positive(p.cp) ||
-      !positive(p.vp) || !positive(p.micro_batch) || !positive(p.global_batch))
-    return fmt::format("tp, pp, dp, cp, vp, micro_batch and global_batch must be >= 1 (got tp={} "
-                       "pp={} dp={} cp={} vp={} micro_batch={} global_batch={})",
-                       p.tp, p.pp, p.dp, p.cp, p.vp, p.micro_batch, p.global_batch);
-  if (p.zero < 0 || p.zero > 3) return fmt::format("zero must be 0, 1, 2 or 3 (got {})", p.zero);
-  // Parameter counts and the degrees' product in wide arithmetic: the job file's limits allow
-  // values whose int64 products overflow.
-  if (std::string e = model_size_problem(m); !e.empty()) return e;
-  // The per-rank byte counts (plan/comm.cpp, memory.cpp) multiply tokens, hidden and layers in
-  // int64: a step whose activations alone are beyond 2^56 bytes is refused with its figure.
-  const __int128 activation_bytes = __int128(p.global_batch) * m.seq_len * m.hidden * (m.layers + 2) * 16;
-  if (activation_bytes > (__int128(1) << 56))
-    return fmt::format("a step's activations are too large to count: global_batch * seq_len * hidden * (layers + 2) "
-                       "* 16 bytes = {} * {} * {} * {} * 16 = {:.3g} bytes, more than 2^56", p.global_batch, m.seq_len,
-                       m.hidden, m.layers + 2, double(activation_bytes));
+  if (!positive(p.tp) || !positive(p.pp) || !positive(p.dp) || !positive(p.cp) || !positive(p.vp) ||
+      !positive(p.micro_batch) || !positive(p.global_batch))
+    return fail({"parallel.tp", "parallel.pp", "parallel.dp", "parallel.cp", "parallel.vp", "parallel.micro_batch",
+                 "parallel.global_batch"},
+                fmt::format("tp, pp, dp, cp, vp, micro_batch and global_batch must be >= 1 (got tp={} pp={} dp={} "
+                            "cp={} vp={} micro_batch={} global_batch={})",
+                            p.tp, p.pp, p.dp, p.cp, p.vp, p.micro_batch, p.global_batch));
+  if (p.zero < 0 || p.zero > 3)
+    return fail({"parallel.zero"}, fmt::format("zero must be 0, 1, 2 or 3 (got {})", p.zero));
+  // The degrees' product in wide arithmetic: the job file's limits allow degrees whose int64
+  // product overflows.
   const __int128 ranks = __int128(p.tp) * p.pp * p.dp * p.cp;
   if (ranks != p.gpus)
-    return fmt::format("gpus = tp * pp * dp * cp: {} * {} * {} * {} = {}, but gpus = {}", p.tp,
-                       p.pp, p.dp, p.cp, double(ranks) < 1e18 ? fmt::format("{}", int64_t(ranks))
-                                                               : fmt::format("{:.3g}", double(ranks)), p.gpus);
+    return fail({"parallel.gpus", "parallel.tp", "parallel.pp", "parallel.dp", "parallel.cp"},
+                fmt::format("gpus = tp * pp * dp * cp: {} * {} * {} * {} = {}, but gpus = {}", p.tp, p.pp, p.dp,
+                            p.cp, double(ranks) < 1e18 ? fmt::format("{}", int64_t(ranks))
+                                                       : fmt::format("{:.3g}", double(ranks)), p.gpus));
+  return false;
+}
+
+// Numbers the planner cannot represent: a model whose parameter count overflows (plan/flops.hpp,
+// counted in wide arithmetic), and a step whose activations alone are beyond 2^56 bytes (the
+// per-rank byte counts of plan/comm.cpp and memory.cpp multiply tokens, hidden and layers in
+// int64). Each is refused with its figure.
+bool Rules::sizes() {
+  if (std::string e = model_size_problem(m); !e.empty())
+    return fail({"model.layers", "model.hidden", "model.ffn_hidden", "model.vocab"}, e, e);
+  const __int128 activation_bytes = __int128(p.global_batch) * m.seq_len * m.hidden * (m.layers + 2) * 16;
+  if (activation_bytes > (__int128(1) << 56))
+    return fail({"parallel.global_batch", "model.seq_len", "model.hidden", "model.layers"},
+                fmt::format("a step's activations are too large to count: global_batch * seq_len * hidden * "
+                            "(layers + 2) * 16 bytes = {} * {} * {} * {} * 16 = {:.3g} bytes, more than 2^56",
+                            p.global_batch, m.seq_len, m.hidden, m.layers + 2, double(activation_bytes)));
+  return false;
+}
+
+// What the planner models and this runtime does not run (yet): refused for `train` only.
+bool Rules::runtime() {
+  if (purpose != Purpose::train) return false;
+  if (p.cp != 1)
+    return fail({"parallel.cp"}, fmt::format("cp = {}: context parallelism is planned but not run", p.cp),
+                fmt::format("[parallel] cp = {}: context parallelism is planned but not run by the trainer "
+                            "(expected cp = 1)", p.cp));
+  return false;
+}
+
+bool Rules::runtime_shapes() {
+  if (purpose != Purpose::train) return false;
+  if (m.kv_heads % p.tp != 0)  // the planner models Megatron's replication of kv heads; the engine splits them
+    return fail({"parallel.tp", "model.kv_heads"},
+                fmt::format("tp must divide kv_heads: kv_heads % tp = {} % {} = {}", m.kv_heads, p.tp,
+                            m.kv_heads % p.tp),
+                fmt::format("[parallel] tp = {} does not divide kv_heads = {}: kv_heads % tp = {} % {} = {}, expected "
+                            "0 (the runtime splits the kv heads of grouped-query attention across tp ranks; "
+                            "replicating them is not implemented)",
+                            p.tp, m.kv_heads, m.kv_heads, p.tp, m.kv_heads % p.tp));
+  if (m.vocab < p.tp)
+    return fail({"model.vocab", "parallel.tp"}, fmt::format("vocab {} < tp {}: every rank needs a vocabulary slice",
+                                                            m.vocab, p.tp));
+  if (p.seq_parallel && m.seq_len % p.tp != 0)
+    return fail({"parallel.tp", "model.seq_len"},
+                fmt::format("sequence parallelism splits the sequence: seq_len % tp = {} % {} = {}, expected 0",
+                            m.seq_len, p.tp, m.seq_len % p.tp),
+                fmt::format("[parallel] tp {} must divide seq_len (sequence parallelism) {}: {} % {} = {}", p.tp,
+                            m.seq_len, m.seq_len, p.tp, m.seq_len % p.tp));
+  return false;
+}
+
+bool Rules::shapes() {
   if (m.heads % p.tp != 0)
-    return fmt::format("tp must divide heads: heads % tp = {} % {} = {}, expected 0", m.heads,
-                       p.tp, m.heads % p.tp);
+    return fail({"parallel.tp", "model.heads"},
+                fmt::format("tp must divide heads: heads % tp = {} % {} = {}, expected 0", m.heads, p.tp,
+                            m.heads % p.tp),
+                fmt::format("[parallel] tp {} must divide heads {}: {} % {} = {}", p.tp, m.heads, m.heads, p.tp,
+                            m.heads % p.tp));
   if (m.kv_heads % p.tp != 0 && p.tp % m.kv_heads != 0)
-    return fmt::format("tp must divide kv_heads (or kv_heads divide tp, replicating them): "
-                       "kv_heads % tp = {} % {} = {}", m.kv_heads, p.tp, m.kv_heads % p.tp);
+    return fail({"parallel.tp", "model.kv_heads"},
+                fmt::format("tp must divide kv_heads (or kv_heads divide tp, replicating them): kv_heads % tp = "
+                            "{} % {} = {}", m.kv_heads, p.tp, m.kv_heads % p.tp));
   if (m.ffn_hidden % p.tp != 0)
-    return fmt::format("tp must divide ffn_hidden: ffn_hidden % tp = {} % {} = {}, expected 0",
-                       m.ffn_hidden, p.tp, m.ffn_hidden % p.tp);
+    return fail({"parallel.tp", "model.ffn_hidden"},
+                fmt::format("tp must divide ffn_hidden: ffn_hidden % tp = {} % {} = {}, expected 0", m.ffn_hidden,
+                            p.tp, m.ffn_hidden % p.tp),
+                fmt::format("[parallel] tp {} must divide ffn_hidden {}: {} % {} = {}", p.tp, m.ffn_hidden,
+                            m.ffn_hidden, p.tp, m.ffn_hidden % p.tp));
   if (m.seq_len % p.cp != 0)
-    return fmt::format("cp must divide seq_len: seq_len % cp = {} % {} = {}, expected 0",
-                       m.seq_len, p.cp, m.seq_len % p.cp);
+    return fail({"parallel.cp", "model.seq_len"},
+                fmt::format("cp must divide seq_len: seq_len % cp = {} % {} = {}, expected 0", m.seq_len, p.cp,
+                            m.seq_len % p.cp));
   if (p.cp > 1 && (m.seq_len / p.cp) % 2 != 0)
-    return fmt::format("context parallelism splits each sequence into 2*cp load-balanced chunks: "
-                       "seq_len % (2*cp) = {} % {} = {}, expected 0", m.seq_len, 2 * p.cp,
-                       m.seq_len % (2 * p.cp));
+    return fail({"parallel.cp", "model.seq_len"},
+                fmt::format("context parallelism splits each sequence into 2*cp load-balanced chunks: seq_len % "
+                            "(2*cp) = {} % {} = {}, expected 0", m.seq_len, 2 * p.cp, m.seq_len % (2 * p.cp)));
+  return false;
+}
+
+bool Rules::batches() {
   if (__int128(p.dp) * p.micro_batch > INT64_MAX)  // the product below would overflow
-    return fmt::format("global_batch must be divisible by dp * micro_batch: dp * micro_batch = {} * {} is far above "
-                       "global_batch = {}", p.dp, p.micro_batch, p.global_batch);
+    return fail({"parallel.global_batch", "parallel.micro_batch", "parallel.dp"},
+                fmt::format("global_batch must be divisible by dp * micro_batch: dp * micro_batch = {} * {} is far "
+                            "above global_batch = {}", p.dp, p.micro_batch, p.global_batch));
   if (p.global_batch % (p.dp * p.micro_batch) != 0)
-    return fmt::format("global_batch must be divisible by dp * micro_batch: {} % ({} * {}) = {}, "
-                       "expected 0", p.global_batch, p.dp, p.micro_batch,
-                       p.global_batch % (p.dp * p.micro_batch));
-  int64_t m_count = p.micro_batches();
-  if (p.pp > 1 && m_count < p.pp)
-    return fmt::format("micro-batches >= pp: global_batch / (dp * micro_batch) = {} / ({} * {}) "
-                       "= {} < pp = {}", p.global_batch, p.dp, p.micro_batch, m_count, p.pp);
-  if (p.vp > 1 && p.pp == 1)
-    return fmt::format("vp = {} > 1 (interleaved schedule) needs pp > 1", p.vp);
+    return fail({"parallel.global_batch", "parallel.micro_batch", "parallel.dp"},
+                fmt::format("global_batch must be divisible by dp * micro_batch: {} % ({} * {}) = {}, expected 0",
+                            p.global_batch, p.dp, p.micro_batch, p.global_batch % (p.dp * p.micro_batch)),
+                fmt::format("[parallel] global_batch {} is not divisible by micro_batch {} * dp {} = {}",
+                            p.global_batch, p.micro_batch, p.dp, p.micro_batch * p.dp));
+  return false;
+}
+
+bool Rules::pipeline() {
+  const std::vector<std::string> keys{"parallel.pp", "parallel.vp", "parallel.schedule", "parallel.global_batch",
+                                      "parallel.micro_batch"};
+  const int64_t mb = p.micro_batches();
+  if (p.pp > 1 && mb < p.pp)
+    return fail(keys,
+                fmt::format("micro-batches >= pp: global_batch / (dp * micro_batch) = {} / ({} * {}) = {} < pp = {}",
+                            p.global_batch, p.dp, p.micro_batch, mb, p.pp),
+                fmt::format("[parallel] a pipeline needs at least as many micro-batches as stages: micro_batches {} "
+                            "< pp {}", mb, p.pp));
+  if (p.vp > 1 && p.pp == 1) return fail(keys, fmt::format("vp = {} > 1 (interleaved schedule) needs pp > 1", p.vp));
   if (p.vp > 1 && p.schedule == Schedule::gpipe)
-    return fmt::format("vp = {} > 1 is the interleaved 1F1B schedule; schedule = \"gpipe\" "
-                       "needs vp = 1", p.vp);
-  if (p.vp > 1 && m_count % p.pp != 0)
-    return fmt::format("the interleaved schedule needs micro-batches % pp = 0: {} % {} = {}",
-                       m_count, p.pp, m_count % p.pp);
+    return fail(keys, fmt::format("vp = {} > 1 is the interleaved 1F1B schedule; schedule = \"gpipe\" needs vp = 1",
+                                  p.vp));
+  if (p.vp > 1 && mb % p.pp != 0)
+    return fail(keys, fmt::format("the interleaved schedule needs micro-batches % pp = 0: {} % {} = {}", mb, p.pp,
+                                  mb % p.pp));
   if (p.seq_parallel && p.tp == 1)
-    return "seq_parallel = true needs tp > 1 (it splits the tensor-parallel region's sequence)";
+    return fail({"parallel.seq_parallel", "parallel.tp"},
+                "seq_parallel = true needs tp > 1 (it splits the tensor-parallel region's sequence)");
+  return false;
+}
+
+bool Rules::stages() {
   const int64_t stages = p.pp * p.vp;
-  if (!p.layers_per_stage.empty()) {
-    // One entry per virtual stage, in stage order (stage s = chunk * pp + pp_rank), as the runtime.
-    if (int64_t(p.layers_per_stage.size()) != stages)
-      return fmt::format("layers_per_stage has {} entries, expected pp * vp = {} * {} = {} (one per "
-                         "virtual stage, stage s = chunk * pp + pp_rank)",
-                         p.layers_per_stage.size(), p.pp, p.vp, stages);
-    for (size_t s = 0; s < p.layers_per_stage.size(); ++s)
-      if (p.layers_per_stage[s] < 1)
-        return fmt::format("layers_per_stage[{}] = {}: every virtual stage needs >= 1 layer", s,
-                           p.layers_per_stage[s]);
-    int64_t sum = std::accumulate(p.layers_per_stage.begin(), p.layers_per_stage.end(), 0L);
-    if (sum != m.layers)
-      return fmt::format("sum(layers_per_stage) = {} must equal layers = {}", sum, m.layers);
-  } else if (stages > m.layers) {
+  const std::vector<std::string> keys{"parallel.layers_per_stage", "parallel.pp", "parallel.vp"};
+  if (p.layers_per_stage.empty()) {
     // The default split is balanced by cost (plan/stages.hpp): any pp * vp up to the layers.
-    return fmt::format("every virtual stage needs a layer: pp * vp = {} * {} = {} > layers = {}",
-                       p.pp, p.vp, stages, m.layers);
+    if (stages > m.layers)
+      return fail({"model.layers", "parallel.pp", "parallel.vp"},
+                  fmt::format("every virtual stage needs a layer: pp * vp = {} * {} = {} > layers = {}", p.pp, p.vp,
+                              stages, m.layers));
+    return false;
   }
-  return "";
+  // One entry per virtual stage, in stage order (stage s = chunk * pp + pp_rank), as the runtime.
+  if (int64_t(p.layers_per_stage.size()) != stages)
+    return fail(keys, fmt::format("layers_per_stage has {} entries, expected pp * vp = {} * {} = {} (one per "
+                                  "virtual stage, stage s = chunk * pp + pp_rank)",
+                                  p.layers_per_stage.size(), p.pp, p.vp, stages));
+  for (size_t s = 0; s < p.layers_per_stage.size(); ++s)
+    if (p.layers_per_stage[s] < 1)
+      return fail({"parallel.layers_per_stage"},
+                  fmt::format("layers_per_stage[{}] = {}: every virtual stage needs >= 1 layer", s,
+                              p.layers_per_stage[s]),
+                  fmt::format("[parallel] layers_per_stage[{}] = {}: every stage needs >= 1 layer", s,
+                              p.layers_per_stage[s]));
+  const int64_t sum = std::accumulate(p.layers_per_stage.begin(), p.layers_per_stage.end(), int64_t(0));
+  if (sum != m.layers)
+    return fail({"parallel.layers_per_stage", "model.layers"},
+                fmt::format("sum(layers_per_stage) = {} must equal layers = {}", sum, m.layers),
+                fmt::format("[parallel] layers_per_stage sums to {} but the model has layers = {}", sum, m.layers));
+  return false;
+}
+
+}  // namespace
+
+std::optional<PlanProblem> plan_problem(const ModelSpec& model, const Plan& plan, Purpose purpose) {
+  Rules r{model, plan, purpose, std::nullopt};
+  (void)(r.degrees() || r.sizes() || r.runtime() || r.shapes() || r.runtime_shapes() || r.batches() || r.pipeline() || r.stages());
+  return r.found;
+}
+
+std::string plan_error(const ModelSpec& m, const Plan& p) {
+  const std::optional<PlanProblem> e = plan_problem(m, p, Purpose::predict);
+  return e ? e->text : "";
 }
 
 void check_plan(const ModelSpec& model, const Plan& plan) {

@@ -6,6 +6,7 @@
 // stride tp*cp and a pipeline group stride tp*cp*dp.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,8 +37,19 @@ struct Plan {
 // still `auto`.
 Plan resolve_plan(const ParallelSpec& parallel, Precision precision);
 
-// Every rule a plan must satisfy on this model, each error printing the equation that fails,
-// e.g. "tp must divide heads: heads % tp = 96 % 5 = 1, expected 0". Empty string: valid.
+// THE rules a plan must satisfy on a model, in one place: `predict`, `plan` (and its search) and
+// `train` all call plan_problem. Purpose::train adds what the planner models but this runtime does
+// not run (context parallelism, replicated kv heads). The first broken rule comes back with the
+// job keys involved and the equation that fails, e.g. "tp must divide heads: heads % tp = 96 % 5 =
+// 1, expected 0"; job_text is the trainer's wording, printed after the origins of those keys.
+enum class Purpose { predict, train };
+struct PlanProblem {
+  std::vector<std::string> keys;  // e.g. {"parallel.tp", "model.heads"}
+  std::string text;               // the rule and its equation
+  std::string job_text;           // "[parallel] tp 3 must divide heads 8: 8 % 3 = 2"
+};
+std::optional<PlanProblem> plan_problem(const ModelSpec& model, const Plan& plan, Purpose purpose);
+// plan_problem(..., Purpose::predict)'s text; empty string: valid.
 std::string plan_error(const ModelSpec& model, const Plan& plan);
 // Throws Error(plan_error) when the plan is invalid.
 void check_plan(const ModelSpec& model, const Plan& plan);

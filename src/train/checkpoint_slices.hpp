@@ -1,4 +1,4 @@
-// Offset arithmetic of sharded checkpoints (train/dist_checkpoint.hpp): where the elements a rank
+// Offset arithmetic of sharded checkpoints (train/checkpoint_io.hpp): where the elements a rank
 // holds of one parameter lie in the global tensor, and in the safetensors file.
 //
 // A rank holds a flat element range [lo, hi) of its tensor-parallel shard of parameter p (row-major

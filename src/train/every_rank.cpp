@@ -67,4 +67,29 @@ void on_rank0_for_all(MPI_Comm world, parallel::Watchdog* wd, const char* what, 
   if (!error.empty()) throw EveryRankError(error);
 }
 
+void on_all_ranks_or_none(MPI_Comm world, parallel::Watchdog* wd, const char* what, const std::function<void()>& work) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  std::string error;
+  try {
+    work();
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  int mine = error.empty() ? INT_MAX : rank, first = INT_MAX;
+  {
+    parallel::WatchdogScope watch(wd, "world", ++g_ops, what);
+    parallel::mpi_check(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, world), what);
+  }
+  if (first == INT_MAX) return;
+  if (size > 1 && rank == first) error = fmt::format("rank {}: {}", rank, error);
+  parallel::WatchdogScope watch(wd, "world", ++g_ops, what);
+  int64_t n = int64_t(error.size());
+  parallel::mpi_check(MPI_Bcast(&n, 1, MPI_INT64_T, first, world), what);
+  error.resize(size_t(n));
+  parallel::mpi_check(MPI_Bcast(error.data(), int(n), MPI_CHAR, first, world), what);
+  throw EveryRankError(error);
+}
+
 }  // namespace exatrain

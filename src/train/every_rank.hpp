@@ -49,4 +49,9 @@ void broadcast_from_rank0(std::string& s, MPI_Comm world, parallel::Watchdog* wd
 // EveryRankError with rank 0's message.
 void on_rank0_for_all(MPI_Comm world, parallel::Watchdog* wd, const char* what, const std::function<void()>& check);
 
+// Collective: every rank runs work(); if it throws on any rank, every rank throws an
+// EveryRankError with the message of the lowest such rank ("rank R: WHAT" when several ranks
+// run), so no rank waits forever for one that failed (a full disk during a checkpoint write).
+void on_all_ranks_or_none(MPI_Comm world, parallel::Watchdog* wd, const char* what, const std::function<void()>& work);
+
 }  // namespace exatrain

@@ -1,5 +1,6 @@
 #include "train/session.hpp"
 
+#include <mpi.h>
 #include <omp.h>
 
 #include <cmath>
@@ -16,13 +17,19 @@
 #include "core/fileio.hpp"
 #include "core/paths.hpp"
 #include "data/loader.hpp"
-#include "data/token_source.hpp"
 #include "data/manifest.hpp"
 #include "data/prepare.hpp"
+#include "data/token_source.hpp"
 #include "job/parse.hpp"
+#include "parallel/runtime.hpp"
+#include "parallel/schedule.hpp"
+#include "parallel/trace.hpp"
+#include "plan/resolve.hpp"
 #include "report/metrics.hpp"
 #include "report/progress.hpp"
-#include "report/report.hpp"
+#include "train/checkpoint_io.hpp"
+#include "train/every_rank.hpp"
+#include "train/machine_peak.hpp"
 #include "train/resume_check.hpp"
 #include "train/state_io.hpp"
 #include "train/trainer.hpp"
@@ -35,60 +42,301 @@ namespace fs = std::filesystem;
 // The bundled corpus (corpus/README.md) is prepared with this vocabulary for the default job.
 constexpr uint32_t kBundledVocab = 4096;
 
-void validate_local_job(const Job& job) {
-  std::vector<std::string> errors;
-  check_single_rank_job(job, errors);
-  if (!errors.empty()) {
-    std::string msg = fmt::format("{} problem{} in job {}:", errors.size(), errors.size() == 1 ? "" : "s", job.source);
-    for (const auto& e : errors) msg += "\n  " + e;
-    throw Error(msg);
-  }
-}
+const char* kBreakdownNames[] = {"compute", "tp_comm", "pp_comm", "pp_bubble", "dp_comm", "optimizer"};
+constexpr int kBreakdown = 6;
 
 }  // namespace
 
-void check_single_rank_job(const Job& job, std::vector<std::string>& errors) {
-  const ParallelSpec& p = job.parallel;
-  auto one = [&](const char* key, const std::optional<int64_t>& v) {
-    if (v && *v != 1)
-      errors.push_back(fmt::format("{}: [parallel] {} = {}: this trainer runs on one rank, so expected 1 "
-                                   "(multi-rank training comes with the parallel runtime; `exatrain plan` "
-                                   "predicts such plans)", job_origin(job, {std::string("parallel.") + key}), key, *v));
-  };
-  if (p.gpus != 1)
-    errors.push_back(fmt::format("{}: [parallel] gpus = {}: this trainer runs on one rank, so expected 1",
-                                 job_origin(job, {"parallel.gpus"}), p.gpus));
-  one("tp", p.tp), one("pp", p.pp), one("dp", p.dp), one("cp", p.cp), one("vp", p.vp);
-  const int64_t micro_batch = p.micro_batch.value_or(1);
-  if (p.global_batch % micro_batch != 0)
-    errors.push_back(fmt::format("{}: [parallel] global_batch = {} is not divisible by dp * micro_batch = 1 * {} "
-                                 "(micro-batches per step = global_batch / (dp * micro_batch) must be an integer)",
-                                 job_origin(job, {"parallel.global_batch", "parallel.micro_batch"}), p.global_batch,
-                                 micro_batch));
-  if (job.train.precision != Precision::fp32)
-    errors.push_back(fmt::format("{}: [train] precision = \"{}\": the CPU backend trains in \"fp32\" only "
-                                 "(other precisions are for `predict`/`plan` and the GPU backends)",
-                                 job_origin(job, {"train.precision"}), to_string(job.train.precision)));
-  if (job.train.steps < 1)
-    errors.push_back(fmt::format("{}: [train] steps = {}: expected at least 1", job_origin(job, {"train.steps"}),
-                                 job.train.steps));
+std::pair<int, int> init_mpi() {
+  int init = 0;
+  MPI_Initialized(&init);
+  if (!init) {
+    int provided = 0;
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    EXA_CHECK(provided >= MPI_THREAD_FUNNELED, "MPI provides thread level {}, the runtime needs FUNNELED ({})",
+              provided, MPI_THREAD_FUNNELED);
+  }
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return {world, rank};
 }
 
 namespace {
 
-double evaluate(Trainer& trainer, const data::TokenLoader& loader, int64_t batches) {
-  const int64_t B = trainer.options().micro_batch, T = trainer.options().seq;
-  std::vector<int32_t> tokens(static_cast<size_t>(B * T)), targets(static_cast<size_t>(B * T));
-  double sum = 0;
-  for (int64_t i = 0; i < batches; ++i) {
-    loader.val_batch(i, tokens.data(), targets.data(), B);
-    sum += trainer.model().forward(tokens.data(), nullptr, targets.data());
-  }
-  return sum / double(batches);
+data::LoaderOptions loader_options(const Job& job) {
+  data::LoaderOptions lo;
+  lo.seq_len = job.model.seq_len;
+  lo.seed = job.train.seed;
+  lo.step_windows = job.parallel.global_batch;  // epochs end between steps: the order of any topology
+  return lo;
 }
 
+// One training run on this rank. Members in construction order: data, plan, runtime, trainer.
+class Session {
+ public:
+  Session(const Job& job, const TrainRunOptions& opt, int world, int rank)
+      : job_(job), opt_(opt), world_(world), rank_(rank), log_(rank == 0 ? opt.out : nullptr) {}
+  TrainRunResult run();
+
+ private:
+  void prepare_data();
+  void build();
+  void resume();
+  void open_outputs();
+  void loop();
+  bool handle_nonfinite(const StepMetrics& m);
+  void write_metrics(const StepMetrics& m);
+  void evaluate(int64_t step);
+  void checkpoint();
+
+  Job job_;
+  const TrainRunOptions& opt_;
+  int world_, rank_;
+  std::FILE* log_;  // rank 0's log (null elsewhere)
+  TrainRunResult result_;
+  plan::Plan plan_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<parallel::ParallelRuntime> rt_;
+  std::unique_ptr<data::TokenLoader> loader_, val_loader_;
+  std::unique_ptr<LoaderSource> source_;
+  std::unique_ptr<Trainer> trainer_;
+  TrainerExtras extras_;
+  double world_flops_ = 0, peak_gflops_ = 0;
+  int threads_ = 1;
+  std::unique_ptr<report::MetricsWriter> metrics_;
+  std::unique_ptr<report::Progress> progress_;
+  std::string ckpt_root_;
+  int64_t steps_this_run_ = 0, consecutive_skips_ = 0;
+};
+
+// Rank 0 prepares the bundled corpus once; the others open it after the barrier. The model's
+// vocabulary may come from the dataset's tokenizer.
+void Session::prepare_data() {
+  if (rank_ == 0) result_.dataset_dir = resolve_dataset(job_, log_);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank_ != 0) {
+    std::FILE* devnull = std::fopen("/dev/null", "w");
+    EXA_SYSCHECK(devnull != nullptr, "fopen /dev/null");
+    result_.dataset_dir = resolve_dataset(job_, devnull);
+    std::fclose(devnull);
+  }
+  data::LoaderOptions probe_options = loader_options(job_);
+  probe_options.verify_checksums = false;
+  const data::TokenLoader probe(result_.dataset_dir, probe_options);
+  const int64_t data_vocab = probe.vocab_size();
+  if (job_.model.vocab_from_data) job_.model.vocab = data_vocab;
+  EXA_CHECK(job_.model.vocab >= data_vocab,
+            "{}: [model] vocab = {} is smaller than the vocabulary of the dataset's tokenizer ({}, in {}): "
+            "token ids would fall outside the embedding; expected vocab >= {} (or omit it)",
+            job_origin(job_, {"model.vocab"}), job_.model.vocab, data_vocab, result_.dataset_dir, data_vocab);
+}
+
+// The plan (resolved once), the runtime, this replica's loader, the backend and the trainer.
+void Session::build() {
+  plan_ = on_every_rank([&] { return plan::resolve_training_plan(job_, world_, log_); });
+  threads_ = job_.train.threads > 0 ? int(job_.train.threads) : std::max(1, omp_get_num_procs() / world_);
+  backend_ = on_every_rank([&] { return make_backend(job_.train.backend, threads_); });
+  parallel::RuntimeOptions ropt;
+  ropt.watchdog_timeout_s = job_.parallel.watchdog_timeout_s;  // 0: no watchdog thread
+  const parallel::MeshShape shape{int(plan_.tp), int(plan_.cp), int(plan_.dp), int(plan_.pp)};
+  rt_ = std::make_unique<parallel::ParallelRuntime>(MPI_COMM_WORLD, shape, *backend_, ropt);
+  data::LoaderOptions lo = loader_options(job_);
+  lo.dp_rank = rt_->dp().rank();
+  lo.dp_size = rt_->dp().size();
+  loader_ = std::make_unique<data::TokenLoader>(result_.dataset_dir, lo);
+  EXA_CHECK(loader_->train_windows() >= uint64_t(plan_.micro_batch),
+            "dataset {} has {} training sequences of {} tokens, fewer than one micro-batch ({})", result_.dataset_dir,
+            loader_->train_windows(), job_.model.seq_len, plan_.micro_batch);
+  // Validation batch i as one rank numbers it: a loader without the dp split (the trainer's
+  // evaluate() hands the batches out over the replicas itself).
+  lo.dp_rank = 0, lo.dp_size = 1, lo.verify_checksums = false;
+  val_loader_ = std::make_unique<data::TokenLoader>(result_.dataset_dir, lo);
+  source_ = std::make_unique<LoaderSource>(*loader_);
+  TrainerOptions to = trainer_options(job_, plan_);
+  to.inject_nan_at_step = opt_.inject_nan_at_step;
+  trainer_ = on_every_rank([&] { return std::make_unique<Trainer>(*backend_, *rt_, to, *source_); });
+  // MFU: achieved model FLOP/s per rank (the world's model FLOPs of a step / ranks / seconds) over
+  // the measured sgemm peak of `threads` threads (train/machine_peak), measured by rank 0 alone
+  // while the others wait (cached per CPU model and thread count).
+  world_flops_ = rt_->world().sum(trainer_->local_flops_per_step());
+  double peak[1] = {rank_ == 0 ? cached_sgemm_peak_gflops(*backend_, threads_) : 0.0};
+  rt_->world().broadcast(peak, 1, parallel::DType::f64, 0);
+  peak_gflops_ = peak[0];
+  trainer_->set_peak_gflops(peak_gflops_);
+  extras_.job_toml = job_to_toml(job_);
+  extras_.tokenizer_type = loader_->manifest().tokenizer_type;
+  extras_.tokenizer_model = data::read_dataset_tokenizer_model(result_.dataset_dir);  // checksum checked
+}
+
+// Rank 0 picks the checkpoint (newest complete one for "auto") and verifies its checksums; its
+// verdict, the directory or the error, goes to every rank, which loads its slices of it: the
+// checkpoint may come from any topology (train/checkpoint_io.hpp).
+void Session::resume() {
+  ckpt_root_ = job_.train.run_dir + "/checkpoints";
+  std::string dir;
+  on_rank0_for_all(MPI_COMM_WORLD, rt_->watchdog(), "MPI_Bcast (resume verdict)", [&] {
+    if (auto ref = checkpoint::resolve_resume(opt_.resume, ckpt_root_, opt_.out)) dir = ref->dir;
+  });
+  broadcast_from_rank0(dir, MPI_COMM_WORLD, rt_->watchdog(), "MPI_Bcast (resume directory)");
+  if (!dir.empty()) {
+    // Rank 0's resolve_resume verified the checksums; the others check sizes only.
+    on_every_rank([&] { check_same_model(checkpoint::CheckpointReader(dir, checkpoint::Verify::sizes), job_.model); });
+    const TrainerExtras saved = load_checkpoint(*trainer_, MPI_COMM_WORLD, dir, true);
+    // The step, the cursor and the counters against this job and dataset (train/resume_check.hpp).
+    on_every_rank([&] { restore_trainer_state(dir, trainer_->step(), saved, job_, *loader_); });
+    if (log_) fmt::print(log_, "resumed from {} (step {})\n", dir, trainer_->step());
+  }
+  result_.first_step = trainer_->step();
+}
+
+// A fresh run never mixes its metrics and checkpoints with an earlier run's.
+void Session::open_outputs() {
+  const bool resuming = !opt_.resume.empty() && opt_.resume != "none";
+  // Rank 0 writes the trace after step 3: find out now, not after training started, that it cannot.
+  if (!opt_.trace.empty())
+    on_rank0_for_all(MPI_COMM_WORLD, rt_->watchdog(), "MPI_Bcast (trace path verdict)",
+                     [&] { parallel::check_trace_writable(opt_.trace); });
+  on_rank0_for_all(MPI_COMM_WORLD, rt_->watchdog(), "MPI_Bcast (run_dir verdict)", [&] {
+    EXA_CHECK(resuming || !fs::exists(job_.train.run_dir + "/metrics.jsonl"),
+              "{}: [train] run_dir = \"{}\" already holds a run (metrics.jsonl); expected a new directory: pass "
+              "--resume auto to continue it, or --set train.run_dir=OTHER", job_origin(job_, {"train.run_dir"}),
+              job_.train.run_dir);
+  });
+  if (rank_ != 0) return;
+  write_file_atomic(job_.train.run_dir + "/job.toml", extras_.job_toml);
+  if (resuming) report::drop_metrics_after(job_.train.run_dir + "/metrics.jsonl", result_.first_step);
+  metrics_ = std::make_unique<report::MetricsWriter>(job_.train.run_dir + "/metrics.jsonl");
+  progress_ = std::make_unique<report::Progress>(job_.train.steps, opt_.out, opt_.interactive);
+  const parallel::PipelinePlan pipe = parallel::pipeline_plan(plan_);
+  fmt::print(opt_.out, "training on {} MPI rank{} (tp {}{} x pp {} (vp {}, {}) x dp {}, zero {}, recompute {}) x {} "
+             "thread(s), backend {}: {} params on rank 0 ({} layers, hidden {}, vocab {}), {} steps of {} x {} tokens "
+             "({} micro-batch(es) of {} per pipeline), data {}\n",
+             world_, world_ == 1 ? "" : "s", plan_.tp, plan_.seq_parallel ? " +sp" : "", plan_.pp, plan_.vp,
+             parallel::to_string(pipe.schedule), plan_.dp, plan_.zero, to_string(plan_.recompute), threads_,
+             backend_->name(), trainer_->params_on_rank(), job_.model.layers, job_.model.hidden, job_.model.vocab,
+             job_.train.steps, job_.parallel.global_batch, job_.model.seq_len, plan_.micro_batches(),
+             plan_.micro_batch, result_.dataset_dir);
+  std::fflush(opt_.out);
+}
+
+// The NaN policy. Every rank skips or stops at the same step (the loss and the norm are global),
+// with the same message. Returns true when the step was skipped.
+bool Session::handle_nonfinite(const StepMetrics& m) {
+  const std::string last = result_.last_checkpoint.empty() ? "none" : result_.last_checkpoint;
+  if (m.skipped) {
+    ++result_.skipped_steps;
+    if (progress_)
+      progress_->note(fmt::format("step {}: non-finite loss ({}) or gradient norm ({}); update skipped "
+                                  "(train.nan_policy = \"skip\")", trainer_->step() + 1, m.loss, m.grad_norm));
+    if (++consecutive_skips_ >= 10)
+      throw EveryRankError(fmt::format("train: 10 consecutive steps had a non-finite loss; stopping (the last "
+                                       "checkpoint is {})", last));
+    return true;
+  }
+  if (m.nonfinite)
+    throw EveryRankError(fmt::format("train: step {}: the loss is {} and the gradient norm {} (non-finite); stopped "
+                                     "before the update (train.nan_policy = \"stop\"; \"skip\" skips such steps). "
+                                     "Last checkpoint: {}", m.step + 1, m.loss, m.grad_norm, last));
+  consecutive_skips_ = 0;
+  return false;
+}
+
+// One metrics.jsonl line (rank 0): the step's numbers, MFU over the world, every rank's breakdown.
+void Session::write_metrics(const StepMetrics& m) {
+  const double mfu = peak_gflops_ > 0 ? world_flops_ / double(world_) / m.seconds / 1e9 / peak_gflops_ : 0.0;
+  double mine[kBreakdown];
+  for (int k = 0; k < kBreakdown; k++) {
+    auto it = m.breakdown_s.find(kBreakdownNames[k]);
+    mine[k] = it == m.breakdown_s.end() ? 0.0 : it->second;
+  }
+  std::vector<double> all(size_t(kBreakdown * world_));
+  rt_->world().gather(mine, all.data(), kBreakdown, parallel::DType::f64, 0);
+  if (rank_ != 0) return;
+  nlohmann::json per_rank = nlohmann::json::array();
+  for (int r = 0; r < world_; r++) {
+    nlohmann::json b;
+    for (int k = 0; k < kBreakdown; k++) b[kBreakdownNames[k]] = all[size_t(r * kBreakdown + k)];
+    per_rank.push_back(b);
+  }
+  StepMetrics line = m;
+  line.mfu = mfu;
+  nlohmann::json j = nlohmann::json::parse(metrics_json(line));
+  j["ranks"] = world_;
+  j["breakdown_s_per_rank"] = per_rank;
+  metrics_->write(j);
+  if (m.step % job_.train.log_every == 0 || m.step == job_.train.steps)
+    progress_->update({m.step, m.loss, m.lr, m.grad_norm, m.tokens_per_s, mfu, m.seconds});
+}
+
+void Session::evaluate(int64_t step) {
+  auto val_batch = [&](int64_t i, int32_t* tokens, int32_t* targets) {
+    val_loader_->val_batch(i, tokens, targets, plan_.micro_batch);
+  };
+  result_.last_val_loss = trainer_->evaluate(job_.train.eval_batches, val_batch);
+  if (rank_ != 0) return;
+  metrics_->write({{"step", step}, {"val_loss", result_.last_val_loss}});
+  progress_->note(fmt::format("step {}: val_loss {:.4f}", step, result_.last_val_loss));
+}
+
+void Session::checkpoint() {
+  extras_.data_cursor_json = loader_->cursor_json();  // the global position: the same on every rank
+  std::string dir = save_checkpoint(*trainer_, MPI_COMM_WORLD, ckpt_root_, extras_, job_.train.keep_checkpoints);
+  broadcast_from_rank0(dir, MPI_COMM_WORLD, rt_->watchdog(), "MPI_Bcast (checkpoint name)");
+  result_.last_checkpoint = dir;  // rank 0's name, on every rank (the stop messages name it)
+  if (progress_) progress_->note(fmt::format("checkpoint saved: {}", dir));
+}
+
+void Session::loop() {
+  // Optional trace of the first steps of this run (every rank's timeline, one file by rank 0).
+  std::vector<parallel::TraceEvent> events;
+  const int64_t trace_steps = std::min<int64_t>(3, job_.train.steps - trainer_->step());
+  if (!opt_.trace.empty()) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    trainer_->trace_into(&events, MPI_Wtime());
+  }
+  while (trainer_->step() < job_.train.steps) {
+    const StepMetrics m = trainer_->train_step();
+    if (!opt_.trace.empty() && m.step - result_.first_step == trace_steps) {
+      trainer_->trace_into(nullptr, 0);
+      parallel::write_chrome_trace(MPI_COMM_WORLD, events, opt_.trace);
+      if (progress_) progress_->note(fmt::format("trace of steps {}-{} of every rank: {} (ui.perfetto.dev)",
+                                                 result_.first_step + 1, m.step, opt_.trace));
+    }
+    if (handle_nonfinite(m)) continue;
+    ++steps_this_run_;
+    result_.last_loss = m.loss;
+    write_metrics(m);
+    const bool last = m.step == job_.train.steps || steps_this_run_ == opt_.stop_after_steps;
+    if ((job_.train.eval_every > 0 && m.step % job_.train.eval_every == 0) || last) evaluate(m.step);
+    if ((job_.train.checkpoint_every > 0 && m.step % job_.train.checkpoint_every == 0) || last) checkpoint();
+    if (last) break;
+  }
+}
+
+TrainRunResult Session::run() {
+  result_.last_val_loss = std::numeric_limits<double>::quiet_NaN();
+  on_every_rank([&] { plan::check_training_job(job_, world_); });  // before any data is prepared
+  // Before the data and the model: an unwritable run_dir is reported now, naming the key.
+  on_rank0_for_all(MPI_COMM_WORLD, nullptr, "MPI_Bcast (run_dir verdict)", [&] {
+    make_directories(job_.train.run_dir, fmt::format("{}: [train] run_dir", job_origin(job_, {"train.run_dir"})));
+  });
+  prepare_data();
+  build();
+  resume();
+  open_outputs();
+  loop();
+  if (progress_) progress_->finish();
+  if (rank_ == 0) result_.run_dir = job_.train.run_dir;
+  result_.final_step = trainer_->step();
+  return result_;
+}
 
 }  // namespace
+
+void check_training_job(const Job& job, std::vector<std::string>& errors) {
+  plan::training_job_problems(job, world_rank_size().second, errors);
+}
 
 std::string resolve_dataset(const Job& job, std::FILE* log) {
   if (!job.train.data.empty()) {
@@ -112,113 +360,17 @@ std::string resolve_dataset(const Job& job, std::FILE* log) {
   return po.out_dir;
 }
 
-TrainRunResult run_training(const Job& job_in, const TrainRunOptions& opt) {
-  Job job = job_in;
-  validate_local_job(job);
-  // Before the data and the model: an unwritable run_dir is reported now, naming the key.
-  make_directories(job.train.run_dir, fmt::format("{}: [train] run_dir", job_origin(job, {"train.run_dir"})));
-  TrainRunResult result;
-  result.last_val_loss = std::numeric_limits<double>::quiet_NaN();
-  result.run_dir = job.train.run_dir;
-  result.dataset_dir = resolve_dataset(job, opt.out);
+TrainRunResult run_training(const Job& job, const TrainRunOptions& opt) {
+  const auto [world, rank] = init_mpi();
+  Session s(job, opt, world, rank);
+  return s.run();
+}
 
-  // Data first: the model's vocabulary may come from the tokenizer.
-  data::LoaderOptions lo;
-  lo.seq_len = job.model.seq_len;
-  lo.seed = job.train.seed;
-  lo.step_windows = job.parallel.global_batch;  // epochs end between steps: the order of any topology
-  data::TokenLoader loader(result.dataset_dir, lo);
-  const int64_t data_vocab = loader.vocab_size();
-  if (job.model.vocab_from_data) job.model.vocab = data_vocab;
-  EXA_CHECK(job.model.vocab >= data_vocab,
-            "{}: [model] vocab = {} is smaller than the vocabulary of the dataset's tokenizer ({}, in {}): "
-            "token ids would fall outside the embedding; expected vocab >= {} (or omit it)",
-            job_origin(job, {"model.vocab"}), job.model.vocab, data_vocab, result.dataset_dir, data_vocab);
-  TrainerOptions to = trainer_options_from_job(job);
-  to.skip_nonfinite = job.train.nan_policy == "skip";
-  to.inject_nan_at_step = opt.inject_nan_at_step;
-  EXA_CHECK(loader.train_windows() >= uint64_t(to.micro_batch),
-            "dataset {} has {} training sequences of {} tokens, fewer than one micro-batch ({})",
-            result.dataset_dir, loader.train_windows(), job.model.seq_len, to.micro_batch);
-
-  const int threads = job.train.threads > 0 ? int(job.train.threads) : omp_get_num_procs();
-  std::unique_ptr<Backend> backend_owner = make_cpu_backend(threads);
-  Backend& backend = *backend_owner;
-  LoaderSource source(loader);
-  Trainer trainer(backend, to, source);
-
-  // The tokenizer travels with every checkpoint (so `sample` needs only the checkpoint).
-  TrainerExtras extras{"", job_to_toml(job), loader.manifest().tokenizer_type,
-                       data::read_dataset_tokenizer_model(result.dataset_dir)};
-
-  const std::string ckpt_root = job.train.run_dir + "/checkpoints";
-  const bool resuming = !opt.resume.empty() && opt.resume != "none";
-  // A fresh run never mixes its metrics and checkpoints with an earlier run's.
-  EXA_CHECK(resuming || !fs::exists(job.train.run_dir + "/metrics.jsonl"),
-            "{}: [train] run_dir = \"{}\" already holds a run (metrics.jsonl); expected a new directory: pass "
-            "--resume auto to continue it, or --set train.run_dir=OTHER", job_origin(job, {"train.run_dir"}),
-            job.train.run_dir);
-  if (auto ref = checkpoint::resolve_resume(opt.resume, ckpt_root, opt.out)) {
-    checkpoint::CheckpointReader reader(ref->dir);
-    check_same_model(reader, job.model);
-    TrainerExtras saved = load_trainer_state(reader, backend, trainer);
-    restore_trainer_state(ref->dir, trainer.step(), saved, job, loader);
-    fmt::print(opt.out, "resumed from {} (step {})\n", ref->dir, trainer.step());
-  }
-  result.first_step = trainer.step();
-  if (resuming) report::drop_metrics_after(job.train.run_dir + "/metrics.jsonl", result.first_step);
-  write_file_atomic(job.train.run_dir + "/job.toml", extras.job_toml);
-
-  report::MetricsWriter metrics(job.train.run_dir + "/metrics.jsonl");
-  report::Progress progress(job.train.steps, opt.out, opt.interactive);
-  fmt::print(opt.out, "training {} params ({} layers, hidden {}, vocab {}) on {} thread(s): {} steps of {} x {} "
-                      "tokens ({} micro-batch(es) of {}), data {}\n",
-             trainer.model().num_params(), job.model.layers, job.model.hidden, job.model.vocab, threads,
-             job.train.steps, job.parallel.global_batch, job.model.seq_len, to.grad_accum, to.micro_batch,
-             result.dataset_dir);
-
-  auto save = [&] {
-    extras.data_cursor_json = loader.cursor_json();
-    checkpoint::CheckpointWriter w(ckpt_root, trainer.step());
-    add_trainer_state(w, backend, trainer, extras);
-    result.last_checkpoint = w.commit(job.train.keep_checkpoints);
-    progress.note(fmt::format("checkpoint saved: {}", result.last_checkpoint));
-  };
-
-  int64_t steps_this_run = 0, consecutive_skips = 0;
-  while (trainer.step() < job.train.steps) {
-    StepMetrics m = trainer.train_step();
-    if (m.skipped) {
-      ++result.skipped_steps;
-      progress.note(fmt::format("step {}: non-finite loss ({}) or gradient norm ({}); update skipped "
-                                "(train.nan_policy = \"skip\")", trainer.step() + 1, m.loss, m.grad_norm));
-      EXA_CHECK(++consecutive_skips < 10, "train: 10 consecutive steps had a non-finite loss; stopping "
-                                         "(the last checkpoint is {})",
-                result.last_checkpoint.empty() ? "none" : result.last_checkpoint);
-      continue;
-    }
-    if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm))
-      EXA_FAIL("train: step {}: the loss is {} and the gradient norm {} (non-finite); stopped before the "
-               "update (train.nan_policy = \"stop\"; \"skip\" skips such steps). Last checkpoint: {}",
-               m.step + 1, m.loss, m.grad_norm, result.last_checkpoint.empty() ? "none" : result.last_checkpoint);
-    consecutive_skips = 0;
-    ++steps_this_run;
-    result.last_loss = m.loss;
-    metrics.write(nlohmann::json::parse(metrics_json(m)));
-    if (m.step % job.train.log_every == 0 || m.step == job.train.steps)
-      progress.update({m.step, m.loss, m.lr, m.grad_norm, m.tokens_per_s, m.mfu, m.seconds});
-    const bool last = m.step == job.train.steps || steps_this_run == opt.stop_after_steps;
-    if ((job.train.eval_every > 0 && m.step % job.train.eval_every == 0) || last) {
-      result.last_val_loss = evaluate(trainer, loader, job.train.eval_batches);
-      metrics.write({{"step", m.step}, {"val_loss", result.last_val_loss}});
-      progress.note(fmt::format("step {}: val_loss {:.4f}", m.step, result.last_val_loss));
-    }
-    if ((job.train.checkpoint_every > 0 && m.step % job.train.checkpoint_every == 0) || last) save();
-    if (last) break;
-  }
-  progress.finish();
-  result.final_step = trainer.step();
-  return result;
+void finalize_mpi() {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (init && !fin) MPI_Finalize();
 }
 
 }  // namespace exatrain

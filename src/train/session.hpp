@@ -1,6 +1,11 @@
 // `exatrain train`: one job file -> a training run in RUN_DIR (metrics.jsonl, checkpoints/,
-// report.svg). Validates the whole job up front, resumes from a checkpoint when asked, trains
-// with periodic validation and atomic checkpoints, and handles non-finite losses by policy.
+// report.svg), on 1..N MPI ranks alike (mpirun -np N, srun, or none: one rank). THE training loop:
+// resolves the job once into its plan (plan/resolve.hpp), builds the runtime, the data loader and
+// the Trainer, resumes from a checkpoint when asked, then per step: the NaN policy, metrics
+// (rank 0: every rank's time breakdown under the planner's names), progress, periodic validation
+// and atomic checkpoints (train/checkpoint_io.hpp, every rank its own slices).
+//
+// Owns: the run. May use: every room below cli/.
 #pragma once
 #include <cstdio>
 #include <string>
@@ -16,7 +21,7 @@ struct TrainRunOptions {
   std::FILE* out = stdout;
   int64_t stop_after_steps = -1;  // stop early (still checkpointing) after this many steps of this run
   int64_t inject_nan_at_step = -1;  // test hook: the loss of this step reads as NaN
-  std::string trace;     // multi-rank runs: Chrome/Perfetto trace of the first 3 steps to this file
+  std::string trace;     // Chrome/Perfetto trace of the first 3 steps of every rank to this file
 };
 
 struct TrainRunResult {
@@ -28,12 +33,17 @@ struct TrainRunResult {
   std::string run_dir, last_checkpoint, dataset_dir;
 };
 
+// Initialises MPI (MPI_THREAD_FUNNELED) when it is not yet, and runs the job. On ranks other than
+// 0 the result's run_dir is empty (nothing to report there). Call finalize_mpi() before exiting.
 TrainRunResult run_training(const Job& job, const TrainRunOptions& options);
+// MPI_Init_thread (FUNNELED, checked) unless MPI runs already; returns {world size, rank}.
+std::pair<int, int> init_mpi();
+void finalize_mpi();
 
-// What the single-rank CPU trainer needs of a job beyond the file's own rules (one rank, fp32,
-// batch arithmetic, steps), one line per problem. `train` passes it to load_job so that these
-// are reported together with the file's problems.
-void check_single_rank_job(const Job& job, std::vector<std::string>& errors);
+// What `train` needs of a job beyond the file's own rules, on the ranks this process was started
+// with (plan::training_job_problems), one line per problem: `train` passes it to load_job so that
+// these are reported together with the file's problems.
+void check_training_job(const Job& job, std::vector<std::string>& errors);
 
 // The dataset directory a job trains on: train.data, or the bundled corpus prepared once into a
 // cache directory ($EXATRAIN_CACHE, default <repo>/data-cache) — prepared on first use.

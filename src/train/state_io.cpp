@@ -18,14 +18,6 @@ std::vector<int64_t> slice_offset(const ParamInfo& p) {
   return off;
 }
 
-// Copies one device arena to host and registers every parameter's slice of it under prefix.
-void add_arena(checkpoint::SafetensorsWriter& w, const ParamLayout& layout, const std::vector<float>& host,
-               const std::string& prefix) {
-  for (const ParamInfo& p : layout.entries())
-    w.add_slice(prefix + p.name, p.shard_shape, host.data() + p.offset, checkpoint::DType::F32, p.global_shape,
-                slice_offset(p));
-}
-
 // Reads every parameter's slice (prefix + name) into a host arena, checking shapes.
 void read_arena(const checkpoint::SafetensorsReader& r, const ParamLayout& layout, std::vector<float>& host,
                 const std::string& prefix) {
@@ -44,34 +36,7 @@ void read_arena(const checkpoint::SafetensorsReader& r, const ParamLayout& layou
   }
 }
 
-std::vector<float> to_host(Backend& be, const float* device, int64_t n) {
-  std::vector<float> host(static_cast<size_t>(n));
-  be.download(host.data(), device, size_t(n) * sizeof(float));
-  return host;
-}
-
 }  // namespace
-
-void add_trainer_state(checkpoint::CheckpointWriter& w, Backend& be, Trainer& trainer, const TrainerExtras& extras) {
-  Gpt& model = trainer.model();
-  const ParamLayout& layout = model.layout();
-  const int64_t n = model.num_params();
-  std::vector<float> params = to_host(be, model.params(), n);
-  std::vector<float> m = to_host(be, trainer.optimizer().m(), n), v = to_host(be, trainer.optimizer().v(), n);
-
-  checkpoint::SafetensorsWriter weights;
-  add_arena(weights, layout, params, "");
-  weights.set_metadata("format", "pt");
-  w.add_safetensors("model.safetensors", weights);
-
-  checkpoint::SafetensorsWriter opt;
-  add_arena(opt, layout, m, "m.");
-  add_arena(opt, layout, v, "v.");
-  opt.set_metadata("step", std::to_string(trainer.step()));
-  w.add_safetensors("optimizer.safetensors", opt);
-
-  add_trainer_blobs(w, trainer.step(), trainer.options().train.seed, extras);
-}
 
 void add_trainer_blobs(checkpoint::CheckpointWriter& w, int64_t step, uint64_t seed, const TrainerExtras& extras) {
   nlohmann::json state = {{"step", step},
@@ -81,25 +46,6 @@ void add_trainer_blobs(checkpoint::CheckpointWriter& w, int64_t step, uint64_t s
   w.add_blob("trainer_state.json", state.dump(2) + "\n");
   w.add_blob("job.toml", extras.job_toml);
   if (!extras.tokenizer_model.empty()) w.add_blob("tokenizer.model", extras.tokenizer_model);
-}
-
-TrainerExtras load_trainer_state(const checkpoint::CheckpointReader& r, Backend& be, Trainer& trainer) {
-  Gpt& model = trainer.model();
-  const ParamLayout& layout = model.layout();
-  const size_t bytes = size_t(model.num_params()) * sizeof(float);
-  std::vector<float> host(static_cast<size_t>(model.num_params()));
-
-  load_model_params(r, be, model);
-  auto opt = r.safetensors("optimizer.safetensors");
-  read_arena(*opt, layout, host, "m.");
-  be.upload(trainer.optimizer().m(), host.data(), bytes);
-  read_arena(*opt, layout, host, "v.");
-  be.upload(trainer.optimizer().v(), host.data(), bytes);
-
-  int64_t step = 0;
-  TrainerExtras extras = read_trainer_blobs(r, &step);
-  trainer.optimizer().set_step(step);
-  return extras;
 }
 
 TrainerExtras read_trainer_blobs(const checkpoint::CheckpointReader& r, int64_t* step) {

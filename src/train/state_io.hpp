@@ -1,18 +1,20 @@
-// The trainer's state in a checkpoint directory, and back:
-//   model.safetensors      every parameter under its layout name, float32, stored as a slice of
-//                          its global shape (topology-independent: see checkpoint/safetensors.hpp)
-//   optimizer.safetensors  AdamW moments "m.<name>" and "v.<name>" with the same slicing
+// A training checkpoint directory's files:
+//   model.safetensors      every parameter under its layout name, float32, its global shape
+//   optimizer.safetensors  the optimizer's state by name, "<state>.<parameter>"
+//                          (the tensors of both: train/checkpoint_io.hpp, the one writer/reader)
 //   trainer_state.json     optimizer step, data cursor, seed (the RNG state: training draws no
 //                          random numbers after the seeded initialisation, so the seed is all)
 //   job.toml               the resolved job (job_to_toml)
 //   tokenizer.model        the dataset's tokenizer (so `sample` needs only the checkpoint)
+// Here: the small files, the model check of a resume, and the weights alone for `sample`.
 #pragma once
 #include <string>
 
 #include "checkpoint/checkpoint.hpp"
 #include "job/job.hpp"
 #include "job/parse.hpp"
-#include "train/trainer.hpp"
+#include "backend/backend.hpp"
+#include "model/gpt.hpp"
 
 namespace exatrain {
 
@@ -28,18 +30,11 @@ struct TrainerExtras {
 };
 
 // The small files of a checkpoint: trainer_state.json (step, seed, data cursor, tokenizer type),
-// job.toml and tokenizer.model. Shared by the single-rank and the distributed trainer.
+// job.toml and tokenizer.model.
 void add_trainer_blobs(checkpoint::CheckpointWriter& w, int64_t step, uint64_t seed, const TrainerExtras& extras);
 
 // The small files back: the extras, and the optimizer step in *step.
 TrainerExtras read_trainer_blobs(const checkpoint::CheckpointReader& r, int64_t* step);
-
-// Adds the state files to a checkpoint being written.
-void add_trainer_state(checkpoint::CheckpointWriter& w, Backend& be, Trainer& trainer, const TrainerExtras& extras);
-
-// Loads parameters, moments and step into `trainer` (shapes checked: a checkpoint of another
-// model is an error naming the tensor and both shapes); returns the extras stored with them.
-TrainerExtras load_trainer_state(const checkpoint::CheckpointReader& r, Backend& be, Trainer& trainer);
 
 // The checkpoint's job.toml must describe the same [model] as `model` (vocab included): a
 // checkpoint of another model is an error listing every key that differs.

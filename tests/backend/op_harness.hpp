@@ -2,14 +2,39 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cmath>
 #include <functional>
+#include <map>
+#include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/backend.hpp"
 
 namespace exatrain::test {
+
+// The backends every op is checked on: the per-op tests are value-parameterised over these
+// names (INSTANTIATE_TEST_SUITE_P(..., testing::ValuesIn(backend_names()), backend_test_name)).
+inline std::vector<std::string> backend_names() { return {"cpu", "cpu-guarded"}; }
+
+// One backend per name for the whole test program, 2 threads, parallel paths forced
+// (parallel_min_work = 0).
+inline Backend& backend_named(const std::string& name) {
+  static std::map<std::string, std::unique_ptr<Backend>> cache;
+  auto& b = cache[name];
+  if (!b) b = make_backend(name, 2, 0);
+  return *b;
+}
+
+// gtest parameter names: alphanumerics and '_' ("cpu-guarded" -> "cpu_guarded").
+inline std::string backend_test_name(const testing::TestParamInfo<std::string>& info) {
+  std::string n = info.param;
+  for (char& c : n)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return n;
+}
 
 using Vec = std::vector<double>;
 

@@ -1,6 +1,7 @@
-// Per-op harness (parallel paths forced: parallel_min_work = 0): every Backend op's forward
-// against a naive double-precision reference and its backward against central finite
-// differences of that reference (or the closed form), on random shapes that include odd sizes;
+// Per-op harness, run on every backend (op_harness.hpp: backend_names; parallel paths forced:
+// parallel_min_work = 0): every Backend op's forward against a naive double-precision
+// reference and its backward against central finite differences of that reference (or the
+// closed form), on random shapes that include odd sizes;
 // GEMMs above the threading threshold, vocabulary slices with vocab_start > 0, the += contract
 // of the norm backwards, and stability cases with values around 1e3.
 #include <gtest/gtest.h>
@@ -16,10 +17,14 @@ using namespace exatrain::test;
 
 namespace {
 
-Backend& be() {
-  static std::unique_ptr<Backend> b = make_cpu_backend(2, 0);
-  return *b;
-}
+// The backend under test, set per parameter by the fixture (every op runs on every backend).
+Backend* g_backend = nullptr;
+Backend& be() { return *g_backend; }
+
+class Ops : public testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { g_backend = &backend_named(GetParam()); }
+};
 
 constexpr double kFwdTol = 2e-5;  // float op vs double reference
 constexpr double kBwdTol = 1e-4;  // float backward vs double finite differences
@@ -49,7 +54,7 @@ Vec naive_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, 
   return out;
 }
 
-TEST(Ops, GemmAllTransposesOddShapes) {
+TEST_P(Ops, GemmAllTransposesOddShapes) {
   std::mt19937 rng(1);
   for (int trial = 0; trial < 8; trial++) {
     const bool ta = trial & 1, tb = trial & 2;
@@ -65,7 +70,7 @@ TEST(Ops, GemmAllTransposesOddShapes) {
 // Above the backend's threading threshold (2*M*N*K >= 4e6 flops) with sizes that are not
 // multiples of 16, so the per-thread split of C (into multiples of 16) leaves ragged edge
 // blocks; both split directions (N >= M splits columns, else rows).
-TEST(Ops, GemmMultithreadedSplitRaggedShapes) {
+TEST_P(Ops, GemmMultithreadedSplitRaggedShapes) {
   std::mt19937 rng(21);
   for (auto [M, N, K] : {std::array<int64_t, 3>{300, 517, 129}, {517, 300, 129}}) {
     for (int trial = 0; trial < 4; trial++) {
@@ -81,7 +86,7 @@ TEST(Ops, GemmMultithreadedSplitRaggedShapes) {
   }
 }
 
-TEST(Ops, GemmStridedBatched) {
+TEST_P(Ops, GemmStridedBatched) {
   std::mt19937 rng(2);
   const int64_t M = 5, N = 7, K = 9, batch = 3;
   Vec A = random_vec(rng, size_t(batch * M * K)), B = random_vec(rng, size_t(batch * N * K)),
@@ -101,7 +106,7 @@ TEST(Ops, GemmStridedBatched) {
 
 // ---- elementwise / reductions -------------------------------------------------------------------
 
-TEST(Ops, ElementwiseAndBias) {
+TEST_P(Ops, ElementwiseAndBias) {
   std::mt19937 rng(3);
   const int64_t N = 13, O = 131;  // O > one 64-column block, odd
   Vec x = random_vec(rng, size_t(N * O)), y = random_vec(rng, size_t(N * O)),
@@ -131,7 +136,7 @@ TEST(Ops, ElementwiseAndBias) {
   expect_close(db.get(), wantdb, kFwdTol, "bias_backward");
 }
 
-TEST(Ops, SumSquaresIsExactAndThreadCountIndependent) {
+TEST_P(Ops, SumSquaresIsExactAndThreadCountIndependent) {
   std::mt19937 rng(4);
   Vec x = random_vec(rng, 100003);
   Buf b(be(), x);
@@ -139,8 +144,8 @@ TEST(Ops, SumSquaresIsExactAndThreadCountIndependent) {
   for (double v : x) want += v * v;
   const double got = be().sum_squares(b.p, int64_t(x.size()));
   EXPECT_NEAR(got, want, 1e-9 * want);
-  auto one = make_cpu_backend(1, 0);
-  auto two = make_cpu_backend(2, 0);
+  auto one = make_backend(GetParam(), 1, 0);  // (guarded memory: only a guarded backend reads it)
+  auto two = make_backend(GetParam(), 2, 0);
   EXPECT_EQ(one->sum_squares(b.p, int64_t(x.size())), two->sum_squares(b.p, int64_t(x.size())));
 }
 
@@ -171,7 +176,7 @@ Vec naive_rmsnorm(const Vec& x, const Vec& w, int64_t N, int64_t C, double eps) 
   return y;
 }
 
-TEST(Ops, LayerNormForwardBackward) {
+TEST_P(Ops, LayerNormForwardBackward) {
   std::mt19937 rng(5);
   for (int trial = 0; trial < 3; trial++) {
     const int64_t N = pick(rng, 1, 9), C = pick(rng, 3, 77);
@@ -195,7 +200,7 @@ TEST(Ops, LayerNormForwardBackward) {
   }
 }
 
-TEST(Ops, RmsNormForwardBackward) {
+TEST_P(Ops, RmsNormForwardBackward) {
   std::mt19937 rng(6);
   for (int trial = 0; trial < 3; trial++) {
     const int64_t N = pick(rng, 1, 9), C = pick(rng, 3, 77);
@@ -233,7 +238,7 @@ Vec naive_swiglu(const Vec& x, int64_t N, int64_t F) {
   return y;
 }
 
-TEST(Ops, GeluForwardBackward) {
+TEST_P(Ops, GeluForwardBackward) {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 4; trial++) {
     const int64_t n = pick(rng, 1, 3001);
@@ -247,7 +252,7 @@ TEST(Ops, GeluForwardBackward) {
   }
 }
 
-TEST(Ops, SwigluForwardBackward) {
+TEST_P(Ops, SwigluForwardBackward) {
   std::mt19937 rng(8);
   for (int trial = 0; trial < 4; trial++) {
     const int64_t N = pick(rng, 1, 13), F = pick(rng, 1, 45);
@@ -277,7 +282,7 @@ Vec naive_rope(const Vec& x, int64_t B, int64_t T, int64_t W, int64_t H, int64_t
   return y;
 }
 
-TEST(Ops, RopeForwardAndInverseIsBackward) {
+TEST_P(Ops, RopeForwardAndInverseIsBackward) {
   std::mt19937 rng(9);
   for (int trial = 0; trial < 4; trial++) {
     const int64_t B = pick(rng, 1, 3), T = pick(rng, 1, 40), H = pick(rng, 1, 4),
@@ -340,10 +345,10 @@ void check_attention(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, u
   EXPECT_EQ(probs2.get(), probs.get());
 }
 
-TEST(Ops, AttentionMultiHead) { check_attention(2, 5, 3, 3, 4, 10); }
-TEST(Ops, AttentionGroupedQuery) { check_attention(1, 7, 4, 2, 3, 11); }
-TEST(Ops, AttentionMultiQuery) { check_attention(2, 3, 3, 1, 5, 12); }
-TEST(Ops, AttentionRandomShapes) {  // T up to 40, odd head sizes, MHA / GQA / MQA
+TEST_P(Ops, AttentionMultiHead) { check_attention(2, 5, 3, 3, 4, 10); }
+TEST_P(Ops, AttentionGroupedQuery) { check_attention(1, 7, 4, 2, 3, 11); }
+TEST_P(Ops, AttentionMultiQuery) { check_attention(2, 3, 3, 1, 5, 12); }
+TEST_P(Ops, AttentionRandomShapes) {  // T up to 40, odd head sizes, MHA / GQA / MQA
   std::mt19937 rng(22);
   for (int trial = 0; trial < 5; trial++) {
     const int64_t B = pick(rng, 1, 2), T = pick(rng, 1, 40), Hkv = pick(rng, 1, 2),
@@ -356,7 +361,7 @@ TEST(Ops, AttentionRandomShapes) {  // T up to 40, odd head sizes, MHA / GQA / M
 
 // ---- embeddings ---------------------------------------------------------------------------------
 
-TEST(Ops, VocabParallelEmbeddingAndPositional) {
+TEST_P(Ops, VocabParallelEmbeddingAndPositional) {
   std::mt19937 rng(13);
   for (int trial = 0; trial < 4; trial++) {
     const int64_t V = pick(rng, 1, 23), start = pick(rng, 0, 9), B = pick(rng, 1, 3),
@@ -397,7 +402,7 @@ TEST(Ops, VocabParallelEmbeddingAndPositional) {
 
 // ---- cross-entropy ------------------------------------------------------------------------------
 
-TEST(Ops, CrossEntropyForwardBackward) {
+TEST_P(Ops, CrossEntropyForwardBackward) {
   std::mt19937 rng(14);
   const int64_t N = 6, V = 37;
   Vec logits = random_vec(rng, size_t(N * V), 3.0);
@@ -512,7 +517,7 @@ void check_sliced_xent(int64_t N, int64_t V, int64_t S, double scale, double tol
   be().free_bytes(dt);
 }
 
-TEST(Ops, CrossEntropyRandomShapesAndVocabularySlices) {
+TEST_P(Ops, CrossEntropyRandomShapesAndVocabularySlices) {
   std::mt19937 rng(23);
   for (int trial = 0; trial < 4; trial++) {
     const int64_t N = pick(rng, 1, 17), V = pick(rng, 2, 301), S = pick(rng, 1, V - 1);
@@ -523,12 +528,12 @@ TEST(Ops, CrossEntropyRandomShapesAndVocabularySlices) {
 
 // ---- stability: large logits / scores ----------------------------------------------------------
 
-TEST(Ops, CrossEntropyStableForLogitsAround1e3) {
+TEST_P(Ops, CrossEntropyStableForLogitsAround1e3) {
   // float rounding of 1e3-sized logits is ~6e-5 absolute, hence the looser tolerance.
   check_sliced_xent(9, 101, 40, 1e3, 1e-3, 31);
 }
 
-TEST(Ops, AttentionStableForScoresAround1e3) {
+TEST_P(Ops, AttentionStableForScoresAround1e3) {
   std::mt19937 rng(32);
   const int64_t B = 1, T = 9, Hq = 2, Hkv = 1, D = 4, W = (Hq + 2 * Hkv) * D;
   Vec qkv = random_vec(rng, size_t(B * T * W), 30.0);  // q.k / sqrt(D) ~ 1e3
@@ -544,7 +549,7 @@ TEST(Ops, AttentionStableForScoresAround1e3) {
   expect_close(dqkv.get(), fd_grad(f, {qkv}, 0, proj, 1e-4), 1e-3, "attention bwd, large scores");
 }
 
-TEST(Ops, ActivationsStableForInputsAround1e3) {
+TEST_P(Ops, ActivationsStableForInputsAround1e3) {
   const Vec x = {-1000.0, -300.0, -90.0, 90.0, 300.0, 1000.0};
   const int64_t n = int64_t(x.size());
   const Vec proj(x.size(), 1.0);
@@ -567,7 +572,7 @@ TEST(Ops, ActivationsStableForInputsAround1e3) {
 
 // ---- AdamW --------------------------------------------------------------------------------------
 
-TEST(Ops, AdamWMatchesFormula) {
+TEST_P(Ops, AdamWMatchesFormula) {
   std::mt19937 rng(15);
   const int64_t n = 301;
   Vec p = random_vec(rng, size_t(n)), g = random_vec(rng, size_t(n)), m = random_vec(rng, size_t(n), 0.1);
@@ -589,5 +594,7 @@ TEST(Ops, AdamWMatchesFormula) {
   expect_close(bv.get(), wv, kFwdTol, "adamw v");
   expect_close(bp.get(), wp, kFwdTol, "adamw param");
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, Ops, testing::ValuesIn(backend_names()), backend_test_name);
 
 }  // namespace

@@ -1,8 +1,8 @@
 // Topology-independent, sharded checkpoints on 4 ranks: a run saved at tp2 x pp2 (sequence
 // parallel) resumes at dp4 (ZeRO 1), runs saved at dp4 (ZeRO 3, ZeRO 2, ZeRO 0) resume at
 // tp2 x pp2 (the last interleaved, vp 2), vp 2 resumes at dp2 x tp2 (ZeRO 1), which resumes at
-// dp4 (ZeRO 0), a single-rank Trainer's checkpoint resumes at dp4 (ZeRO 3) and a tp2 x pp2 one in
-// the single-rank Trainer; in all cases the 5 steps after the resume have the losses of an uninterrupted 10-step
+// dp4 (ZeRO 0), a single-rank run's checkpoint resumes at dp4 (ZeRO 3) and a tp2 x pp2 one on a
+// single rank (the same writer and reader, on MPI_COMM_SELF); in all cases the 5 steps after the resume have the losses of an uninterrupted 10-step
 // run (1e-5 relative) and end on its weights. Every distributed save and load also checks the
 // memory bound of the sharded checkpoint code (memory_bound_holds). Exits non-zero on any mismatch.
 #include <mpi.h>
@@ -17,10 +17,8 @@
 
 #include "backend/backend.hpp"
 #include "dist_common.hpp"
-#include "parallel/distributed_trainer.hpp"
-#include "parallel/setup.hpp"
 #include "checkpoint/checkpoint.hpp"
-#include "train/dist_checkpoint.hpp"
+#include "train/checkpoint_io.hpp"
 #include "train/every_rank.hpp"
 #include "train/state_io.hpp"
 #include "train/trainer.hpp"
@@ -55,18 +53,20 @@ uint64_t cursor_of(const TrainerExtras& ex) {
 }
 
 struct SingleRun {
+  std::unique_ptr<parallel::ParallelRuntime> rt;
   std::unique_ptr<dist_test::SyntheticSource> src;
   std::unique_ptr<Trainer> trainer;
 };
 
-// The single-rank Trainer of `job`, resumed from checkpoint `dir` unless it is "".
+// The Trainer of `job` on one rank (rank 0 alone: MPI_COMM_SELF), resumed from checkpoint `dir`
+// unless it is "", by the same checkpoint reader as every run.
 SingleRun single_rank(Backend& be, const Job& job, const std::string& dir) {
-  TrainerOptions o = trainer_options_from_job(job);
-  o.peak_gflops = 1;  // no sgemm measurement
+  const TrainerOptions o = dist_test::single_rank_options(job);
   SingleRun r;
+  r.rt = parallel::ParallelRuntime::local(be);
   r.src = std::make_unique<dist_test::SyntheticSource>(job.model.vocab, 0, 1);
-  r.trainer = std::make_unique<Trainer>(be, o, *r.src);
-  if (!dir.empty()) r.src->seek(cursor_of(load_trainer_state(checkpoint::CheckpointReader(dir), be, *r.trainer)));
+  r.trainer = std::make_unique<Trainer>(be, *r.rt, o, *r.src);
+  if (!dir.empty()) r.src->seek(cursor_of(load_checkpoint(*r.trainer, MPI_COMM_SELF, dir)));
   return r;
 }
 
@@ -116,15 +116,13 @@ int main(int argc, char** argv) {
       for (int s = 0; s < half; s++) a.trainer->train_step();
       TrainerExtras ex;
       ex.data_cursor_json = fmt::format("{{\"position\": {}}}", a.src->position());
-      checkpoint::CheckpointWriter w(dir_root, half);
-      add_trainer_state(w, *backend, *a.trainer, ex);
-      saved = w.commit(2);
+      saved = save_checkpoint(*a.trainer, MPI_COMM_SELF, dir_root, ex, 2);
     } else if (!cs.single_save) {
       dist_test::DistRun a = dist_test::make_run(*backend, dist_test::job_for(cs.save, steps));
       for (int s = 0; s < half; s++) a.trainer->train_step();
       TrainerExtras ex;
       ex.data_cursor_json = fmt::format("{{\"position\": {}}}", a.src->position());
-      saved = save_distributed_checkpoint(*a.trainer, MPI_COMM_WORLD, dir_root, ex, 2);
+      saved = save_checkpoint(*a.trainer, MPI_COMM_WORLD, dir_root, ex, 2);
       failures += !memory_bound_holds("save", cs.save, last_checkpoint_io_stats(), true, rank);
     }
     broadcast_from_rank0(saved, MPI_COMM_WORLD, nullptr, "MPI_Bcast (test checkpoint)");
@@ -146,7 +144,7 @@ int main(int argc, char** argv) {
       MPI_Bcast(&final_step, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
     } else {
       dist_test::DistRun b = dist_test::make_run(*backend, dist_test::job_for(cs.resume, steps));
-      TrainerExtras ex = load_distributed_checkpoint(*b.trainer, MPI_COMM_WORLD, saved);
+      TrainerExtras ex = load_checkpoint(*b.trainer, MPI_COMM_WORLD, saved);
       failures += !memory_bound_holds("load", cs.resume, last_checkpoint_io_stats(), false, rank);
       b.src->seek(cursor_of(ex));
       for (int s = half; s < steps; s++) track(s, b.trainer->train_step().loss);

@@ -20,8 +20,7 @@
 
 #include "backend/backend.hpp"
 #include "dist_common.hpp"
-#include "parallel/distributed_trainer.hpp"
-#include "parallel/setup.hpp"
+#include "train/trainer.hpp"
 #include "plan/comm.hpp"
 #include "plan/plan.hpp"
 
@@ -92,13 +91,13 @@ int main(int argc, char** argv) {
     job.model.vocab = cs.vocab;
     job.model.bias = cs.bias;
     job.train.precision = Precision::fp32;
-    dist_test::DistRun run = dist_test::make_run(*backend, job, [](DistOptions& o) {
+    dist_test::DistRun run = dist_test::make_run(*backend, job, [](TrainerOptions& o) {
       o.bucket_floats = int64_t(1) << 40;  // one bucket per arena: the planner's flat all-reduce
     });
-    DistributedTrainer& trainer = *run.trainer;
+    Trainer& trainer = *run.trainer;
     const ParallelRuntime& rt = *run.rt;
     trainer.train_step();
-    const DistStepMetrics m = trainer.train_step();  // a steady step: the ledger was reset at its start
+    const StepMetrics m = trainer.train_step();  // a steady step: the ledger was reset at its start
 
     const plan::Plan p = plan::resolve_plan(job.parallel, Precision::fp32);
     const plan::RankPosition pos = plan::rank_position(p, rank);

@@ -18,7 +18,7 @@
 
 #include "backend/backend.hpp"
 #include "core/check.hpp"
-#include "parallel/setup.hpp"
+#include "plan/resolve.hpp"
 #include "train/trainer.hpp"
 
 namespace dist_test {
@@ -38,6 +38,19 @@ World start_mpi(int& argc, char**& argv) {
 }
 
 using namespace exatrain;
+
+std::unique_ptr<Backend> test_backend(int argc, char** argv) {
+  std::string name = "cpu";
+  for (int i = 1; i + 1 < argc; i++)
+    if (std::string(argv[i]) == "--backend") name = argv[i + 1];
+  return make_backend(name, 1);
+}
+
+std::vector<float> host_params(const Gpt& model) {
+  std::vector<float> host(size_t(model.num_params()));
+  model.backend().download(host.data(), const_cast<Gpt&>(model).params(), host.size() * sizeof(float));
+  return host;
+}
 
 static int32_t token_at(uint64_t seq, int64_t i, int64_t vocab) {
   uint64_t x = seq * 0x9E3779B97F4A7C15ull + uint64_t(i) * 0xBF58476D1CE4E5B9ull + 12345;
@@ -117,46 +130,57 @@ Job job_for(const Config& c, int steps) {
   return j;
 }
 
-DistRun make_run(Backend& backend, const Job& job, const std::function<void(parallel::DistOptions&)>& tweak) {
+DistRun make_run(Backend& backend, const Job& job, const std::function<void(TrainerOptions&)>& tweak) {
   int world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   DistRun r;
   r.job = job;
+  const plan::Plan plan = plan::plan_from_job(job, world);
   parallel::RuntimeOptions ro;
   ro.watchdog_timeout_s = 60;  // a hang is reported instead of hitting the ctest timeout
-  r.rt = std::make_unique<parallel::ParallelRuntime>(MPI_COMM_WORLD, parallel::runtime_plan_from_job(job, world), ro);
+  r.rt = std::make_unique<parallel::ParallelRuntime>(
+      MPI_COMM_WORLD, parallel::MeshShape{int(plan.tp), int(plan.cp), int(plan.dp), int(plan.pp)}, backend, ro);
   r.src = std::make_unique<SyntheticSource>(job.model.vocab, r.rt->dp().rank(), r.rt->dp().size());
-  parallel::DistOptions o;
-  o.model = job.model;
-  o.train = job.train;
-  o.layers_per_stage = job.parallel.layers_per_stage;
+  TrainerOptions o = trainer_options(job, plan);
+  o.skip_nonfinite = false;
+  o.peak_gflops = 1;  // no sgemm measurement
   if (tweak) tweak(o);
-  r.trainer = std::make_unique<parallel::DistributedTrainer>(backend, *r.rt, o, *r.src);
+  r.trainer = std::make_unique<Trainer>(backend, *r.rt, o, *r.src);
   return r;
 }
 
-Reference run_single_rank(const Job& job, int64_t inject_nan_at_step, bool skip) {
-  auto backend = make_cpu_backend(1);
-  TrainerOptions o = trainer_options_from_job(job);
+TrainerOptions single_rank_options(const Job& job) {
+  Job one = job;
+  ParallelSpec& p = one.parallel;  // the same model and batch on one rank
+  p.gpus = 1, p.tp = p.pp = p.dp = p.cp = p.vp = 1, p.zero = 0, p.seq_parallel = false, p.layers_per_stage.clear();
+  p.schedule = Schedule::one_f_one_b;
+  TrainerOptions o = trainer_options(one, plan::plan_from_job(one, 1));
   o.peak_gflops = 1;  // no sgemm measurement
+  return o;
+}
+
+Reference run_single_rank(const Job& job, int64_t inject_nan_at_step, bool skip, const std::string& backend_name) {
+  auto backend = make_backend(backend_name, 1);
+  TrainerOptions o = single_rank_options(job);
   o.inject_nan_at_step = inject_nan_at_step;
   o.skip_nonfinite = skip;
   SyntheticSource src(job.model.vocab, 0, 1);
-  Trainer trainer(*backend, o, src);
+  auto rt = parallel::ParallelRuntime::local(*backend);
+  Trainer trainer(*backend, *rt, o, src);
   Reference r;
   for (int64_t s = 0; s < job.train.steps; s++) {
     const StepMetrics m = trainer.train_step();
     r.losses.push_back(m.skipped ? std::nan("") : m.loss);
   }
   // The single-rank evaluate(): mean forward loss over the validation batches.
-  const int64_t B = o.micro_batch, T = job.model.seq_len;
+  const int64_t B = o.plan.micro_batch, T = job.model.seq_len;
   std::vector<int32_t> tok(size_t(B * T)), tgt(size_t(B * T));
   for (int64_t i = 0; i < kValBatches; i++) {
     val_batch(job.model.vocab, i, B, T, tok.data(), tgt.data());
     r.val_loss += trainer.model().forward(tok.data(), nullptr, tgt.data()) / double(kValBatches);
   }
   r.layout = trainer.model().layout();
-  r.params.assign(trainer.model().params(), trainer.model().params() + trainer.model().num_params());
+  r.params = host_params(trainer.model());
   return r;
 }
 
@@ -174,7 +198,8 @@ int64_t resident_bytes(const void* p, int64_t bytes) {
 // paired with the matching element of the single-rank reference (tp slices mapped to global).
 template <class Visit>
 static void visit_slices(const Gpt& model, const Reference& ref, Visit visit) {
-  const float* local = const_cast<Gpt&>(model).params();
+  const std::vector<float> host = host_params(model);
+  const float* local = host.data();
   for (const ParamInfo& p : model.layout().entries()) {
     const ParamInfo& q = ref.layout.find(p.name);
     const int64_t rows = p.shard_shape.size() == 2 ? p.shard_shape[0] : 1;
@@ -249,12 +274,15 @@ std::string nan_comparison_problems(Gpt& model, const Reference& ref) {
   if (!(worst_of(0.0, nan) > 1e-5) || !(worst_of(nan, 0.0) > 1e-5)) problems += " worst_of drops a NaN;";
   // One weight of the first tensor this rank holds turned into NaN, as a diverged run would have.
   float* p = model.params() + model.layout().entries().front().offset;
-  const float saved = *p;
-  *p = std::numeric_limits<float>::quiet_NaN();
+  Backend& be = model.backend();
+  float saved = 0;
+  be.download(&saved, p, sizeof(float));
+  const float bad = std::numeric_limits<float>::quiet_NaN();
+  be.upload(p, &bad, sizeof(float));
   const WeightErrors e = weight_errors(model, ref);
   if (!(e.norm_rel > 1e-5) || !(e.max_rel > 1e-5)) problems += fmt::format(" weight_errors passes a NaN weight ({}, {});", e.norm_rel, e.max_rel);
   if (!(max_weight_diff(model, ref) > 1e-4)) problems += " max_weight_diff passes a NaN weight;";
-  *p = saved;
+  be.upload(p, &saved, sizeof(float));
   return problems;
 }
 

@@ -10,8 +10,9 @@
 
 #include "job/job.hpp"
 #include "model/gpt.hpp"
-#include "parallel/distributed_trainer.hpp"
 #include "data/token_source.hpp"
+#include "parallel/runtime.hpp"
+#include "train/trainer.hpp"
 
 namespace dist_test {
 
@@ -20,6 +21,10 @@ struct World {
   int size = 0, rank = 0;
 };
 World start_mpi(int& argc, char**& argv);
+
+// The backend the test runs on: `--backend NAME` on the command line ("cpu" when absent; the
+// equivalence suite also runs on "cpu-guarded"), one thread.
+std::unique_ptr<exatrain::Backend> test_backend(int argc, char** argv);
 
 // Sequence w of the synthetic corpus: token i = hash(w, i) % vocab. Each next_batch takes the next
 // B * dp_size sequences and this rank reads [dp_rank * B, (dp_rank + 1) * B) of them, as the loader.
@@ -59,10 +64,10 @@ struct DistRun {
   exatrain::Job job;
   std::unique_ptr<exatrain::parallel::ParallelRuntime> rt;
   std::unique_ptr<SyntheticSource> src;
-  std::unique_ptr<exatrain::parallel::DistributedTrainer> trainer;
+  std::unique_ptr<exatrain::Trainer> trainer;
 };
 DistRun make_run(exatrain::Backend& backend, const exatrain::Job& job,
-                 const std::function<void(exatrain::parallel::DistOptions&)>& tweak = {});
+                 const std::function<void(exatrain::TrainerOptions&)>& tweak = {});
 
 // Validation batch i of the synthetic corpus (sequences 1e9 + i*B ..., disjoint from training).
 void val_batch(int64_t vocab, int64_t i, int64_t B, int64_t T, int32_t* inputs, int32_t* targets);
@@ -74,9 +79,14 @@ struct Reference {
   exatrain::ParamLayout layout;
   std::vector<float> params;
 };
-// The single-rank Trainer on the same job: global_batch / micro_batch micro-batches per step.
-// inject_nan_at_step / skip: as TrainerOptions (skipped steps record a NaN loss).
-Reference run_single_rank(const exatrain::Job& job, int64_t inject_nan_at_step = -1, bool skip = false);
+// The options of `job`'s model and batch on one rank (every degree 1, ZeRO 0).
+exatrain::TrainerOptions single_rank_options(const exatrain::Job& job);
+
+// The Trainer on the same job on one rank (a local runtime): global_batch / micro_batch
+// micro-batches per step. inject_nan_at_step / skip: as TrainerOptions (skipped steps record a NaN
+// loss). backend: the kind to run it on (make_backend).
+Reference run_single_rank(const exatrain::Job& job, int64_t inject_nan_at_step = -1, bool skip = false,
+                          const std::string& backend = "cpu");
 
 // NaN-safe comparisons. std::max(worst, NaN) keeps `worst` and `NaN > x` is false, so a run whose
 // losses or weights are NaN would pass a tolerance; these turn anything not finite into +inf
@@ -85,6 +95,9 @@ Reference run_single_rank(const exatrain::Job& job, int64_t inject_nan_at_step =
 double rel_diff(double a, double b);
 // max(worst, x); +inf when either is NaN.
 double worst_of(double worst, double x);
+
+// The parameters of a model shard, downloaded (the arena is device memory).
+std::vector<float> host_params(const exatrain::Gpt& model);
 
 // Bytes of [p, p + bytes) resident in memory (mincore over the pages it touches).
 int64_t resident_bytes(const void* p, int64_t bytes);

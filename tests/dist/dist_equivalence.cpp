@@ -22,8 +22,7 @@
 
 #include "backend/backend.hpp"
 #include "dist_common.hpp"
-#include "parallel/distributed_trainer.hpp"
-#include "parallel/setup.hpp"
+#include "train/trainer.hpp"
 
 using namespace exatrain;
 using namespace exatrain::parallel;
@@ -88,7 +87,7 @@ int main(int argc, char** argv) {
   const dist_test::World mpi = dist_test::start_mpi(argc, argv);
   const int world = mpi.size, rank = mpi.rank;
   const int steps = 10;
-  auto backend = make_cpu_backend(1);
+  auto backend = dist_test::test_backend(argc, argv);  // --backend cpu-guarded: the device boundary's proof
   std::map<std::tuple<bool, bool, bool, int64_t, int64_t>, dist_test::Reference> refs;
   int failures = 0;
   const std::vector<Config> configs = configs_for(world);
@@ -105,18 +104,18 @@ int main(int argc, char** argv) {
     // One single-rank reference per model and batch (every field that changes the reference).
     auto key = std::make_tuple(job.model.activation == Activation::swiglu, job.model.tie_embeddings, job.model.bias,
                                cfg.micro_batch, job.parallel.global_batch);
-    if (!refs.count(key)) refs[key] = dist_test::run_single_rank(job);
+    if (!refs.count(key)) refs[key] = dist_test::run_single_rank(job, -1, false, backend->name());
     const dist_test::Reference& ref = refs[key];
 
-    dist_test::DistRun run = dist_test::make_run(*backend, job, [](DistOptions& o) {
+    dist_test::DistRun run = dist_test::make_run(*backend, job, [](TrainerOptions& o) {
       o.bucket_floats = 1000;  // several buckets: exercises the overlapped launch order
     });
-    DistributedTrainer& trainer = *run.trainer;
+    Trainer& trainer = *run.trainer;
     double worst_loss = 0;
     int64_t early = 0;
     std::string trace;
     for (int s = 0; s < steps; s++) {
-      const DistStepMetrics m = trainer.train_step();
+      const StepMetrics m = trainer.train_step();
       worst_loss = dist_test::worst_of(worst_loss, dist_test::rel_diff(m.loss, ref.losses[size_t(s)]));
       early += m.buckets_launched_early;
       if (s == 0 || s == steps - 1) trace += fmt::format(" step{} {:.6f}/{:.6f}", s + 1, m.loss, ref.losses[size_t(s)]);
@@ -198,7 +197,7 @@ int main(int argc, char** argv) {
                   (long long)early_all, trace.c_str());
     std::fflush(stdout);
   }
-  if (rank == 0) std::printf("%d of %zu configurations failed\n", failures, configs.size());
+  if (rank == 0) std::printf("%d of %zu configurations failed (backend %s)\n", failures, configs.size(), backend->name());
   MPI_Finalize();
   return failures == 0 ? 0 : 1;
 }

@@ -1,4 +1,4 @@
-// train.nan_policy on many ranks: a step whose loss reads as NaN (DistOptions::inject_nan_at_step)
+// train.nan_policy on many ranks: a step whose loss reads as NaN (TrainerOptions::inject_nan_at_step)
 //   skip: is skipped on every rank, and the run continues with the next batch exactly as the
 //         single-rank Trainer with skip_nonfinite does (the same losses, 1e-5 relative, the same
 //         steps skipped);
@@ -13,8 +13,7 @@
 
 #include "backend/backend.hpp"
 #include "dist_common.hpp"
-#include "parallel/distributed_trainer.hpp"
-#include "parallel/setup.hpp"
+#include "train/trainer.hpp"
 
 using namespace exatrain;
 using namespace exatrain::parallel;
@@ -38,15 +37,15 @@ int main(int argc, char** argv) {
     const Job job = dist_test::job_for(cfg, steps);
     const dist_test::Reference ref = dist_test::run_single_rank(job, nan_step, true);
     for (bool skip : {true, false}) {
-      dist_test::DistRun run = dist_test::make_run(*backend, job, [&](DistOptions& o) {
+      dist_test::DistRun run = dist_test::make_run(*backend, job, [&](TrainerOptions& o) {
         o.skip_nonfinite = skip;
         o.inject_nan_at_step = nan_step;
       });
-      DistributedTrainer& trainer = *run.trainer;
+      Trainer& trainer = *run.trainer;
       double worst = 0;
       int bad = 0;  // wrong flags or step count on this rank
       for (int s = 0; s < steps; s++) {
-        const DistStepMetrics m = trainer.train_step();
+        const StepMetrics m = trainer.train_step();
         const bool expect_nan = s == nan_step - 1;
         if (m.nonfinite != expect_nan) bad++;
         if (expect_nan) {

@@ -13,7 +13,7 @@
 #include "core/check.hpp"
 #include "job/parse.hpp"
 #include "report/metrics.hpp"
-#include "train/dist_session.hpp"
+#include "train/session.hpp"
 
 using namespace exatrain;
 
@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
   int ok = 0;
   std::string what;
   try {
-    const TrainRunResult r = run_distributed_training(job, o);
+    const TrainRunResult r = run_training(job, o);
     what = "finished at step " + std::to_string(r.final_step) + ", skipped " + std::to_string(r.skipped_steps);
     ok = policy == "skip" && r.final_step == 4 && r.skipped_steps == 1;
     if (ok && rank == 0) {  // one record per applied step, all finite

@@ -22,8 +22,7 @@
 
 #include "backend/backend.hpp"
 #include "dist_common.hpp"
-#include "parallel/distributed_trainer.hpp"
-#include "parallel/setup.hpp"
+#include "train/trainer.hpp"
 
 using namespace exatrain;
 using namespace exatrain::parallel;
@@ -76,10 +75,10 @@ int main(int argc, char** argv) {
     job.model.ffn_hidden = cs.odd ? 250 : 256;
     const dist_test::Reference ref = dist_test::run_single_rank(job);
 
-    DistributedTrainer* trainer_at = nullptr;
+    Trainer* trainer_at = nullptr;
     std::vector<int64_t> peak;  // per chunk: most gradient-arena bytes resident at a backward hook
     const int64_t bucket_floats = 4096, in_flight = 2;  // 4-page buckets, 2 in flight
-    dist_test::DistRun run = dist_test::make_run(*backend, job, [&](DistOptions& o) {
+    dist_test::DistRun run = dist_test::make_run(*backend, job, [&](TrainerOptions& o) {
       o.bucket_floats = bucket_floats;
       o.buckets_in_flight = in_flight;
       o.after_backward_unit = [&](int c, int64_t) {
@@ -87,7 +86,7 @@ int main(int argc, char** argv) {
         peak[size_t(c)] = std::max(peak[size_t(c)], dist_test::resident_bytes(g.grads(), g.num_params() * 4));
       };
     });
-    DistributedTrainer& trainer = *run.trainer;
+    Trainer& trainer = *run.trainer;
     trainer_at = &trainer;
     peak.assign(size_t(trainer.chunks()), 0);
 
@@ -110,7 +109,7 @@ int main(int argc, char** argv) {
     double worst_loss = 0;
     int64_t early = 0;
     for (int s = 0; s < steps; s++) {
-      const DistStepMetrics m = trainer.train_step();
+      const StepMetrics m = trainer.train_step();
       worst_loss = dist_test::worst_of(worst_loss, dist_test::rel_diff(m.loss, ref.losses[size_t(s)]));
       early += m.buckets_launched_early;
     }

@@ -120,12 +120,12 @@ int main(int argc, char** argv) try {
   to.train.steps = 10;
   to.train.weight_decay = 0.1;
   to.train.grad_clip = 1.0;
-  to.micro_batch = 2;
-  to.grad_accum = 2;
+  to.plan = single_rank_plan(/*micro_batch=*/2, /*micro_batches=*/2);
   to.peak_gflops = 1;
   InMemoryTokenStream inner(stream);
   RecordingSource rec(inner);
-  Trainer tr(*be, to, rec);
+  auto rt = parallel::ParallelRuntime::local(*be);
+  Trainer tr(*be, *rt, to, rec);
   nlohmann::json steps = nlohmann::json::array();
   for (int s = 0; s < 10; s++) {
     StepMetrics sm = tr.train_step();
@@ -144,7 +144,7 @@ int main(int argc, char** argv) try {
                    {"bias", m.bias}, {"norm_eps", m.norm_eps}, {"rope_theta", m.rope_theta}};
   meta["batch"] = B;
   meta["loss"] = loss;
-  meta["train"] = {{"micro_batch", to.micro_batch}, {"grad_accum", to.grad_accum},
+  meta["train"] = {{"micro_batch", to.plan.micro_batch}, {"grad_accum", to.plan.micro_batches()},
                    {"lr", to.train.lr}, {"min_lr", to.train.min_lr},
                    {"warmup_steps", to.train.warmup_steps}, {"steps", to.train.steps},
                    {"weight_decay", to.train.weight_decay}, {"beta1", to.train.beta1},

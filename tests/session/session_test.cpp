@@ -234,7 +234,7 @@ TEST(Session, SampleIsSeededGreedyIsTopOneAndOptionsAreChecked) {
 
 TEST(Session, TrainerChecksAreReportedWithTheFilesProblems) {
   std::string e = error_of([&] {
-    parse_job("[model]\nhiden = 3\n[train]\nprecision = \"bf16\"\nsteps = 0\n", "both.toml", {}, check_single_rank_job);
+    parse_job("[model]\nhiden = 3\n[train]\nprecision = \"bf16\"\nsteps = 0\n", "both.toml", {}, check_training_job);
   });
   EXPECT_TRUE(has(e, "3 problems in job both.toml")) << e;
   EXPECT_TRUE(has(e, "unknown key \"hiden\"")) << e;
@@ -242,7 +242,7 @@ TEST(Session, TrainerChecksAreReportedWithTheFilesProblems) {
   EXPECT_TRUE(has(e, "[train] steps = 0: expected at least 1")) << e;
   // A value that came from --set is named by its --set, the file's own by the file.
   e = error_of([&] {
-    parse_job("[parallel]\ngpus = 1\n[train]\nsteps = 0\n", "both.toml", {"parallel.tp=2"}, check_single_rank_job);
+    parse_job("[parallel]\ngpus = 1\n[train]\nsteps = 0\n", "both.toml", {"parallel.tp=2"}, check_training_job);
   });
   EXPECT_TRUE(has(e, "\n  --set parallel.tp=2: [parallel] tp = 2: this trainer runs on one rank")) << e;
   EXPECT_TRUE(has(e, "\n  both.toml: [train] steps = 0: expected at least 1")) << e;
@@ -257,7 +257,8 @@ TEST(Session, BadJobsAreRejectedUpFront) {
   EXPECT_TRUE(has(e, "[parallel] gpus = 2")) << e;
   EXPECT_TRUE(has(e, "[train] precision = \"bf16\"")) << e;
   e = error_of([&] { run_training(tiny_job(run, {"parallel.micro_batch=3"}), quiet()); });
-  EXPECT_TRUE(has(e, "global_batch = 4 is not divisible by dp * micro_batch = 1 * 3")) << e;
+  // The one batch rule of plan/plan.hpp in the trainer's wording (see trainer_test OptionsFromJob).
+  EXPECT_TRUE(has(e, "global_batch 4 is not divisible by micro_batch 3 * dp 1 = 3")) << e;
   e = error_of([&] { run_training(tiny_job(run, {"train.data=\"/nonexistent\""}), quiet()); });
   EXPECT_TRUE(has(e, "[train] data = \"/nonexistent\": expected a directory written by `exatrain data prepare`")) << e;
   run_training(tiny_job(run, {"train.steps=1"}), quiet());

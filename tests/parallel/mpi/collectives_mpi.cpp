@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "parallel/comm.hpp"
+#include "parallel/mpi_group.hpp"
 #include "parallel/mesh.hpp"
 
 using namespace exatrain::parallel;
@@ -32,7 +33,7 @@ static float value(int rank, int64_t i) {
 }
 
 // True when every rank of `g` holds exactly the same bytes in buf[n].
-static bool identical_across(const Group& g, const float* buf, int64_t n) {
+static bool identical_across(const MpiGroup& g, const float* buf, int64_t n) {
   std::vector<float> first(buf, buf + n);
   MPI_Bcast(first.data(), static_cast<int>(n), MPI_FLOAT, 0, g.comm());
   int same = std::memcmp(first.data(), buf, sizeof(float) * n) == 0, all = 0;
@@ -67,7 +68,7 @@ TEST(MeshMpi, EveryFactorisationBuildsGroupsMatchingTheArithmetic) {
 
 TEST(CollectivesMpi, MatchTheReferenceAndCountBytesByTheRingConvention) {
   CommLedger ledger;
-  Group g(MPI_COMM_WORLD, "dp", &ledger, nullptr);
+  MpiGroup g(MPI_COMM_WORLD, "dp", &ledger, nullptr);
   int p = g.size(), me = g.rank();
   const int64_t n = 1003;  // odd on purpose
 
@@ -135,7 +136,7 @@ TEST(CollectivesMpi, MatchTheReferenceAndCountBytesByTheRingConvention) {
 
 TEST(CollectivesMpi, NonBlockingVariantsAgreeWithBlockingOnes) {
   CommLedger ledger;
-  Group g(MPI_COMM_WORLD, "cp", &ledger, nullptr);
+  MpiGroup g(MPI_COMM_WORLD, "cp", &ledger, nullptr);
   int p = g.size(), me = g.rank();
   const int64_t n = 517;
   std::vector<float> a(n), b(n);
@@ -186,7 +187,7 @@ TEST(CollectivesMpi, NonBlockingVariantsAgreeWithBlockingOnes) {
 TEST(CollectivesMpi, ReductionsAreBitwiseRepeatableAndIdenticalOnEveryRank) {
   // The equivalence tests rely on this: same inputs -> same bits, whatever the timing. Sizes
   // cover Open MPI's small-message and large-message (segmented ring) algorithms.
-  Group g(MPI_COMM_WORLD, "dp", nullptr, nullptr);
+  MpiGroup g(MPI_COMM_WORLD, "dp", nullptr, nullptr);
   int me = g.rank();
   for (int64_t n : {7, 1000, 300000}) {
     std::vector<float> first(n), again(n), nonblocking(n);

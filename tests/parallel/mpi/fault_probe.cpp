@@ -13,6 +13,7 @@
 
 #include "core/check.hpp"
 #include "parallel/comm.hpp"
+#include "parallel/mpi_group.hpp"
 #include "parallel/watchdog.hpp"
 
 using namespace exatrain::parallel;
@@ -28,7 +29,7 @@ int main(int argc, char** argv) {
   int victim = std::atoi(argv[2]), rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   Watchdog watchdog(rank, mode == "stall" ? 2.0 : 60.0, /*abort_on_stall=*/true);
-  Group world(MPI_COMM_WORLD, "world", nullptr, &watchdog);
+  MpiGroup world(MPI_COMM_WORLD, "world", nullptr, &watchdog);
   std::vector<float> buf(1024, 1.0f);
   for (int it = 0; it < 1000; it++) {
     if (rank == victim && it == 20) {

@@ -19,13 +19,21 @@
 #include <fmt/format.h>
 
 #include "parallel/comm.hpp"
+#include "parallel/mpi_group.hpp"
 #include "parallel/executor.hpp"
 #include "parallel/mesh.hpp"
 #include "parallel/zero.hpp"
 
+#include "backend/backend.hpp"
+
 using namespace exatrain::parallel;
 
 static const int64_t kWidth = 5;
+// Host-accessible memory for the messages and buckets (the CPU backend).
+static exatrain::Backend& backend() {
+  static std::unique_ptr<exatrain::Backend> be = exatrain::make_cpu_backend(1);
+  return *be;
+}
 static double weight(int stage) { return 0.9 + 0.13 * stage; }
 static double input(int mb, int64_t i) { return std::sin(1.7 * mb + 0.5 * i); }
 
@@ -87,7 +95,8 @@ static std::vector<float> run_toy(Group& pp, const PipelinePlan& plan, int mb_of
     }
     stash.erase(it);
   };
-  run_pipeline(pp, table, kWidth, cb, timing);
+  BufferPool pool(backend(), kWidth);
+  run_pipeline(pp, pool, table, cb, timing);
   EXPECT_TRUE(stash.empty());
   return dw;
 }
@@ -117,7 +126,7 @@ TEST(PipelineMpi, EverySchedulesGradientsEqualTheSingleProcessResult) {
     if (pp_deg > W || W % pp_deg) continue;
     Mesh mesh = Mesh::create(MPI_COMM_WORLD, resolve_mesh_shape(W, 1, 1, pp_deg, std::nullopt));
     CommLedger ledger;
-    Group pp(mesh.pp_comm, "pp", &ledger, nullptr);
+    MpiGroup pp(mesh.pp_comm, "pp", &ledger, nullptr);
     int m = 2 * pp_deg;
     run_and_check(pp, {PipeSchedule::gpipe, pp_deg, 1, m});
     run_and_check(pp, {PipeSchedule::one_f_one_b, pp_deg, 1, m + 1});
@@ -148,7 +157,7 @@ TEST(PipelineMpi, TraceShowsEveryRanksScheduleInOrder) {
   MPI_Comm_size(MPI_COMM_WORLD, &W);
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
   if (W < 2) GTEST_SKIP() << "needs a pipeline";
-  Group pp(MPI_COMM_WORLD, "pp", nullptr, nullptr);
+  MpiGroup pp(MPI_COMM_WORLD, "pp", nullptr, nullptr);
   PipelinePlan plan{PipeSchedule::interleaved, W, 2, W};
   std::vector<TraceEvent> events;
   MPI_Barrier(MPI_COMM_WORLD);
@@ -193,11 +202,12 @@ TEST(PipelineMpi, DataParallelPipelinesWithBucketedAllReduceEqualOneProcess) {
   Mesh mesh = Mesh::create(MPI_COMM_WORLD, resolve_mesh_shape(W, 1, 1, pp_deg, std::nullopt));
   int dp = mesh.shape.dp;
   CommLedger ledger;
-  Group pp(mesh.pp_comm, "pp", &ledger, nullptr), replicas(mesh.replica_comm, "dp", &ledger, nullptr);
+  MpiGroup pp(mesh.pp_comm, "pp", &ledger, nullptr), replicas(mesh.replica_comm, "dp", &ledger, nullptr);
   PipelinePlan plan{PipeSchedule::interleaved, pp_deg, vp, m};
   float loss = 0;
   std::vector<float> dw = run_toy(pp, plan, mesh.coord.dp * m, &loss, nullptr);
-  GradBucketer bucketer(replicas, dw.data(), vp, 1);  // one bucket per chunk's weight
+  IdentityCompressor dense;
+  GradBucketer bucketer(backend(), replicas, dense, dw.data(), vp, 1);  // one bucket per chunk's weight
   for (int c = vp - 1; c >= 0; c--) bucketer.mark_ready(c, 1);
   bucketer.finish(1.0f);  // the loss is a sum over all micro-batches: no 1/dp
   double ref_loss = 0;

@@ -9,8 +9,11 @@
 
 #include "core/check.hpp"
 #include "parallel/comm.hpp"
+#include "parallel/mpi_group.hpp"
 #include "parallel/tp_regions.hpp"
 #include "parallel/zero.hpp"
+
+#include "backend/backend.hpp"
 
 using namespace exatrain::parallel;
 
@@ -22,7 +25,7 @@ static float value(int rank, int64_t i) {
 
 TEST(TpRegionsMpi, RegionPairsAreAllReduceOrIdentity) {
   CommLedger ledger;
-  Group tp(MPI_COMM_WORLD, "tp", &ledger, nullptr);
+  MpiGroup tp(MPI_COMM_WORLD, "tp", &ledger, nullptr);
   int p = tp.size(), me = tp.rank();
   const int64_t n = 64;
   std::vector<float> x(n), ref(n, 0.f);
@@ -48,7 +51,7 @@ TEST(TpRegionsMpi, RegionPairsAreAllReduceOrIdentity) {
 
 TEST(TpRegionsMpi, SequenceParallelPairsShardTheFlatTokenRows) {
   CommLedger ledger;
-  Group tp(MPI_COMM_WORLD, "tp", &ledger, nullptr);
+  MpiGroup tp(MPI_COMM_WORLD, "tp", &ledger, nullptr);
   int p = tp.size(), me = tp.rank();
   // The engine's layout: N = B*T token rows of C floats, rank r holding rows [r*N/tp, (r+1)*N/tp)
   // (B = 3, T = 4p: for p > 2 a shard's rows span two sequences, which a [B, T, C] split would not).
@@ -84,7 +87,7 @@ TEST(TpRegionsMpi, SequenceParallelPairsShardTheFlatTokenRows) {
 }
 
 TEST(TpRegionsMpi, VocabParallelCrossEntropyMatchesTheFullSoftmax) {
-  Group tp(MPI_COMM_WORLD, "tp", nullptr, nullptr);
+  MpiGroup tp(MPI_COMM_WORLD, "tp", nullptr, nullptr);
   int p = tp.size(), me = tp.rank();
   const int64_t N = 6, V = 37;  // tokens, vocabulary (not divisible by 2, 4 or 8)
   auto logit = [](int64_t n, int64_t v) { return static_cast<float>(3.0 * std::sin(0.9 * v + 2.1 * n)); };
@@ -114,15 +117,22 @@ TEST(TpRegionsMpi, VocabParallelCrossEntropyMatchesTheFullSoftmax) {
   }
 }
 
+// Host-accessible memory for the buckets (the CPU backend), and the dense reduction.
+static exatrain::Backend& backend() {
+  static std::unique_ptr<exatrain::Backend> be = exatrain::make_cpu_backend(1);
+  return *be;
+}
+static IdentityCompressor dense;
+
 TEST(ZeroMpi, ReduceScatterThenAllGatherGivesTheMeanEverywhere) {
   CommLedger ledger;
-  Group dp(MPI_COMM_WORLD, "dp", &ledger, nullptr);
+  MpiGroup dp(MPI_COMM_WORLD, "dp", &ledger, nullptr);
   int p = dp.size(), me = dp.rank();
   ZeroLayout z = ZeroLayout::make(1003, p);
   std::vector<float> grads(z.padded, 0.f);
   for (int64_t i = 0; i < z.total; i++) grads[i] = value(me, i);
   std::vector<float> shard(z.shard);
-  reduce_scatter_grads(dp, z, grads.data(), shard.data(), 1.0f / p);
+  reduce_scatter_grads(backend(), dp, z, grads.data(), shard.data(), 1.0f / p);
   // "Optimizer step" on my shard: params = -grad mean; then gather everyone's shard.
   std::vector<float> params(z.padded, 99.f);
   for (int64_t j = 0; j < z.shard; j++) params[me * z.shard + j] = -shard[j];
@@ -141,11 +151,11 @@ TEST(ZeroMpi, ReduceScatterThenAllGatherGivesTheMeanEverywhere) {
 
 TEST(ZeroMpi, BucketedAllReduceOverlapsAndEqualsTheMean) {
   CommLedger ledger;
-  Group dp(MPI_COMM_WORLD, "dp", &ledger, nullptr);
+  MpiGroup dp(MPI_COMM_WORLD, "dp", &ledger, nullptr);
   int p = dp.size(), me = dp.rank();
   const int64_t n = 1000, bucket = 64;
   std::vector<float> grads(n);
-  GradBucketer bk(dp, grads.data(), n, bucket);
+  GradBucketer bk(backend(), dp, dense, grads.data(), n, bucket);
   EXPECT_EQ(bk.buckets(), 16);
   for (int step = 0; step < 2; step++) {  // the bucketer re-arms after finish()
     for (int64_t i = 0; i < n; i++) grads[i] = value(me + step, i);
@@ -171,7 +181,7 @@ TEST(ZeroMpi, BucketedAllReduceOverlapsAndEqualsTheMean) {
     EXPECT_EQ(ledger.calls["dp_all_reduce"], 2 * 16);
   }
   // Marking a range twice is an error.
-  GradBucketer twice(dp, grads.data(), n, bucket);
+  GradBucketer twice(backend(), dp, dense, grads.data(), n, bucket);
   twice.mark_ready(0, 10);
   EXPECT_THROW(twice.mark_ready(5, 10), exatrain::Error);
 }
@@ -181,10 +191,10 @@ TEST(ZeroMpi, BucketedAllReduceOverlapsAndEqualsTheMean) {
 // end_micro_batch(); the shard holds the mean of my owned ranges, gather_params fills the rest.
 static void zero2_round_trip(int64_t n, int64_t bucket, int64_t split, bool exact) {
   CommLedger ledger;
-  Group dp(MPI_COMM_WORLD, "dp", &ledger, nullptr);
+  MpiGroup dp(MPI_COMM_WORLD, "dp", &ledger, nullptr);
   const int p = dp.size(), me = dp.rank();
   std::vector<float> grads(n, 0.f);
-  GradBucketer bk(dp, grads.data(), n, bucket, BucketOp::reduce_scatter, {split}, 1);
+  GradBucketer bk(backend(), dp, dense, grads.data(), n, bucket, BucketOp::reduce_scatter, {split}, 1);
   EXPECT_EQ(bk.bucket(0).end, std::min(split, bucket));
   const int micro_batches = 3;
   for (int step = 0; step < 2; step++) {

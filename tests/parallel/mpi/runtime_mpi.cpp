@@ -6,7 +6,9 @@
 #include <fmt/format.h>
 
 #include "job/parse.hpp"
+#include "backend/backend.hpp"
 #include "parallel/runtime.hpp"
+#include "plan/resolve.hpp"
 
 using namespace exatrain;
 using namespace exatrain::parallel;
@@ -22,8 +24,10 @@ TEST(RuntimeMpi, BuildsTheMeshFromTheJobAndBooksEachGroup) {
                                   "recompute = \"none\"\nseq_parallel = false\nschedule = \"1f1b\"\n",
                                   W, tp, pp, 4 * W),
                       "runtime.toml");
-  RuntimePlan plan = runtime_plan_from_job(job, W);
-  ParallelRuntime rt(MPI_COMM_WORLD, plan, {/*watchdog_timeout_s=*/60, true});
+  const plan::Plan plan = plan::plan_from_job(job, W);
+  auto be = make_cpu_backend(1);
+  ParallelRuntime rt(MPI_COMM_WORLD, MeshShape{int(plan.tp), int(plan.cp), int(plan.dp), int(plan.pp)}, *be,
+                     {/*watchdog_timeout_s=*/60, true});
   EXPECT_EQ(rt.tp().size(), tp);
   EXPECT_EQ(rt.pp().size(), pp);
   EXPECT_EQ(rt.dp().size(), W / (tp * pp));

@@ -5,13 +5,14 @@
 
 #include <cmath>
 
+#include "parallel/mpi_group.hpp"
 #include "parallel/tp_hooks.hpp"
 
 using namespace exatrain::parallel;
 
 TEST(TpHooksMpi, HooksAreSumAndMaxOverTheTpGroup) {
   CommLedger ledger;
-  Group tp(MPI_COMM_WORLD, "tp", &ledger, nullptr);
+  MpiGroup tp(MPI_COMM_WORLD, "tp", &ledger, nullptr);
   MpiParallelHooks hooks(tp);
   exatrain::ParallelHooks& h = hooks;
   int p = tp.size(), me = tp.rank();
@@ -37,7 +38,7 @@ TEST(TpHooksMpi, HooksAreSumAndMaxOverTheTpGroup) {
 
 TEST(TpHooksMpi, SequenceParallelHooksAreTheNamedRowPairs) {
   CommLedger ledger;
-  Group tp(MPI_COMM_WORLD, "tp", &ledger, nullptr);
+  MpiGroup tp(MPI_COMM_WORLD, "tp", &ledger, nullptr);
   MpiParallelHooks hooks(tp);
   exatrain::ParallelHooks& h = hooks;
   int p = tp.size(), me = tp.rank();

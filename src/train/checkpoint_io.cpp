@@ -1,8 +1,10 @@
-#include "train/dist_checkpoint.hpp"
+#include "train/checkpoint_io.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <map>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.hpp"
@@ -17,13 +19,18 @@
 namespace exatrain {
 namespace {
 
-using parallel::DistributedTrainer;
-using Kind = DistributedTrainer::StateKind;
+using parallel::StateSlice;
 
 const char* const kFiles[2] = {"model.safetensors", "optimizer.safetensors"};
-int file_of(Kind k) { return k == Kind::params ? 0 : 1; }
-std::string tensor_name(Kind k, const std::string& name) {
-  return k == Kind::params ? name : (k == Kind::m ? "m." : "v.") + name;
+constexpr const char* kStateFormat = "2";  // optimizer state stored by name (format 1: AdamW's m./v.)
+// The largest piece staged between device memory and the file at once (4 MiB of floats).
+constexpr int64_t kStagingFloats = int64_t(1) << 20;
+
+int file_of(const StateSlice& s) { return s.state < 0 ? 0 : 1; }
+
+// The tensor's name in its file: the parameter's own, or "<state>.<parameter>".
+std::string tensor_name(const std::vector<std::string>& states, int state, const std::string& name) {
+  return state < 0 ? name : states[size_t(state)] + "." + name;
 }
 
 CheckpointIoStats g_stats;
@@ -36,7 +43,7 @@ int64_t g_ops = 0;
 // Calls fn(entry, lo, hi) for every layout entry of the slice's chunk that overlaps the slice,
 // with [lo, hi) the overlap as element indices of the entry's shard.
 template <class Fn>
-void for_each_entry_part(DistributedTrainer& t, const DistributedTrainer::StateSlice& s, Fn&& fn) {
+void for_each_entry_part(Trainer& t, const StateSlice& s, Fn&& fn) {
   const std::vector<ParamInfo>& entries = t.chunk(s.chunk).layout().entries();  // in arena order
   auto it = std::partition_point(entries.begin(), entries.end(),
                                  [&](const ParamInfo& p) { return p.offset + p.numel <= s.begin; });
@@ -46,15 +53,27 @@ void for_each_entry_part(DistributedTrainer& t, const DistributedTrainer::StateS
   }
 }
 
+// The host staging buffer of a save or load: as large as the largest piece moved at once (one
+// entry's part of a slice, at most kStagingFloats).
+HostBuffer<float> staging_for(Trainer& t, const std::vector<StateSlice>& slices) {
+  int64_t floats = 1;
+  for (const StateSlice& s : slices)
+    for_each_entry_part(t, s, [&](const ParamInfo&, int64_t lo, int64_t hi) {
+      floats = std::max(floats, std::min(kStagingFloats, hi - lo));
+    });
+  note_buffer(size_t(floats) * sizeof(float));
+  return HostBuffer<float>(t.backend(), floats);
+}
+
 // The global tensors of the model (name -> global shape): the ranks at dp 0 and tp 0 (one per
 // pipeline position, which holds every tensor of its stages) list the entries they save, and the
 // lists are all-gathered; names and shapes only, a few bytes per tensor, each tensor once.
-std::map<std::string, std::vector<int64_t>> all_tensors(DistributedTrainer& t, MPI_Comm world, int size) {
+std::map<std::string, std::vector<int64_t>> all_tensors(Trainer& t, MPI_Comm world, int size) {
   nlohmann::json mine = nlohmann::json::array();
   const bool lists = t.runtime().dp().rank() == 0 && t.runtime().mesh().coord.tp == 0;
   for (int c = 0; c < t.chunks() && lists; c++)
     for (const ParamInfo& p : t.chunk(c).layout().entries())
-      if (t.saves_entry(c, p)) mine.push_back({p.name, p.global_shape});
+      if (t.saves_entry(p)) mine.push_back({p.name, p.global_shape});
   const std::string text = mine.dump();
   note_buffer(text.size());
   int n = int(text.size());
@@ -85,71 +104,80 @@ std::map<std::string, std::vector<int64_t>> all_tensors(DistributedTrainer& t, M
   return out;
 }
 
-// Writes this rank's saver slices of file f (and rank 0 the header) with MPI-IO; returns the
-// elements written.
-int64_t write_file_slices(DistributedTrainer& t, const std::vector<DistributedTrainer::StateSlice>& slices, int f,
+// Writes this rank's saver slices of file f at their offsets (pwrite into the file rank 0 created
+// with the header), each piece downloaded into host staging first, then fsyncs; returns the
+// elements written. A failed write (a full disk) ends the save on every rank with its message.
+int64_t write_file_slices(Trainer& t, const std::vector<StateSlice>& slices, int f,
                           const checkpoint::SafetensorsWriter& layout, const std::string& path, MPI_Comm world,
-                          int rank) {
+                          int rank, HostBuffer<float>& host) {
   const std::string prefix = layout.file_prefix();
   note_buffer(prefix.size());
   const auto ranges = layout.data_ranges();
-  MPI_File fh;
-  {
-    parallel::WatchdogScope watch(t.runtime().watchdog(), "world", ++g_ops, "MPI_File_open (checkpoint)");
-    parallel::mpi_check(MPI_File_open(world, path.c_str(), MPI_MODE_CREATE | MPI_MODE_WRONLY, MPI_INFO_NULL, &fh),
-                        ("MPI_File_open " + path).c_str());
-  }
-  const std::string what = "MPI_File_write_at " + path;
-  MPI_Status status;
-  if (rank == 0)
-    parallel::mpi_check(MPI_File_write_at(fh, 0, prefix.data(), int(prefix.size()), MPI_BYTE, &status), what.c_str());
+  const std::vector<std::string> states = t.optimizer().state_names();
+  Backend& be = t.backend();
+  parallel::Watchdog* wd = t.runtime().watchdog();
+  on_all_ranks_or_none(world, wd, "MPI_Allreduce (checkpoint file created)", [&] {
+    if (rank != 0) return;
+    OutputFile header(path);
+    header.write(prefix.data(), prefix.size());
+    header.sync_and_close();
+  });
   int64_t written = 0;
-  for (const DistributedTrainer::StateSlice& s : slices) {
-    if (!s.saver || file_of(s.kind) != f) continue;
-    for_each_entry_part(t, s, [&](const ParamInfo& p, int64_t lo, int64_t hi) {
-      if (!t.saves_entry(s.chunk, p)) return;
-      const std::string name = tensor_name(s.kind, p.name);
-      const uint64_t tensor_offset = prefix.size() + ranges.at(name).first;
-      for_each_piece(p, lo, hi, tensor_offset, kMaxPieceFloats, [&](const FilePiece& piece) {
-        const float* src = s.data + (p.offset + piece.local - s.begin);
-        parallel::mpi_check(MPI_File_write_at(fh, MPI_Offset(piece.offset), src, piece.count, MPI_FLOAT, &status),
-                            what.c_str());
-        written += piece.count;
+  // Not watched: a rank with little to write waits in the verdict for the others' writes, which
+  // may rightly take longer than the watchdog's timeout.
+  on_all_ranks_or_none(world, nullptr, "MPI_Allreduce (checkpoint slices written)", [&] {
+    OutputFile out(path, OutputFile::Open::existing);
+    for (const StateSlice& s : slices) {
+      if (!s.saver || file_of(s) != f) continue;
+      for_each_entry_part(t, s, [&](const ParamInfo& p, int64_t lo, int64_t hi) {
+        if (!t.saves_entry(p)) return;
+        const uint64_t tensor_offset = prefix.size() + ranges.at(tensor_name(states, s.state, p.name)).first;
+        for_each_piece(p, lo, hi, tensor_offset, host.size(), [&](const FilePiece& piece) {
+          be.download(host.data(), s.data + (p.offset + piece.local - s.begin), sizeof(float) * size_t(piece.count));
+          out.pwrite(host.data(), sizeof(float) * size_t(piece.count), piece.offset);
+          written += piece.count;
+        });
       });
-    });
-  }
-  // MPI_File_sync: every writer's data reaches the storage device (the MPI standard's fsync).
-  // Not watched: a rank with little to write waits here for the others' writes, which may
-  // rightly take longer than the watchdog's timeout.
-  parallel::mpi_check(MPI_File_sync(fh), ("MPI_File_sync " + path).c_str());
-  parallel::mpi_check(MPI_File_close(&fh), ("MPI_File_close " + path).c_str());
+    }
+    out.sync_and_close();  // every writer's data on the storage device before rank 0 commits
+  });
   return written;
+}
+
+// The two files' headers, every tensor declared (the data comes from every rank).
+void declare_files(Trainer& t, const std::map<std::string, std::vector<int64_t>>& tensors,
+                   checkpoint::SafetensorsWriter layout[2], int64_t expected[2]) {
+  const std::vector<std::string> states = t.optimizer().state_names();
+  std::string names;
+  for (const std::string& s : states) names += (names.empty() ? "" : ",") + s;
+  for (const auto& [name, shape] : tensors) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    layout[0].declare(name, shape);
+    for (const std::string& s : states) layout[1].declare(s + "." + name, shape);
+    expected[0] += n, expected[1] += int64_t(states.size()) * n;
+  }
+  layout[0].set_metadata("format", "pt");
+  layout[1].set_metadata("step", std::to_string(t.step()));
+  layout[1].set_metadata("optimizer", t.optimizer().name());
+  layout[1].set_metadata("state_format", kStateFormat);
+  layout[1].set_metadata("states", names);
 }
 
 }  // namespace
 
 const CheckpointIoStats& last_checkpoint_io_stats() { return g_stats; }
 
-std::string save_distributed_checkpoint(DistributedTrainer& t, MPI_Comm world, const std::string& root,
-                                        const TrainerExtras& extras, int64_t keep_last) {
+std::string save_checkpoint(Trainer& t, MPI_Comm world, const std::string& root, const TrainerExtras& extras,
+                            int64_t keep_last) {
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
   g_stats = {};
   parallel::Watchdog* wd = t.runtime().watchdog();
-  const std::map<std::string, std::vector<int64_t>> tensors = all_tensors(t, world, size);
   checkpoint::SafetensorsWriter layout[2];  // headers only: the data comes from every rank
   int64_t expected[2] = {0, 0};             // elements of each file
-  for (const auto& [name, shape] : tensors) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    layout[0].declare(name, shape);
-    layout[1].declare("m." + name, shape);
-    layout[1].declare("v." + name, shape);
-    expected[0] += n, expected[1] += 2 * n;
-  }
-  layout[0].set_metadata("format", "pt");
-  layout[1].set_metadata("step", std::to_string(t.step()));
+  declare_files(t, all_tensors(t, world, size), layout, expected);
   g_stats.file_data_bytes = int64_t(sizeof(float)) * (expected[0] + expected[1]);
 
   std::unique_ptr<checkpoint::CheckpointWriter> w;
@@ -159,12 +187,13 @@ std::string save_distributed_checkpoint(DistributedTrainer& t, MPI_Comm world, c
     temp_dir = w->temp_dir();
   }
   broadcast_from_rank0(temp_dir, world, wd, "MPI_Bcast (checkpoint directory)");
-  const std::vector<DistributedTrainer::StateSlice> slices = t.state_slices();
+  const std::vector<StateSlice> slices = t.state_slices();
   for (const auto& s : slices)
     if (s.saver) g_stats.slice_bytes += int64_t(sizeof(float)) * (s.end - s.begin);
+  HostBuffer<float> host = staging_for(t, slices);
   for (int f = 0; f < 2; f++) {
     const std::string path = temp_dir + "/" + kFiles[f];
-    const int64_t mine = write_file_slices(t, slices, f, layout[f], path, world, rank);
+    const int64_t mine = write_file_slices(t, slices, f, layout[f], path, world, rank, host);
     g_stats.moved_bytes += int64_t(sizeof(float)) * mine;
     int64_t total = 0;
     {
@@ -192,10 +221,35 @@ std::string save_distributed_checkpoint(DistributedTrainer& t, MPI_Comm world, c
   return dir;
 }
 
-TrainerExtras load_distributed_checkpoint(DistributedTrainer& t, MPI_Comm world, const std::string& dir,
-                                          bool checksums_verified) {
-  int rank = 0;
-  MPI_Comm_rank(world, &rank);
+namespace {
+
+// The optimizer state's names in the file: "<state>.<parameter>" (format 2) or, for a format-1
+// checkpoint (AdamW moments "m." / "v.", no state_format), their old names; another optimizer
+// than the file's is refused with what to do.
+std::vector<std::string> stored_state_names(const checkpoint::SafetensorsReader& f, const Optimizer& opt) {
+  const std::vector<std::string> states = opt.state_names();
+  const auto& meta = f.metadata();
+  auto format = meta.find("state_format");
+  if (format == meta.end()) {
+    EXA_CHECK(std::string(opt.name()) == "adamw",
+              "{}: a checkpoint of format 1 (AdamW moments m.* and v.*, written before optimizer state was stored by "
+              "name) cannot start the optimizer \"{}\": resume it with train.optimizer = \"adamw\" (it loads and the "
+              "next checkpoint is in the current format), or start \"{}\" from its weights alone "
+              "(`exatrain export` them, then train from a fresh run)", f.path(), opt.name(), opt.name());
+    return {"m", "v"};
+  }
+  EXA_CHECK(format->second == kStateFormat, "{}: state_format {} is newer than this exatrain reads ({})", f.path(),
+            format->second, kStateFormat);
+  auto name = meta.find("optimizer");
+  EXA_CHECK(name != meta.end() && name->second == opt.name(),
+            "{}: holds the state of optimizer \"{}\", this job's train.optimizer is \"{}\": resume with the same "
+            "optimizer", f.path(), name == meta.end() ? "?" : name->second, opt.name());
+  return states;
+}
+
+}  // namespace
+
+TrainerExtras load_checkpoint(Trainer& t, MPI_Comm world, const std::string& dir, bool checksums_verified) {
   g_stats = {};
   if (!checksums_verified)  // rank 0 reads every file once; the verdict goes to all
     on_rank0_for_all(world, t.runtime().watchdog(), "MPI_Bcast (checkpoint verdict)",
@@ -204,11 +258,15 @@ TrainerExtras load_distributed_checkpoint(DistributedTrainer& t, MPI_Comm world,
   const std::unique_ptr<checkpoint::SafetensorsReader> files[2] = {r.safetensors(kFiles[0]), r.safetensors(kFiles[1])};
   for (const auto& f : files)
     for (const auto& [name, info] : f->tensors()) g_stats.file_data_bytes += int64_t(info.end - info.begin);
-  for (const DistributedTrainer::StateSlice& s : t.state_slices()) {
+  const std::vector<std::string> states = stored_state_names(*files[1], t.optimizer());
+  Backend& be = t.backend();
+  const std::vector<StateSlice> slices = t.state_slices();
+  HostBuffer<float> host = staging_for(t, slices);
+  for (const StateSlice& s : slices) {
     g_stats.slice_bytes += int64_t(sizeof(float)) * (s.end - s.begin);
-    const checkpoint::SafetensorsReader& f = *files[file_of(s.kind)];
+    const checkpoint::SafetensorsReader& f = *files[file_of(s)];
     for_each_entry_part(t, s, [&](const ParamInfo& p, int64_t lo, int64_t hi) {
-      const std::string name = tensor_name(s.kind, p.name);
+      const std::string name = tensor_name(states, s.state, p.name);
       EXA_CHECK(f.has(name), "{}: has no tensor \"{}\" (a checkpoint of a different model?)", f.path(), name);
       const checkpoint::TensorInfo& info = f.info(name);
       EXA_CHECK(info.shape == p.global_shape && info.global_shape == p.global_shape,
@@ -216,8 +274,12 @@ TrainerExtras load_distributed_checkpoint(DistributedTrainer& t, MPI_Comm world,
                 checkpoint::shape_string(info.shape), checkpoint::shape_string(info.global_shape),
                 checkpoint::shape_string(p.global_shape));
       for_each_run(p, lo, hi, [&](const SliceRun& run) {
-        f.read_f32_range(name, run.global, run.count, s.data + (p.offset + run.local - s.begin));
-        g_stats.moved_bytes += int64_t(sizeof(float)) * run.count;
+        for (int64_t done = 0; done < run.count; done += host.size()) {
+          const int64_t n = std::min(host.size(), run.count - done);
+          f.read_f32_range(name, run.global + done, n, host.data());
+          be.upload(s.data + (p.offset + run.local + done - s.begin), host.data(), sizeof(float) * size_t(n));
+          g_stats.moved_bytes += int64_t(sizeof(float)) * n;
+        }
       });
     });
   }

@@ -1,9 +1,12 @@
-// [parallel] of a parsed job file -> RuntimePlan, and the start-up errors for bad combinations.
+// [parallel] of a parsed job file -> the plan `train` runs (plan/resolve.hpp), and the start-up
+// errors for bad combinations.
 #include <gtest/gtest.h>
 
 #include "core/check.hpp"
 #include "job/parse.hpp"
-#include "parallel/setup.hpp"
+#include "parallel/mesh.hpp"
+#include "parallel/schedule.hpp"
+#include "plan/resolve.hpp"
 #include "../test_util/error_of.hpp"
 
 using namespace exatrain;
@@ -17,7 +20,7 @@ static Job job_with(const std::string& parallel) {
 }
 
 static std::string plan_error_of(const Job& job, int world) {
-  return error_of([&] { runtime_plan_from_job(job, world); });
+  return error_of([&] { plan::plan_from_job(job, world); });
 }
 
 static const char* kFull =
@@ -25,7 +28,13 @@ static const char* kFull =
     "seq_parallel = true\nschedule = \"1f1b\"\n";
 
 TEST(Setup, ResolvesDpMicroBatchesAndTheInterleavedSchedule) {
-  RuntimePlan r = runtime_plan_from_job(job_with(std::string("gpus = 8\nglobal_batch = 16\n") + kFull), 8);
+  const plan::Plan p = plan::plan_from_job(job_with(std::string("gpus = 8\nglobal_batch = 16\n") + kFull), 8);
+  struct {
+    MeshShape mesh;
+    int64_t micro_batches;
+    PipelinePlan pipeline;
+    bool seq_parallel;
+  } r{{int(p.tp), int(p.cp), int(p.dp), int(p.pp)}, p.micro_batches(), pipeline_plan(p), p.seq_parallel};
   EXPECT_EQ(r.mesh.dp, 2);
   EXPECT_EQ(r.micro_batches, 4);  // 16 / (2 * 2)
   EXPECT_EQ(r.pipeline.schedule, PipeSchedule::interleaved);
