@@ -73,6 +73,8 @@ std::vector<nlohmann::json> read_metrics(const std::string& path) {
     } catch (const nlohmann::json::parse_error&) {
       if (i + 1 == lines.size()) break;  // a torn last line: the run was killed mid-write
       EXA_FAIL("{}:{}: not a JSON object (metrics.jsonl holds one JSON object per line)", path, i + 1);
+    } catch (const nlohmann::json::exception& e) {  // whole but unreadable, e.g. a number beyond double
+      EXA_FAIL("{}:{}: not a metrics record: {}", path, i + 1, e.what());
     }
     check_record(records.back(), fmt::format("{}:{}", path, i + 1));
   }

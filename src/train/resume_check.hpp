@@ -2,7 +2,7 @@
 // a checkpoint may come from someone else). trainer_state.json is parsed with every field of the
 // type and range expected (parse_trainer_state); the step, the data cursor and the counters that
 // go with them are then checked against the job that resumes and the dataset it reads, in one
-// function (check_and_restore_cursor) that both resume paths (one rank, several ranks) reach
+// function (check_and_restore_cursor), which the training session's resume reaches on every rank
 // through restore_trainer_state; only then is the loader's cursor restored.
 #pragma once
 #include <cstdint>

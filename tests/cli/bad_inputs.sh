@@ -139,6 +139,22 @@ craft_state stshort 'w = s["data_cursor"]["train_windows"]; s["data_cursor"]["po
 expect_error "resume: cursor one window short" 'data cursor "position" = ' -- "$EXA" train stshort.toml --resume stshort/checkpoints/step_00000006 --set train.steps=20
 expect_error "resume: step beyond [train] steps" 'trainer_state.json step = 6, beyond --set train.steps=4: [train] steps = 4' -- "$EXA" train tiny.toml --resume $C/step_00000006 --set train.steps=4
 
+# The same checks on 2 ranks (one Session for 1..N ranks: every rank checks the trainer state; the
+# run_dir verdict is rank 0's, said once).
+if command -v mpirun > /dev/null; then
+  MPI=(mpirun --allow-run-as-root --oversubscribe -np 2)
+  expect_error "2 ranks: resume step beyond [train] steps" 'trainer_state.json step = 6, beyond --set train.steps=4: [train] steps = 4' \
+    -- "${MPI[@]}" "$EXA" train tiny.toml --plain --resume $C/step_00000006 --set train.steps=4
+  expect_error "2 ranks: cursor one window short" 'data cursor "position" = ' \
+    -- "${MPI[@]}" "$EXA" train stshort.toml --plain --resume stshort/checkpoints/step_00000006 --set train.steps=20
+  expect_error "2 ranks: step 2^62" '"step" = 4611686018427387904: expected an integer in [0, 1099511627776]' \
+    -- "${MPI[@]}" "$EXA" train st62.toml --plain --resume st62/checkpoints/step_00000006 --set train.steps=8
+  expect_error "2 ranks: run_dir in /proc" '[train] run_dir = "/proc/exatrain-run": cannot create the directory' \
+    -- "${MPI[@]}" "$EXA" train tiny.toml --plain --set train.run_dir=/proc/exatrain-run
+else
+  echo "skipped: the 2-rank cases (no mpirun)"
+fi
+
 # model.safetensors crafted: a slice offset of 2^36; NaN weights.
 rm -rf slice && cp -r $C/step_00000006 slice
 python3 - slice/model.safetensors <<'PY'
