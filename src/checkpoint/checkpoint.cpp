@@ -10,6 +10,7 @@
 
 #include "core/check.hpp"
 #include "core/fileio.hpp"
+#include "core/json_fields.hpp"
 #include "core/sha256.hpp"
 
 namespace exatrain::checkpoint {
@@ -40,6 +41,7 @@ int64_t parse_step(const std::string& name) {
   for (size_t i = 5; i < name.size(); i++) {
     if (name[i] < '0' || name[i] > '9') return -1;
     step = step * 10 + (name[i] - '0');
+    if (step > kMaxStep) return -1;  // not a step any run reaches (and no overflow)
   }
   return step;
 }
@@ -50,10 +52,9 @@ std::string checkpoint_dir_name(int64_t step) { return fmt::format("step_{:08d}"
 
 CheckpointWriter::CheckpointWriter(const std::string& root, int64_t step)
     : root_(root), step_(step) {
-  EXA_CHECK(step >= 0, "checkpoint: step {} is negative", step);
+  EXA_CHECK(step >= 0 && step <= kMaxStep, "checkpoint: step {} is outside [0, {}]", step, kMaxStep);
+  make_directories(root, "the checkpoint directory");
   std::error_code ec;
-  fs::create_directories(root, ec);
-  EXA_CHECK(!ec, "cannot create checkpoint directory {}: {}", root, ec.message());
   final_dir_ = (fs::path(root) / checkpoint_dir_name(step)).string();
   temp_dir_ = (fs::path(root) / fmt::format(".tmp-{}-{}", checkpoint_dir_name(step), ::getpid()))
                   .string();
@@ -108,6 +109,13 @@ std::string CheckpointWriter::commit(int64_t keep_last) {
   // Saving a step that already exists (e.g. after a resume): move the old one aside first, so
   // that a complete copy exists at every moment.
   std::string aside;
+  if (fs::exists(final_dir_) && !fs::exists(fs::path(final_dir_) / kCompleteName)) {
+    // An incomplete directory of this step (an interrupted save of another process, or one that
+    // lost its marker) is kept under another name, never overwritten: it may be all there is.
+    const std::string kept = move_aside(final_dir_, ".incomplete");
+    fmt::print(stderr, "exatrain: warning: {} had no {} marker; moved aside to {} (kept)\n", final_dir_,
+               kCompleteName, kept);
+  }
   if (fs::exists(final_dir_)) {
     aside = (fs::path(root_) / fmt::format(".old-{}-{}", checkpoint_dir_name(step_), ::getpid()))
                 .string();
@@ -134,13 +142,7 @@ std::string CheckpointWriter::commit(int64_t keep_last) {
     size_t keep_others = size_t(keep_last - 1);
     for (size_t i = 0; i + keep_others < others.size(); i++) fs::remove_all(others[i].dir, ec);
   }
-  for (const auto& entry : fs::directory_iterator(root_, ec)) {
-    std::string name = entry.path().filename().string();
-    bool ours = name.find(fmt::format("-{}", ::getpid())) != std::string::npos;
-    if ((name.rfind(".tmp-step_", 0) == 0 || name.rfind(".old-step_", 0) == 0) && !ours) {
-      fs::remove_all(entry.path(), ec);
-    }
-  }
+  recover_checkpoint_root(root_, nullptr);  // leftovers of crashed saves (ours are gone)
   return final_dir_;
 }
 
@@ -150,34 +152,28 @@ CheckpointReader::CheckpointReader(const std::string& dir, Verify verify) : dir_
   EXA_CHECK(fs::exists(complete_path),
             "checkpoint {} is incomplete: no {} marker (the save was interrupted)", dir,
             kCompleteName);
-  std::string manifest_text = read_file_bytes(path_of(kManifestName));
+  // Both are small JSON files; a FIFO or device in their place is refused without blocking.
+  std::string manifest_text = read_file_bytes(path_of(kManifestName), kMaxManifestBytes);
+  std::string complete_text = read_file_bytes(complete_path, kMaxManifestBytes);
   json complete, manifest;
   try {
-    complete = json::parse(read_file_bytes(complete_path));
+    complete = json::parse(complete_text);
     manifest = json::parse(manifest_text);
   } catch (const json::exception& e) {
     EXA_FAIL("checkpoint {}: {} or {} is not valid JSON: {}", dir, kCompleteName, kManifestName,
              e.what());
   }
+  EXA_CHECK(complete.is_object() && manifest.is_object(), "checkpoint {}: {} and {} must be JSON objects", dir,
+            kCompleteName, kManifestName);
   std::string manifest_sum = sha256_hex(manifest_text);
-  EXA_CHECK(complete.value("manifest_sha256", "") == manifest_sum,
+  EXA_CHECK(complete.value("manifest_sha256", json()) == manifest_sum,
             "checkpoint {}: {} is corrupted (sha256 {} but {} records {})", dir, kManifestName,
-            manifest_sum, kCompleteName, complete.value("manifest_sha256", "?"));
-  try {
-    EXA_CHECK(manifest.at("format") == "exatrain-checkpoint" && manifest.at("version") == 1,
-              "checkpoint {}: {} has format {} version {}, expected exatrain-checkpoint 1", dir,
-              kManifestName, manifest.at("format").dump(), manifest.at("version").dump());
-    step_ = manifest.at("step");
-    for (const auto& [name, e] : manifest.at("files").items()) {
-      files_[name] = {e.at("bytes").get<uint64_t>(), e.at("sha256").get<std::string>()};
-    }
-  } catch (const json::exception& e) {
-    EXA_FAIL("checkpoint {}: malformed {}: {}", dir, kManifestName, e.what());
-  }
+            manifest_sum, kCompleteName, json_shown(complete.value("manifest_sha256", json("?"))));
+  read_manifest(manifest, complete);
   for (const auto& [name, e] : files_) {
     std::string path = path_of(name);
     EXA_CHECK(fs::exists(path), "checkpoint file {} is missing", path);
-    uint64_t size = file_size_or_throw(path);
+    uint64_t size = file_size_or_throw(path);  // a regular file (not a FIFO or device)
     EXA_CHECK(size == e.bytes, "checkpoint file {} is truncated or damaged: {} bytes on disk, the "
               "manifest expects {}", path, size, e.bytes);
     if (verify == Verify::sizes) continue;
@@ -187,13 +183,40 @@ CheckpointReader::CheckpointReader(const std::string& dir, Verify verify) : dir_
   }
 }
 
+void CheckpointReader::read_manifest(const json& manifest, const json& complete) {
+  const std::string where = fmt::format("checkpoint {}: {}", dir_, kManifestName);
+  EXA_CHECK(json_member(manifest, "format", where) == "exatrain-checkpoint" && json_member(manifest, "version", where) == 1,
+            "{} has format {} version {}, expected exatrain-checkpoint 1", where,
+            json_shown(manifest.at("format")), json_shown(manifest.at("version")));
+  step_ = json_to_int(json_member(manifest, "step", where), where + ": \"step\"", 0, kMaxStep);
+  const int64_t marked = json_to_int(json_member(complete, "step", dir_ + "/" + kCompleteName),
+                                     fmt::format("checkpoint {}: {}: \"step\"", dir_, kCompleteName), 0, kMaxStep);
+  EXA_CHECK(marked == step_, "checkpoint {}: {} marks step {} but {} says step {}", dir_, kCompleteName, marked,
+            kManifestName, step_);
+  // A directory named like a checkpoint must hold that step (a renamed copy would mislead --resume).
+  const int64_t named = parse_step(fs::path(dir_).lexically_normal().filename().string());
+  EXA_CHECK(named < 0 || named == step_, "checkpoint {}: the directory is named for step {} but {} says step {}",
+            dir_, named, kManifestName, step_);
+  const json& files = json_member(manifest, "files", where);
+  EXA_CHECK(files.is_object(), "{}: \"files\" must be an object {{NAME: {{\"bytes\", \"sha256\"}}}}", where);
+  for (const auto& [name, e] : files.items()) {
+    // Names come from the file: only plain names inside this directory, never a path.
+    EXA_CHECK(is_plain_file_name(name) && name != kManifestName && name != kCompleteName,
+              "{}: lists the file {}, expected a plain file name inside the checkpoint (no '/', no control "
+              "characters; not {} or {})", where, json_shown(json(name)), kManifestName, kCompleteName);
+    const std::string key = fmt::format("{}: \"files\".{}", where, json_shown(json(name)));
+    files_[name] = {json_to_uint(json_member(e, "bytes", key), key + ".bytes"),
+                    json_to_sha256(json_member(e, "sha256", key), key + ".sha256")};
+  }
+}
+
 std::string CheckpointReader::path_of(const std::string& file) const {
   return (fs::path(dir_) / file).string();
 }
 
-std::string CheckpointReader::blob(const std::string& file) const {
+std::string CheckpointReader::blob(const std::string& file, uint64_t max_bytes) const {
   EXA_CHECK(has(file), "checkpoint {} has no file {}", dir_, file);
-  return read_file_bytes(path_of(file));
+  return read_file_bytes(path_of(file), max_bytes);
 }
 
 std::unique_ptr<SafetensorsReader> CheckpointReader::safetensors(const std::string& file) const {
@@ -216,7 +239,7 @@ std::vector<CheckpointRef> list_checkpoints(const std::string& root) {
   return out;
 }
 
-std::optional<CheckpointRef> find_latest_valid(const std::string& root, std::FILE* log) {
+std::optional<CheckpointRef> find_latest_valid(const std::string& root, std::FILE* log, bool move_aside_rejected) {
   std::error_code ec;
   std::vector<std::string> candidates;
   if (fs::is_directory(root, ec)) {
@@ -236,16 +259,65 @@ std::optional<CheckpointRef> find_latest_valid(const std::string& root, std::FIL
       return CheckpointRef{dir, reader.step()};
     } catch (const Error& e) {
       if (log) std::fprintf(log, "exatrain: warning: skipping checkpoint: %s\n", e.what());
+      if (!move_aside_rejected) continue;
+      const bool incomplete = !fs::exists(fs::path(dir) / kCompleteName);
+      const std::string kept = move_aside(dir, incomplete ? ".incomplete" : ".damaged");
+      if (log) std::fprintf(log, "exatrain: warning: moved %s aside to %s (kept, so that no save overwrites it)\n",
+                            dir.c_str(), kept.c_str());
     }
   }
   return std::nullopt;
 }
 
+std::string move_aside(const std::string& dir, const std::string& suffix) {
+  std::string target = dir + suffix;
+  for (int i = 2; fs::exists(target); i++) target = fmt::format("{}{}.{}", dir, suffix, i);
+  EXA_SYSCHECK(::rename(dir.c_str(), target.c_str()) == 0, "cannot rename {} to {}", dir, target);
+  return target;
+}
+
+void recover_checkpoint_root(const std::string& root, std::FILE* log) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return;
+  std::vector<fs::path> temps, olds;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(".tmp-step_", 0) == 0) temps.push_back(entry.path());
+    if (name.rfind(".old-step_", 0) == 0) olds.push_back(entry.path());
+  }
+  uint64_t bytes = 0;
+  for (const fs::path& t : temps) {
+    for (const auto& f : fs::recursive_directory_iterator(t, ec))
+      if (f.is_regular_file(ec)) bytes += f.file_size(ec);
+    fs::remove_all(t, ec);
+    EXA_CHECK(!ec, "cannot remove {}, the temporary directory of an interrupted save: {}", t.string(), ec.message());
+  }
+  if (!temps.empty() && log)
+    std::fprintf(log, "exatrain: removed %zu temporary director%s of interrupted checkpoint saves (%.1f MB) in %s\n",
+                 temps.size(), temps.size() == 1 ? "y" : "ies", double(bytes) / 1e6, root.c_str());
+  for (const fs::path& o : olds) {
+    // ".old-step_00000200-PID": the complete step_00000200 that a save was replacing.
+    const std::string name = o.filename().string();
+    const std::string step_name = name.substr(5, name.rfind('-') == std::string::npos || name.rfind('-') < 5
+                                                     ? std::string::npos : name.rfind('-') - 5);
+    const fs::path original = fs::path(root) / step_name;
+    if (parse_step(step_name) >= 0 && !fs::exists(original) && fs::exists(o / kCompleteName)) {
+      EXA_SYSCHECK(::rename(o.c_str(), original.c_str()) == 0, "cannot rename {} to {}", o.string(), original.string());
+      if (log) std::fprintf(log, "exatrain: restored %s from %s (a save that replaced it was interrupted)\n",
+                            original.c_str(), o.c_str());
+    } else {
+      fs::remove_all(o, ec);
+      if (log) std::fprintf(log, "exatrain: removed %s, left by an interrupted save\n", o.c_str());
+    }
+  }
+}
+
 std::optional<CheckpointRef> resolve_resume(const std::string& resume, const std::string& root,
                                             std::FILE* log) {
+  recover_checkpoint_root(root, log);
   if (resume.empty() || resume == "none") return std::nullopt;
   if (resume == "auto") {
-    auto found = find_latest_valid(root, log);
+    auto found = find_latest_valid(root, log, /*move_aside=*/true);
     if (!found && log) {
       std::fprintf(log,
                    "\n"

@@ -25,12 +25,18 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "checkpoint/safetensors.hpp"
 
 namespace exatrain::checkpoint {
 
 inline constexpr const char* kManifestName = "manifest.json";
 inline constexpr const char* kCompleteName = "COMPLETE";
+// The largest step a checkpoint may record: [train] steps' own limit (2^40).
+inline constexpr int64_t kMaxStep = int64_t(1) << 40;
+// manifest.json and COMPLETE are small JSON files (a few hundred bytes per listed file).
+inline constexpr uint64_t kMaxManifestBytes = uint64_t(16) << 20;
 
 struct FileEntry {
   uint64_t bytes = 0;
@@ -68,7 +74,11 @@ class CheckpointWriter {
 // 0 of a distributed job) has just verified, so that N ranks do not read it N times.
 enum class Verify { checksums, sizes };
 
-// A verified checkpoint (the constructor checks COMPLETE, manifest and every file).
+// A verified checkpoint (the constructor checks COMPLETE, manifest and every file). What it
+// trusts and checks (docs/security.md): COMPLETE and manifest.json are regular files of at most
+// kMaxManifestBytes; the steps of COMPLETE, the manifest and the directory name agree and lie in
+// [0, kMaxStep]; every listed name is a plain file name inside the directory (never a path);
+// every listed file is a regular file of the listed size and SHA-256.
 class CheckpointReader {
  public:
   explicit CheckpointReader(const std::string& dir, Verify verify = Verify::checksums);
@@ -76,11 +86,13 @@ class CheckpointReader {
   int64_t step() const { return step_; }
   const std::map<std::string, FileEntry>& files() const { return files_; }
   bool has(const std::string& file) const { return files_.count(file) > 0; }
-  std::string blob(const std::string& file) const;
+  // The bytes of a listed file; a file larger than `max_bytes` is refused unread.
+  std::string blob(const std::string& file, uint64_t max_bytes = UINT64_MAX) const;
   std::unique_ptr<SafetensorsReader> safetensors(const std::string& file) const;
 
  private:
   std::string path_of(const std::string& file) const;
+  void read_manifest(const nlohmann::json& manifest, const nlohmann::json& complete);
   std::string dir_;
   int64_t step_ = 0;
   std::map<std::string, FileEntry> files_;
@@ -95,14 +107,28 @@ struct CheckpointRef {
 std::vector<CheckpointRef> list_checkpoints(const std::string& root);
 
 // The newest checkpoint that verifies completely. Checkpoints that fail (incomplete, corrupt)
-// are skipped, each with a warning line on `log` naming the problem. nullopt when none.
-std::optional<CheckpointRef> find_latest_valid(const std::string& root, std::FILE* log);
+// are skipped, each with a warning line on `log` naming the problem; with `move_aside` each
+// skipped one newer than the result is also renamed step_N.incomplete (no COMPLETE marker) or
+// step_N.damaged (anything else), so that a later save of that step cannot overwrite what it
+// holds. nullopt when none.
+std::optional<CheckpointRef> find_latest_valid(const std::string& root, std::FILE* log,
+                                               bool move_aside = false);
 
-// `--resume` semantics: "" or "none" = start fresh; "auto" = the newest valid checkpoint under
-// root, or, when there is none, a loud warning on `log` and nullopt; anything else is a
-// checkpoint directory, which must verify (an error otherwise).
+// The start of a run, before it resumes or saves: leftovers of interrupted saves under `root`
+// are dealt with, one line on `log` each. Temporary directories (.tmp-step_*; never complete)
+// are removed; a complete checkpoint that a save had moved aside to replace it (.old-step_N-PID)
+// is put back when step_N is missing, and removed otherwise. Nothing else is touched.
+void recover_checkpoint_root(const std::string& root, std::FILE* log);
+
+// `--resume` semantics, after recover_checkpoint_root: "" or "none" = start fresh; "auto" = the
+// newest valid checkpoint under root (find_latest_valid with move_aside), or, when there is
+// none, a loud warning on `log` and nullopt; anything else is a checkpoint directory, which
+// must verify (an error otherwise).
 std::optional<CheckpointRef> resolve_resume(const std::string& resume, const std::string& root,
                                             std::FILE* log);
+
+// Renames `dir` to dir + suffix (or dir + suffix + ".N" when that exists); returns the new path.
+std::string move_aside(const std::string& dir, const std::string& suffix);
 
 std::string checkpoint_dir_name(int64_t step);  // "step_00000100"
 

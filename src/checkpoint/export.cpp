@@ -21,6 +21,17 @@ struct Tensor {
   std::vector<float> data;
 };
 
+// The checkpoint's tensor `name`, which must have `shape` (the model's job.toml says which): a
+// tensor missing or of another shape is an error naming it, never an out-of-range access.
+const Tensor& need(const std::map<std::string, Tensor>& W, const std::string& name, const std::vector<int64_t>& shape) {
+  auto it = W.find(name);
+  EXA_CHECK(it != W.end(), "export: the checkpoint has no tensor \"{}\" (expected shape {}, from its job.toml)", name,
+            shape_string(shape));
+  EXA_CHECK(it->second.shape == shape, "export: tensor \"{}\" has shape {}, but the checkpoint's job.toml implies {}",
+            name, shape_string(it->second.shape), shape_string(shape));
+  return it->second;
+}
+
 // Every model tensor of the checkpoint as a whole (global) tensor, assembled from the slices of
 // all model*.safetensors files (one per rank when the run was split).
 std::map<std::string, Tensor> load_global_tensors(const CheckpointReader& r) {
@@ -70,7 +81,7 @@ struct Exported {
   nlohmann::json config;
 };
 
-Exported to_hf_gpt2(std::map<std::string, Tensor>& W, const ModelSpec& m) {
+Exported to_hf_gpt2(const std::map<std::string, Tensor>& W, const ModelSpec& m) {
   EXA_CHECK(m.bias, "export --format hf: a GPT-2-style model has biases on every linear layer (GPT2LMHeadModel "
                     "cannot load one without); this model has bias = false");
   EXA_CHECK(m.activation == Activation::gelu && m.norm == Norm::layernorm && m.position == Position::learned &&
@@ -81,29 +92,31 @@ Exported to_hf_gpt2(std::map<std::string, Tensor>& W, const ModelSpec& m) {
             to_string(m.activation), to_string(m.norm), to_string(m.position), m.kv_heads, m.heads);
   Exported e;
   auto& T = e.tensors;
-  T["transformer.wte.weight"] = W.at("wte.weight");
-  T["transformer.wpe.weight"] = W.at("wpe.weight");
+  const int64_t h = m.hidden, f = m.ffn_hidden, V = m.vocab;
+  T["transformer.wte.weight"] = need(W, "wte.weight", {V, h});
+  T["transformer.wpe.weight"] = need(W, "wpe.weight", {m.seq_len, h});
   for (int64_t i = 0; i < m.layers; ++i) {
     std::string p = fmt::format("h.{}.", i), q = fmt::format("transformer.h.{}.", i);
-    T[q + "ln_1.weight"] = W.at(p + "ln_1.weight");
-    T[q + "ln_1.bias"] = W.at(p + "ln_1.bias");
+    T[q + "ln_1.weight"] = need(W, p + "ln_1.weight", {h});
+    T[q + "ln_1.bias"] = need(W, p + "ln_1.bias", {h});
     // Conv1D: y = x W + b with W [in, out]; ours is torch.nn.Linear's [out, in].
-    T[q + "attn.c_attn.weight"] = transpose(concat_rows(
-        {&W.at(p + "attn.q_proj.weight"), &W.at(p + "attn.k_proj.weight"), &W.at(p + "attn.v_proj.weight")}));
-    T[q + "attn.c_attn.bias"] =
-        concat_rows({&W.at(p + "attn.q_proj.bias"), &W.at(p + "attn.k_proj.bias"), &W.at(p + "attn.v_proj.bias")});
-    T[q + "attn.c_proj.weight"] = transpose(W.at(p + "attn.o_proj.weight"));
-    T[q + "attn.c_proj.bias"] = W.at(p + "attn.o_proj.bias");
-    T[q + "ln_2.weight"] = W.at(p + "ln_2.weight");
-    T[q + "ln_2.bias"] = W.at(p + "ln_2.bias");
-    T[q + "mlp.c_fc.weight"] = transpose(W.at(p + "mlp.fc1.weight"));
-    T[q + "mlp.c_fc.bias"] = W.at(p + "mlp.fc1.bias");
-    T[q + "mlp.c_proj.weight"] = transpose(W.at(p + "mlp.fc2.weight"));
-    T[q + "mlp.c_proj.bias"] = W.at(p + "mlp.fc2.bias");
+    T[q + "attn.c_attn.weight"] = transpose(concat_rows({&need(W, p + "attn.q_proj.weight", {h, h}),
+                                                         &need(W, p + "attn.k_proj.weight", {h, h}),
+                                                         &need(W, p + "attn.v_proj.weight", {h, h})}));
+    T[q + "attn.c_attn.bias"] = concat_rows({&need(W, p + "attn.q_proj.bias", {h}), &need(W, p + "attn.k_proj.bias", {h}),
+                                             &need(W, p + "attn.v_proj.bias", {h})});
+    T[q + "attn.c_proj.weight"] = transpose(need(W, p + "attn.o_proj.weight", {h, h}));
+    T[q + "attn.c_proj.bias"] = need(W, p + "attn.o_proj.bias", {h});
+    T[q + "ln_2.weight"] = need(W, p + "ln_2.weight", {h});
+    T[q + "ln_2.bias"] = need(W, p + "ln_2.bias", {h});
+    T[q + "mlp.c_fc.weight"] = transpose(need(W, p + "mlp.fc1.weight", {f, h}));
+    T[q + "mlp.c_fc.bias"] = need(W, p + "mlp.fc1.bias", {f});
+    T[q + "mlp.c_proj.weight"] = transpose(need(W, p + "mlp.fc2.weight", {h, f}));
+    T[q + "mlp.c_proj.bias"] = need(W, p + "mlp.fc2.bias", {h});
   }
-  T["transformer.ln_f.weight"] = W.at("ln_f.weight");
-  T["transformer.ln_f.bias"] = W.at("ln_f.bias");
-  if (!m.tie_embeddings) T["lm_head.weight"] = W.at("lm_head.weight");
+  T["transformer.ln_f.weight"] = need(W, "ln_f.weight", {h});
+  T["transformer.ln_f.bias"] = need(W, "ln_f.bias", {h});
+  if (!m.tie_embeddings) T["lm_head.weight"] = need(W, "lm_head.weight", {V, h});
   e.config = {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", m.vocab},
               {"n_positions", m.seq_len}, {"n_embd", m.hidden}, {"n_layer", m.layers}, {"n_head", m.heads},
               {"n_inner", m.ffn_hidden}, {"activation_function", "gelu_new"}, {"layer_norm_epsilon", m.norm_eps},
@@ -112,25 +125,31 @@ Exported to_hf_gpt2(std::map<std::string, Tensor>& W, const ModelSpec& m) {
   return e;
 }
 
-Exported to_hf_llama(std::map<std::string, Tensor>& W, const ModelSpec& m) {
+Exported to_hf_llama(const std::map<std::string, Tensor>& W, const ModelSpec& m) {
   Exported e;
   auto& T = e.tensors;
-  T["model.embed_tokens.weight"] = W.at("wte.weight");
+  const int64_t h = m.hidden, f = m.ffn_hidden, V = m.vocab, kv = m.kv_heads * m.head_dim();
+  T["model.embed_tokens.weight"] = need(W, "wte.weight", {V, h});
+  // [out, in] of each projection (torch.nn.Linear's layout, ours too).
+  const std::map<std::string, std::pair<int64_t, int64_t>> attn = {
+      {"q_proj", {h, h}}, {"k_proj", {kv, h}}, {"v_proj", {kv, h}}, {"o_proj", {h, h}}};
+  const std::map<std::string, std::pair<int64_t, int64_t>> mlp = {
+      {"gate_proj", {f, h}}, {"up_proj", {f, h}}, {"down_proj", {h, f}}};
   for (int64_t i = 0; i < m.layers; ++i) {
     std::string p = fmt::format("h.{}.", i), q = fmt::format("model.layers.{}.", i);
-    T[q + "input_layernorm.weight"] = W.at(p + "ln_1.weight");
-    for (const char* proj : {"q_proj", "k_proj", "v_proj", "o_proj"})
-      for (const char* kind : {"weight", "bias"})
-        if (m.bias || kind[0] == 'w')
-          T[fmt::format("{}self_attn.{}.{}", q, proj, kind)] = W.at(fmt::format("{}attn.{}.{}", p, proj, kind));
-    T[q + "post_attention_layernorm.weight"] = W.at(p + "ln_2.weight");
-    for (const char* proj : {"gate_proj", "up_proj", "down_proj"})
-      for (const char* kind : {"weight", "bias"})
-        if (m.bias || kind[0] == 'w')
-          T[fmt::format("{}mlp.{}.{}", q, proj, kind)] = W.at(fmt::format("{}mlp.{}.{}", p, proj, kind));
+    T[q + "input_layernorm.weight"] = need(W, p + "ln_1.weight", {h});
+    for (const auto& [proj, dims] : attn) {
+      T[fmt::format("{}self_attn.{}.weight", q, proj)] = need(W, fmt::format("{}attn.{}.weight", p, proj), {dims.first, dims.second});
+      if (m.bias) T[fmt::format("{}self_attn.{}.bias", q, proj)] = need(W, fmt::format("{}attn.{}.bias", p, proj), {dims.first});
+    }
+    T[q + "post_attention_layernorm.weight"] = need(W, p + "ln_2.weight", {h});
+    for (const auto& [proj, dims] : mlp) {
+      T[fmt::format("{}mlp.{}.weight", q, proj)] = need(W, fmt::format("{}mlp.{}.weight", p, proj), {dims.first, dims.second});
+      if (m.bias) T[fmt::format("{}mlp.{}.bias", q, proj)] = need(W, fmt::format("{}mlp.{}.bias", p, proj), {dims.first});
+    }
   }
-  T["model.norm.weight"] = W.at("ln_f.weight");
-  if (!m.tie_embeddings) T["lm_head.weight"] = W.at("lm_head.weight");
+  T["model.norm.weight"] = need(W, "ln_f.weight", {h});
+  if (!m.tie_embeddings) T["lm_head.weight"] = need(W, "lm_head.weight", {V, h});
   // With model.bias our linear layers carry biases: attention_bias and mlp_bias tell transformers to load them.
   e.config = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", m.vocab},
               {"hidden_size", m.hidden}, {"intermediate_size", m.ffn_hidden}, {"num_hidden_layers", m.layers},
@@ -146,11 +165,29 @@ Exported to_hf_llama(std::map<std::string, Tensor>& W, const ModelSpec& m) {
 std::string export_checkpoint(const std::string& dir, const ExportOptions& o) {
   EXA_CHECK(o.format == "safetensors" || o.format == "hf", "export: --format {}: expected safetensors or hf", o.format);
   EXA_CHECK(o.dtype == "fp32" || o.dtype == "bf16", "export: --dtype {}: expected fp32 or bf16", o.dtype);
-  EXA_CHECK(!o.out_dir.empty(), "export: --out DIR is required");
+  EXA_CHECK(!o.out_dir.empty(), "export: --out is empty: expected the directory to write into");
   CheckpointReader r(dir);  // verifies every file
   Job job = parse_job(r.blob("job.toml"), dir + "/job.toml");
   const ModelSpec& m = job.model;
   std::map<std::string, Tensor> W = load_global_tensors(r);
+  // Weights of a diverged run (NaN or Inf) are refused: exported, they would only move the
+  // failure to whoever loads them. --allow-nonfinite turns this into a warning.
+  std::string bad;
+  int listed = 0;
+  for (const auto& [name, t] : W) {
+    int64_t first = -1;
+    const int64_t n = count_nonfinite(t.data.data(), int64_t(t.data.size()), &first);
+    if (n > 0 && listed++ < 5)
+      bad += fmt::format("\n  {}: {} of {} values are NaN or Inf (first at element {})", name, n, t.data.size(), first);
+  }
+  if (!bad.empty()) {
+    const std::string msg = fmt::format("checkpoint {} holds non-finite weights ({} tensor{}; the run diverged?):{}", dir,
+                                        listed, listed == 1 ? "" : "s", bad);
+    EXA_CHECK(o.allow_nonfinite, "export: {}\nexpected finite weights; pass --allow-nonfinite to export them anyway",
+              msg);
+    std::fprintf(stderr, "exatrain: WARNING: %s\nexatrain: WARNING: exporting them anyway (--allow-nonfinite)\n",
+                 msg.c_str());
+  }
 
   Exported e;
   if (o.format == "safetensors") {
@@ -165,7 +202,7 @@ std::string export_checkpoint(const std::string& dir, const ExportOptions& o) {
   }
   if (o.dtype == "bf16" && !e.config.is_null()) e.config["torch_dtype"] = "bfloat16";
 
-  std::filesystem::create_directories(o.out_dir);
+  make_directories(o.out_dir, "export --out");
   SafetensorsWriter w;
   const DType dt = o.dtype == "bf16" ? DType::BF16 : DType::F32;
   for (const auto& [name, t] : e.tensors) w.add(name, t.shape, t.data.data(), dt);

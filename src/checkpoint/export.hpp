@@ -15,6 +15,7 @@ struct ExportOptions {
   std::string format = "safetensors";  // safetensors | hf
   std::string dtype = "fp32";          // fp32 | bf16
   std::string out_dir;
+  bool allow_nonfinite = false;        // NaN/Inf weights: a loud warning instead of an error
 };
 
 // Returns a one-line description of what was written.

@@ -4,12 +4,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
 
 #include "core/check.hpp"
+#include "core/checked.hpp"
+#include "core/json_fields.hpp"
 
 namespace exatrain::checkpoint {
 
@@ -161,10 +164,65 @@ SafetensorsReader::~SafetensorsReader() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+namespace {
+// A JSON array of non-negative integers (a shape or an offset), each checked as an integer.
+std::vector<int64_t> dims_of(const json& v, const std::string& what) {
+  EXA_CHECK(v.is_array() && v.size() <= 64, "{} = {}: expected an array of at most 64 integers >= 0", what,
+            json_shown(v));
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < v.size(); i++) out.push_back(json_to_int(v[i], fmt::format("{}[{}]", what, i), 0, INT64_MAX));
+  return out;
+}
+
+// One tensor's header entry, checked: dtype, shape (element and byte counts fit), offsets.
+TensorInfo tensor_of(const std::string& path, const std::string& name, const json& t) {
+  const std::string where = fmt::format("safetensors file {}: tensor \"{}\"", path, name);
+  TensorInfo info;
+  info.name = name;
+  std::string dt = json_to_string(json_member(t, "dtype", where), where + " dtype");
+  EXA_CHECK(dt == "F32" || dt == "BF16", "safetensors file {}: tensor {} has dtype {}, expected F32 or BF16", path,
+            name, dt);
+  info.dtype = dt == "F32" ? DType::F32 : DType::BF16;
+  info.shape = dims_of(json_member(t, "shape", where), where + " shape");
+  // The byte count must fit too: the data_offsets check below compares against it.
+  const auto numel = checked_numel(info.shape, INT64_MAX / int64_t(dtype_bytes(info.dtype)));
+  EXA_CHECK(numel.has_value(), "{}: shape {} has more elements than can be counted (or stored)", where,
+            shape_string(info.shape));
+  const json& offsets = json_member(t, "data_offsets", where);
+  EXA_CHECK(offsets.is_array() && offsets.size() == 2, "{}: data_offsets = {}: expected [begin, end]", where,
+            json_shown(offsets));
+  info.begin = json_to_uint(offsets[0], where + " data_offsets[0]");
+  info.end = json_to_uint(offsets[1], where + " data_offsets[1]");
+  info.global_shape = info.shape;
+  info.offset.assign(info.shape.size(), 0);
+  return info;
+}
+
+// Applies a tensor's exatrain.slices entry: its global shape and offset, checked against its
+// shape (same rank, offset + shape <= global shape in every dimension, a countable global shape).
+void apply_slice(const std::string& path, TensorInfo& info, const json& entry) {
+  const std::string where = fmt::format("safetensors file {}: exatrain.slices of tensor \"{}\"", path, info.name);
+  std::vector<int64_t> g = dims_of(json_member(entry, "global_shape", where), where + " global_shape");
+  std::vector<int64_t> off = dims_of(json_member(entry, "offset", where), where + " offset");
+  EXA_CHECK(g.size() == info.shape.size() && off.size() == info.shape.size(),
+            "{}: global shape {} and offset {} must have the rank of the tensor's shape {}", where, shape_string(g),
+            shape_string(off), shape_string(info.shape));
+  for (size_t d = 0; d < g.size(); d++) {
+    auto last = add_i64(off[d], info.shape[d]);
+    EXA_CHECK(last && *last <= g[d], "{}: the slice of shape {} at offset {} does not fit in the global shape {} "
+              "(dimension {}: {} + {} > {})", where, shape_string(info.shape), shape_string(off), shape_string(g), d,
+              off[d], info.shape[d], g[d]);
+  }
+  EXA_CHECK(checked_numel(g).has_value(), "{}: global shape {} has more elements than can be counted", where,
+            shape_string(g));
+  info.global_shape = std::move(g);
+  info.offset = std::move(off);
+}
+}  // namespace
+
 SafetensorsReader::SafetensorsReader(const std::string& path)
-    : file_(std::make_unique<MappedFile>(path)) {
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  EXA_SYSCHECK(fd_ >= 0, "cannot open {}", path);
+    : file_(std::make_unique<MappedFile>(path)) {  // a regular file: never a FIFO or device
+  fd_ = open_regular_file(path);
   const uint64_t size = file_->size();
   EXA_CHECK(size >= 8, "safetensors file {} is truncated: {} bytes, less than the 8-byte header "
             "length", path, size);
@@ -185,27 +243,21 @@ SafetensorsReader::SafetensorsReader(const std::string& path)
   json slices = json::object();
   try {
     if (h.contains("__metadata__")) {
-      for (const auto& [k, v] : h["__metadata__"].items()) metadata_[k] = v.get<std::string>();
+      EXA_CHECK(h["__metadata__"].is_object(), "safetensors file {}: __metadata__ is not a JSON object", path);
+      for (const auto& [k, v] : h["__metadata__"].items())
+        metadata_[k] = json_to_string(v, fmt::format("safetensors file {}: __metadata__ \"{}\"", path, k));
       if (metadata_.count(kSlicesKey)) slices = json::parse(metadata_[kSlicesKey]);
+      EXA_CHECK(slices.is_object(), "safetensors file {}: {} is not a JSON object", path, kSlicesKey);
     }
     for (const auto& [name, t] : h.items()) {
       if (name == "__metadata__") continue;
-      TensorInfo info;
-      info.name = name;
-      std::string dt = t.at("dtype");
-      EXA_CHECK(dt == "F32" || dt == "BF16",
-                "safetensors file {}: tensor {} has dtype {}, expected F32 or BF16", path, name, dt);
-      info.dtype = dt == "F32" ? DType::F32 : DType::BF16;
-      info.shape = t.at("shape").get<std::vector<int64_t>>();
-      info.begin = t.at("data_offsets").at(0);
-      info.end = t.at("data_offsets").at(1);
-      info.global_shape = info.shape;
-      info.offset.assign(info.shape.size(), 0);
-      if (slices.contains(name)) {
-        info.global_shape = slices[name].at("global_shape").get<std::vector<int64_t>>();
-        info.offset = slices[name].at("offset").get<std::vector<int64_t>>();
-      }
-      tensors_[name] = info;
+      tensors_[name] = tensor_of(path, name, t);
+    }
+    for (const auto& [name, entry] : slices.items()) {
+      auto it = tensors_.find(name);
+      EXA_CHECK(it != tensors_.end(), "safetensors file {}: {} describes tensor \"{}\", which the file does not hold",
+                path, kSlicesKey, name);
+      apply_slice(path, it->second, entry);
     }
   } catch (const json::exception& e) {
     EXA_FAIL("safetensors file {}: malformed header: {}", path, e.what());
@@ -217,16 +269,18 @@ SafetensorsReader::SafetensorsReader(const std::string& path)
             [](const TensorInfo* a, const TensorInfo* b) { return a->begin < b->begin; });
   uint64_t expected_begin = 0;
   for (const TensorInfo* t : by_offset) {
-    EXA_CHECK(t->begin == expected_begin && t->end >= t->begin &&
-                  t->end - t->begin == uint64_t(t->numel()) * dtype_bytes(t->dtype),
+    const uint64_t bytes = uint64_t(t->numel()) * dtype_bytes(t->dtype);  // fits: checked in tensor_of
+    const auto expected_end = add_u64(expected_begin, bytes);
+    EXA_CHECK(expected_end && t->begin == expected_begin && t->end == *expected_end,
               "safetensors file {}: tensor {} (shape {}, {}) has data_offsets [{}, {}], expected "
               "[{}, {}]", path, t->name, shape_string(t->shape), dtype_name(t->dtype), t->begin,
-              t->end, expected_begin, expected_begin + t->numel() * dtype_bytes(t->dtype));
+              t->end, expected_begin, expected_end ? fmt::format("{}", *expected_end) : "overflow");
     expected_begin = t->end;
   }
-  EXA_CHECK(data_start_ + expected_begin == size,
+  const auto described = add_u64(data_start_, expected_begin);
+  EXA_CHECK(described && *described == size,
             "safetensors file {} is truncated or has trailing bytes: {} bytes, the header "
-            "describes {}", path, size, data_start_ + expected_begin);
+            "describes {}", path, size, described ? fmt::format("{}", *described) : "more than 2^64");
 }
 
 const TensorInfo& SafetensorsReader::info(const std::string& name) const {
@@ -255,7 +309,7 @@ void SafetensorsReader::read_f32(const std::string& name, float* out, int64_t co
 void SafetensorsReader::read_f32_range(const std::string& name, int64_t first, int64_t count,
                                        float* out) const {
   const TensorInfo& t = info(name);
-  EXA_CHECK(first >= 0 && count >= 0 && first + count <= t.numel(),
+  EXA_CHECK(first >= 0 && count >= 0 && first <= t.numel() && count <= t.numel() - first,
             "safetensors file {}: elements [{}, {}) of tensor {} are outside its {} elements", path(),
             first, first + count, name, t.numel());
   const size_t bytes = dtype_bytes(t.dtype);
@@ -298,7 +352,20 @@ std::vector<float> assemble_global(const std::vector<const SafetensorsReader*>& 
     found = true;
   }
   EXA_CHECK(found, "no checkpoint file holds tensor \"{}\"", name);
-  const int64_t total = product(g);
+  const int64_t total = product(g);  // countable: the reader checked every global shape
+  // The slices must add up to the global tensor before anything is allocated for it: a header
+  // may claim any global shape, but its slices' data is in the files (which bounds the total).
+  int64_t held = 0;
+  for (const auto* f : files)
+    if (f->has(name)) {
+      auto sum = add_i64(held, f->info(name).numel());
+      EXA_CHECK(sum.has_value(), "tensor {}: the slices' element counts overflow", name);
+      held = *sum;
+    }
+  EXA_CHECK(held <= total, "tensor {}: slices overlap: they hold {} elements, but the global shape {} has {}", name,
+            held, shape_string(g), total);
+  EXA_CHECK(held == total, "tensor {}: the slices leave {} of {} elements of shape {} uncovered", name, total - held,
+            total, shape_string(g));
   const size_t rank = g.size();
   std::vector<float> out(static_cast<size_t>(total));
   std::vector<uint8_t> covered(static_cast<size_t>(total), 0);
@@ -327,6 +394,29 @@ std::vector<float> assemble_global(const std::vector<const SafetensorsReader*>& 
   EXA_CHECK(missing == 0, "tensor {}: the slices leave {} of {} elements of shape {} uncovered",
             name, missing, total, shape_string(g));
   if (global_shape) *global_shape = g;
+  return out;
+}
+
+int64_t count_nonfinite(const float* data, int64_t n, int64_t* first) {
+  int64_t count = 0;
+  if (first) *first = -1;
+  for (int64_t i = 0; i < n; i++)
+    if (!std::isfinite(data[i])) {
+      if (count++ == 0 && first) *first = i;
+    }
+  return count;
+}
+
+std::string nonfinite_tensors(const SafetensorsReader& file, int max_lines) {
+  std::string out;
+  int lines = 0;
+  for (const auto& [name, info] : file.tensors()) {
+    const std::vector<float> v = file.read_f32(name);
+    int64_t first = -1;
+    const int64_t n = count_nonfinite(v.data(), int64_t(v.size()), &first);
+    if (n > 0 && lines++ < max_lines)
+      out += fmt::format("\n  {}: {} of {} values are NaN or Inf (first at element {})", name, n, v.size(), first);
+  }
   return out;
 }
 

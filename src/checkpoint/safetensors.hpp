@@ -112,4 +112,12 @@ std::vector<float> assemble_global(const std::vector<const SafetensorsReader*>& 
 
 std::string shape_string(const std::vector<int64_t>& shape);  // "[2, 3]"
 
+// How many of data[0, n) are NaN or +-Inf; *first gets the index of the first (-1 when none).
+int64_t count_nonfinite(const float* data, int64_t n, int64_t* first);
+
+// The tensors of `file` that hold NaN or Inf values, one line each ("  NAME: K of N values are
+// NaN or Inf (first at element I)"), at most `max_lines`; "" when every value is finite. Reads
+// one tensor at a time. `sample` and `export` refuse such weights.
+std::string nonfinite_tensors(const SafetensorsReader& file, int max_lines = 5);
+
 }  // namespace exatrain::checkpoint

@@ -6,7 +6,10 @@
 
 #include "cli/commands.hpp"
 #include "cli/job_plan.hpp"
+#include "core/toml.hpp"
 #include "job/parse.hpp"
+
+#include <tuple>
 
 namespace exatrain::cli {
 void add_check_command(CLI::App& app) {
@@ -16,8 +19,19 @@ void add_check_command(CLI::App& app) {
   cmd->add_option("job", *path, "the job file (TOML)")->required();
   cmd->add_option("--set", *sets, "override a key: section.key=value (repeatable)");
   cmd->callback([path, sets] {
-    const Job job = load_job(*path, *sets);
+    const Job job = load_job(*path, *sets, check_job_catalog);
     if (parallel_is_resolved(job.parallel)) resolved_plan_of(job, *path);
+    // Where each section started from: a catalog preset by name, or a file of the user's own
+    // (comments: the resolved TOML below is all a run uses).
+    for (const auto& [section, preset, file] : {std::tuple("model", job.model.preset, job.model.preset_file),
+                                                std::tuple("machine", job.machine.preset, job.machine.preset_file)}) {
+      if (!file.empty())
+        fmt::print("# [{}] preset_file = {}: a file of your own (not a catalog preset), applied below\n", section,
+                   toml_text(toml::value(file)));
+      else if (!preset.empty())
+        fmt::print("# [{}] preset = {}: {}/{}.toml, applied below\n", section, toml_text(toml::value(preset)),
+                   std::string(section) == "model" ? "models" : "catalog/clusters", preset);
+    }
     fmt::print("{}", job_to_toml(job));
   });
 }

@@ -2,11 +2,13 @@
 // and SHA-256, every safetensors layout) and `exatrain checkpoint list ROOT` (which checkpoints
 // `--resume auto` would consider, newest valid one marked).
 #include <cstdio>
+#include <filesystem>
 
 #include <fmt/format.h>
 
 #include "checkpoint/checkpoint.hpp"
 #include "cli/commands.hpp"
+#include "core/check.hpp"
 
 namespace exatrain::cli {
 
@@ -36,6 +38,8 @@ void add_checkpoint_command(CLI::App& app) {
   CLI::App* l = cmd->add_subcommand("list", "list the checkpoints under a directory");
   l->add_option("ROOT", *root, "the checkpoints directory (RUN_DIR/checkpoints)")->required();
   l->callback([root] {
+    EXA_CHECK(std::filesystem::is_directory(*root), "checkpoint list: {} does not exist or is not a directory "
+              "(expected RUN_DIR/checkpoints)", *root);
     auto all = checkpoint::list_checkpoints(*root);
     auto latest = checkpoint::find_latest_valid(*root, stderr);
     for (const auto& c : all) {

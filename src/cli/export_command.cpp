@@ -13,6 +13,8 @@ void add_export_command(CLI::App& app) {
   cmd->add_option("--format", o->format, "safetensors | hf")->capture_default_str();
   cmd->add_option("--dtype", o->dtype, "fp32 | bf16")->capture_default_str();
   cmd->add_option("--out", o->out_dir, "output directory")->required();
+  cmd->add_flag("--allow-nonfinite", o->allow_nonfinite,
+                "export even when the weights hold NaN or Inf (a loud warning instead of an error)");
   cmd->callback([o, dir] { fmt::print("{}\n", checkpoint::export_checkpoint(*dir, *o)); });
 }
 }  // namespace exatrain::cli

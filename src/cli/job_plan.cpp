@@ -2,7 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
+#include "catalog/device.hpp"
 #include "core/check.hpp"
+#include "job/parse.hpp"
+#include "plan/flops.hpp"
 #include "plan/plan.hpp"
 
 namespace exatrain::cli {
@@ -21,6 +26,19 @@ plan::Plan resolved_plan_of(const Job& job, const std::string& path) {
   if (std::string err = plan::plan_error(job.model, p); !err.empty())
     throw Error(fmt::format("{}: invalid plan: {}", path, err));
   return p;
+}
+
+void check_job_catalog(const Job& job, std::vector<std::string>& errors) {
+  const auto& devices = all_devices();
+  if (std::none_of(devices.begin(), devices.end(), [&](const Device& d) { return d.name == job.machine.device; })) {
+    std::string known;
+    for (const Device& d : devices) known += (known.empty() ? "" : ", ") + d.name;
+    errors.push_back(fmt::format("{}: [machine] device = \"{}\": expected a device of {}/devices.toml ({})",
+                                 job_origin(job, {"machine.device"}), job.machine.device, catalog_dir(), known));
+  }
+  if (std::string e = plan::model_size_problem(job.model); !e.empty())
+    errors.push_back(fmt::format("{}: {}", job_origin(job, {"model.layers", "model.hidden", "model.ffn_hidden",
+                                                             "model.vocab"}), e));
 }
 
 bool parallel_is_resolved(const ParallelSpec& p) {

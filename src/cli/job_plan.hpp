@@ -2,6 +2,7 @@
 // (predict, check): errors name the job file and print the failing equation.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "job/job.hpp"
 #include "plan/plan.hpp"
@@ -10,6 +11,11 @@ namespace exatrain::cli {
 
 // Throws Error "<path>: ..." when a field is "auto" or the degrees do not add up.
 plan::Plan resolved_plan_of(const Job& job, const std::string& path);
+
+// What every command that reads a job (check, predict, plan, train) checks beyond the file's own
+// rules, one line per problem, reported together with them (pass it to load_job): the
+// [machine] device is one of the catalog's, and the model's parameters can be counted.
+void check_job_catalog(const Job& job, std::vector<std::string>& errors);
 
 // True when every [parallel] field a plan needs is set (dp may be omitted: it defaults).
 bool parallel_is_resolved(const ParallelSpec& p);

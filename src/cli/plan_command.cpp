@@ -4,6 +4,7 @@
 
 #include "cli/commands.hpp"
 #include "cli/prediction_chart.hpp"
+#include "cli/job_plan.hpp"
 #include "core/check.hpp"
 #include "job/parse.hpp"
 #include "plan/predict.hpp"
@@ -28,7 +29,7 @@ void add_plan_command(CLI::App& app) {
       ->check(CLI::Range(0.0, 0.9));
   cmd->add_option("--svg", *svg, "also draw the listed plans' time and memory breakdowns as bars (SVG)");
   cmd->callback([path, sets, json, top, headroom, svg] {
-    Job job = load_job(*path, *sets);
+    Job job = load_job(*path, *sets, check_job_catalog);
     {
       plan::Plan probe;
       probe.gpus = job.parallel.gpus;

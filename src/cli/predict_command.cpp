@@ -25,7 +25,7 @@ void add_predict_command(CLI::App& app) {
                   "print the exact bytes this rank sends per step per collective kind (JSON; the "
                   "convention is in src/plan/comm.hpp) instead of the prediction");
   cmd->callback([path, sets, json, rank] {
-    Job job = load_job(*path, *sets);
+    Job job = load_job(*path, *sets, check_job_catalog);
     const plan::Plan p = resolved_plan_of(job, *path);
     if (*rank >= 0) {
       plan::CommBytes b = plan::bytes_sent_per_step(job.model, p, plan::rank_position(p, *rank));

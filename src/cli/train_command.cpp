@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.hpp"
+#include "cli/job_plan.hpp"
 #include "job/parse.hpp"
 #include "report/report.hpp"
 #include "train/sample.hpp"
@@ -31,7 +32,12 @@ void add_train_command(CLI::App& app) {
     init_mpi();  // first: the job's checks need the number of ranks it runs on
     // The trainer's own requirements are reported together with the file's problems.
     // Every rank reads the same file and --set values: a problem there is printed once.
-    Job job = on_every_rank([&] { return load_job(a->job, a->sets, check_training_job); });
+    Job job = on_every_rank([&] {
+      return load_job(a->job, a->sets, [](const Job& j, std::vector<std::string>& errors) {
+        check_job_catalog(j, errors);  // an unknown device is refused by every command
+        check_training_job(j, errors);
+      });
+    });
     TrainRunOptions o;
     o.resume = a->resume;
     if (a->plain) o.interactive = 0;
@@ -57,6 +63,8 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--temperature", so->temperature, "softmax temperature (0 = greedy)")->capture_default_str();
   cmd->add_option("--top-k", so->top_k, "sample among the k most likely tokens (0 = all)")->capture_default_str();
   cmd->add_option("--seed", so->seed, "random seed")->capture_default_str();
+  cmd->add_flag("--allow-nonfinite", so->allow_nonfinite,
+                "sample even when the weights hold NaN or Inf (a loud warning instead of an error)");
   cmd->callback([so, dir] {
     SampleResult r = sample_from_checkpoint(*dir, *so);
     fmt::print("{}\n", r.text);

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -117,10 +118,50 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
   fsync_directory(dir.empty() ? "." : dir);
 }
 
-std::string read_file_bytes(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+namespace {
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+}  // namespace
+
+int open_regular_file(const std::string& path, uint64_t* size) {
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   EXA_SYSCHECK(fd >= 0, "cannot open {}", path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    EXA_FAIL("cannot stat {}: {}", path, std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    EXA_FAIL("{} is {}, expected a regular file", path, file_kind(st.st_mode));
+  }
+  int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    int err = errno;
+    ::close(fd);
+    EXA_FAIL("cannot set {} to blocking reads: {}", path, std::strerror(err));
+  }
+  if (size) *size = uint64_t(st.st_size);
+  return fd;
+}
+
+std::string read_file_bytes(const std::string& path, uint64_t max_bytes) {
+  uint64_t size = 0;
+  int fd = open_regular_file(path, &size);
+  if (size > max_bytes) {
+    ::close(fd);
+    EXA_FAIL("{} is {} bytes, more than the {} bytes expected of it", path, size, max_bytes);
+  }
   std::string out;
+  out.reserve(size_t(size));
   char buf[1 << 16];
   for (;;) {
     ssize_t n = ::read(fd, buf, sizeof(buf));
@@ -131,28 +172,45 @@ std::string read_file_bytes(const std::string& path) {
       EXA_FAIL("cannot read {}: {}", path, std::strerror(err));
     }
     if (n == 0) break;
+    if (out.size() + size_t(n) > max_bytes) {  // grew while being read
+      ::close(fd);
+      EXA_FAIL("{} is more than the {} bytes expected of it", path, max_bytes);
+    }
     out.append(buf, size_t(n));
   }
   ::close(fd);
   return out;
 }
 
+void make_directories(const std::string& path, const std::string& what) {
+  EXA_CHECK(!path.empty(), "{} is empty: expected the path of a directory to write into", what);
+  std::error_code ec;
+  EXA_CHECK(!std::filesystem::exists(path, ec) || std::filesystem::is_directory(path, ec),
+            "{} = \"{}\" exists but is not a directory", what, path);
+  std::filesystem::create_directories(path, ec);
+  EXA_CHECK(!ec, "{} = \"{}\": cannot create the directory: {}", what, path, ec.message());
+  EXA_CHECK(std::filesystem::is_directory(path, ec), "{} = \"{}\" exists but is not a directory", what,
+            path);
+  EXA_SYSCHECK(::access(path.c_str(), W_OK | X_OK) == 0, "{} = \"{}\": the directory is not writable", what,
+               path);
+}
+
 uint64_t file_size_or_throw(const std::string& path) {
   struct stat st;
   EXA_SYSCHECK(::stat(path.c_str(), &st) == 0, "cannot stat {}", path);
+  EXA_CHECK(S_ISREG(st.st_mode), "{} is {}, expected a regular file", path, file_kind(st.st_mode));
   return uint64_t(st.st_size);
 }
 
+bool is_plain_file_name(std::string_view name) {
+  if (name.empty() || name.size() > 255 || name == "." || name == "..") return false;
+  for (char c : name)
+    if (c == '/' || static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return false;
+  return true;
+}
+
 MappedFile::MappedFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  EXA_SYSCHECK(fd >= 0, "cannot open {}", path);
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    EXA_FAIL("cannot stat {}: {}", path, std::strerror(err));
-  }
-  size_ = uint64_t(st.st_size);
+  int fd = open_regular_file(path, &size_);
   if (size_ > 0) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
     int err = errno;
@@ -180,47 +238,116 @@ std::string shell_quote(const std::string& s) {
 }
 }  // namespace
 
-LineReader::LineReader(const std::string& path) : path_(path) {
+LineReader::LineReader(const std::string& path, size_t max_piece_bytes)
+    : path_(path), max_piece_(std::max<size_t>(max_piece_bytes, 8)), buf_(1 << 16) {
   const char* tool = ends_with(path, ".xz") ? "xz" : ends_with(path, ".gz") ? "gzip" : nullptr;
+  int fd = open_regular_file(path);  // also before a decompressor: it would block on a FIFO too
   if (tool) {
-    // Check the file first: the decompressor's own message would not reach the user clearly.
-    EXA_SYSCHECK(::access(path.c_str(), R_OK) == 0, "cannot read input {}", path);
+    ::close(fd);
     std::string cmd = fmt::format("{} -dc -- {}", tool, shell_quote(path));
     file_ = ::popen(cmd.c_str(), "r");
     EXA_SYSCHECK(file_ != nullptr, "cannot start `{}` for {}", cmd, path);
     piped_ = true;
   } else {
-    file_ = std::fopen(path.c_str(), "rb");
-    EXA_SYSCHECK(file_ != nullptr, "cannot open input {}", path);
+    file_ = ::fdopen(fd, "rb");
+    if (!file_) {
+      int err = errno;
+      ::close(fd);
+      EXA_FAIL("cannot open input {}: {}", path, std::strerror(err));
+    }
   }
 }
 
 LineReader::~LineReader() {
   if (file_) piped_ ? ::pclose(file_) : std::fclose(file_);
-  std::free(buf_);
+}
+
+bool LineReader::fill() {
+  if (at_eof_) return false;
+  EXA_CHECK(file_ != nullptr, "read from {} after its end", path_);
+  size_t n = std::fread(buf_.data(), 1, buf_.size(), file_);
+  if (n > 0) {
+    begin_ = 0, end_ = n;
+    return true;
+  }
+  EXA_SYSCHECK(!std::ferror(file_), "cannot read input {}", path_);
+  at_eof_ = true;
+  FILE* f = file_;
+  file_ = nullptr;
+  if (piped_) {
+    int status = ::pclose(f);
+    EXA_CHECK(status == 0, "decompressing {} failed (exit status {}); is the file complete?", path_,
+              WIFEXITED(status) ? WEXITSTATUS(status) : status);
+  } else {
+    std::fclose(f);
+  }
+  return false;
+}
+
+namespace {
+// Bytes at the end of s that start a UTF-8 character whose continuation bytes are missing.
+size_t incomplete_utf8_tail(const std::string& s) {
+  for (size_t back = 1; back <= 3 && back <= s.size(); back++) {
+    unsigned char c = static_cast<unsigned char>(s[s.size() - back]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+    size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return len > back ? back : 0;
+  }
+  return 0;  // not UTF-8 (or complete): cut anywhere
+}
+}  // namespace
+
+bool LineReader::next(std::string& piece, bool* line_end) {
+  piece.swap(carry_);
+  carry_.clear();
+  bool any = !piece.empty();
+  for (;;) {
+    if (begin_ == end_ && !fill()) {
+      *line_end = true;  // the last line had no '\n' (or ended with the previous piece)
+      const bool more = any || mid_line_;
+      mid_line_ = false;
+      return more;
+    }
+    any = true;
+    const size_t room = max_piece_ - piece.size();
+    const size_t avail = end_ - begin_;
+    const size_t look = std::min(room, avail);
+    const char* start = buf_.data() + begin_;
+    if (const void* nl = std::memchr(start, '\n', look)) {
+      size_t n = size_t(static_cast<const char*>(nl) - start);
+      piece.append(start, n);
+      begin_ += n + 1;
+      bytes_read_ += n + 1;
+      *line_end = true;
+      mid_line_ = false;
+      return true;
+    }
+    piece.append(start, look);
+    begin_ += look;
+    bytes_read_ += look;
+    if (piece.size() == max_piece_) {
+      // A piece never splits a UTF-8 character: its first bytes move to the next piece.
+      if (size_t tail = incomplete_utf8_tail(piece); tail > 0 && tail < piece.size()) {
+        carry_.assign(piece.end() - std::ptrdiff_t(tail), piece.end());
+        piece.erase(piece.end() - std::ptrdiff_t(tail), piece.end());
+      }
+      *line_end = false;
+      mid_line_ = true;
+      return true;
+    }
+  }
 }
 
 bool LineReader::next(std::string& line) {
-  EXA_CHECK(file_ != nullptr, "read from {} after its end", path_);
-  errno = 0;
-  ssize_t n = ::getline(&buf_, &cap_, file_);
-  if (n < 0) {
-    EXA_SYSCHECK(!std::ferror(file_), "cannot read input {}", path_);
-    FILE* f = file_;
-    file_ = nullptr;
-    if (piped_) {
-      int status = ::pclose(f);
-      EXA_CHECK(status == 0, "decompressing {} failed (exit status {}); is the file complete?",
-                path_, WIFEXITED(status) ? WEXITSTATUS(status) : status);
-    } else {
-      std::fclose(f);
-    }
-    return false;
+  bool end = false, any = false;
+  line.clear();
+  std::string piece;
+  while (next(piece, &end)) {
+    any = true;
+    line += piece;
+    if (end) return true;
   }
-  bytes_read_ += uint64_t(n);
-  if (n > 0 && buf_[n - 1] == '\n') n--;
-  line.assign(buf_, size_t(n));
-  return true;
+  return any;
 }
 
 }  // namespace exatrain

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/sha256.hpp"
 
@@ -50,8 +51,27 @@ void fsync_directory(const std::string& dir);
 // Writes `bytes` to `path` durably and atomically: `path.tmp`, fsync, rename, fsync of the dir.
 void write_file_atomic(const std::string& path, std::string_view bytes);
 
-std::string read_file_bytes(const std::string& path);
+// Opens `path` read-only, refusing anything but a regular file (or a link to one): a FIFO, a
+// device, a socket or a directory is an error naming the file and what it is, and the open
+// never blocks (O_NONBLOCK, cleared afterwards), so a FIFO planted in place of a checkpoint or
+// dataset file cannot hang a reader. Returns the descriptor; *size gets the file's size.
+int open_regular_file(const std::string& path, uint64_t* size = nullptr);
+
+// The whole file; a file larger than `max_bytes` is refused before anything is read (the
+// limit a reader states for a small metadata file: a job file, a manifest, a JSON state).
+std::string read_file_bytes(const std::string& path, uint64_t max_bytes = UINT64_MAX);
+// The size of a regular file (stat; a FIFO, device or directory is an error naming it).
 uint64_t file_size_or_throw(const std::string& path);
+
+// A name a manifest may list for a file inside its own directory: non-empty, at most 255 bytes,
+// no '/', not "." or "..", no control character (NUL, newline, ...). Anything else could
+// reach outside the directory or cut the name short.
+bool is_plain_file_name(std::string_view name);
+
+// Creates the directory `path` (and its parents) and checks that it is a writable directory.
+// `what` names where the path came from (e.g. "job.toml: [train] run_dir", "export --out"):
+// every error says it, the path and the system's reason.
+void make_directories(const std::string& path, const std::string& what);
 
 // A read-only memory map of a whole file (size 0 is allowed: data() is then nullptr).
 class MappedFile {
@@ -71,25 +91,36 @@ class MappedFile {
 };
 
 // Reads a text file line by line without loading it: plain files directly, `.xz` and `.gz`
-// through the system decompressor (xz -dc / gzip -dc), so inputs can exceed memory.
+// through the system decompressor (xz -dc / gzip -dc), so inputs can exceed memory. A line
+// longer than `max_piece_bytes` comes in pieces of at most that many bytes (cut between UTF-8
+// characters), so memory stays bounded by the piece, not by the longest line of the input.
 class LineReader {
  public:
-  explicit LineReader(const std::string& path);
+  static constexpr size_t kDefaultMaxPiece = size_t(1) << 20;  // 1 MiB
+  explicit LineReader(const std::string& path, size_t max_piece_bytes = kDefaultMaxPiece);
   ~LineReader();
   LineReader(const LineReader&) = delete;
   LineReader& operator=(const LineReader&) = delete;
-  // Next line without its '\n' (a trailing '\r' is kept: bytes are not altered).
+  // The next piece of a line, without its '\n' (a trailing '\r' is kept: bytes are not
+  // altered). *line_end tells whether the piece ends its line (false: more of it follows).
   // Returns false at the end; throws if the decompressor failed.
+  bool next(std::string& piece, bool* line_end);
+  // The next whole line, for inputs whose lines are known to be short (pieces joined).
   bool next(std::string& line);
   uint64_t bytes_read() const { return bytes_read_; }  // decompressed bytes so far
   bool compressed() const { return piped_; }
 
  private:
+  bool fill();  // more bytes into buf_; false at the end of the input
   std::string path_;
   FILE* file_ = nullptr;
   bool piped_ = false;
-  char* buf_ = nullptr;
-  size_t cap_ = 0;
+  size_t max_piece_;
+  std::vector<char> buf_;
+  size_t begin_ = 0, end_ = 0;  // unread bytes of buf_
+  std::string carry_;           // an incomplete UTF-8 character cut off the previous piece
+  bool at_eof_ = false;
+  bool mid_line_ = false;       // the last piece did not end its line
   uint64_t bytes_read_ = 0;
 };
 

@@ -10,6 +10,7 @@
 #include <openssl/evp.h>
 
 #include "core/check.hpp"
+#include "core/fileio.hpp"
 
 namespace exatrain {
 
@@ -60,8 +61,8 @@ std::string sha256_hex(std::string_view bytes) {
 }
 
 std::string sha256_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  EXA_SYSCHECK(fd >= 0, "cannot open {} to checksum it", path);
+  int fd = open_regular_file(path);  // never blocks on a FIFO; names a non-file
+
   Sha256 h;
   std::vector<char> buf(1 << 20);
   for (;;) {

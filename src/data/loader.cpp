@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.hpp"
+#include "core/json_fields.hpp"
 #include "core/splitmix.hpp"
 #include "core/sha256.hpp"
 #include "data/shard.hpp"
@@ -164,6 +165,10 @@ void TokenLoader::next_batch(int32_t* tokens_out, int32_t* targets_out, int64_t 
   shuffle_for_epoch(cursor_.epoch);
   const int64_t L = options_.seq_len;
   const uint64_t mine = cursor_.position + uint64_t(options_.dp_rank) * uint64_t(batch);
+  // Never past the permutation, whatever the cursor was restored to.
+  EXA_CHECK(cursor_.position <= train_windows_ && global <= train_windows_ - cursor_.position,
+            "dataset {}: the data cursor (epoch {}, position {}) leaves fewer than the {} windows of a batch in the "
+            "epoch's {} training windows", dir_, cursor_.epoch, cursor_.position, global, train_windows_);
   for (int64_t b = 0; b < batch; b++) {
     read_window(permutation_[mine + uint64_t(b)], tokens_out + b * L, targets_out + b * L);
   }
@@ -202,6 +207,7 @@ void TokenLoader::restore_cursor(const std::string& text) {
   } catch (const nlohmann::json::exception& e) {
     EXA_FAIL("data cursor is not valid JSON: {}", e.what());
   }
+  EXA_CHECK(j.is_object(), "data cursor is not a JSON object: {}", json_shown(j));
   auto expect = [&](const char* key, const nlohmann::json& mine) {
     EXA_CHECK(j.contains(key), "data cursor has no \"{}\": {}", key, text);
     EXA_CHECK(j[key] == mine,
@@ -216,10 +222,17 @@ void TokenLoader::restore_cursor(const std::string& text) {
   expect("first_shard_sha256", manifest_.shards.empty() ? "" : manifest_.shards.front().sha256);
   EXA_CHECK(j.contains("epoch") && j.contains("position"), "data cursor lacks epoch/position: {}",
             text);
-  cursor_.epoch = j["epoch"];
-  cursor_.position = j["position"];
-  EXA_CHECK(cursor_.position <= train_windows_, "data cursor position {} is past the {} windows",
-            cursor_.position, train_windows_);
+  const uint64_t epoch = json_to_uint(j["epoch"], "data cursor \"epoch\"", 0, uint64_t(1) << 62);
+  const uint64_t position = json_to_uint(j["position"], "data cursor \"position\"", 0, train_windows_);
+  // Checkpoints are saved between steps, so the position is a whole number of steps into the
+  // epoch; anywhere else, the next step would read past the epoch's permutation.
+  const uint64_t step = options_.step_windows > 0 ? uint64_t(options_.step_windows) : 1;
+  EXA_CHECK(position % step == 0,
+            "data cursor \"position\" = {} is not at a step boundary: expected a multiple of the global batch "
+            "({} windows per step) in [0, {}] (a damaged trainer state, or a run with another global_batch)",
+            position, step, train_windows_);
+  cursor_.epoch = epoch;
+  cursor_.position = position;
 }
 
 }  // namespace exatrain::data

@@ -12,6 +12,9 @@ namespace exatrain::data {
 
 inline constexpr const char* kManifestName = "manifest.json";
 inline constexpr const char* kTokenizerModelName = "tokenizer.model";
+// Limits on the dataset's small files (refused unread above them).
+inline constexpr uint64_t kMaxManifestBytes = uint64_t(64) << 20;     // ~ 300 bytes per shard
+inline constexpr uint64_t kMaxTokenizerBytes = uint64_t(256) << 20;   // SentencePiece models: a few MB
 
 struct ShardEntry {
   std::string file;  // relative to the dataset directory

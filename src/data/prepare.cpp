@@ -81,9 +81,14 @@ std::vector<std::string> sample_lines(const std::vector<std::string>& inputs, ui
   Progress bar(progress, "sample");
   std::string line;
   for (const auto& path : inputs) {
-    LineReader reader(path);
-    while (reader.next(line)) {
-      if (line.empty()) continue;
+    // Pieces of at most 64 KiB: a line is sampled by its first 4096 bytes, so its rest is
+    // skipped without ever being held whole (a single-line input of any size stays bounded).
+    LineReader reader(path, size_t(1) << 16);
+    bool line_end = true, line_start = true;
+    while (reader.next(line, &line_end)) {
+      const bool first_piece = line_start;
+      line_start = line_end;
+      if (!first_piece || line.empty()) continue;
       cut_utf8(line, 4096);
       if (reservoir.size() < max_lines) {
         reservoir.push_back({seen, line});
@@ -114,7 +119,7 @@ DatasetManifest prepare_dataset(const PrepareOptions& o) {
     EXA_CHECK(fs::is_regular_file(in), "data prepare: input {} does not exist or is not a file",
               in);
   }
-  fs::create_directories(o.out_dir);
+  make_directories(o.out_dir, "data prepare --out");
   // A stale manifest would describe old shards: remove it first, write the new one last.
   fs::remove(fs::path(o.out_dir) / kManifestName);
 
@@ -173,8 +178,14 @@ DatasetManifest prepare_dataset(const PrepareOptions& o) {
     }
   };
 
-  const size_t kBatchLines = 4096;
+  // A batch holds at most 4096 pieces and 4 MiB of text; a piece is at most 1 MiB
+  // (LineReader::kDefaultMaxPiece; a longer line is tokenized piece by piece, its separator after
+  // the last piece), so memory stays bounded whatever the length of the input's lines: the batch's
+  // text, its ids (4 bytes per token, at most one token per byte) twice, and a shard's staging.
+  const size_t kBatchLines = 4096, kBatchBytes = size_t(4) << 20;
   std::vector<std::string> batch;
+  std::vector<char> batch_ends;  // does batch[i] end its line (then the separator follows it)?
+  size_t batch_bytes = 0;
   std::vector<std::vector<uint32_t>> encoded(kBatchLines);
   std::vector<uint32_t> flat;
   uint64_t total = total_plain_bytes(o.inputs), bytes_before = 0;
@@ -191,22 +202,32 @@ DatasetManifest prepare_dataset(const PrepareOptions& o) {
 #pragma omp critical
         error = e.what();
       }
-      encoded[i].push_back(tok->separator_id());
+      if (batch_ends[size_t(i)]) encoded[i].push_back(tok->separator_id());
     }
     EXA_CHECK(error.empty(), "data prepare: tokenizing failed: {}", error);
     flat.clear();
-    for (int64_t i = 0; i < n; i++) flat.insert(flat.end(), encoded[i].begin(), encoded[i].end());
+    for (int64_t i = 0; i < n; i++) {
+      flat.insert(flat.end(), encoded[i].begin(), encoded[i].end());
+      // A slot that held a long piece gives its memory back: slots must not each keep the
+      // largest piece they ever saw (4096 of them).
+      if (encoded[i].capacity() > (size_t(1) << 16)) std::vector<uint32_t>().swap(encoded[i]);
+    }
     append(flat);
     batch.clear();
+    batch_ends.clear();
+    batch_bytes = 0;
   };
   for (const auto& path : o.inputs) {
     LineReader reader(path);
     InputEntry entry{path, 0, 0, file_size_or_throw(path)};
     std::string line;
-    while (reader.next(line)) {
+    bool line_end = true;
+    while (reader.next(line, &line_end)) {
+      batch_bytes += line.size();
       batch.push_back(line);
-      entry.lines++;
-      if (batch.size() == kBatchLines) {
+      batch_ends.push_back(line_end);
+      if (line_end) entry.lines++;
+      if (batch.size() == kBatchLines || batch_bytes >= kBatchBytes) {
         encode_batch();
         bar.update(bytes_before + reader.bytes_read(), total,
                    m.total_tokens + (shard ? shard->tokens() : 0));

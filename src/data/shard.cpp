@@ -55,11 +55,12 @@ ShardHeader parse_shard_header(const std::string& path, const uint8_t* data, uin
             "token shard {} has token_bytes {}, expected 2 or 4", path, h.token_bytes);
   EXA_CHECK(h.header_bytes == kShardHeaderBytes, "token shard {} has header_bytes {}, expected {}",
             path, h.header_bytes, kShardHeaderBytes);
-  uint64_t expected = kShardHeaderBytes + h.tokens * h.token_bytes;
-  EXA_CHECK(file_size == expected,
-            "token shard {} is truncated or damaged: {} bytes on disk, expected {} "
-            "(header says {} tokens of {} bytes)",
-            path, file_size, expected, h.tokens, h.token_bytes);
+  // The count comes from the file: compare it with the size by division, so that no product wraps
+  // (2^63 tokens of 2 bytes would otherwise "need" 64 bytes and the loader read past the mapping).
+  const uint64_t body = file_size - kShardHeaderBytes;
+  EXA_CHECK(body % h.token_bytes == 0 && h.tokens == body / h.token_bytes,
+            "token shard {} is truncated or damaged: {} bytes on disk hold {} tokens of {} bytes, but the header "
+            "says {} tokens", path, file_size, body / h.token_bytes, h.token_bytes, h.tokens);
   return h;
 }
 

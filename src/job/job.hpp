@@ -25,6 +25,7 @@ enum class Precision { fp32, fp16, bf16, fp8 };
 // [model]
 struct ModelSpec {
   std::string preset;            // "" when none
+  std::string preset_file;       // a TOML file of the user's own, by path ("" when none)
   int64_t layers = 12;
   int64_t hidden = 768;
   int64_t heads = 12;
@@ -43,11 +44,13 @@ struct ModelSpec {
   double rope_theta = 10000.0;
 
   int64_t head_dim() const { return hidden / heads; }
+  bool operator==(const ModelSpec&) const = default;
 };
 
 // [machine]
 struct MachineSpec {
   std::string preset;                 // named cluster, "" when none
+  std::string preset_file;            // a TOML file of the user's own, by path ("" when none)
   std::string device = "cpu-local";   // catalog device name
   int64_t gpus_per_node = 1;
   double intra_node_bw_gbs = 0;       // GB/s per device, one direction, inside a node
@@ -56,6 +59,7 @@ struct MachineSpec {
   double inter_node_latency_us = 0;
   double storage_bw_gbs = 0;          // aggregate file-system bandwidth
   std::optional<double> node_mtbf_hours;
+  bool operator==(const MachineSpec&) const = default;
 };
 
 // [parallel]: std::nullopt = omitted or "auto".
@@ -70,6 +74,7 @@ struct ParallelSpec {
   // `train` on several ranks: a rank inside one collective for longer than this reports
   // "rank r waits in op k of group g" and aborts the job (parallel/watchdog.hpp); 0 = off.
   double watchdog_timeout_s = 300;
+  bool operator==(const ParallelSpec&) const = default;
 };
 
 // [train]
@@ -87,7 +92,7 @@ struct TrainSpec {
   std::string data;             // "" = bundled corpus
   std::string run_dir = "runs/default";
   int64_t checkpoint_every = 0; // 0 = only at the end
-  int64_t keep_checkpoints = 3;
+  int64_t keep_checkpoints = 3;  // 0 = keep all
   int64_t eval_every = 0;
   int64_t eval_batches = 4;
   int64_t log_every = 1;
@@ -96,6 +101,7 @@ struct TrainSpec {
   // The compute backend: "cpu" (OpenBLAS + OpenMP) or "cpu-guarded" (the same with device memory
   // the host cannot touch outside an op: the proof of the device boundary, for tests).
   std::string backend = "cpu";
+  bool operator==(const TrainSpec&) const = default;
 };
 
 struct Job {

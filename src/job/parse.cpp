@@ -1,35 +1,46 @@
-// Job-file parsing: TOML (toml11) -> layered key/value sections -> typed, validated Job.
-// See parse.hpp for the precedence rules. All problems are collected, then reported at once.
+// Job-file parsing: TOML (guarded toml11, core/toml.hpp) -> layered key/value sections -> typed, validated
+// Job. See parse.hpp for the precedence rules. All problems are collected, then reported at once.
+// A job file is untrusted input (docs/security.md): its size is bounded, the TOML guard bounds
+// nesting and refuses invalid UTF-8 and out-of-range integers, every value is range-checked here,
+// presets are names of files in the catalog folders, and the resolved job is written back with a
+// TOML writer so that parse(write(job)) == job.
 #include "job/parse.hpp"
 
 #include <algorithm>
-#include <fstream>
+#include <deque>
+#include <filesystem>
 #include <map>
 #include <set>
-#include <sstream>
-
-#include <toml.hpp>
+#include <tuple>
 
 #include "core/check.hpp"
+#include "core/fileio.hpp"
 #include "core/paths.hpp"
+#include "core/toml.hpp"
 
 namespace exatrain {
 namespace {
 
-// One key's value and where it came from ("job.toml", "models/gpt2.toml", "--set").
+// One key's value and where it came from ("job.toml", "models/gpt2.toml", "--set"). The value
+// lives in one of the parsed documents, which outlive the sections (Documents).
 struct Entry {
-  toml::value value;
+  const toml::value* value = nullptr;
   std::string origin;
   std::string set_text;  // origin "--set": the override as given ("model.heads=5")
 };
 
-std::string show(const toml::value& v) {
-  std::ostringstream os;
-  if (v.is_string()) os << '"' << v.as_string().str << '"';
-  else os << toml::format(v);
-  std::string s = os.str();
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  return s;
+// Every TOML document a job is layered from (the file, presets, --set values), kept alive while
+// the sections point into them.
+using Documents = std::deque<toml::value>;
+
+std::string show(const toml::value& v) { return toml_text(v); }
+// A name from the file as it can be printed: itself, or TOML-quoted when it holds a character
+// that would garble a message (a control character such as NUL or newline, a quote, a space).
+std::string printable(const std::string& name) {
+  const bool plain = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
+    return static_cast<unsigned char>(c) > 0x20 && c != 0x7f && c != '"' && c != '\\';
+  });
+  return plain ? name : show(toml::value(name));
 }
 
 size_t edit_distance(const std::string& a, const std::string& b) {
@@ -55,7 +66,7 @@ class Section {
 
   void put(const std::string& key, const toml::value& v, const std::string& origin,
            const std::string& set_text = "") {
-    entries_[key] = Entry{v, origin, set_text};
+    entries_[key] = Entry{&v, origin, set_text};
   }
   // Every key's origin: the file or preset it came from, or "--set section.key=value".
   void record_origins(std::map<std::string, std::string>& out) const {
@@ -67,9 +78,10 @@ class Section {
 
   // Reports a problem with a key's value: "<origin>: [section] key = value: <what was expected>".
   void bad(const std::string& key, const std::string& expected) {
+    if (!reported_.insert(key).second) return;  // once per key (e.g. a preset read twice)
     const Entry& e = entries_.at(key);
     errors_.push_back(fmt::format("{}: [{}] {} = {}: expected {}", e.origin, name_, key,
-                                  show(e.value), expected));
+                                  show(*e.value), expected));
   }
 
   // Getters: leave `out` untouched when the key is absent; record an error on a bad value.
@@ -109,11 +121,16 @@ class Section {
     if (!v->is_boolean()) return bad(key, "true or false");
     out = v->as_boolean();
   }
-  void get_string(const std::string& key, std::string& out) {
+  // A string without NUL characters (a NUL would cut a name or path short in the system calls);
+  // `non_empty`: "" is refused too.
+  void get_string(const std::string& key, std::string& out, bool non_empty = false) {
     const toml::value* v = take(key);
     if (!v) return;
-    if (!v->is_string()) return bad(key, "a string");
-    out = v->as_string().str;
+    if (!v->is_string()) return bad(key, non_empty ? "a non-empty string" : "a string");
+    const std::string& x = v->as_string().str;
+    if (x.find('\0') != std::string::npos) return bad(key, "a string without NUL characters");
+    if (non_empty && x.empty()) return bad(key, "a non-empty string");
+    out = x;
   }
   // One of `names`; returns the index or -1 (absent or bad).
   int get_choice(const std::string& key, const std::vector<std::string>& names) {
@@ -142,14 +159,14 @@ class Section {
     if (!v->is_boolean()) return bad(key, "true, false or \"auto\"");
     out = v->as_boolean();
   }
-  void get_int_list(const std::string& key, std::vector<int64_t>& out, int64_t lo) {
+  void get_int_list(const std::string& key, std::vector<int64_t>& out, int64_t lo, int64_t hi) {
     const toml::value* v = take(key);
     if (!v) return;
-    std::string want = fmt::format("an array of integers >= {}", lo);
+    std::string want = fmt::format("an array of integers in [{}, {}]", lo, hi);
     if (!v->is_array()) return bad(key, want);
     std::vector<int64_t> xs;
     for (const auto& x : v->as_array()) {
-      if (!x.is_integer() || x.as_integer() < lo) return bad(key, want);
+      if (!x.is_integer() || x.as_integer() < lo || x.as_integer() > hi) return bad(key, want);
       xs.push_back(x.as_integer());
     }
     out = xs;
@@ -167,8 +184,8 @@ class Section {
       }
       std::string list;
       for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
-      errors_.push_back(fmt::format("{}: [{}] unknown key \"{}\"{}; known keys: {}", e.origin,
-                                    name_, key, hint, list));
+      errors_.push_back(fmt::format("{}: [{}] unknown key {}{}; known keys: {}", e.origin,
+                                    name_, show(toml::value(key)), hint, list));
     }
   }
 
@@ -176,58 +193,94 @@ class Section {
   const toml::value* take(const std::string& key) {
     read_.insert(key);
     auto it = entries_.find(key);
-    return it == entries_.end() ? nullptr : &it->second.value;
+    return it == entries_.end() ? nullptr : it->second.value;
   }
 
   std::string name_;
   std::vector<std::string>& errors_;
   std::map<std::string, Entry> entries_;
   std::set<std::string> read_;
+  std::set<std::string> reported_;
 };
 
-toml::value parse_toml_text(const std::string& text, const std::string& source) {
-  std::istringstream is(text);
-  try {
-    return toml::parse(is, source);
-  } catch (const std::exception& e) {
-    EXA_FAIL("{}: not valid TOML: {}", source, e.what());
-  }
+std::string read_job_text(const std::string& path, const std::string& what) {
+  EXA_CHECK(std::filesystem::exists(path), "cannot open {} '{}'", what, path);
+  // A regular file (never a FIFO or device) of at most kMaxJobFileBytes.
+  return read_file_bytes(path, kMaxJobFileBytes);
 }
 
-std::string read_file(const std::string& path, const std::string& what) {
-  std::ifstream f(path, std::ios::binary);
-  EXA_CHECK(f.good(), "cannot open {} '{}'", what, path);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+// A preset name: letters, digits, '.', '_', '-', not starting with '.', at most 64 bytes. A
+// preset is a file of the catalog folders, never a path (a file of one's own is preset_file).
+bool is_preset_name(const std::string& name) {
+  if (name.empty() || name.size() > 64 || name[0] == '.') return false;
+  for (char c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') return false;
+  return true;
 }
 
-// Copies a preset's section (models/NAME.toml [model], catalog/clusters/NAME.toml [machine]).
-void apply_preset(Section& sec, const std::string& dir, const std::string& origin_of_key,
-                  std::vector<std::string>& errors) {
-  // The preset key itself was put by the caller; read it here.
-  std::string name;
-  sec.get_string("preset", name);
-  if (name.empty()) return;
-  std::string rel = fmt::format("{}/{}.toml", dir, name);
-  std::string path = fmt::format("{}/{}", data_root(), rel);
-  std::ifstream probe(path);
-  if (!probe.good()) {
-    errors.push_back(fmt::format("{}: [{}] preset = \"{}\": expected the name of a file {} (not found)",
-                                 origin_of_key, sec.name(), name, rel));
-    return;
-  }
-  toml::value root = parse_toml_text(read_file(path, "preset"), rel);
-  if (!root.contains(sec.name()) || !root.at(sec.name()).is_table()) {
-    errors.push_back(fmt::format("{}: expected a [{}] table", rel, sec.name()));
+// The preset names of a catalog folder (its *.toml files), for the error message.
+std::string preset_names(const std::string& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(fmt::format("{}/{}", data_root(), dir), ec))
+    if (e.path().extension() == ".toml") names.push_back(e.path().stem().string());
+  std::sort(names.begin(), names.end());
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out.empty() ? "none found" : out;
+}
+
+// Puts a preset's section (its `preset_file` or catalog file) under the section's keys.
+void put_preset_section(Section& sec, Documents& docs, const std::string& path, const std::string& shown,
+                        std::vector<std::string>& errors) {
+  docs.push_back(parse_toml(read_job_text(path, "preset file"), shown));
+  const toml::value& root = docs.back();
+  if (!root.is_table() || !root.contains(sec.name()) || !root.at(sec.name()).is_table()) {
+    errors.push_back(fmt::format("{}: expected a [{}] table", shown, sec.name()));
     return;
   }
   for (const auto& [key, v] : root.at(sec.name()).as_table())
-    if (key != "preset") sec.put(key, v, rel);
+    if (key != "preset" && key != "preset_file") sec.put(key, v, shown);
 }
 
-// Splits "section.key=value" and parses value as TOML (falling back to a bare string).
-void apply_set(std::map<std::string, Section>& sections, const std::string& set,
+// Applies a section's `preset` (models/NAME.toml for [model], catalog/clusters/NAME.toml for
+// [machine]) or `preset_file` (a TOML file of the user's own, by path: relative paths are taken
+// from the directory of the job file that names it). The key itself was put by the caller.
+void apply_preset(Section& sec, Documents& docs, const std::string& dir, const std::string& origin_of_key,
+                  const std::string& job_dir, std::vector<std::string>& errors) {
+  std::string name, file;
+  sec.get_string("preset", name);
+  sec.get_string("preset_file", file);
+  if (!name.empty() && !file.empty()) {
+    errors.push_back(fmt::format("{}: [{}] preset = \"{}\" and preset_file = \"{}\": expected one of them (a preset "
+                                 "of {}/ by name, or a file of your own by path)", origin_of_key, sec.name(), name,
+                                 file, dir));
+    return;
+  }
+  if (!file.empty()) {
+    const std::filesystem::path p(file);
+    const std::string path = p.is_absolute() || job_dir.empty() ? file : (std::filesystem::path(job_dir) / p).string();
+    if (!std::filesystem::is_regular_file(path)) {
+      sec.bad("preset_file", fmt::format("the path of a TOML file with a [{}] table ({} is not a file)", sec.name(), path));
+      return;
+    }
+    put_preset_section(sec, docs, path, path, errors);
+    return;
+  }
+  if (name.empty()) return;
+  const std::string rel = fmt::format("{}/{}.toml", dir, name);
+  const std::string path = fmt::format("{}/{}", data_root(), rel);
+  if (!is_preset_name(name) || !std::filesystem::is_regular_file(path)) {
+    sec.bad("preset", fmt::format("the name of a preset in {}/ (one of: {}); a file of your own goes in "
+                                  "preset_file = \"PATH\"", dir, preset_names(dir)));
+    return;
+  }
+  put_preset_section(sec, docs, path, rel, errors);
+}
+
+// Splits "section.key=value" and parses value as TOML (falling back to a plain word, which must
+// be valid UTF-8 without quotes or control characters: a string in TOML quotes otherwise).
+void apply_set(std::map<std::string, Section>& sections, Documents& docs, const std::string& set,
                std::vector<std::string>& errors) {
   auto eq = set.find('=');
   auto dot = set.find('.');
@@ -243,39 +296,43 @@ void apply_set(std::map<std::string, Section>& sections, const std::string& set,
                                  set, section));
     return;
   }
-  toml::value v;
-  try {
-    std::istringstream is("v = " + raw);
-    v = toml::parse(is, "--set").at("v");
-  } catch (const std::exception&) {
-    v = toml::value(raw);  // bare word, e.g. --set model.activation=swiglu
+  for (const std::string& text : {"v = " + raw, "v = '" + raw + "'"}) {  // a TOML value, else a plain word
+    if (raw.find_first_of("\n\r") != std::string::npos) break;
+    try {
+      docs.push_back(parse_toml(text, "--set"));
+    } catch (const Error&) {
+      continue;
+    }
+    const toml::value& doc = docs.back();
+    if (!doc.is_table() || doc.as_table().size() != 1 || !doc.contains("v")) continue;
+    const toml::value& v = doc.at("v");
+    // The plain-word form must give the word itself back (not e.g. "x" of "x' # y").
+    if (text[4] != '\'' || (v.is_string() && v.as_string().str == raw)) {
+      it->second.put(key, v, "--set", set);
+      return;
+    }
   }
-  it->second.put(key, v, "--set", set);
+  errors.push_back(fmt::format("--set {}: the value is neither a TOML value nor a plain word (valid UTF-8 without "
+                               "quotes or control characters); write a string in TOML quotes", set));
 }
 
-}  // namespace
-
-Job parse_job(const std::string& text, const std::string& source, const std::vector<std::string>& sets,
-              const JobCheck& extra) {
-  toml::value root = parse_toml_text(text, source);
-  EXA_CHECK(root.is_table(), "{}: expected a TOML document with tables", source);
-  std::vector<std::string> errors;
-  std::map<std::string, Section> sections;
-  for (const char* s : {"model", "machine", "parallel", "train"}) sections.emplace(s, Section(s, errors));
-
-  // A preset named by --set replaces the file's: it is applied first, like the file's would be.
+// Fills the sections from the layers, lowest first: each section's preset (or preset_file), the
+// file's keys, then the --set overrides. A preset named by --set replaces the file's.
+void layer_sections(const toml::value& root, const std::string& source, const std::vector<std::string>& sets,
+                    std::map<std::string, Section>& sections, Documents& docs, std::vector<std::string>& errors) {
   std::map<std::string, std::string> preset_sets;  // section -> the --set text
   std::vector<std::string> other_sets;
   for (const auto& s : sets) {
     bool is_preset = false;
     for (const char* sec : {"model", "machine"})
-      if (s.rfind(std::string(sec) + ".preset=", 0) == 0) preset_sets[sec] = s, is_preset = true;
+      for (const char* k : {".preset=", ".preset_file="})
+        if (s.rfind(std::string(sec) + k, 0) == 0) preset_sets[sec] = s, is_preset = true;
     if (!is_preset) other_sets.push_back(s);
   }
   for (const auto& [name, table] : root.as_table()) {
     if (!sections.count(name)) {
       errors.push_back(fmt::format("{}: unknown section [{}]; expected [model], [machine], [parallel], [train]",
-                                   source, name));
+                                   source, printable(name)));
       continue;
     }
     if (!table.is_table()) errors.push_back(fmt::format("{}: {} must be a table [{}]", source, name, name));
@@ -285,23 +342,41 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
   // overrides one of its keys, as it would a preset's. (A data root without the catalog keeps the
   // built-in defaults: one cpu-local device.)
   const bool machine_named = root.contains("machine") || preset_sets.count("machine") ||
-                             !std::ifstream(fmt::format("{}/catalog/clusters/local.toml", data_root())).good();
+                             !std::filesystem::is_regular_file(fmt::format("{}/catalog/clusters/local.toml", data_root()));
+  const std::string job_dir = std::filesystem::path(source).parent_path().string();
   for (auto& [name, sec] : sections) {
-    const toml::value* table = nullptr;
-    if (root.contains(name) && root.at(name).is_table()) table = &root.at(name);
+    const toml::value* table = root.contains(name) && root.at(name).is_table() ? &root.at(name) : nullptr;
     // The preset goes in first so that the file's own keys (and --set) override it.
-    if (preset_sets.count(name)) apply_set(sections, preset_sets[name], errors);
-    else if (table && table->contains("preset")) sec.put("preset", table->at("preset"), source);
-    else if (name == "machine" && !machine_named)
-      sec.put("preset", toml::value("local"), fmt::format("{} (no [machine]: this machine)", source));
-    if (sec.has("preset"))
-      apply_preset(sec, name == "model" ? "models" : "catalog/clusters", preset_sets.count(name) ? "--set" : source,
-                   errors);
+    if (preset_sets.count(name)) apply_set(sections, docs, preset_sets[name], errors);
+    for (const char* k : {"preset", "preset_file"})
+      if (!preset_sets.count(name) && table && table->contains(k)) sec.put(k, table->at(k), source);
+    if (name == "machine" && !machine_named) {
+      docs.emplace_back(toml::value("local"));
+      sec.put("preset", docs.back(), fmt::format("{} (no [machine]: this machine)", source));
+    }
+    if (sec.has("preset") || sec.has("preset_file"))
+      apply_preset(sec, docs, name == "model" ? "models" : "catalog/clusters", preset_sets.count(name) ? "--set" : source,
+                   preset_sets.count(name) ? "" : job_dir, errors);
     if (table)
       for (const auto& [key, v] : table->as_table())
-        if (key != "preset") sec.put(key, v, source);
+        if (key != "preset" && key != "preset_file") sec.put(key, v, source);
   }
-  for (const auto& s : other_sets) apply_set(sections, s, errors);
+  for (const auto& s : other_sets) apply_set(sections, docs, s, errors);
+}
+
+}  // namespace
+
+Job parse_job(const std::string& text, const std::string& source, const std::vector<std::string>& sets,
+              const JobCheck& extra) {
+  EXA_CHECK(text.size() <= kMaxJobFileBytes, "{}: {} bytes, more than the {} a job file may have", source,
+            text.size(), kMaxJobFileBytes);
+  const toml::value root = parse_toml(text, source);
+  EXA_CHECK(root.is_table(), "{}: expected a TOML document with tables", source);
+  std::vector<std::string> errors;
+  std::map<std::string, Section> sections;
+  for (const char* s : {"model", "machine", "parallel", "train"}) sections.emplace(s, Section(s, errors));
+  Documents docs;
+  layer_sections(root, source, sets, sections, docs, errors);
 
   Job job;
   job.source = source;
@@ -312,6 +387,7 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     Section& s = sections.at("model");
     ModelSpec& m = job.model;
     s.get_string("preset", m.preset);
+    s.get_string("preset_file", m.preset_file);
     const int64_t big = int64_t(1) << 40;
     s.get_int("layers", m.layers, 1, 100000);
     s.get_int("hidden", m.hidden, 1, big);
@@ -319,7 +395,7 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     m.kv_heads = m.heads;
     s.get_int("kv_heads", m.kv_heads, 1, 100000);
     m.ffn_hidden = 4 * m.hidden;
-    s.get_int("ffn_hidden", m.ffn_hidden, 1, big);
+    s.get_int("ffn_hidden", m.ffn_hidden, 1, 4 * big);  // 4 * big: the default 4 * hidden is always allowed
     s.get_int("seq_len", m.seq_len, 1, big);
     m.vocab_from_data = !s.has("vocab");
     s.get_int("vocab", m.vocab, 2, big);
@@ -343,7 +419,7 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
       errors.push_back(fmt::format("{}: [model] position = \"rope\" needs an even head_dim, but hidden / heads = "
                                    "{} / {} = {}", job_origin(job, {"model.position", "model.hidden", "model.heads"}), m.hidden,
                                    m.heads, m.hidden / m.heads));
-    s.report_unknown({"preset", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len", "vocab",
+    s.report_unknown({"preset", "preset_file", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len", "vocab",
                       "activation", "norm", "position", "tie_embeddings", "bias", "norm_eps", "rope_theta"});
   }
   // [machine]
@@ -351,7 +427,8 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     Section& s = sections.at("machine");
     MachineSpec& m = job.machine;
     s.get_string("preset", m.preset);
-    s.get_string("device", m.device);
+    s.get_string("preset_file", m.preset_file);
+    s.get_string("device", m.device, true);
     s.get_int("gpus_per_node", m.gpus_per_node, 1, 1024);
     s.get_float("intra_node_bw_gbs", m.intra_node_bw_gbs, 0, 1e9);
     s.get_float("inter_node_bw_gbs", m.inter_node_bw_gbs, 0, 1e9);
@@ -359,7 +436,7 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     s.get_float("inter_node_latency_us", m.inter_node_latency_us, 0, 1e9);
     s.get_float("storage_bw_gbs", m.storage_bw_gbs, 0, 1e12);
     s.get_opt_float("node_mtbf_hours", m.node_mtbf_hours, 1e-6, 1e12);
-    s.report_unknown({"preset", "device", "gpus_per_node", "intra_node_bw_gbs", "inter_node_bw_gbs",
+    s.report_unknown({"preset", "preset_file", "device", "gpus_per_node", "intra_node_bw_gbs", "inter_node_bw_gbs",
                       "intra_node_latency_us", "inter_node_latency_us", "storage_bw_gbs", "node_mtbf_hours"});
   }
   // [parallel]
@@ -385,7 +462,7 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
       int i = s.get_choice("schedule", {"gpipe", "1f1b", "auto"});
       if (i >= 0 && i < 2) p.schedule = Schedule(i);
     }
-    s.get_int_list("layers_per_stage", p.layers_per_stage, 0);
+    s.get_int_list("layers_per_stage", p.layers_per_stage, 0, 100000);
     s.get_float("watchdog_timeout_s", p.watchdog_timeout_s, 0, 1e9);
     s.report_unknown({"gpus", "tp", "pp", "dp", "cp", "vp", "zero", "micro_batch", "global_batch",
                       "recompute", "seq_parallel", "schedule", "layers_per_stage", "watchdog_timeout_s"});
@@ -407,9 +484,9 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     s.get_float("eps", t.eps, 0, 1);
     s.get_float("grad_clip", t.grad_clip, 0, 1e12);
     s.get_string("data", t.data);
-    s.get_string("run_dir", t.run_dir);
+    s.get_string("run_dir", t.run_dir, true);
     s.get_int("checkpoint_every", t.checkpoint_every, 0, int64_t(1) << 40);
-    s.get_int("keep_checkpoints", t.keep_checkpoints, 1, 1000000);
+    s.get_int("keep_checkpoints", t.keep_checkpoints, 0, 1000000);  // 0: keep all
     s.get_int("eval_every", t.eval_every, 0, int64_t(1) << 40);
     s.get_int("eval_batches", t.eval_batches, 1, 1000000);
     s.get_int("log_every", t.log_every, 1, int64_t(1) << 40);
@@ -447,59 +524,72 @@ std::string job_origin(const Job& job, const std::vector<std::string>& keys) {
 }
 
 Job load_job(const std::string& path, const std::vector<std::string>& sets, const JobCheck& extra) {
-  return parse_job(read_file(path, "job file"), path, sets, extra);
+  return parse_job(read_job_text(path, "job file"), path, sets, extra);
 }
 
 namespace {
-// A TOML basic string: quotes and backslashes escaped, so any path round-trips.
-std::string quoted(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
-}
+// "key = VALUE" lines, VALUE written by the TOML library (toml_text: strings escaped, floats with
+// the shortest digits that read back exactly), so that every accepted job reads back as itself.
+std::string line(const char* key, const std::string& v) { return fmt::format("{} = {}\n", key, toml_text(toml::value(v))); }
+std::string line(const char* key, const char* v) { return line(key, std::string(v)); }
+std::string line(const char* key, double v) { return fmt::format("{} = {}\n", key, toml_text(toml::value(v))); }
+std::string line(const char* key, bool v) { return fmt::format("{} = {}\n", key, toml_text(toml::value(v))); }
+std::string line(const char* key, int64_t v) { return fmt::format("{} = {}\n", key, toml_text(toml::value(v))); }
+// An integer or "auto" (std::nullopt), a choice or "auto".
+std::string line(const char* key, const std::optional<int64_t>& v) { return v ? line(key, *v) : line(key, "auto"); }
+std::string line(const char* key, const std::optional<bool>& v) { return v ? line(key, *v) : line(key, "auto"); }
+template <class E>
+std::string line_choice(const char* key, const std::optional<E>& v) { return v ? line(key, to_string(*v)) : line(key, "auto"); }
 }  // namespace
 
-std::string job_to_toml(const Job& job) {
-  auto opt = [](const auto& o) -> std::string {
-    if (!o) return "\"auto\"";
-    return fmt::format("{}", *o);
+bool same_settings(const Job& a, const Job& b) {
+  auto settings = [](Job j) {
+    j.model.preset.clear(), j.model.preset_file.clear(), j.model.vocab_from_data = false;
+    j.machine.preset.clear(), j.machine.preset_file.clear();
+    return std::tuple(j.model, j.machine, j.parallel, j.train);
   };
+  return settings(a) == settings(b);
+}
+
+std::string job_to_toml(const Job& job) {
   const ModelSpec& m = job.model;
   const MachineSpec& mc = job.machine;
   const ParallelSpec& p = job.parallel;
   const TrainSpec& t = job.train;
-  std::string out;
-  out += fmt::format(
-      "[model]\nlayers = {}\nhidden = {}\nheads = {}\nkv_heads = {}\nffn_hidden = {}\nseq_len = {}\n"
-      "vocab = {}\nactivation = \"{}\"\nnorm = \"{}\"\nposition = \"{}\"\ntie_embeddings = {}\n"
-      "bias = {}\nnorm_eps = {:.17g}\nrope_theta = {:.17g}\n\n",
-      m.layers, m.hidden, m.heads, m.kv_heads, m.ffn_hidden, m.seq_len, m.vocab, to_string(m.activation),
-      to_string(m.norm), to_string(m.position), m.tie_embeddings, m.bias, m.norm_eps, m.rope_theta);
-  out += fmt::format(
-      "[machine]\ndevice = {}\ngpus_per_node = {}\nintra_node_bw_gbs = {:.17g}\ninter_node_bw_gbs = {:.17g}\n"
-      "intra_node_latency_us = {:.17g}\ninter_node_latency_us = {:.17g}\nstorage_bw_gbs = {:.17g}\n",
-      quoted(mc.device), mc.gpus_per_node, mc.intra_node_bw_gbs, mc.inter_node_bw_gbs, mc.intra_node_latency_us,
-      mc.inter_node_latency_us, mc.storage_bw_gbs);
-  if (mc.node_mtbf_hours) out += fmt::format("node_mtbf_hours = {:.17g}\n", *mc.node_mtbf_hours);
-  out += fmt::format(
-      "\n[parallel]\ngpus = {}\ntp = {}\npp = {}\ndp = {}\ncp = {}\nvp = {}\nzero = {}\nmicro_batch = {}\n"
-      "global_batch = {}\nrecompute = {}\nseq_parallel = {}\nschedule = {}\n",
-      p.gpus, opt(p.tp), opt(p.pp), opt(p.dp), opt(p.cp), opt(p.vp), opt(p.zero), opt(p.micro_batch),
-      p.global_batch, p.recompute ? fmt::format("\"{}\"", to_string(*p.recompute)) : "\"auto\"",
-      opt(p.seq_parallel), p.schedule ? fmt::format("\"{}\"", to_string(*p.schedule)) : "\"auto\"");
-  if (!p.layers_per_stage.empty()) out += fmt::format("layers_per_stage = [{}]\n", fmt::join(p.layers_per_stage, ", "));
-  out += fmt::format("watchdog_timeout_s = {:.17g}\n", p.watchdog_timeout_s);
-  out += fmt::format(
-      "\n[train]\nprecision = \"{}\"\noptimizer = \"{}\"\nsteps = {}\nseed = {}\nlr = {:.17g}\nmin_lr = {:.17g}\n"
-      "warmup_steps = {}\nweight_decay = {:.17g}\nbeta1 = {:.17g}\nbeta2 = {:.17g}\neps = {:.17g}\n"
-      "grad_clip = {:.17g}\ndata = {}\nrun_dir = {}\ncheckpoint_every = {}\nkeep_checkpoints = {}\n"
-      "eval_every = {}\neval_batches = {}\nlog_every = {}\nthreads = {}\nnan_policy = \"{}\"\nbackend = \"{}\"\n",
-      to_string(t.precision), t.optimizer, t.steps, t.seed, t.lr, t.min_lr, t.warmup_steps, t.weight_decay,
-      t.beta1, t.beta2, t.eps, t.grad_clip, quoted(t.data), quoted(t.run_dir), t.checkpoint_every, t.keep_checkpoints,
-      t.eval_every, t.eval_batches, t.log_every, t.threads, t.nan_policy, t.backend);
+  EXA_CHECK(t.seed <= uint64_t(INT64_MAX), "job {}: [train] seed = {} cannot be written as a TOML integer", job.source,
+            t.seed);
+  std::string out = "[model]\n";
+  out += line("layers", m.layers) + line("hidden", m.hidden) + line("heads", m.heads) + line("kv_heads", m.kv_heads) +
+         line("ffn_hidden", m.ffn_hidden) + line("seq_len", m.seq_len) + line("vocab", m.vocab) +
+         line("activation", to_string(m.activation)) + line("norm", to_string(m.norm)) +
+         line("position", to_string(m.position)) + line("tie_embeddings", m.tie_embeddings) + line("bias", m.bias) +
+         line("norm_eps", m.norm_eps) + line("rope_theta", m.rope_theta);
+  out += "\n[machine]\n";
+  out += line("device", mc.device) + line("gpus_per_node", mc.gpus_per_node) +
+         line("intra_node_bw_gbs", mc.intra_node_bw_gbs) + line("inter_node_bw_gbs", mc.inter_node_bw_gbs) +
+         line("intra_node_latency_us", mc.intra_node_latency_us) +
+         line("inter_node_latency_us", mc.inter_node_latency_us) + line("storage_bw_gbs", mc.storage_bw_gbs);
+  if (mc.node_mtbf_hours) out += line("node_mtbf_hours", *mc.node_mtbf_hours);
+  out += "\n[parallel]\n";
+  out += line("gpus", p.gpus) + line("tp", p.tp) + line("pp", p.pp) + line("dp", p.dp) + line("cp", p.cp) +
+         line("vp", p.vp) + line("zero", p.zero) + line("micro_batch", p.micro_batch) +
+         line("global_batch", p.global_batch) + line_choice("recompute", p.recompute) +
+         line("seq_parallel", p.seq_parallel) + line_choice("schedule", p.schedule);
+  if (!p.layers_per_stage.empty()) {
+    toml::array a;
+    for (int64_t n : p.layers_per_stage) a.push_back(toml::value(n));
+    out += fmt::format("layers_per_stage = {}\n", toml_text(toml::value(a)));
+  }
+  out += line("watchdog_timeout_s", p.watchdog_timeout_s);
+  out += "\n[train]\n";
+  out += line("precision", to_string(t.precision)) + line("optimizer", t.optimizer) + line("steps", t.steps) +
+         line("seed", int64_t(t.seed)) + line("lr", t.lr) + line("min_lr", t.min_lr) +
+         line("warmup_steps", t.warmup_steps) + line("weight_decay", t.weight_decay) + line("beta1", t.beta1) +
+         line("beta2", t.beta2) + line("eps", t.eps) + line("grad_clip", t.grad_clip) + line("data", t.data) +
+         line("run_dir", t.run_dir) + line("checkpoint_every", t.checkpoint_every) +
+         line("keep_checkpoints", t.keep_checkpoints) + line("eval_every", t.eval_every) +
+         line("eval_batches", t.eval_batches) + line("log_every", t.log_every) + line("threads", t.threads) +
+         line("nan_policy", t.nan_policy) + line("backend", t.backend);
   return out;
 }
 

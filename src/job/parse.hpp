@@ -6,6 +6,7 @@
 // impossible shape) is collected and reported together in one exatrain::Error, one line each,
 // naming where the value came from, the key, the value and what was expected.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -17,6 +18,9 @@ namespace exatrain {
 // Checks a command adds to the file's own (e.g. `train`: one rank, fp32): they see the job as
 // parsed and append one line per problem, reported together with the file's problems.
 using JobCheck = std::function<void(const Job&, std::vector<std::string>& errors)>;
+
+// A job file (and a preset file) is at most this large: a job is a few hundred bytes.
+inline constexpr uint64_t kMaxJobFileBytes = uint64_t(1) << 20;
 
 // Reads and validates the job file at `path`; `sets` are "section.key=value" overrides.
 Job load_job(const std::string& path, const std::vector<std::string>& sets = {}, const JobCheck& extra = {});
@@ -30,8 +34,13 @@ Job parse_job(const std::string& toml_text, const std::string& source_name,
 // " and "; the job file when every key has its default. E.g. "job.toml and --set model.heads=7".
 std::string job_origin(const Job& job, const std::vector<std::string>& keys);
 
-// The resolved job as TOML (every key explicit; "auto" for unresolved parallel fields).
-// Parsing this text again gives the same Job: checkpoints store it.
+// The resolved job as TOML (every key explicit; "auto" for unresolved parallel fields), each
+// value written by the TOML library. Parsing this text again gives the same Job (same_settings;
+// the fuzzer checks it for every accepted job): checkpoints store it.
 std::string job_to_toml(const Job& job);
+
+// a and b describe the same run: every section equal, apart from what parsing records about the
+// text (source, origins, the names of the presets applied, whether vocab was omitted).
+bool same_settings(const Job& a, const Job& b);
 
 }  // namespace exatrain

@@ -1,5 +1,9 @@
 #include "plan/flops.hpp"
 
+#include <fmt/format.h>
+
+#include "core/check.hpp"
+
 namespace exatrain::plan {
 
 namespace {
@@ -49,25 +53,43 @@ double hardware_flops_per_step(const ModelSpec& m, int64_t global_batch, Recompu
   return model_flops_per_step(m, global_batch) + recompute_flops_per_step(m, global_batch, r);
 }
 
-int64_t layer_parameters(const ModelSpec& m) {
-  int64_t h = m.hidden, kv = kv_dim(m), f = m.ffn_hidden;
-  int64_t weights = h * (h + 2 * kv) + h * h + mlp_matrices(m) * h * f;
+// Parameter counts in 128-bit integers: the job file allows shapes (hidden up to 2^40, layers up
+// to 1e5) whose products overflow int64 (~1.5e21 parameters), so each count is computed wide and
+// checked against kMaxParameters before it is narrowed (count_or_refuse).
+namespace {
+using Wide = __int128;
+Wide layer_wide(const ModelSpec& m) {
+  const Wide h = m.hidden, kv = Wide(m.kv_heads) * (m.hidden / m.heads), f = m.ffn_hidden;
+  const Wide weights = h * (h + 2 * kv) + h * h + mlp_matrices(m) * h * f;
   // Biases of QKV, out-proj, fc1 (gate and up for SwiGLU) and fc2: the runtime's layout.
-  int64_t biases = m.bias ? (h + 2 * kv) + h + (mlp_matrices(m) - 1) * f + h : 0;
-  return weights + biases + 2 * norm_parameters(m);
+  const Wide biases = m.bias ? (h + 2 * kv) + h + (mlp_matrices(m) - 1) * f + h : 0;
+  return weights + biases + 2 * Wide(norm_parameters(m));
+}
+Wide embedding_wide(const ModelSpec& m) {
+  const Wide pos = m.position == Position::learned ? Wide(m.seq_len) * m.hidden : 0;
+  return Wide(m.vocab) * m.hidden + pos;
+}
+Wide head_wide(const ModelSpec& m) { return norm_parameters(m) + (m.tie_embeddings ? 0 : Wide(m.vocab) * m.hidden); }
+Wide total_wide(const ModelSpec& m) { return Wide(m.layers) * layer_wide(m) + embedding_wide(m) + head_wide(m); }
+
+int64_t count_or_refuse(Wide n, const ModelSpec& m) {
+  if (n <= Wide(kMaxParameters)) return int64_t(n);
+  EXA_FAIL("{}", model_size_problem(m));
+}
+}  // namespace
+
+std::string model_size_problem(const ModelSpec& m) {
+  const Wide n = total_wide(m);
+  if (n <= Wide(kMaxParameters)) return "";
+  return fmt::format("[model] layers = {}, hidden = {}, ffn_hidden = {}, vocab = {}: the model has {:.3g} parameters, "
+                     "more than the {:.3g} (2^56) that exatrain counts (with 16+ bytes of state per parameter, its "
+                     "byte counts would overflow); expected a smaller model",
+                     m.layers, m.hidden, m.ffn_hidden, m.vocab, double(n), double(kMaxParameters));
 }
 
-int64_t embedding_parameters(const ModelSpec& m) {
-  int64_t pos = m.position == Position::learned ? m.seq_len * m.hidden : 0;
-  return m.vocab * m.hidden + pos;
-}
-
-int64_t head_parameters(const ModelSpec& m) {
-  return norm_parameters(m) + (m.tie_embeddings ? 0 : m.vocab * m.hidden);
-}
-
-int64_t total_parameters(const ModelSpec& m) {
-  return m.layers * layer_parameters(m) + embedding_parameters(m) + head_parameters(m);
-}
+int64_t layer_parameters(const ModelSpec& m) { return count_or_refuse(layer_wide(m), m); }
+int64_t embedding_parameters(const ModelSpec& m) { return count_or_refuse(embedding_wide(m), m); }
+int64_t head_parameters(const ModelSpec& m) { return count_or_refuse(head_wide(m), m); }
+int64_t total_parameters(const ModelSpec& m) { return count_or_refuse(total_wide(m), m); }
 
 }  // namespace exatrain::plan

@@ -10,6 +10,7 @@
 // recomputation, 96*B*s*l*h^2*(1 + s/6h + V/16lh) (hardware FLOPs).
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "job/job.hpp"
 #include "plan/plan.hpp"
@@ -35,7 +36,11 @@ double recompute_flops_per_step(const ModelSpec& m, int64_t global_batch, Recomp
 // Hardware FLOPs = model FLOPs + recomputation.
 double hardware_flops_per_step(const ModelSpec& m, int64_t global_batch, Recompute r);
 
-// Parameters.
+// Parameters. Counted in 128-bit arithmetic: a model of more than kMaxParameters is refused
+// (exatrain::Error with the figure) rather than counted modulo 2^64.
+inline constexpr int64_t kMaxParameters = int64_t(1) << 56;
+// "" when the model's parameters can be counted, else the problem: its [model] shape and figure.
+std::string model_size_problem(const ModelSpec& m);
 int64_t layer_parameters(const ModelSpec& m);    // one transformer layer (weights, biases if model.bias, norms)
 int64_t embedding_parameters(const ModelSpec& m);  // word (+ learned position) embeddings
 int64_t head_parameters(const ModelSpec& m);     // final norm + untied output matrix

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "core/check.hpp"
+#include "plan/flops.hpp"
 #include "plan/stages.hpp"
 
 namespace exatrain::plan {
@@ -60,6 +61,7 @@ struct Rules {
     return true;
   }
   bool degrees();
+  bool sizes();
   bool runtime();
   bool shapes();
   bool runtime_shapes();
@@ -79,10 +81,30 @@ bool Rules::degrees() {
                             p.tp, p.pp, p.dp, p.cp, p.vp, p.micro_batch, p.global_batch));
   if (p.zero < 0 || p.zero > 3)
     return fail({"parallel.zero"}, fmt::format("zero must be 0, 1, 2 or 3 (got {})", p.zero));
-  if (p.tp * p.pp * p.dp * p.cp != p.gpus)
+  // The degrees' product in wide arithmetic: the job file's limits allow degrees whose int64
+  // product overflows.
+  const __int128 ranks = __int128(p.tp) * p.pp * p.dp * p.cp;
+  if (ranks != p.gpus)
     return fail({"parallel.gpus", "parallel.tp", "parallel.pp", "parallel.dp", "parallel.cp"},
                 fmt::format("gpus = tp * pp * dp * cp: {} * {} * {} * {} = {}, but gpus = {}", p.tp, p.pp, p.dp,
-                            p.cp, p.tp * p.pp * p.dp * p.cp, p.gpus));
+                            p.cp, double(ranks) < 1e18 ? fmt::format("{}", int64_t(ranks))
+                                                       : fmt::format("{:.3g}", double(ranks)), p.gpus));
+  return false;
+}
+
+// Numbers the planner cannot represent: a model whose parameter count overflows (plan/flops.hpp,
+// counted in wide arithmetic), and a step whose activations alone are beyond 2^56 bytes (the
+// per-rank byte counts of plan/comm.cpp and memory.cpp multiply tokens, hidden and layers in
+// int64). Each is refused with its figure.
+bool Rules::sizes() {
+  if (std::string e = model_size_problem(m); !e.empty())
+    return fail({"model.layers", "model.hidden", "model.ffn_hidden", "model.vocab"}, e, e);
+  const __int128 activation_bytes = __int128(p.global_batch) * m.seq_len * m.hidden * (m.layers + 2) * 16;
+  if (activation_bytes > (__int128(1) << 56))
+    return fail({"parallel.global_batch", "model.seq_len", "model.hidden", "model.layers"},
+                fmt::format("a step's activations are too large to count: global_batch * seq_len * hidden * "
+                            "(layers + 2) * 16 bytes = {} * {} * {} * {} * 16 = {:.3g} bytes, more than 2^56",
+                            p.global_batch, m.seq_len, m.hidden, m.layers + 2, double(activation_bytes)));
   return false;
 }
 
@@ -147,6 +169,10 @@ bool Rules::shapes() {
 }
 
 bool Rules::batches() {
+  if (__int128(p.dp) * p.micro_batch > INT64_MAX)  // the product below would overflow
+    return fail({"parallel.global_batch", "parallel.micro_batch", "parallel.dp"},
+                fmt::format("global_batch must be divisible by dp * micro_batch: dp * micro_batch = {} * {} is far "
+                            "above global_batch = {}", p.dp, p.micro_batch, p.global_batch));
   if (p.global_batch % (p.dp * p.micro_batch) != 0)
     return fail({"parallel.global_batch", "parallel.micro_batch", "parallel.dp"},
                 fmt::format("global_batch must be divisible by dp * micro_batch: {} % ({} * {}) = {}, expected 0",
@@ -214,7 +240,7 @@ bool Rules::stages() {
 
 std::optional<PlanProblem> plan_problem(const ModelSpec& model, const Plan& plan, Purpose purpose) {
   Rules r{model, plan, purpose, std::nullopt};
-  (void)(r.degrees() || r.runtime() || r.shapes() || r.runtime_shapes() || r.batches() || r.pipeline() || r.stages());
+  (void)(r.degrees() || r.sizes() || r.runtime() || r.shapes() || r.runtime_shapes() || r.batches() || r.pipeline() || r.stages());
   return r.found;
 }
 

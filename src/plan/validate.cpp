@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
+#include <filesystem>
 #include <numeric>
 #include <sstream>
 
@@ -11,16 +11,15 @@
 
 #include "catalog/device.hpp"
 #include "core/check.hpp"
+#include "core/fileio.hpp"
 #include "plan/flops.hpp"
 
 namespace exatrain::plan {
 
 std::vector<CsvRow> read_csv(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXA_CHECK(in.good(), "cannot open validation file {}", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string text = ss.str();
+  EXA_CHECK(std::filesystem::exists(path), "cannot open validation file {}", path);
+  // A regular file of at most 64 MiB (the published runs are ~100 KB); never a FIFO or device.
+  std::string text = read_file_bytes(path, uint64_t(64) << 20);
   std::vector<std::vector<std::string>> records(1);
   std::string field;
   bool quoted = false;
@@ -70,10 +69,29 @@ std::optional<double> number(const CsvRow& row, const std::string& key) {
   try {
     size_t used = 0;
     double v = std::stod(it->second, &used);
+    if (!std::isfinite(v)) return std::nullopt;  // "nan", "inf", 1e999: no figure
     return v;
   } catch (...) {
     return std::nullopt;
   }
+}
+// A cell that holds a count: a whole number in [lo, 2^40] (so that casts and products stay
+// defined); nullopt when absent or not such a number: the row is then skipped, never guessed.
+std::optional<int64_t> whole(const std::string& text, int64_t lo) {
+  CsvRow one{{"v", text}};
+  auto v = number(one, "v");
+  if (!v || *v != std::floor(*v) || *v < double(lo) || *v > double(int64_t(1) << 40)) return std::nullopt;
+  return int64_t(*v);
+}
+std::optional<int64_t> whole(const CsvRow& row, const std::string& key, int64_t lo = 1) {
+  auto it = row.find(key);
+  return it == row.end() ? std::nullopt : whole(it->second, lo);
+}
+// Why a count cell is unusable: "KEY not stated" (empty) or "KEY = 'TEXT' is not a whole number".
+std::string unusable(const CsvRow& row, const std::string& key) {
+  auto it = row.find(key);
+  if (it == row.end() || it->second.empty()) return key + " not stated";
+  return fmt::format("{} = '{}' is not a whole number in range", key, it->second.substr(0, 40));
 }
 std::string cell(const CsvRow& row, const std::string& key) {
   auto it = row.find(key);
@@ -98,18 +116,18 @@ RunCase case_from_row(const CsvRow& row, int index) {
 
   // ---- model ----
   for (const char* k : {"layers", "hidden", "heads", "seq_len"})
-    if (!number(row, k)) return skip(fmt::format("{} not stated", k));
+    if (!whole(row, k)) return skip(unusable(row, k));
   // BLOOM rows leave the cell empty but their notes state the ~250k vocabulary of the BLOOM
   // tokenizer, 250,680 (stated in the production-run row of the same source).
-  bool bloom_vocab = !number(row, "vocab") && has(notes, "250k vocab");
-  if (!number(row, "vocab") && !bloom_vocab) return skip("vocab not stated");
+  bool bloom_vocab = !whole(row, "vocab") && has(notes, "250k vocab");
+  if (!whole(row, "vocab") && !bloom_vocab) return skip(unusable(row, "vocab"));
   ModelSpec& m = rc.model;
-  m.layers = int64_t(*number(row, "layers"));
-  m.hidden = int64_t(*number(row, "hidden"));
-  m.heads = int64_t(*number(row, "heads"));
-  m.seq_len = int64_t(*number(row, "seq_len"));
-  m.vocab = bloom_vocab ? 250680 : int64_t(*number(row, "vocab"));
-  m.ffn_hidden = number(row, "ffn_hidden") ? int64_t(*number(row, "ffn_hidden")) : 4 * m.hidden;
+  m.layers = *whole(row, "layers");
+  m.hidden = *whole(row, "hidden");
+  m.heads = *whole(row, "heads");
+  m.seq_len = *whole(row, "seq_len");
+  m.vocab = bloom_vocab ? 250680 : *whole(row, "vocab");
+  m.ffn_hidden = whole(row, "ffn_hidden").value_or(4 * m.hidden);
   m.kv_heads = m.heads;
   bool llama = has(rc.model_name, "llama");
   if (llama) {  // Llama 3 shapes: SwiGLU, RMSNorm, RoPE, 8 kv heads (notes: "GQA 8 KV heads")
@@ -126,10 +144,10 @@ RunCase case_from_row(const CsvRow& row, int index) {
   }
 
   // ---- measurement basis ----
-  auto gpus = number(row, "gpus");
-  if (!gpus) return skip("gpus not stated");
-  auto gbs = number(row, "global_batch_seqs");
-  if (!gbs) return skip("global_batch_seqs not stated");
+  auto gpus = whole(row, "gpus");
+  if (!gpus) return skip(unusable(row, "gpus"));
+  auto gbs = whole(row, "global_batch_seqs");
+  if (!gbs) return skip(unusable(row, "global_batch_seqs"));
 
   // ---- device and machine ----
   const std::string gpu = cell(row, "gpu_type");
@@ -150,26 +168,33 @@ RunCase case_from_row(const CsvRow& row, int index) {
   if (has(gpu, "1600 Gbps")) rc.machine.inter_node_bw_gbs = 200;
   if (has(gpu, "400 Gb/s RDMA per GPU") || has(gpu, "400Gb/s CX-7 per GPU"))
     rc.machine.inter_node_bw_gbs = 400;
-  if (auto g = number(row, "gpus_per_node")) rc.machine.gpus_per_node = int64_t(*g);
+  if (auto g = whole(row, "gpus_per_node")) rc.machine.gpus_per_node = *g;
 
   // ---- plan ----
   Plan& p = rc.plan;
-  p.gpus = int64_t(*gpus);
-  p.global_batch = int64_t(*gbs);
-  if (!number(row, "tp") || !number(row, "pp")) return skip("tp/pp split not stated");
-  p.tp = int64_t(*number(row, "tp"));
-  p.pp = int64_t(*number(row, "pp"));
-  p.cp = number(row, "cp") ? int64_t(*number(row, "cp")) : 1;
-  p.dp = number(row, "dp") ? int64_t(*number(row, "dp")) : p.gpus / (p.tp * p.pp * p.cp);
-  if (!number(row, "micro_batch")) return skip("micro_batch not stated");
-  p.micro_batch = int64_t(*number(row, "micro_batch"));
+  p.gpus = *gpus;
+  p.global_batch = *gbs;
+  if (!whole(row, "tp") || !whole(row, "pp")) return skip(unusable(row, whole(row, "tp") ? "pp" : "tp"));
+  p.tp = *whole(row, "tp");
+  p.pp = *whole(row, "pp");
+  if (!cell(row, "cp").empty() && !whole(row, "cp")) return skip(unusable(row, "cp"));
+  p.cp = whole(row, "cp").value_or(1);
+  if (p.tp > (int64_t(1) << 20) || p.pp > (int64_t(1) << 20) || p.cp > (int64_t(1) << 20))
+    return skip("tp, pp or cp above 2^20");
+  p.dp = whole(row, "dp") ? *whole(row, "dp") : p.gpus / (p.tp * p.pp * p.cp);
+  if (!whole(row, "micro_batch")) return skip(unusable(row, "micro_batch"));
+  p.micro_batch = *whole(row, "micro_batch");
   std::string zero = cell(row, "zero_stage");
   if (zero.empty()) return skip("zero_stage not stated");
   if (has(zero, "SHARD_GRAD_OP")) p.zero = 2;
   else if (has(zero, "FSDP") || has(zero, "ZeRO-3")) p.zero = 3;
-  else p.zero = int64_t(std::stod(zero));
+  else if (auto z = whole(zero, 0); z && *z <= 3) p.zero = *z;
+  else return skip(fmt::format("zero_stage '{}' not understood", zero));
   std::string vp = cell(row, "virtual_pipeline_stages");
-  if (!vp.empty()) p.vp = int64_t(std::stod(vp));
+  if (!vp.empty()) {
+    if (!whole(vp, 1)) return skip(fmt::format("virtual_pipeline_stages '{}' not a whole number >= 1", vp));
+    p.vp = *whole(vp, 1);
+  }
   else if (p.pp == 1) p.vp = 1;
   else if (has(notes, "interleaved")) return skip("interleaved schedule without vp");
   else p.vp = 1;
@@ -217,7 +242,8 @@ RunCase case_from_row(const CsvRow& row, int index) {
     auto pos = notes.find(key);
     if (pos == std::string::npos) continue;
     try {
-      rc.measured_memory_gib = std::stod(notes.substr(pos + std::string(key).size()));
+      const double gib = std::stod(notes.substr(pos + std::string(key).size()));
+      if (std::isfinite(gib) && gib > 0) rc.measured_memory_gib = gib;
     } catch (...) {
     }
     if (rc.measured_memory_gib) break;

@@ -16,6 +16,7 @@
 #include "data/tokenizer.hpp"
 #include "job/parse.hpp"
 #include "model/gpt.hpp"
+#include "plan/flops.hpp"
 #include "train/state_io.hpp"
 
 namespace exatrain {
@@ -26,11 +27,33 @@ SampleResult sample_from_checkpoint(const std::string& dir, const SampleOptions&
   EXA_CHECK(so.max_new_tokens >= 1, "sample: --tokens {}: expected at least 1", so.max_new_tokens);
   checkpoint::CheckpointReader reader(dir);  // verifies every file
   Job job = parse_job(reader.blob("job.toml"), dir + "/job.toml");
-  nlohmann::json state = nlohmann::json::parse(reader.blob("trainer_state.json"));
+  int64_t step = 0;
+  const TrainerExtras extras = read_trainer_blobs(reader, &step);  // fields checked
+  EXA_CHECK(extras.tokenizer_type == "byte" || !extras.tokenizer_model.empty(),
+            "checkpoint {}: its tokenizer is \"{}\" but it has no tokenizer.model: expected the byte tokenizer or "
+            "a SentencePiece model", dir, extras.tokenizer_type);
   std::unique_ptr<data::Tokenizer> tok =
-      state.value("tokenizer_type", "") == "byte"
+      extras.tokenizer_type == "byte"
           ? data::make_byte_tokenizer()
-          : data::make_sentencepiece_tokenizer(reader.blob("tokenizer.model"), dir + "/tokenizer.model");
+          : data::make_sentencepiece_tokenizer(extras.tokenizer_model, dir + "/tokenizer.model");
+  // Every id the tokenizer makes must index the model's embedding.
+  EXA_CHECK(int64_t(tok->vocab_size()) <= job.model.vocab,
+            "checkpoint {}: its tokenizer has {} pieces but job.toml's [model] vocab = {}: token ids would fall "
+            "outside the embedding; expected vocab >= {}", dir, tok->vocab_size(), job.model.vocab, tok->vocab_size());
+  // The model job.toml describes must be the one the weights hold, before anything is allocated
+  // for it: a job.toml may claim any size, the weights are in the file.
+  auto weights = reader.safetensors("model.safetensors");
+  int64_t held = 0;
+  for (const auto& [name, info] : weights->tensors()) held += info.numel();  // each fits, sum bounded by the file
+  const int64_t described = plan::total_parameters(job.model);  // checked: refuses a model too large to count
+  EXA_CHECK(held == described, "checkpoint {}: job.toml describes a model of {} parameters, but model.safetensors "
+            "holds {}: expected the weights of that model", dir, described, held);
+  // Weights of a diverged run are refused (or, with --allow-nonfinite, sampled after a warning).
+  if (const std::string bad = checkpoint::nonfinite_tensors(*weights); !bad.empty()) {
+    const std::string msg = fmt::format("checkpoint {} holds non-finite weights (the run diverged?):{}", dir, bad);
+    EXA_CHECK(so.allow_nonfinite, "sample: {}\nexpected finite weights; pass --allow-nonfinite to sample anyway", msg);
+    std::fprintf(stderr, "exatrain: WARNING: %s\nexatrain: WARNING: sampling anyway (--allow-nonfinite)\n", msg.c_str());
+  }
 
   // One sequence of the model's full context; causal attention means the padding after the
   // current position cannot influence the logits at it.

@@ -12,6 +12,7 @@ struct SampleOptions {
   int64_t top_k = 40;        // 0 = the whole vocabulary
   uint64_t seed = 1234;
   int threads = 0;           // 0 = all cores
+  bool allow_nonfinite = false;  // NaN/Inf weights: a loud warning instead of an error
 };
 
 struct SampleResult {

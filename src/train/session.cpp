@@ -30,6 +30,7 @@
 #include "train/checkpoint_io.hpp"
 #include "train/every_rank.hpp"
 #include "train/machine_peak.hpp"
+#include "train/resume_check.hpp"
 #include "train/state_io.hpp"
 #include "train/trainer.hpp"
 
@@ -182,7 +183,8 @@ void Session::resume() {
     // Rank 0's resolve_resume verified the checksums; the others check sizes only.
     on_every_rank([&] { check_same_model(checkpoint::CheckpointReader(dir, checkpoint::Verify::sizes), job_.model); });
     const TrainerExtras saved = load_checkpoint(*trainer_, MPI_COMM_WORLD, dir, true);
-    loader_->restore_cursor(saved.data_cursor_json);
+    // The step, the cursor and the counters against this job and dataset (train/resume_check.hpp).
+    on_every_rank([&] { restore_trainer_state(dir, trainer_->step(), saved, job_, *loader_); });
     if (log_) fmt::print(log_, "resumed from {} (step {})\n", dir, trainer_->step());
   }
   result_.first_step = trainer_->step();
@@ -202,7 +204,6 @@ void Session::open_outputs() {
               job_.train.run_dir);
   });
   if (rank_ != 0) return;
-  fs::create_directories(job_.train.run_dir);
   write_file_atomic(job_.train.run_dir + "/job.toml", extras_.job_toml);
   if (resuming) report::drop_metrics_after(job_.train.run_dir + "/metrics.jsonl", result_.first_step);
   metrics_ = std::make_unique<report::MetricsWriter>(job_.train.run_dir + "/metrics.jsonl");
@@ -324,6 +325,10 @@ void Session::loop() {
 TrainRunResult Session::run() {
   result_.last_val_loss = std::numeric_limits<double>::quiet_NaN();
   on_every_rank([&] { plan::check_training_job(job_, world_); });  // before any data is prepared
+  // Before the data and the model: an unwritable run_dir is reported now, naming the key.
+  on_rank0_for_all(MPI_COMM_WORLD, nullptr, "MPI_Bcast (run_dir verdict)", [&] {
+    make_directories(job_.train.run_dir, fmt::format("{}: [train] run_dir", job_origin(job_, {"train.run_dir"})));
+  });
   prepare_data();
   build();
   resume();

@@ -6,6 +6,7 @@
 
 #include "core/check.hpp"
 #include "job/parse.hpp"
+#include "train/resume_check.hpp"
 
 namespace exatrain {
 namespace {
@@ -48,20 +49,11 @@ void add_trainer_blobs(checkpoint::CheckpointWriter& w, int64_t step, uint64_t s
 }
 
 TrainerExtras read_trainer_blobs(const checkpoint::CheckpointReader& r, int64_t* step) {
-  nlohmann::json state;
-  try {
-    state = nlohmann::json::parse(r.blob("trainer_state.json"));
-  } catch (const nlohmann::json::exception& e) {
-    EXA_FAIL("{}/trainer_state.json: not valid JSON ({})", r.dir(), e.what());
-  }
-  EXA_CHECK(state.contains("step") && state.contains("data_cursor"),
-            "{}/trainer_state.json: expected keys \"step\" and \"data_cursor\"", r.dir());
-  *step = state["step"].get<int64_t>();
-  TrainerExtras extras;
-  extras.data_cursor_json = state["data_cursor"].dump();
-  extras.tokenizer_type = state.value("tokenizer_type", "");
-  extras.job_toml = r.blob("job.toml");
-  if (r.has("tokenizer.model")) extras.tokenizer_model = r.blob("tokenizer.model");
+  // Untrusted input (docs/security.md): sizes bounded, every field checked (train/resume_check.hpp).
+  TrainerExtras extras = parse_trainer_state(r.blob("trainer_state.json", kMaxTrainerStateBytes),
+                                             r.dir() + "/trainer_state.json", step);
+  extras.job_toml = r.blob("job.toml", kMaxJobFileBytes);
+  if (r.has("tokenizer.model")) extras.tokenizer_model = r.blob("tokenizer.model", kMaxTokenizerModelBytes);
   return extras;
 }
 
@@ -86,7 +78,7 @@ std::vector<std::pair<std::string, std::string>> model_fields(const ModelSpec& m
 }  // namespace
 
 void check_same_model(const checkpoint::CheckpointReader& r, const ModelSpec& model) {
-  const Job saved = parse_job(r.blob("job.toml"), r.dir() + "/job.toml");
+  const Job saved = parse_job(r.blob("job.toml", kMaxJobFileBytes), r.dir() + "/job.toml");
   const auto was = model_fields(saved.model), now = model_fields(model);
   std::string diffs;
   for (size_t i = 0; i < was.size(); ++i)

@@ -12,10 +12,15 @@
 
 #include "checkpoint/checkpoint.hpp"
 #include "job/job.hpp"
+#include "job/parse.hpp"
 #include "backend/backend.hpp"
 #include "model/gpt.hpp"
 
 namespace exatrain {
+
+// Limits on the small files of a checkpoint (each is refused unread above its limit).
+inline constexpr uint64_t kMaxTrainerStateBytes = uint64_t(1) << 20;
+inline constexpr uint64_t kMaxTokenizerModelBytes = uint64_t(256) << 20;
 
 struct TrainerExtras {
   std::string data_cursor_json;  // the loader's cursor (TokenLoader::cursor_json)

@@ -12,6 +12,7 @@
 #include "checkpoint/checkpoint.hpp"
 #include "core/check.hpp"
 #include "core/fileio.hpp"
+#include "core/sha256.hpp"
 #include "../test_util/temp_dir.hpp"
 #include "../test_util/error_of.hpp"
 
@@ -148,8 +149,16 @@ TEST(Checkpoint, ResumeAutoSkipsIncompleteCheckpoints) {
   EXPECT_NE(log.find("checkpoint file " + (dir / "step_00000250/rng.bin") + " is truncated"),
             std::string::npos)
       << log;
+  // The newer ones that failed are moved aside, kept whole: no later save of step 300 or 250
+  // overwrites them (the run resumes at 200 and will save those steps again).
+  EXPECT_FALSE(fs::exists(dir / "step_00000300"));
+  EXPECT_TRUE(fs::exists(dir / "step_00000300.incomplete/model.safetensors"));
+  EXPECT_TRUE(fs::exists(dir / "step_00000250.damaged/rng.bin"));
+  EXPECT_NE(log.find("moved " + (dir / "step_00000300") + " aside to " + (dir / "step_00000300.incomplete")),
+            std::string::npos)
+      << log;
   // An explicit checkpoint that does not verify is an error, not a silent fallback.
-  std::string err = error_of([&] { resolve_resume(dir / "step_00000300", dir.path, nullptr); });
+  std::string err = error_of([&] { resolve_resume(dir / "step_00000300.incomplete", dir.path, nullptr); });
   EXPECT_NE(err.find("is incomplete"), std::string::npos) << err;
 }
 
@@ -225,4 +234,61 @@ TEST(Checkpoint, RealWriteFailureFromTheKernelKeepsThePreviousCheckpoint) {
   EXPECT_EQ(found->step, 1);
   EXPECT_EQ(CheckpointReader(found->dir).safetensors("model.safetensors")->read_f32("wte"),
             weights(1000, 1.0f));
+}
+
+TEST(Checkpoint, StartOfARunClearsLeftoversOfInterruptedSaves) {
+  TempDir dir;
+  save(dir.path, 2, 0);
+  save(dir.path, 4, 0);
+  // A save of step 4 that crashed between its two renames: the complete step 4 sits aside.
+  fs::rename(dir / "step_00000004", dir / ".old-step_00000004-999");
+  // A second one of step 2 whose step_00000002 is still there; two interrupted saves.
+  fs::create_directory(dir / ".old-step_00000002-998");
+  for (const char* t : {".tmp-step_00000006-997", ".tmp-step_00000008-996"}) {
+    fs::create_directory(dir / t);
+    std::ofstream(dir / (std::string(t) + "/model.safetensors")) << std::string(500000, 'x');
+  }
+  const std::string log = log_of([&](std::FILE* f) { recover_checkpoint_root(dir.path, f); });
+  EXPECT_TRUE(fs::exists(dir / "step_00000004/COMPLETE")) << log;  // restored, verifies
+  EXPECT_EQ(CheckpointReader(dir / "step_00000004").step(), 4);
+  EXPECT_TRUE(fs::exists(dir / "step_00000002/COMPLETE"));
+  EXPECT_TRUE(no_temporaries(dir.path)) << log;
+  EXPECT_NE(log.find("removed 2 temporary directories of interrupted checkpoint saves (1.0 MB)"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("restored " + (dir / "step_00000004")), std::string::npos) << log;
+}
+
+TEST(Checkpoint, ASaveNeverOverwritesAnIncompleteDirectoryOfItsStep) {
+  TempDir dir;
+  fs::create_directory(dir / "step_00000003");
+  std::ofstream(dir / "step_00000003/model.safetensors") << "all that is left";
+  save(dir.path, 3, 0);
+  EXPECT_EQ(CheckpointReader(dir / "step_00000003").step(), 3);
+  std::ifstream kept(dir / "step_00000003.incomplete/model.safetensors");
+  std::string text((std::istreambuf_iterator<char>(kept)), {});
+  EXPECT_EQ(text, "all that is left");
+}
+
+TEST(Checkpoint, ManifestNamesAndStepsAreChecked) {
+  TempDir dir;
+  const std::string ck = save(dir.path, 5, 0);
+  auto rewrite = [&](const std::string& from, const std::string& to) {
+    std::ifstream in(ck + "/manifest.json");
+    std::string m((std::istreambuf_iterator<char>(in)), {});
+    m.replace(m.find(from), from.size(), to);
+    write_file_atomic(ck + "/manifest.json", m);
+    write_file_atomic(ck + "/COMPLETE", "{\"step\": 5, \"manifest_sha256\": \"" + sha256_hex(m) + "\"}\n");
+  };
+  rewrite("\"rng.bin\"", "\"../../etc/passwd\"");
+  EXPECT_NE(error_of([&] { CheckpointReader r(ck); })
+                .find("manifest.json: lists the file \"../../etc/passwd\", expected a plain file name inside the "
+                      "checkpoint"),
+            std::string::npos);
+  rewrite("\"../../etc/passwd\"", "\"rng.bin\"");
+  rewrite("\"step\": 5", "\"step\": 1e300");
+  EXPECT_NE(error_of([&] { CheckpointReader r(ck); }).find("manifest.json: \"step\" = 1e+300: expected an integer in [0, "),
+            std::string::npos);
+  rewrite("\"step\": 1e300", "\"step\": 6");
+  EXPECT_NE(error_of([&] { CheckpointReader r(ck); }).find("COMPLETE marks step 5 but manifest.json says step 6"),
+            std::string::npos);
 }

@@ -181,7 +181,7 @@ TEST(JobParse, SyntaxErrorNamesTheFile) {
 
 TEST(JobParse, MissingPresetIsNamed) {
   std::string e = parse_error("[model]\npreset = \"no-such-model\"\n");
-  EXPECT_TRUE(contains(e, "preset = \"no-such-model\": expected the name of a file models/no-such-model.toml")) << e;
+  EXPECT_TRUE(contains(e, "preset = \"no-such-model\": expected the name of a preset in models/ (one of: ")) << e;
 }
 
 TEST(JobParse, MissingFileIsNamed) {

@@ -67,6 +67,25 @@ TEST(Metrics, TornLastLineIsSkippedButCorruptionElsewhereIsNamed) {
   }
 }
 
+// Found by fuzz_metrics (fuzz/regressions/metrics/): a whole line whose number is beyond a double
+// made nlohmann::json throw out_of_range, which the CLI printed as "internal error"; also as the
+// last line (it is not torn: it parsed to the end).
+TEST(Metrics, NumberBeyondADoubleIsAClearError) {
+  std::string d = fresh_dir("metrics_overflow");
+  for (const char* text : {"{\"step\":1,\"loss\":1e400}\n{\"step\":2,\"loss\":1.0}\n", "{\"step\":1,\"loss\":1e400}\n"}) {
+    std::ofstream(d + "/metrics.jsonl") << text;
+    try {
+      read_metrics(d + "/metrics.jsonl");
+      FAIL() << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("metrics.jsonl:1: not a metrics record: [json.exception.out_of_range.406] "
+                                           "number overflow parsing '1e400'"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(Report, SummaryNumbersAndSvgSeries) {
   std::string d = fresh_dir("report_run");
   {

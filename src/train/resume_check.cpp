@@ -1,0 +1,66 @@
+#include "train/resume_check.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.hpp"
+#include "core/check.hpp"
+#include "core/json_fields.hpp"
+#include "job/parse.hpp"
+
+namespace exatrain {
+
+TrainerExtras parse_trainer_state(const std::string& text, const std::string& where, int64_t* step) {
+  nlohmann::json state;
+  try {
+    state = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    EXA_FAIL("{}: not valid JSON ({})", where, e.what());
+  }
+  *step = json_to_int(json_member(state, "step", where), where + ": \"step\"", 0, checkpoint::kMaxStep);
+  const nlohmann::json& cursor = json_member(state, "data_cursor", where);
+  EXA_CHECK(cursor.is_object(), "{}: \"data_cursor\" = {}: expected a JSON object", where, json_shown(cursor));
+  TrainerExtras extras;
+  extras.data_cursor_json = cursor.dump();
+  if (state.contains("tokenizer_type"))
+    extras.tokenizer_type = json_to_string(state["tokenizer_type"], where + ": \"tokenizer_type\"");
+  EXA_CHECK(extras.tokenizer_type.empty() || extras.tokenizer_type == "byte" ||
+                extras.tokenizer_type == "sentencepiece-bpe",
+            "{}: \"tokenizer_type\" = {}: expected \"byte\" or \"sentencepiece-bpe\"", where,
+            json_shown(nlohmann::json(extras.tokenizer_type)));
+  return extras;
+}
+
+void check_and_restore_cursor(const std::string& where, int64_t step, int64_t manifest_step,
+                              const std::string& optimizer_step, const std::string& cursor_json, const Job& job,
+                              data::TokenLoader& loader) {
+  EXA_CHECK(step >= 0 && step <= job.train.steps,
+            "checkpoint {}: trainer_state.json step = {}, beyond {}: [train] steps = {} (expected a checkpoint of "
+            "step <= {}; to train further, raise steps)", where, step, job_origin(job, {"train.steps"}),
+            job.train.steps, job.train.steps);
+  EXA_CHECK(manifest_step == step, "checkpoint {}: trainer_state.json says step {} but manifest.json says step {}",
+            where, step, manifest_step);
+  EXA_CHECK(optimizer_step.empty() || optimizer_step == std::to_string(step),
+            "checkpoint {}: optimizer.safetensors records step \"{}\" but trainer_state.json says step {}", where,
+            optimizer_step, step);
+  loader.restore_cursor(cursor_json);
+  const data::DataCursor c = loader.cursor();
+  // An epoch begins only at the start of a step, so a run of `step` steps has begun at most `step`
+  // epochs after the first, and at step 0 it has read nothing.
+  EXA_CHECK(c.epoch <= uint64_t(step) && (step > 0 || c.position == 0),
+            "checkpoint {}: the data cursor (epoch {}, position {}) does not fit step {}: expected at most {} "
+            "epoch(s) and, at step 0, position 0", where, c.epoch, c.position, step, step);
+}
+
+void restore_trainer_state(const std::string& dir, int64_t step, const TrainerExtras& saved, const Job& job,
+                           data::TokenLoader& loader) {
+  const checkpoint::CheckpointReader reader(dir, checkpoint::Verify::sizes);
+  std::string optimizer_step;
+  if (reader.has("optimizer.safetensors")) {
+    const auto opt = reader.safetensors("optimizer.safetensors");
+    if (auto it = opt->metadata().find("step"); it != opt->metadata().end()) optimizer_step = it->second;
+  }
+  check_and_restore_cursor(dir, step, reader.step(), optimizer_step, saved.data_cursor_json, job, loader);
+}
+
+}  // namespace exatrain
