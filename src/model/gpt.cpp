@@ -9,7 +9,7 @@
 namespace exatrain {
 
 Gpt::Gpt(Backend& backend, const GptOptions& options, ParallelHooks* hooks)
-    : be_(backend), opt_(options), recompute_{options.recompute},
+    : be_(backend), opt_(options), recompute_{options.recompute}, no_hooks_(backend),
       hooks_(hooks ? hooks : &no_hooks_) {
   const ModelSpec& m = opt_.model;
   const int tp = opt_.tp.size;

@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "backend/backend.hpp"
 #include "model/layout.hpp"
 
 namespace exatrain {
@@ -74,19 +75,24 @@ class ParallelHooks {
   virtual void after_layer(int64_t layer, Pass pass) {}
 };
 
-// tp_size == 1: every collective is the identity.
+// tp_size == 1: every collective is the identity (the two sequence-parallel ones a device copy,
+// through the backend: the buffers are device memory).
 class NoParallelHooks final : public ParallelHooks {
  public:
+  explicit NoParallelHooks(Backend& be) : be_(be) {}
   void input_grad_allreduce(float*, int64_t) override {}
   void partial_sum_allreduce(float*, int64_t) override {}
   void vocab_max_allreduce(float*, int64_t) override {}
   void vocab_sum_allreduce(float*, int64_t) override {}
   void sp_all_gather(const float* local, float* full, int64_t n) override {
-    std::copy(local, local + n, full);
+    be_.copy(full, local, sizeof(float) * size_t(n));
   }
   void sp_reduce_scatter(const float* full, float* local, int64_t n) override {
-    std::copy(full, full + n, local);
+    be_.copy(local, full, sizeof(float) * size_t(n));
   }
+
+ private:
+  Backend& be_;
 };
 
 }  // namespace exatrain

@@ -26,7 +26,7 @@ struct Split {
 
 // Floats of the runtime's arenas on the rank at (pp_rank, tp_rank): one Gpt per virtual stage.
 int64_t runtime_params(Backend& be, const ModelSpec& m, const Split& s, int64_t pp_rank, int tp, int tp_rank) {
-  NoParallelHooks hooks;  // construction only: no collective runs
+  NoParallelHooks hooks(be);  // construction only: no collective runs
   const int64_t stages = s.pp * s.vp;
   int64_t total = 0;
   for (int64_t c = 0; c < s.vp; c++) {
