@@ -1,4 +1,4 @@
-// Sharded checkpoints of the distributed trainer (train/dist_checkpoint.hpp): time and memory of
+// Sharded checkpoints (train/checkpoint_io.hpp): time and memory of
 // one save and one load of a GPT of about 30M parameters (hidden 512, 8 layers, vocab 8192; files
 // of ~370 MB: weights + AdamW moments), for several parallel layouts of the world. Rank 0 prints,
 // per layout: save and load seconds and throughput, and per rank the largest buffer the

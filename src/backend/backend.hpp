@@ -1,13 +1,15 @@
 // The compute interface the model and the runtime are written against: the DEVICE BOUNDARY.
 // Every pointer passed to an op is a "device pointer" obtained from alloc(); no code outside
 // src/backend/ dereferences one (model, optimizer, parallel runtime and trainer alike): what they
-// do to device memory is an op here (copies, axpy, scale, sums of squares, fills, page release,
-// staging copies to and from host memory). So a CUDA backend (cuBLAS + kernels + NCCL) can
+// do to device memory is an op here (copies, add_inplace, scale, sums of squares, fills, page
+// release, staging copies to and from host memory). So a CUDA backend (cuBLAS + kernels + NCCL) can
 // implement this class without touching the code above it, and the guarded CPU backend
 // (cpu/guarded_backend.hpp: device memory is PROT_NONE except inside an op) proves on the CPU
 // that nothing above reaches around it.
 //
-// Owns: the ops, device memory, host staging memory, streams and events. May use: core/.
+// Owns (room backend/): the ops, device memory, host staging memory, host-access scopes, streams and
+// events, make_backend; cpu/ (the CPU backend) and cpu/guarded_* (the guarded CPU backend).
+// May use: core/.
 //
 // Conventions (all tensors are dense, row-major, float32 unless said otherwise):
 //   N = rows (B*T tokens), C = channels, O = output features, F = ffn hidden (local shard),

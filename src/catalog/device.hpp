@@ -1,5 +1,7 @@
 // The device catalog: public peak figures of each accelerator (catalog/devices.toml, each number
 // with its source) plus the few calibrated efficiency constants the planner uses for it.
+//
+// Owns (room catalog/): the device figures read from catalog/devices.toml. May use: core/, job/.
 #pragma once
 #include <optional>
 #include <string>

@@ -11,6 +11,10 @@
 // renamed to step_NNNNNNNN and the root fsynced. Only then are older checkpoints pruned (keep
 // the last K). A failure at any point leaves earlier checkpoints untouched and removes the
 // temporary directory. Load verifies COMPLETE, the manifest and every file's size and SHA-256.
+//
+// Owns (room checkpoint/): this directory protocol, the safetensors format (safetensors.hpp) and
+// `export` (export.hpp), on host bytes; the training checkpoint's tensors are train/checkpoint_io's.
+// May use: core/, job/.
 #pragma once
 #include <cstdint>
 #include <cstdio>

@@ -1,5 +1,9 @@
 // Each subcommand lives in its own file in src/cli/ and registers itself on the app here.
 // A command parses arguments only, then makes one call into a room (plan/, train/, data/, ...).
+//
+// Owns (room cli/): the subcommands' arguments and output, job_plan.hpp (a job's [parallel] as the
+// planner's Plan for predict and check). May use: every room (core/, job/, catalog/, plan/,
+// backend/, model/, optim/, parallel/, data/, checkpoint/, report/, train/).
 #pragma once
 #include <CLI/CLI.hpp>
 
@@ -17,4 +21,5 @@ void add_validate_command(CLI::App& app);
 void add_predict_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_pipeline_command(CLI::App& app);
+void add_sweep_command(CLI::App& app);
 }  // namespace exatrain::cli

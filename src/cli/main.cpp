@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   exatrain::cli::add_predict_command(app);
   exatrain::cli::add_plan_command(app);
   exatrain::cli::add_pipeline_command(app);
+  exatrain::cli::add_sweep_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

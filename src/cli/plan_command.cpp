@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.hpp"
+#include "cli/prediction_chart.hpp"
 #include "cli/job_plan.hpp"
 #include "core/check.hpp"
 #include "job/parse.hpp"
@@ -17,6 +18,7 @@ void add_plan_command(CLI::App& app) {
   auto json = std::make_shared<bool>(false);
   auto top = std::make_shared<int>(5);
   auto headroom = std::make_shared<double>(0.10);
+  auto svg = std::make_shared<std::string>();
   cmd->add_option("job", *path, "the job file (TOML)")->required();
   cmd->add_option("--set", *sets, "override a key: section.key=value (repeatable)");
   cmd->add_flag("--json", *json, "print the contract's JSON object");
@@ -25,7 +27,8 @@ void add_plan_command(CLI::App& app) {
                   "fraction of device memory a plan must leave free (default 0.10: the memory "
                   "model's error, docs/planner.md)")
       ->check(CLI::Range(0.0, 0.9));
-  cmd->callback([path, sets, json, top, headroom] {
+  cmd->add_option("--svg", *svg, "also draw the listed plans' time and memory breakdowns as bars (SVG)");
+  cmd->callback([path, sets, json, top, headroom, svg] {
     Job job = load_job(*path, *sets, check_job_catalog);
     {
       plan::Plan probe;
@@ -47,6 +50,12 @@ void add_plan_command(CLI::App& app) {
           "in the device's memory ({}) less the {:.0f}% headroom (--memory-headroom)", *path,
           res.searched, job.parallel.gpus, job.parallel.global_batch, job.machine.device,
           100 * *headroom));
+    if (!svg->empty()) {
+      std::vector<LabelledPrediction> bars;
+      for (size_t i = 0; i < res.top.size(); ++i)
+        bars.push_back({fmt::format("#{} {}", i + 1, plan::plan_summary(res.top[i].plan)), plan::to_json(res.top[i]), ""});
+      write_prediction_svg(bars, fmt::format("{} best plans", res.top.size()), *svg);
+    }
     if (*json) {
       nlohmann::json j;
       j["best"] = plan::to_json(res.top.front());

@@ -1,17 +1,29 @@
 // `exatrain report RUN_DIR`: the loss/throughput plot (SVG) and a one-screen summary.
+// `exatrain report RUN_A RUN_B ... --out FILE.svg`: the runs compared (report/compare.hpp).
 #include <fmt/format.h>
 
 #include "cli/commands.hpp"
+#include "core/check.hpp"
+#include "report/compare.hpp"
 #include "report/report.hpp"
 
 namespace exatrain::cli {
 void add_report_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("report", "draw RUN_DIR/report.svg and print a summary of a run");
-  auto dir = std::make_shared<std::string>();
-  cmd->add_option("run_dir", *dir, "the run directory (holds metrics.jsonl)")->required();
-  cmd->callback([dir] {
-    auto s = report::write_report(*dir);
-    fmt::print("{}", report::format_summary(s, *dir));
+  auto* cmd = app.add_subcommand("report", "draw RUN_DIR/report.svg and print a summary of a run; with several "
+                                           "runs, compare them (--out FILE.svg)");
+  auto dirs = std::make_shared<std::vector<std::string>>();
+  auto out = std::make_shared<std::string>();
+  cmd->add_option("run_dir", *dirs, "the run directory (holds metrics.jsonl); several: compare them")->required();
+  cmd->add_option("--out", *out, "with several runs: where to write the comparison plot (SVG)");
+  cmd->callback([dirs, out] {
+    if (dirs->size() == 1 && out->empty()) {
+      auto s = report::write_report(dirs->front());
+      fmt::print("{}", report::format_summary(s, dirs->front()));
+      return;
+    }
+    EXA_CHECK(!out->empty(), "report: {} run directories given: name the comparison plot with --out FILE.svg",
+              dirs->size());
+    fmt::print("{}", report::compare_runs(*dirs, *out).table);
   });
 }
 }  // namespace exatrain::cli

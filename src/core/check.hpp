@@ -1,5 +1,9 @@
 // Error handling shared by every room: one exception type whose message carries file:line,
 // and checking macros for conditions and system calls (llm.c style: nothing fails silently).
+//
+// Owns (room core/): Error and the EXA_CHECK / EXA_SYSCHECK / EXA_FAIL macros, checked durable file
+// I/O (fileio.hpp), SHA-256, where data files are found (paths.hpp), splitmix64. May use: no other
+// room (the bottom of the graph: fmt, OpenSSL's libcrypto and the C++ and POSIX libraries only).
 #pragma once
 #include <cerrno>
 #include <cstring>

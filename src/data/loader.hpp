@@ -8,6 +8,10 @@
 // and rank r reads windows [r*batch, (r+1)*batch) of them, so the ranks read disjoint parts and
 // the order of windows seen does not depend on dp_size. The cursor (epoch, position) is all the
 // state: saving and restoring it resumes exactly.
+//
+// Owns (room data/): tokenizers, `data prepare`, the shard format, the dataset manifest, this
+// loader, TokenSource and its implementations (token_source.hpp). Host memory only.
+// May use: core/.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -250,6 +250,17 @@ DatasetManifest prepare_dataset(const PrepareOptions& o) {
   return m;
 }
 
+// The same input named another way (`make run`'s relative corpus/kjv.txt.xz, `train`'s absolute
+// bundled path, a path through a symlink) is the same input: without this, the two rebuilt the
+// cache in turn, and two processes could rewrite it at once. A relative recorded path resolves
+// against the current directory; if that names another file, the sizes below still differ.
+static bool same_input_path(const std::string& recorded, const std::string& given) {
+  if (recorded == given) return true;
+  std::error_code ea, eb;
+  const fs::path a = fs::weakly_canonical(recorded, ea), b = fs::weakly_canonical(given, eb);
+  return !ea && !eb && a == b;
+}
+
 DatasetManifest prepare_if_needed(const PrepareOptions& o, bool* reused) {
   if (reused) *reused = false;
   fs::path manifest_path = fs::path(o.out_dir) / kManifestName;
@@ -262,7 +273,7 @@ DatasetManifest prepare_if_needed(const PrepareOptions& o, bool* reused) {
                   m.sample_lines == o.sample_lines && m.seed == o.seed &&
                   m.shard_tokens == o.shard_tokens;
       for (size_t i = 0; same && i < o.inputs.size(); i++) {
-        same = m.inputs[i].path == o.inputs[i] &&
+        same = same_input_path(m.inputs[i].path, o.inputs[i]) &&
                m.inputs[i].file_bytes == file_size_or_throw(o.inputs[i]);
       }
       if (same) {

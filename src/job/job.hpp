@@ -2,6 +2,10 @@
 // Keys and meanings follow ../shared/contracts/job-file.md exactly (they may be extended, never
 // renamed). Fields of [parallel] that may be "auto" or omitted are std::optional: `plan` fills
 // them; `predict` and `train` require them resolved.
+//
+// Owns (room job/): the typed Job, its parsing with presets, --set and origins (parse.hpp),
+// job_to_toml, the shape arithmetic model, planner and runtime share (model_shapes.hpp).
+// May use: core/.
 #pragma once
 #include <cstdint>
 #include <map>

@@ -11,6 +11,10 @@
 //             arena (gradient accumulation = several forward/backward before zero_grad()).
 // Each layer is a forward/backward pair of plain member functions over the arenas
 // (see gpt_layer.cpp); the tensor-parallel collectives are calls to ParallelHooks.
+//
+// Owns (room model/): the Gpt stage, its parameter layout with roles and units (layout.hpp), the
+// ParallelHooks it calls (parallel_hooks.hpp), the recomputation policy. No communication, no MPI.
+// May use: core/, job/, backend/.
 #pragma once
 #include <cstdint>
 #include <memory>

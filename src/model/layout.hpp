@@ -1,8 +1,10 @@
 // The parameter layout table: every parameter of a model instance (one pipeline stage, one
-// tensor-parallel shard) is a contiguous range of ONE flat float32 arena; the gradient arena
-// and the optimizer's m/v arenas use the same offsets. Each entry records the parameter's
-// global (unsharded) shape and which slice this instance holds, so data-parallel all-reduce,
-// ZeRO partitioning and topology-independent checkpoints are offset arithmetic.
+// tensor-parallel shard) is a contiguous range of ONE flat float32 arena; the gradient arena uses
+// the same offsets and the optimizer's state tensors are laid out like the arena ranges a rank
+// updates (optim/optimizer.hpp). Each entry records the parameter's global (unsharded) shape,
+// which slice this instance holds, its role and its unit, so data-parallel all-reduce, ZeRO
+// partitioning and topology-independent checkpoints are offset arithmetic, and no code needs to
+// find a parameter by its name.
 //
 // Names (Hugging Face GPT-2 / Llama style, i = GLOBAL layer index; weights are [out, in] like
 // torch.nn.Linear, y = x W^T + b):

@@ -60,6 +60,12 @@ std::unique_ptr<GradSync> make_grad_sync(int zero, GradSyncSetup setup) {
             "ZeRO {}: the optimizer \"{}\" needs every parameter matrix whole on one rank, which ZeRO 2 and 3 "
             "shard by buckets and units; use zero = 0 or 1", zero, setup.optimizer->name());
   if (whole) setup.align_to_entries = true;
+  EXA_CHECK(!(zero == 1 && setup.align_to_entries && setup.dp->size() > 1) ||
+                std::string(setup.compressor->name()) == "none",
+            "ZeRO 1 with shards cut between parameter entries reduce-scatters shards of unequal size "
+            "(reduce_scatter_v), which the compressor slot does not take: compressor \"{}\" needs equal shards "
+            "(align_shards_to_entries = false, and an optimizer that does not need whole matrices) or zero = 0 or 2",
+            setup.compressor->name());
   EXA_CHECK(zero != 3 || std::string(setup.compressor->name()) == "none",
             "ZeRO 3 reduce-scatters every unit's gradients as backward makes them, without the compressor slot: "
             "compressor \"{}\" needs zero = 0, 1 or 2", setup.compressor->name());

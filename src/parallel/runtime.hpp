@@ -1,13 +1,19 @@
 // Everything a rank needs to communicate, built once at start-up from the plan's mesh: one Group
 // per axis (tp, cp, pp and the dp x cp replica group named "dp", as the planner counts it), a
 // "world" group for the step's control values (loss, norm, timings), one byte ledger shared by
-// all of them and the watchdog. The trainer owns one.
+// all of them and the watchdog. The session (or a test) builds one and hands it to the Trainer.
 // MPI must be initialised with MPI_Init_thread(..., MPI_THREAD_FUNNELED, ...) or higher: the
 // watchdog thread never calls MPI, and OpenMP kernels run between MPI calls of the main thread.
 // ParallelRuntime::local() is the world of one process without MPI (groups of one rank, which
 // communicate nothing): a single-rank trainer built without mpirun.
 //
 // Owns: the groups and their ledger. May use: backend/, plan/ (the mesh arithmetic), parallel/.
+//
+// Room parallel/ — Owns: the MPI side of the runtime and the data-parallel strategies: the
+// realised mesh, the Group interface and MpiGroup, this runtime, the tensor-parallel regions and
+// hooks, ZeRO layouts and gradient buckets, the GradSync strategies (grad_sync.hpp) and the
+// compressor slot (compressor.hpp), pipeline schedules and executor, watchdog, traces.
+// May use: core/, job/, plan/, backend/, model/, optim/, and MPI.
 #pragma once
 #include <memory>
 

@@ -7,7 +7,8 @@
 
 namespace exatrain::parallel {
 
-// Not final: DistributedTrainer's hooks add the layer boundaries (before_layer / after_layer).
+// Not final: the Trainer's hooks (train/trainer.cpp) add the unit boundaries (before_layer /
+// after_layer) for the gradient sync.
 class MpiParallelHooks : public ParallelHooks {
  public:
   explicit MpiParallelHooks(Group& tp) : tp_(tp) {}

@@ -58,7 +58,7 @@ class Zero1Sync final : public GradSync {
         be().copy(sh.grad_pad.data(), grads, sizeof(float) * size_t(g.num_params()));
         grads = sh.grad_pad.data();
       }
-      if (!sh.zl.even()) {  // shards cut between entries: unequal counts, no compressor
+      if (!sh.zl.even()) {  // shards cut between entries: unequal counts (make_grad_sync refuses a compressor)
         reduce_scatter_grads(be(), dp(), sh.zl, grads, sh.grads.data(), 1.0f);
         continue;
       }
@@ -69,7 +69,7 @@ class Zero1Sync final : public GradSync {
       b.data = grads, b.out = sh.grads.data();
       b.n = sh.zl.padded, b.shard = sh.zl.shard;
       b.blocking = true;
-      s_.compressor->start(dp(), be(), b);
+      if (std::unique_ptr<Reduction> r = s_.compressor->start(dp(), be(), b)) r->wait();
     }
   }
 

@@ -118,6 +118,14 @@ CommBytes bytes_sent_per_step(const ModelSpec& m, const Plan& p, const RankPosit
     } else {
       out[CommKind::dp_reduce_scatter] = mb * ring_reduce_scatter_sent(n, replicas, r) * elem;
       out[CommKind::dp_all_gather] = mb * 2 * ring_all_gather_sent(n, replicas, r) * elem;
+      // One stage with tied embeddings: the LM head reads the embedding's weights, so its forward
+      // and its backward gather the embedding unit (this tp rank's vocabulary rows and, when
+      // learned, the position table: one segment) once more (parallel/zero3_sync.cpp, make_chunk).
+      if (m.tie_embeddings && p.pp == 1) {
+        const int64_t emb = vocab_slice(m.vocab, p.tp, pos.tp_rank).rows * m.hidden +
+                            (m.position == Position::learned ? m.seq_len * m.hidden : 0);
+        out[CommKind::dp_all_gather] += mb * 2 * ring_all_gather_sent(emb, replicas, r) * elem;
+      }
     }
   }
   return out;

@@ -40,7 +40,9 @@
 //    the tp ranks' N differ by their vocabulary rows):
 //      zero 0: one all-reduce of N per step;  zero 1/2: one reduce-scatter of the gradients and
 //      one all-gather of the updated weights per step;  zero 3: per micro-batch an all-gather
-//      forward, an all-gather backward and a reduce-scatter of the gradients.
+//      forward, an all-gather backward and a reduce-scatter of the gradients; on a single stage
+//      with tied embeddings (pp 1) also the LM head's all-gathers of the embedding unit (its
+//      vocab_slice rows * h, plus seq_len * h learned positions), forward and backward.
 //    Not counted: the grad-norm all-reduce (one scalar), loss logging.
 #pragma once
 #include <array>

@@ -4,6 +4,12 @@
 // Rank layout (Megatron order, tp fastest): global rank = tp_rank + tp*(cp_rank + cp*(dp_rank +
 // dp*pp_rank)). So a tp group is tp consecutive ranks, a cp group has stride tp, a dp group
 // stride tp*cp and a pipeline group stride tp*cp*dp.
+//
+// Owns (room plan/): the performance and memory model (flops, memory, comm and its exact bytes,
+// pipeline, io, predict), the search, validation against published runs, the resolved Plan and
+// THE validity rules (plan_problem), the one rank arithmetic (mesh.hpp), the pipeline stage split
+// (stages.hpp), the job resolved once for `train` (resolve.hpp). Pure: no MPI, no tensors.
+// May use: core/, job/, catalog/.
 #pragma once
 #include <cstdint>
 #include <optional>

@@ -166,7 +166,6 @@ void check_training_job(const Job& job, int world) {
 }
 
 Plan resolve_training_plan(Job& job, int world, std::FILE* log) {
-  check_training_job(job, world);
   if (!job.origins.count("parallel.gpus")) job.parallel.gpus = world;
   check_gpus(job, world);  // before the search, which plans for the world it is given
   fill_auto_parallel(job, world, log);

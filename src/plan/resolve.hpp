@@ -3,7 +3,8 @@
 //
 //   training_job_problems  what the file alone must satisfy to train on `world` ranks (precision,
 //                          steps, gpus against the world, degrees a single process cannot run),
-//                          every problem at once: load_job reports them with the file's own
+//                          every problem at once: `train` passes them to load_job, which reports
+//                          them with the file's own problems (check_training_job: as one error)
 //   fill_auto_parallel     [parallel] fields left "auto" or omitted: on one rank the single-process
 //                          defaults (every degree 1, ZeRO 0, micro_batch 1, no recomputation); on
 //                          several, the planner's best plan on the `local` machine that this runtime
@@ -11,6 +12,7 @@
 //   plan_from_job          the fully set [parallel] as a Plan, dp inferred (world / (tp cp pp)),
 //                          checked by plan/plan.hpp's rules (Purpose::train): an error names the
 //                          origins of the keys and the equation that fails
+//   resolve_training_plan  the three in order, once per run (train/session.cpp)
 //
 // Owns: the path from a Job to the plan `train` runs. May use: job/, catalog/, plan/.
 #pragma once
@@ -28,8 +30,9 @@ void training_job_problems(const Job& job, int world, std::vector<std::string>& 
 void check_training_job(const Job& job, int world);
 void fill_auto_parallel(Job& job, int world, std::FILE* log);
 Plan plan_from_job(const Job& job, int world);
-// The three in order (training_job_problems thrown as one error listing them); the job's
-// inferred dp and gpus are written back, so that the run's job.toml says which.
+// The three in order, on a job that passed check_training_job (the session checks it first,
+// before any data is prepared; `train` already at load_job, with the file's own problems); the
+// job's inferred dp and gpus are written back, so that the run's job.toml says which.
 Plan resolve_training_plan(Job& job, int world, std::FILE* log);
 
 }  // namespace exatrain::plan

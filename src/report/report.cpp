@@ -109,8 +109,8 @@ RunSummary write_report(const std::string& run_dir) {
   RunSummary s = summarize(records);
   EXA_CHECK(s.steps > 0, "{}/metrics.jsonl has no training-step records (expected lines with \"step\" and "
                          "\"loss\")", run_dir);
-  Series loss{"train loss", "#1f77b4", {}, {}, false}, val{"val loss", "#d62728", {}, {}, true};
-  Series tps{"tokens/s", "#2ca02c", {}, {}, false}, mfu{"MFU %", "#9467bd", {}, {}, false};
+  Series loss{"train loss", "#1f77b4", {}, {}, false, ""}, val{"val loss", "#d62728", {}, {}, true, ""};
+  Series tps{"tokens/s", "#2ca02c", {}, {}, false, ""}, mfu{"MFU %", "#9467bd", {}, {}, false, ""};
   for (const auto& r : records) {
     if (is_step(r)) {
       double step = r["step"].get<double>();

@@ -1,5 +1,9 @@
 // `exatrain report RUN_DIR`: reads RUN_DIR/metrics.jsonl, draws RUN_DIR/report.svg (loss and
 // validation loss, throughput and MFU against the step) and returns a one-screen summary.
+//
+// Owns (room report/): metrics.jsonl (metrics.hpp), the progress display (progress.hpp), the SVG
+// charts and this report with measured time next to the planner's prediction.
+// May use: core/, job/, plan/.
 #pragma once
 #include <string>
 #include <vector>

@@ -23,8 +23,7 @@ std::vector<double> nice_ticks(double lo, double hi, int target) {
   return ticks;
 }
 
-namespace {
-std::string escape(const std::string& s) {
+std::string svg_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     if (c == '<') out += "&lt;";
@@ -34,6 +33,8 @@ std::string escape(const std::string& s) {
   }
   return out;
 }
+
+namespace {
 std::string label(double v) { return fmt::format("{:.4g}", v); }
 }  // namespace
 
@@ -50,7 +51,7 @@ std::string chart_group(const Chart& chart, double x0, double y0, double w, doub
     }
   std::string g = fmt::format("<g transform=\"translate({},{})\">\n", x0, y0);
   g += fmt::format("<text x=\"{}\" y=\"18\" font-size=\"15\" font-weight=\"bold\">{}</text>\n", left,
-                   escape(chart.title));
+                   svg_escape(chart.title));
   if (!std::isfinite(xmin)) return g + "<text x=\"80\" y=\"80\">no data</text>\n</g>\n";
   if (xmax == xmin) xmax = xmin + 1;
   if (ymax == ymin) ymax = ymin + 1, ymin -= 1;
@@ -71,9 +72,9 @@ std::string chart_group(const Chart& chart, double x0, double y0, double w, doub
                      "<text x=\"{3}\" y=\"{4}\" font-size=\"11\" text-anchor=\"end\">{5}</text>\n",
                      left, left + pw, pyt(t), left - 5, pyt(t) + 4, label(chart.log_y ? std::pow(10, t) : t));
   g += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"12\" text-anchor=\"middle\">{}</text>\n",
-                   left + pw / 2, h - 8, escape(chart.x_label));
+                   left + pw / 2, h - 8, svg_escape(chart.x_label));
   g += fmt::format("<text x=\"14\" y=\"{0}\" font-size=\"12\" text-anchor=\"middle\" "
-                   "transform=\"rotate(-90 14 {0})\">{1}</text>\n", top + ph / 2, escape(chart.y_label));
+                   "transform=\"rotate(-90 14 {0})\">{1}</text>\n", top + ph / 2, svg_escape(chart.y_label));
   int row = 0;
   for (const auto& s : chart.series) {
     std::string pts;
@@ -83,11 +84,13 @@ std::string chart_group(const Chart& chart, double x0, double y0, double w, doub
       if (s.markers)
         g += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>\n", px(s.xs[i]), py(s.ys[i]), s.color);
     }
-    g += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" points=\"{}\"/>\n", s.color, pts);
+    const std::string dash = s.dash.empty() ? "" : fmt::format(" stroke-dasharray=\"{}\"", s.dash);
+    g += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\"{} points=\"{}\"/>\n", s.color,
+                     dash, pts);
     double ly = top + 10 + 18 * row++;
-    g += fmt::format("<line x1=\"{0}\" x2=\"{1}\" y1=\"{2}\" y2=\"{2}\" stroke=\"{3}\" stroke-width=\"3\"/>"
+    g += fmt::format("<line x1=\"{0}\" x2=\"{1}\" y1=\"{2}\" y2=\"{2}\" stroke=\"{3}\" stroke-width=\"3\"{7}/>"
                      "<text x=\"{4}\" y=\"{5}\" font-size=\"12\">{6}</text>\n",
-                     left + pw + 10, left + pw + 30, ly, s.color, left + pw + 35, ly + 4, escape(s.name));
+                     left + pw + 10, left + pw + 30, ly, s.color, left + pw + 35, ly + 4, svg_escape(s.name), dash);
   }
   return g + "</g>\n";
 }

@@ -13,6 +13,7 @@ struct Series {
   std::vector<double> xs;  // same length as ys
   std::vector<double> ys;
   bool markers = false;    // draw dots (e.g. sparse validation points) besides the line
+  std::string dash;        // SVG stroke-dasharray, e.g. "6 3"; empty = solid (runs drawn over each other)
 };
 
 struct Chart {
@@ -20,6 +21,9 @@ struct Chart {
   std::vector<Series> series;
   bool log_y = false;
 };
+
+// Text for SVG: <, > and & escaped (also used by figures.hpp).
+std::string svg_escape(const std::string& s);
 
 // Ticks at 1, 2 or 5 times a power of ten covering [lo, hi], about `target` of them.
 std::vector<double> nice_ticks(double lo, double hi, int target = 6);

@@ -95,4 +95,11 @@ int64_t peak_rss_bytes() {
   return int64_t(ru.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
+int64_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");  // "size resident shared ..." in pages
+  int64_t size = 0, resident = -1;
+  if (!(statm >> size >> resident)) return -1;
+  return resident * int64_t(sysconf(_SC_PAGESIZE));
+}
+
 }  // namespace exatrain

@@ -25,5 +25,7 @@ std::string sgemm_peak_cache_name(const std::string& cpu_model, int threads);
 
 // Peak resident set size of this process so far, in bytes (getrusage).
 int64_t peak_rss_bytes();
+// Resident set size of this process now, in bytes (/proc/self/statm); -1 where it cannot be read.
+int64_t resident_bytes();
 
 }  // namespace exatrain

@@ -242,28 +242,36 @@ bool Session::handle_nonfinite(const StepMetrics& m) {
   return false;
 }
 
-// One metrics.jsonl line (rank 0): the step's numbers, MFU over the world, every rank's breakdown.
+// One metrics.jsonl line (rank 0): the step's numbers, MFU over the world, every rank's breakdown
+// and its resident and peak resident bytes (one gather for all), rank 0's bytes sent by kind.
 void Session::write_metrics(const StepMetrics& m) {
   const double mfu = peak_gflops_ > 0 ? world_flops_ / double(world_) / m.seconds / 1e9 / peak_gflops_ : 0.0;
-  double mine[kBreakdown];
+  constexpr int kPerRank = kBreakdown + 2;
+  double mine[kPerRank];
   for (int k = 0; k < kBreakdown; k++) {
     auto it = m.breakdown_s.find(kBreakdownNames[k]);
     mine[k] = it == m.breakdown_s.end() ? 0.0 : it->second;
   }
-  std::vector<double> all(size_t(kBreakdown * world_));
-  rt_->world().gather(mine, all.data(), kBreakdown, parallel::DType::f64, 0);
+  mine[kBreakdown] = double(resident_bytes()), mine[kBreakdown + 1] = double(peak_rss_bytes());
+  std::vector<double> all(size_t(kPerRank * world_));
+  rt_->world().gather(mine, all.data(), kPerRank, parallel::DType::f64, 0);
   if (rank_ != 0) return;
-  nlohmann::json per_rank = nlohmann::json::array();
+  nlohmann::json per_rank = nlohmann::json::array(), rss = per_rank, peak = per_rank;
   for (int r = 0; r < world_; r++) {
     nlohmann::json b;
-    for (int k = 0; k < kBreakdown; k++) b[kBreakdownNames[k]] = all[size_t(r * kBreakdown + k)];
+    for (int k = 0; k < kBreakdown; k++) b[kBreakdownNames[k]] = all[size_t(r * kPerRank + k)];
     per_rank.push_back(b);
+    rss.push_back(int64_t(all[size_t(r * kPerRank + kBreakdown)]));
+    peak.push_back(int64_t(all[size_t(r * kPerRank + kBreakdown + 1)]));
   }
   StepMetrics line = m;
   line.mfu = mfu;
   nlohmann::json j = nlohmann::json::parse(metrics_json(line));
   j["ranks"] = world_;
   j["breakdown_s_per_rank"] = per_rank;
+  j["rss_bytes_per_rank"] = rss;
+  j["peak_rss_bytes_per_rank"] = peak;
+  j["bytes_sent"] = m.bytes;  // rank 0's byte ledger for the step (parallel/comm.hpp's convention)
   metrics_->write(j);
   if (m.step % job_.train.log_every == 0 || m.step == job_.train.steps)
     progress_->update({m.step, m.loss, m.lr, m.grad_norm, m.tokens_per_s, mfu, m.seconds});

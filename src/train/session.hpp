@@ -5,7 +5,10 @@
 // (rank 0: every rank's time breakdown under the planner's names), progress, periodic validation
 // and atomic checkpoints (train/checkpoint_io.hpp, every rank its own slices).
 //
-// Owns: the run. May use: every room below cli/.
+// Owns (room train/): the run (this loop), the Trainer (trainer.hpp), the training checkpoint's
+// tensors (checkpoint_io.hpp) and small files (state_io.hpp), multi-rank errors (every_rank.hpp),
+// `sample`, the sgemm peak. May use: core/, job/, catalog/, plan/, backend/, model/, optim/,
+// parallel/, data/, checkpoint/, report/ (every room but cli/), and MPI.
 #pragma once
 #include <cstdio>
 #include <string>

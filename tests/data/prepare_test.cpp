@@ -234,3 +234,30 @@ TEST(Prepare, PrepareIfNeededReusesOnlyAMatchingCache) {
   EXPECT_FALSE(reused);
   EXPECT_TRUE(std::filesystem::exists(bundled_corpus_path()));
 }
+
+// `make run` prepares the bundled corpus as "corpus/kjv.txt.xz", `train` asks for it by its
+// absolute path: the same file named another way (relative, absolute, through a symlink) reuses
+// the cache instead of rebuilding it (they used to rebuild it in turn).
+TEST(Prepare, PrepareIfNeededReusesTheSameInputNamedAnotherWay) {
+  TempDir dir;
+  write_text(dir / "in.txt", corpus_head(50));
+  std::filesystem::create_symlink(dir.path, dir / "link");
+  PrepareOptions o = options(dir / "in.txt", dir / "out");
+  o.tokenizer = "byte";
+  bool reused = true;
+  prepare_if_needed(o, &reused);
+  EXPECT_FALSE(reused);
+  o.inputs = {dir / "link/in.txt"};  // through a symlink
+  prepare_if_needed(o, &reused);
+  EXPECT_TRUE(reused);
+  const auto cwd = std::filesystem::current_path();
+  std::filesystem::current_path(dir.path);
+  o.inputs = {"./in.txt"};  // relative to the current directory
+  prepare_if_needed(o, &reused);
+  std::filesystem::current_path(cwd);
+  EXPECT_TRUE(reused);
+  write_text(dir / "other.txt", corpus_head(50));  // another file of the same size: rebuilt
+  o.inputs = {dir / "other.txt"};
+  prepare_if_needed(o, &reused);
+  EXPECT_FALSE(reused);
+}

@@ -56,6 +56,9 @@ static std::vector<Case> configs_for(int world) {
     a = c(1, 1, 4); v.push_back({a});
     a = c(2, 1, 2); a.zero = 2; v.push_back({a});  // ZeRO 2: m reduce-scatters, tied exchange of the owned 1/dp
     a = c(2, 1, 2); a.zero = 3; v.push_back({a});  // ZeRO 3: tied exchange of the owned 1/dp
+    // ZeRO 3 on one stage with tied embeddings: the LM head gathers the embedding unit again.
+    a = c(4, 1, 1); a.zero = 3; a.micro_batches = 2; v.push_back({a});
+    a = c(2, 2, 1); a.zero = 3; v.push_back({a, 67});
     a = c(2, 2, 1); a.sp = true; a.zero = 2; v.push_back({a});  // ZeRO 2/3 + sp: the partial-gradient
     a = c(2, 2, 1); a.sp = true; a.zero = 3; a.untied = true; v.push_back({a});  // all-reduce m times
     // Odd vocabulary at tp 2: uneven slices in the dp all-reduce and the tied-embedding exchange.

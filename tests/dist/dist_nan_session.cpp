@@ -1,5 +1,5 @@
 // train.nan_policy through the `exatrain train` session on several ranks
-// (run_distributed_training with TrainRunOptions::inject_nan_at_step = 3, 4 steps, a checkpoint
+// (run_training with TrainRunOptions::inject_nan_at_step = 3, 4 steps, a checkpoint
 // every 2): "stop" ends every rank with the single-rank message (step, loss, policy, the last
 // checkpoint); "skip" skips step 3 on every rank and still reaches step 4, with finite losses in
 // metrics.jsonl for steps 1-4. Usage (from dist_train_cli.sh, in its work directory):

@@ -9,7 +9,8 @@
 #      group dp" (or "group world", for the loss sum) from `exatrain train` itself;
 #   3. nan_policy through the same session (NAN_SESSION = dist_nan_session): "stop" ends every
 #      rank with the single-rank message, "skip" skips the step on every rank;
-#   1c. breakdown_s_per_rank of both ranks under the planner's names, `exatrain report` measured
+#   1c. breakdown_s_per_rank of both ranks under the planner's names (and each rank's resident and
+#      peak resident bytes), 1d. bytes_sent (rank 0's ledger) = the planner's count, `exatrain report` measured
 #      vs predicted; 4. resume (another model refused; one metrics record per step), 4b. resume at
 #      another topology (1 rank; tp 2) on the uninterrupted run's losses; 5. "auto" plans, 6. errors
 #      printed once when every rank has them, naming the rank otherwise.
@@ -53,7 +54,23 @@ for r in steps:
     for b in per:
         assert set(b) <= planner and {"compute", "dp_comm", "optimizer"} <= set(b), sorted(b)
         assert all(v >= 0 for v in b.values()) and b["compute"] > 0 and b["dp_comm"] > 0, b
+    # Each rank's resident and peak resident bytes (the process is at least its 2 MiB of state).
+    # The peak (getrusage) and the resident size (/proc/self/statm) come from counters the kernel
+    # updates separately, so the peak may trail by a few pages (measured: 92 KiB of 41 MiB).
+    rss, peak = r["rss_bytes_per_rank"], r["peak_rss_bytes_per_rank"]
+    assert len(rss) == 2 and len(peak) == 2 and all(2**21 < a <= 1.05 * b for a, b in zip(rss, peak)), (rss, peak)
 print("ok: breakdown_s_per_rank of 2 ranks per step, planner names:", sorted(steps[-1]["breakdown_s_per_rank"][0]))
+print("ok: rss_bytes_per_rank", steps[-1]["rss_bytes_per_rank"], "peak", steps[-1]["peak_rss_bytes_per_rank"])
+PY
+# 1d. The step records' bytes_sent (rank 0's byte ledger) equal the planner's count for rank 0
+#     (`predict --rank-bytes 0` of the run's resolved job.toml), kind by kind, at every step.
+"$EXA" predict run/job.toml --rank-bytes 0 > rank_bytes.json 2> rank_bytes.log || { echo "FAIL: predict --rank-bytes"; cat rank_bytes.log; failures=$((failures + 1)); }
+/usr/bin/python3 - <<'PY' || failures=$((failures + 1))
+import json
+predicted = {k: v for k, v in json.load(open("rank_bytes.json")).items() if v}
+steps = [json.loads(l) for l in open("run/metrics.jsonl") if '"loss"' in l]
+assert predicted and all(r["bytes_sent"] == predicted for r in steps), (predicted, [r["bytes_sent"] for r in steps])
+print("ok: bytes_sent of every step equals predict --rank-bytes 0:", predicted)
 PY
 "$EXA" report run > report.log 2>&1 || { echo "FAIL: exatrain report"; cat report.log; failures=$((failures + 1)); }
 /usr/bin/python3 - <<'PY' || { cat report.log; failures=$((failures + 1)); }

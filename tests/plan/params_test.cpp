@@ -97,7 +97,7 @@ TEST(Params, OddVocabularySlicesGiveTheLastTpRankFewerRows) {
 }
 
 // Without layers_per_stage: the planner's layers and parameters on every pipeline rank equal the
-// arenas of the Gpt stages the runtime builds from plan::pipeline_stages (what DistributedTrainer
+// arenas of the Gpt stages the runtime builds from plan::pipeline_stages (what the Trainer
 // calls), for models whose LM head is light (vocab 61: even splits) or heavy (vocab 1024: the last
 // stage gets fewer layers), pp 2-4 and vp 1-2.
 TEST(Params, DefaultSplitPlannerEqualsRuntimeStages) {

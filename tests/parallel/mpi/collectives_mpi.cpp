@@ -206,3 +206,64 @@ TEST(CollectivesMpi, ReductionsAreBitwiseRepeatableAndIdenticalOnEveryRank) {
     EXPECT_TRUE(identical_across(g, nonblocking.data(), n)) << "n " << n;
   }
 }
+
+// bfloat16 as a Group dtype (the compressor slot's and a future NCCL group's): storage is the
+// upper 16 bits of a float (round to nearest even); the sum is computed in fp32 and rounded back to
+// bf16 at each pairwise step. With 1 or 2 ranks each element sees at most one addition, so the
+// host emulation is exact; with more, Open MPI picks the order and each rounding is within 2^-8 of
+// its partial sum. Bytes: 2 per element in the ledger's convention. all-gather moves bits unchanged.
+static uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static float from_bf16(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+TEST(CollectivesMpi, Bf16SumsMatchTheHostEmulationAndCountTwoBytesPerElement) {
+  CommLedger ledger;
+  MpiGroup g(MPI_COMM_WORLD, "dp", &ledger, nullptr);
+  const int p = g.size(), me = g.rank();
+  const int64_t n = 1003, shard = 37;
+  auto emulated = [&](int64_t i) {
+    float s = from_bf16(to_bf16(value(0, i)));
+    for (int r = 1; r < p; r++) s = from_bf16(to_bf16(s + from_bf16(to_bf16(value(r, i)))));
+    return s;
+  };
+  auto check = [&](float got, int64_t i, const char* what) {
+    double mag = 0;
+    for (int r = 0; r < p; r++) mag += std::fabs(value(r, i));
+    if (p <= 2) EXPECT_EQ(got, emulated(i)) << what << " element " << i;
+    else EXPECT_NEAR(got, emulated(i), 2 * p * mag / 256) << what << " element " << i;
+  };
+  std::vector<uint16_t> buf(n), blocking(n);
+  for (int64_t i = 0; i < n; i++) buf[i] = to_bf16(value(me, i));
+  blocking = buf;
+  g.all_reduce(blocking.data(), n, DType::bf16, ReduceOp::sum);
+  Request r = g.iall_reduce(buf.data(), n, DType::bf16);
+  g.wait(r);
+  for (int64_t i = 0; i < n; i++) check(from_bf16(blocking[i]), i, "all_reduce"), check(from_bf16(buf[i]), i, "iall_reduce");
+
+  std::vector<uint16_t> full(p * shard), mine(shard), gathered(p * shard);
+  for (int64_t i = 0; i < p * shard; i++) full[i] = to_bf16(value(me, i));
+  g.reduce_scatter(full.data(), mine.data(), shard, DType::bf16);
+  for (int64_t j = 0; j < shard; j++) check(from_bf16(mine[j]), me * shard + j, "reduce_scatter");
+  g.all_gather(mine.data(), gathered.data(), shard, DType::bf16);
+  std::vector<uint16_t> mine_all(p * shard);  // every rank's shard, gathered by hand
+  MPI_Allgather(mine.data(), int(shard), MPI_UINT16_T, mine_all.data(), int(shard), MPI_UINT16_T, g.comm());
+  EXPECT_EQ(gathered, mine_all);
+
+  auto chunk = [&](int64_t e, int c) { return e / p + (c < e % p ? 1 : 0); };
+  if (p > 1) {
+    const int next = (me + 1) % p;
+    EXPECT_EQ(ledger.bytes["dp_all_reduce"], 2 * 2 * (2 * n - chunk(n, me) - chunk(n, next)));
+    EXPECT_EQ(ledger.bytes["dp_reduce_scatter"], 2 * (p - 1) * shard);
+    EXPECT_EQ(ledger.bytes["dp_all_gather"], 2 * (p - 1) * shard);
+  } else {
+    EXPECT_EQ(ledger.total_bytes(), 0);
+  }
+}

@@ -1,4 +1,4 @@
-// MpiParallelHooks (the base of DistributedTrainer's hooks): each hook
+// MpiParallelHooks (the base of the Trainer's hooks): each hook
 // is the tensor-parallel collective the engine documents for it.
 #include <gtest/gtest.h>
 #include <mpi.h>
