@@ -36,6 +36,6 @@ for h in "${harnesses[@]}"; do
   bytes=$(du -sb "$work/$h" | cut -f1)
   if [ $rc -eq 0 ]; then result=ok; else result="FINDING (exit $rc; see $log)"; failed=1; fi
   printf '%-14s %10s %8s %6s/%-5s %8s  %s\n' "$h" "${execs:-?}" "${rate:-?}" "$files" "$((bytes / 1024))K" "${cov:-?}" "$result"
-  if [ $rc -ne 0 ]; then grep -E 'ERROR|SUMMARY|fuzz: |Test unit written|#[0-9]+ 0x' "$log" | head -30; fi
+  if [ $rc -ne 0 ]; then grep -E 'ERROR|SUMMARY|fuzz: |Test unit written|ParseDictionaryFile|#[0-9]+ 0x' "$log" | head -30; fi
 done
 exit $failed

@@ -55,6 +55,7 @@ PY
 for f in job_deep_arrays job_deep_inline_tables; do
   expect_error "check $f" "$f.toml:2:" -- "$EXA" check "$CORPUS/job/$f.toml"
   expect_error "predict $f" "not valid TOML: arrays and inline tables nested deeper than 32 levels" -- "$EXA" predict "$CORPUS/job/$f.toml"
+  expect_error "plan $f" "not valid TOML: arrays and inline tables nested deeper than 32 levels" -- "$EXA" plan "$CORPUS/job/$f.toml"
 done
 expect_error "check literal string" "job_literal_string_oob.toml:2:11: not valid TOML: invalid UTF-8 (byte 0xea)" -- "$EXA" check "$CORPUS/job/job_literal_string_oob.toml"
 expect_error "check seed 2^64-1" "the integer 18446744073709551615 is outside the 64-bit range of TOML integers" -- "$EXA" check "$CORPUS/job/job_seed_clamp.toml"
@@ -114,6 +115,15 @@ sed 's|run_dir = "run"|run_dir = "run\\nline2"|; s|steps = 6|steps = 2|' tiny.to
 "$EXA" train newline.toml --plain > nl.log 2>&1 || { fail "train with a newline in run_dir"; cat nl.log; }
 expect_ok "resume with a newline in run_dir" "resumed from" -- "$EXA" train newline.toml --resume auto --set train.steps=4 --plain
 expect_ok "sample with a newline in run_dir" "line" -- "$EXA" sample $'run\nline2/checkpoints/step_00000004' --prompt line --tokens 4
+
+# A checkpoint whose job.toml is nested like job_deep_arrays.toml (checksums valid): sample, export
+# and --resume auto refuse it with the parser's message (a stack overflow before).
+rm -rf deepjob deeprun && cp -r $C/step_00000006 deepjob && cp "$CORPUS/job/job_deep_arrays.toml" deepjob/job.toml && recheck deepjob
+cp -r run deeprun && cp "$CORPUS/job/job_deep_inline_tables.toml" deeprun/checkpoints/step_00000006/job.toml && recheck deeprun/checkpoints/step_00000006
+sed 's|run_dir = "run"|run_dir = "deeprun"|' tiny.toml > deeprun.toml
+expect_error "sample: nested job.toml" "deepjob/job.toml:2:" -- "$EXA" sample deepjob --prompt line
+expect_error "export: nested job.toml" "nested deeper than 32 levels" -- "$EXA" export deepjob --out deepout
+expect_error "resume auto: nested job.toml" "step_00000006/job.toml:2:" -- "$EXA" train deeprun.toml --resume auto --set train.steps=8 --plain
 
 # COMPLETE replaced by a FIFO: every reader refuses it at once (no hang).
 cp -r $C/step_00000006 fifo_ckpt && rm fifo_ckpt/COMPLETE && mkfifo fifo_ckpt/COMPLETE
