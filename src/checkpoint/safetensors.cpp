@@ -160,9 +160,7 @@ std::string write_safetensors(const std::string& path, const SafetensorsWriter& 
   return out.sha256_of_appended();
 }
 
-SafetensorsReader::~SafetensorsReader() {
-  if (fd_ >= 0) ::close(fd_);
-}
+SafetensorsReader::~SafetensorsReader() = default;
 
 namespace {
 // A JSON array of non-negative integers (a shape or an offset), each checked as an integer.
@@ -222,7 +220,7 @@ void apply_slice(const std::string& path, TensorInfo& info, const json& entry) {
 
 SafetensorsReader::SafetensorsReader(const std::string& path)
     : file_(std::make_unique<MappedFile>(path)) {  // a regular file: never a FIFO or device
-  fd_ = open_regular_file(path);
+  fd_ = UniqueFd(open_regular_file(path));
   const uint64_t size = file_->size();
   EXA_CHECK(size >= 8, "safetensors file {} is truncated: {} bytes, less than the 8-byte header "
             "length", path, size);
@@ -317,7 +315,7 @@ void SafetensorsReader::read_f32_range(const std::string& name, int64_t first, i
   if (t.dtype == DType::F32) {
     char* dst = reinterpret_cast<char*>(out);
     for (size_t left = size_t(count) * 4; left > 0;) {
-      const ssize_t n = ::pread(fd_, dst, std::min(left, size_t(1) << 30), off_t(at));
+      const ssize_t n = ::pread(fd_.get(), dst, std::min(left, size_t(1) << 30), off_t(at));
       if (n < 0 && errno == EINTR) continue;
       EXA_SYSCHECK(n >= 0, "cannot read {} (tensor {}) at byte {}", path(), name, at);
       EXA_CHECK(n > 0, "safetensors file {}: ends at byte {}, inside tensor {}", path(), at, name);

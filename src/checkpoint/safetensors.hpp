@@ -99,7 +99,7 @@ class SafetensorsReader {
 
  private:
   std::unique_ptr<MappedFile> file_;  // the header, and BF16 data
-  int fd_ = -1;                       // F32 data (pread)
+  UniqueFd fd_;                       // F32 data (pread)
   uint64_t data_start_ = 0;
   std::map<std::string, TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;

@@ -209,6 +209,19 @@ bool is_plain_file_name(std::string_view name) {
   return true;
 }
 
+UniqueFd::~UniqueFd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.fd_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
 MappedFile::MappedFile(const std::string& path) : path_(path) {
   int fd = open_regular_file(path, &size_);
   if (size_ > 0) {

@@ -74,6 +74,23 @@ bool is_plain_file_name(std::string_view name);
 void make_directories(const std::string& path, const std::string& what);
 
 // A read-only memory map of a whole file (size 0 is allowed: data() is then nullptr).
+// An open file descriptor, closed when it goes: a constructor that throws after opening a file
+// (a reader refusing a corrupt header) leaks nothing (fuzz/safetensors_fuzz.cpp ran out of
+// descriptors after 20,000 refused files before this).
+class UniqueFd {
+ public:
+  explicit UniqueFd(int fd = -1) : fd_(fd) {}
+  ~UniqueFd();
+  UniqueFd(UniqueFd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  UniqueFd& operator=(UniqueFd&& o) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+
 class MappedFile {
  public:
   explicit MappedFile(const std::string& path);

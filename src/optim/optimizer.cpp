@@ -7,16 +7,47 @@
 
 namespace exatrain {
 
+int64_t EntryStateTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : spec.shape) n *= d;
+  return n;
+}
+
 void Optimizer::init_state(const std::vector<ParamRegion>& regions) {
   EXA_CHECK(state_.empty(), "optimizer {}: init_state called twice", name());
   const std::vector<std::string> names = state_names();
-  for (const ParamRegion& r : regions) {
+  region_first_tensor_.assign(1, 0);
+  for (size_t k = 0; k < regions.size(); k++) {
+    const ParamRegion& r = regions[k];
     std::vector<DeviceBuffer> bufs;
     for (const std::string& s : names) {
       bufs.emplace_back(be_, r.size(), ("optimizer state " + s).c_str());
       if (!bufs.back().empty()) be_.zero(bufs.back().data(), sizeof(float) * size_t(r.size()));
     }
     state_.push_back(std::move(bufs));
+    init_entry_states(k, r);
+    region_first_tensor_.push_back(entry_tensors_.size());
+  }
+}
+
+// The entry states of every entry that region r holds whole (zeroed); an entry with entry states
+// that the region cuts is a sharding that ignored needs_whole_entries.
+void Optimizer::init_entry_states(size_t region, const ParamRegion& r) {
+  for (const ParamInfo& p : r.layout->entries()) {
+    if (p.offset + p.numel <= r.begin || p.offset >= r.end) continue;
+    const std::vector<EntryStateSpec> specs = entry_states(p);
+    if (specs.empty()) continue;
+    EXA_CHECK(p.offset >= r.begin && p.offset + p.numel <= r.end,
+              "optimizer {}: region {} holds arena elements [{}, {}) of {} (elements [{}, {})), whose state \"{}\" "
+              "needs the whole entry: the sharding must cut between entries (needs_whole_entries)", name(), region,
+              r.begin, r.end, p.name, p.offset, p.offset + p.numel, specs[0].name);
+    for (const EntryStateSpec& spec : specs) {
+      EntryStateTensor t{r.layout, &p, spec, nullptr};
+      entry_buffers_.emplace_back(be_, t.numel(), ("optimizer entry state " + spec.name).c_str());
+      t.data = entry_buffers_.back().data();
+      if (t.data) be_.zero(t.data, sizeof(float) * size_t(t.numel()));
+      entry_tensors_.push_back(std::move(t));
+    }
   }
 }
 
@@ -26,17 +57,20 @@ int64_t Optimizer::state_bytes() const {
   int64_t b = 0;
   for (const auto& bufs : state_)
     for (const DeviceBuffer& d : bufs) b += int64_t(sizeof(float)) * d.size();
+  for (const DeviceBuffer& d : entry_buffers_) b += int64_t(sizeof(float)) * d.size();
   return b;
 }
 
-// Every region entry by entry: the part of each layout entry inside it, in arena order.
+// Every region entry by entry: the part of each layout entry inside it, in arena order, with the
+// entry's entry states when the region holds it whole (init_entry_states made them in this order).
 void Optimizer::step(const std::vector<ParamRegion>& regions, const OptimStep& ctx) {
   EXA_CHECK(regions.size() == state_.size(), "optimizer {}: {} regions, state for {}", name(), regions.size(),
             state_.size());
-  std::vector<float*> st(state_names().size());
+  std::vector<float*> st(state_names().size()), est;
   for (size_t r = 0; r < regions.size(); r++) {
     const ParamRegion& reg = regions[r];
     const std::vector<ParamInfo>& entries = reg.layout->entries();
+    size_t next = region_first_tensor_[r];  // the next entry-state tensor of this region
     auto it = std::partition_point(entries.begin(), entries.end(),
                                    [&](const ParamInfo& p) { return p.offset + p.numel <= reg.begin; });
     for (; it != entries.end() && it->offset < reg.end; ++it) {
@@ -44,17 +78,19 @@ void Optimizer::step(const std::vector<ParamRegion>& regions, const OptimStep& c
       if (lo >= hi) continue;
       const int64_t k = lo - reg.begin;  // position in the region
       for (size_t s = 0; s < st.size(); s++) st[s] = state_[r][s].data() + k;
-      update(*it, lo - it->offset, hi - lo, reg.params + k, reg.grads + k, st.data(), ctx);
+      est.clear();
+      for (; next < region_first_tensor_[r + 1] && entry_tensors_[next].entry == &*it; next++)
+        est.push_back(entry_tensors_[next].data);
+      update({*it, lo - it->offset, hi - lo, reg.params + k, reg.grads + k, st.data(), est.data()}, ctx);
     }
   }
 }
 
-void AdamW::update(const ParamInfo& p, int64_t, int64_t n, float* params, const float* grads, float* const* state,
-                   const OptimStep& ctx) {
+void AdamW::update(const EntryPart& e, const OptimStep& ctx) {
   const float bc1 = 1.0f - std::pow(cfg_.beta1, float(ctx.step));
   const float bc2 = 1.0f - std::pow(cfg_.beta2, float(ctx.step));
-  be_.adamw_update(params, grads, state[0], state[1], n, ctx.lr, cfg_.beta1, cfg_.beta2, cfg_.eps,
-                   p.decay ? cfg_.weight_decay : 0.0f, bc1, bc2, ctx.grad_scale);
+  be_.adamw_update(e.params, e.grads, e.state[0], e.state[1], e.n, ctx.lr, cfg_.beta1, cfg_.beta2, cfg_.eps,
+                   e.p.decay ? cfg_.weight_decay : 0.0f, bc1, bc2, ctx.grad_scale);
 }
 
 std::unique_ptr<Optimizer> make_optimizer(Backend& backend, const TrainSpec& t) {

@@ -10,6 +10,13 @@
 // the region holds; an optimizer that needs whole matrices says so (needs_whole_entries) and the
 // sharding then cuts only between entries.
 //
+// Besides the per-element state (laid out like the parameters: AdamW's moments), an optimizer may
+// keep state of an entry's own shape (entry_states: Shampoo's L [m,m] and R [n,n], K-FAC's factors,
+// Adafactor's row and column sums). It exists for the entries a region holds whole, on the rank
+// that updates them (under ZeRO 1 with shards cut between entries: the entry's owner; under ZeRO 0:
+// every replica), and is checkpointed by name as "<state>.<parameter>"; a tensor-parallel shard has
+// its own (train/checkpoint_io.cpp names it by its tp rank).
+//
 // Owns: the update rules and their state memory. May use: core/, job/, backend/ (the ops and
 // device memory), model/layout.hpp (ParamInfo).
 #pragma once
@@ -33,6 +40,32 @@ struct ParamRegion {
   int64_t size() const { return end - begin; }
 };
 
+// A state tensor of one whole entry, of its own shape (row-major floats).
+struct EntryStateSpec {
+  std::string name;            // the checkpoint's tensor is "<name>.<parameter name>"
+  std::vector<int64_t> shape;  // e.g. {m, m} for a left factor of an [m, n] shard
+};
+
+// One entry's entry-state tensors held by this rank (Optimizer::entry_state_tensors).
+struct EntryStateTensor {
+  const ParamLayout* layout = nullptr;  // the chunk whose entry it is (ParamRegion::layout)
+  const ParamInfo* entry = nullptr;
+  EntryStateSpec spec;
+  float* data = nullptr;                // device [product of spec.shape]
+  int64_t numel() const;
+};
+
+// What update() gets: n elements of entry p from shard element `first` on, and the state there.
+struct EntryPart {
+  const ParamInfo& p;
+  int64_t first = 0, n = 0;
+  float* params = nullptr;             // device [n]
+  const float* grads = nullptr;        // device [n]
+  float* const* state = nullptr;       // [state_names().size()]: each device [n], at element first
+  float* const* entry_state = nullptr; // [entry_states(p).size()]: whole-entry tensors; only when
+                                       // the part is the whole entry (first == 0, n == p.numel)
+};
+
 struct OptimStep {
   int64_t step = 1;        // 1-based: the number of this update (bias corrections use it)
   float lr = 0;            // this step's learning rate
@@ -50,27 +83,36 @@ class Optimizer {
   // The per-element state tensors, each laid out like the region's parameters (checkpoints store
   // them as "<state>.<parameter name>"), e.g. AdamW {"exp_avg", "exp_avg_sq"} as torch.optim.
   virtual std::vector<std::string> state_names() const = 0;
+  // The state tensors of entry p's own shape (p as this rank holds it: p.shard_shape); none by
+  // default. An optimizer with such state needs whole entries.
+  virtual std::vector<EntryStateSpec> entry_states(const ParamInfo& p) const { return {}; }
   // True when an update needs every parameter entry whole on one rank (matrix optimizers).
   virtual bool needs_whole_entries() const { return false; }
 
-  // Allocates the state of these regions (zeroed); once, before the first step.
+  // Allocates the state of these regions (zeroed): the per-element tensors of every region and
+  // the entry states of every entry a region holds whole; refuses an entry with entry states cut
+  // by a region. Once, before the first step.
   void init_state(const std::vector<ParamRegion>& regions);
   // State tensor s (index into state_names) of region r: device [regions[r].size()].
   float* state(size_t region, size_t s) const;
   size_t regions() const { return state_.size(); }
+  // Every entry-state tensor this rank holds, in region and arena order.
+  const std::vector<EntryStateTensor>& entry_state_tensors() const { return entry_tensors_; }
   // One update of every region; the regions are init_state's (their pointers may have moved).
   void step(const std::vector<ParamRegion>& regions, const OptimStep& ctx);
   int64_t state_bytes() const;
 
  protected:
-  // Updates n elements of entry p, starting at shard element `first` of it: params, grads and
-  // state[s] point at that element.
-  virtual void update(const ParamInfo& p, int64_t first, int64_t n, float* params, const float* grads,
-                      float* const* state, const OptimStep& ctx) = 0;
+  // Updates one entry's part (EntryPart).
+  virtual void update(const EntryPart& part, const OptimStep& ctx) = 0;
   Backend& be_;
 
  private:
+  void init_entry_states(size_t region, const ParamRegion& r);
   std::vector<std::vector<DeviceBuffer>> state_;  // [region][state]
+  std::vector<EntryStateTensor> entry_tensors_;   // region by region, entries in arena order
+  std::vector<DeviceBuffer> entry_buffers_;       // entry_tensors_[i].data's memory
+  std::vector<size_t> region_first_tensor_;       // [region + 1]: its range of entry_tensors_
 };
 
 // AdamW with decoupled weight decay (Loshchilov & Hutter), as torch.optim.AdamW; weight decay
@@ -86,8 +128,7 @@ class AdamW final : public Optimizer {
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
 
  protected:
-  void update(const ParamInfo& p, int64_t first, int64_t n, float* params, const float* grads,
-              float* const* state, const OptimStep& ctx) override;
+  void update(const EntryPart& part, const OptimStep& ctx) override;
 
  private:
   AdamWConfig cfg_;

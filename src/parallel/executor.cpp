@@ -32,144 +32,143 @@ DeviceBuffer BufferPool::take() {
   return b;
 }
 
-void run_pipeline(Group& pp, BufferPool& pool, const PipelineTable& t, const StageCallbacks& cb,
-                  PipelineTiming* timing) {
-  const int64_t act_floats = pool.floats();
-  const PipelinePlan& p = t.plan;
-  EXA_CHECK(pp.size() == p.pp, "pipeline table built for pp {} run on a group of {} ranks", p.pp,
-            pp.size());
-  int* tag_ub = nullptr;
-  int flag = 0;
+namespace {
+
+// One rank's run of its table row: the messages in flight and one method per action kind.
+class RankRun {
+ public:
+  RankRun(Group& pp, BufferPool& pool, const PipelineTable& t, const StageCallbacks& cb, PipelineTiming* timing)
+      : pp_(pp), pool_(pool), p_(t.plan), cb_(cb), timing_(timing), r_(pp.rank()), S_(t.plan.stages()),
+        floats_(pool.floats()) {}
+
   // MPI_TAG_UB is attached to MPI_COMM_WORLD only; its value holds for every communicator.
-  mpi_check(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &flag), "MPI_Comm_get_attr");
-  int max_tag = message_tag(p, true, p.micro_batches - 1, p.stages() - 1);
-  EXA_CHECK(flag && max_tag <= *tag_ub, "pipeline needs MPI tags up to {} but MPI_TAG_UB is {}",
-            max_tag, flag ? *tag_ub : -1);
+  void check_tags() const {
+    int* tag_ub = nullptr;
+    int flag = 0;
+    mpi_check(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &flag), "MPI_Comm_get_attr");
+    const int max_tag = message_tag(p_, true, p_.micro_batches - 1, p_.stages() - 1);
+    EXA_CHECK(flag && max_tag <= *tag_ub, "pipeline needs MPI tags up to {} but MPI_TAG_UB is {}", max_tag,
+              flag ? *tag_ub : -1);
+  }
 
-  int r = pp.rank();
-  int S = p.stages();
-  std::map<Unit, Pending> act_in, grad_in;  // received, waiting for their compute
-  std::map<Unit, Pending> act_out, grad_out_send;  // produced, being sent
-  std::vector<Pending> sending;  // completed computes whose sends are in flight
-
-  // Timing: `timed(cat, name, fn)` runs fn and books its duration.
-  auto timed = [&](bool compute, auto&& name, auto&& fn) {
-    if (!timing) return fn();
-    double t0 = MPI_Wtime();
-    fn();
-    double t1 = MPI_Wtime();
-    (compute ? timing->compute_s : timing->bubble_s) += t1 - t0;
-    if (timing->events)
-      timing->events->push_back({name(), compute ? "compute" : "wait",
-                                 (t0 - timing->trace_origin) * 1e6, (t1 - t0) * 1e6});
-  };
-
-  // Send buffers are kept until their request completes; completed ones are released as we go.
-  auto reap_sends = [&] {
-    for (size_t i = 0; i < sending.size();) {
-      if (pp.test(sending[i].req)) {
-        pool.give(std::move(sending[i].buf));
-        sending[i] = std::move(sending.back());
-        sending.pop_back();
-      } else {
-        i++;
-      }
-    }
-  };
-
-  for (const Action& a : t.ranks[r]) {
-    Unit u{a.mb, a.chunk};
-    int s = stage_of(p, r, a.chunk);
+  void run(const Action& a) {
+    const Unit u{a.mb, a.chunk};
+    const int s = stage_of(p_, r_, a.chunk);
     switch (a.kind) {
-      case ActionKind::recv_act: {
-        Pending& in = act_in[u];
-        in.buf = pool.take();
-        in.req = pp.irecv(in.buf.data(), act_floats, a.peer, message_tag(p, false, a.mb, s));
-        break;
-      }
-      case ActionKind::recv_grad: {
-        Pending& in = grad_in[u];
-        in.buf = pool.take();
-        in.req = pp.irecv(in.buf.data(), act_floats, a.peer, message_tag(p, true, a.mb, s));
-        break;
-      }
-      case ActionKind::forward: {
-        const float* in = nullptr;
-        if (s > 0) {
-          auto it = act_in.find(u);
-          EXA_CHECK(it != act_in.end(), "rank {} Forward(mb {}, chunk {}) has no posted receive", r,
-                    a.mb, a.chunk);
-          timed(false, [&] { return fmt::format("wait act mb{} c{}", a.mb, a.chunk); },
-                [&] { pp.wait(it->second.req); });
-          in = it->second.buf.data();
-        }
-        float* out = nullptr;
-        if (s < S - 1) {
-          act_out[u].buf = pool.take();
-          out = act_out[u].buf.data();
-        }
-        timed(true, [&] { return fmt::format("F mb{} c{}", a.mb, a.chunk); },
-              [&] { cb.forward(a.mb, a.chunk, in, out); });
-        if (auto it = act_in.find(u); it != act_in.end()) {  // the callback stashed what backward needs
-          pool.give(std::move(it->second.buf));
-          act_in.erase(it);
-        }
-        break;
-      }
-      case ActionKind::send_act: {
-        auto it = act_out.find(u);
-        EXA_CHECK(it != act_out.end(), "rank {} SendAct(mb {}) before its Forward", r, a.mb);
-        Pending msg = std::move(it->second);
-        act_out.erase(it);
-        msg.req = pp.isend(msg.buf.data(), act_floats, a.peer, message_tag(p, false, a.mb, s + 1));
-        sending.push_back(std::move(msg));
-        reap_sends();
-        break;
-      }
-      case ActionKind::backward: {
-        const float* g_out = nullptr;
-        if (s < S - 1) {
-          auto it = grad_in.find(u);
-          EXA_CHECK(it != grad_in.end(), "rank {} Backward(mb {}, chunk {}) has no posted receive",
-                    r, a.mb, a.chunk);
-          timed(false, [&] { return fmt::format("wait grad mb{} c{}", a.mb, a.chunk); },
-                [&] { pp.wait(it->second.req); });
-          g_out = it->second.buf.data();
-        }
-        float* g_in = nullptr;
-        if (s > 0) {
-          grad_out_send[u].buf = pool.take();
-          g_in = grad_out_send[u].buf.data();
-        }
-        timed(true, [&] { return fmt::format("B mb{} c{}", a.mb, a.chunk); },
-              [&] { cb.backward(a.mb, a.chunk, g_out, g_in); });
-        if (auto it = grad_in.find(u); it != grad_in.end()) {
-          pool.give(std::move(it->second.buf));
-          grad_in.erase(it);
-        }
-        break;
-      }
-      case ActionKind::send_grad: {
-        auto it = grad_out_send.find(u);
-        EXA_CHECK(it != grad_out_send.end(), "rank {} SendGrad(mb {}) before its Backward", r, a.mb);
-        Pending msg = std::move(it->second);
-        grad_out_send.erase(it);
-        msg.req = pp.isend(msg.buf.data(), act_floats, a.peer, message_tag(p, true, a.mb, s - 1));
-        sending.push_back(std::move(msg));
-        reap_sends();
-        break;
-      }
+      case ActionKind::recv_act: return post_recv(act_in_[u], a.peer, message_tag(p_, false, a.mb, s));
+      case ActionKind::recv_grad: return post_recv(grad_in_[u], a.peer, message_tag(p_, true, a.mb, s));
+      case ActionKind::forward: return forward(a, u, s);
+      case ActionKind::backward: return backward(a, u, s);
+      case ActionKind::send_act: return send(act_out_, a, u, "SendAct", "Forward", message_tag(p_, false, a.mb, s + 1));
+      case ActionKind::send_grad:
+        return send(grad_out_, a, u, "SendGrad", "Backward", message_tag(p_, true, a.mb, s - 1));
     }
   }
-  timed(false, [] { return std::string("wait sends"); },
-        [&] {
-          for (Pending& msg : sending) {
-            pp.wait(msg.req);
-            pool.give(std::move(msg.buf));
-          }
-        });
-  EXA_CHECK(act_in.empty() && grad_in.empty(), "rank {} finished its table with {} unused receives",
-            r, act_in.size() + grad_in.size());
+
+  // Every send complete (so the next step may reuse tags), every receive used.
+  void finish() {
+    timed(false, [] { return std::string("wait sends"); }, [&] {
+      for (Pending& msg : sending_) {
+        pp_.wait(msg.req);
+        pool_.give(std::move(msg.buf));
+      }
+    });
+    EXA_CHECK(act_in_.empty() && grad_in_.empty(), "rank {} finished its table with {} unused receives", r_,
+              act_in_.size() + grad_in_.size());
+  }
+
+ private:
+  // Runs fn and books its duration as compute or bubble (and a trace event named name()).
+  template <class Name, class Fn>
+  void timed(bool compute, Name&& name, Fn&& fn) {
+    if (!timing_) return fn();
+    const double t0 = MPI_Wtime();
+    fn();
+    const double t1 = MPI_Wtime();
+    (compute ? timing_->compute_s : timing_->bubble_s) += t1 - t0;
+    if (timing_->events)
+      timing_->events->push_back({name(), compute ? "compute" : "wait", (t0 - timing_->trace_origin) * 1e6,
+                                  (t1 - t0) * 1e6});
+  }
+
+  void post_recv(Pending& in, int peer, int tag) {
+    in.buf = pool_.take();
+    in.req = pp_.irecv(in.buf.data(), floats_, peer, tag);
+  }
+
+  // The received message of unit u (waited for), or null on the stage without a sender.
+  const float* received(std::map<Unit, Pending>& in, const Action& a, const Unit& u, const char* what) {
+    auto it = in.find(u);
+    EXA_CHECK(it != in.end(), "rank {} {}(mb {}, chunk {}) has no posted receive", r_, what, a.mb, a.chunk);
+    timed(false, [&] { return fmt::format("wait {} mb{} c{}", what[0] == 'F' ? "act" : "grad", a.mb, a.chunk); },
+          [&] { pp_.wait(it->second.req); });
+    return it->second.buf.data();
+  }
+
+  // The callback has stashed what it needs of a received message: its buffer goes back.
+  void release(std::map<Unit, Pending>& in, const Unit& u) {
+    if (auto it = in.find(u); it != in.end()) {
+      pool_.give(std::move(it->second.buf));
+      in.erase(it);
+    }
+  }
+
+  void forward(const Action& a, const Unit& u, int s) {
+    const float* in = s > 0 ? received(act_in_, a, u, "Forward") : nullptr;
+    float* out = nullptr;
+    if (s < S_ - 1) out = (act_out_[u].buf = pool_.take()).data();
+    timed(true, [&] { return fmt::format("F mb{} c{}", a.mb, a.chunk); }, [&] { cb_.forward(a.mb, a.chunk, in, out); });
+    release(act_in_, u);
+  }
+
+  void backward(const Action& a, const Unit& u, int s) {
+    const float* g_out = s < S_ - 1 ? received(grad_in_, a, u, "Backward") : nullptr;
+    float* g_in = nullptr;
+    if (s > 0) g_in = (grad_out_[u].buf = pool_.take()).data();
+    timed(true, [&] { return fmt::format("B mb{} c{}", a.mb, a.chunk); },
+          [&] { cb_.backward(a.mb, a.chunk, g_out, g_in); });
+    release(grad_in_, u);
+  }
+
+  // Sends what `producer` made for unit u; its buffer is kept until the request completes, and
+  // completed sends are reaped as we go.
+  void send(std::map<Unit, Pending>& out, const Action& a, const Unit& u, const char* what, const char* producer,
+            int tag) {
+    auto it = out.find(u);
+    EXA_CHECK(it != out.end(), "rank {} {}(mb {}) before its {}", r_, what, a.mb, producer);
+    Pending msg = std::move(it->second);
+    out.erase(it);
+    msg.req = pp_.isend(msg.buf.data(), floats_, a.peer, tag);
+    sending_.push_back(std::move(msg));
+    for (size_t i = 0; i < sending_.size();) {
+      if (!pp_.test(sending_[i].req)) { i++; continue; }
+      pool_.give(std::move(sending_[i].buf));
+      sending_[i] = std::move(sending_.back());
+      sending_.pop_back();
+    }
+  }
+
+  Group& pp_;
+  BufferPool& pool_;
+  const PipelinePlan& p_;
+  const StageCallbacks& cb_;
+  PipelineTiming* timing_;
+  const int r_, S_;
+  const int64_t floats_;
+  std::map<Unit, Pending> act_in_, grad_in_;   // received, waiting for their compute
+  std::map<Unit, Pending> act_out_, grad_out_; // produced, waiting for their send
+  std::vector<Pending> sending_;               // sends in flight
+};
+
+}  // namespace
+
+void run_pipeline(Group& pp, BufferPool& pool, const PipelineTable& t, const StageCallbacks& cb,
+                  PipelineTiming* timing) {
+  EXA_CHECK(pp.size() == t.plan.pp, "pipeline table built for pp {} run on a group of {} ranks", t.plan.pp, pp.size());
+  RankRun run(pp, pool, t, cb, timing);
+  run.check_tags();
+  for (const Action& a : t.ranks[size_t(pp.rank())]) run.run(a);
+  run.finish();
 }
 
 }  // namespace exatrain::parallel

@@ -179,119 +179,149 @@ PipelineTable build_pipeline(const PipelinePlan& p) {
   return t;
 }
 
-SimResult simulate_pipeline(const PipelineTable& t, double t_fwd, double t_bwd) {
-  const PipelinePlan& p = t.plan;
-  int S = p.stages();
-  int units = p.micro_batches * p.vp;
+namespace {
+
+// The simulation of simulate_pipeline: every rank's program counter and clock, the messages in
+// transit, and the checks of every action as it runs.
+class Simulator {
+ public:
+  Simulator(const PipelineTable& t, double t_fwd, double t_bwd)
+      : t_(t), p_(t.plan), S_(t.plan.stages()), t_fwd_(t_fwd), t_bwd_(t_bwd), posted_(size_t(p_.pp)),
+        expect_(size_t(p_.pp)), pc_(size_t(p_.pp), 0), clock_(size_t(p_.pp), 0), in_flight_(size_t(p_.pp), 0),
+        fwd_done_(size_t(p_.pp)), bwd_done_(size_t(p_.pp)) {
+    res_.peak_in_flight.assign(size_t(p_.pp), 0);
+    res_.timeline.resize(size_t(p_.pp));
+  }
+
+  // Runs every rank as far as it gets, round after round, until no rank moves.
+  SimResult run() {
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (int r = 0; r < p_.pp; r++)
+        while (pc_[size_t(r)] < t_.ranks[size_t(r)].size() && advance(r, t_.ranks[size_t(r)][pc_[size_t(r)]])) {
+          pc_[size_t(r)]++;
+          progress = true;
+        }
+    }
+    check_complete();
+    const int units = p_.micro_batches * p_.vp;
+    res_.makespan = *std::max_element(clock_.begin(), clock_.end());
+    res_.busy_per_rank = units * (t_fwd_ + t_bwd_);
+    res_.bubble_fraction = (res_.makespan - res_.busy_per_rank) / res_.busy_per_rank;
+    return res_;
+  }
+
+ private:
   // A message is identified by (is_grad, micro-batch, destination stage).
   using Key = std::tuple<int, int, int>;
   struct Msg {
     double time;
     int src;
   };
-  std::map<Key, Msg> in_transit;
-  std::vector<std::set<Key>> posted(p.pp);   // receives posted, not yet consumed
-  std::vector<std::map<Key, int>> expect(p.pp);  // key -> peer the receive names
-  std::vector<size_t> pc(p.pp, 0);
-  std::vector<double> clock(p.pp, 0);
-  std::vector<int> in_flight(p.pp, 0);
-  SimResult res;
-  res.peak_in_flight.assign(p.pp, 0);
-  res.timeline.resize(p.pp);
-  std::vector<std::set<std::pair<int, int>>> fwd_done(p.pp), bwd_done(p.pp);
 
-  auto input_key = [&](int r, const Action& a, Key* k) {
-    int s = stage_of(p, r, a.chunk);
-    if (a.kind == ActionKind::forward && s > 0) { *k = {0, a.mb, s}; return true; }
-    if (a.kind == ActionKind::backward && s < S - 1) { *k = {1, a.mb, s}; return true; }
-    return false;
-  };
+  // Runs action a of rank r; false when it blocks (its input not sent yet).
+  bool advance(int r, const Action& a) {
+    EXA_CHECK(a.chunk >= 0 && a.chunk < p_.vp && a.mb >= 0 && a.mb < p_.micro_batches,
+              "rank {} action {} names micro-batch {} chunk {} outside the plan", r, pc_[size_t(r)], a.mb, a.chunk);
+    const int s = stage_of(p_, r, a.chunk);
+    if (a.kind == ActionKind::recv_act || a.kind == ActionKind::recv_grad) return post(r, a, s), true;
+    if (a.kind == ActionKind::send_act || a.kind == ActionKind::send_grad) return send(r, a, s), true;
+    return compute(r, a, s);
+  }
 
-  bool progress = true;
-  while (progress) {
-    progress = false;
-    for (int r = 0; r < p.pp; r++) {
-      const auto& acts = t.ranks[r];
-      while (pc[r] < acts.size()) {
-        const Action& a = acts[pc[r]];
-        int s = stage_of(p, r, a.chunk);
-        EXA_CHECK(a.chunk >= 0 && a.chunk < p.vp && a.mb >= 0 && a.mb < p.micro_batches,
-                  "rank {} action {} names micro-batch {} chunk {} outside the plan", r, pc[r],
-                  a.mb, a.chunk);
-        if (a.kind == ActionKind::recv_act || a.kind == ActionKind::recv_grad) {
-          Key k{a.kind == ActionKind::recv_grad, a.mb, s};
-          EXA_CHECK(posted[r].insert(k).second, "rank {} posts receive {}(mb {}, chunk {}) twice",
-                    r, to_string(a.kind), a.mb, a.chunk);
-          expect[r][k] = a.peer;
-        } else if (a.kind == ActionKind::send_act || a.kind == ActionKind::send_grad) {
-          bool grad = a.kind == ActionKind::send_grad;
-          int dst_stage = grad ? s - 1 : s + 1;
-          EXA_CHECK(dst_stage >= 0 && dst_stage < S && a.peer == dst_stage % p.pp,
-                    "rank {} {}(mb {}, chunk {}) to rank {}: stage {} sends to stage {}, on rank {}",
-                    r, to_string(a.kind), a.mb, a.chunk, a.peer, s, dst_stage, dst_stage % p.pp);
-          Key k{grad, a.mb, dst_stage};
-          EXA_CHECK(!in_transit.count(k), "rank {} sends {}(mb {}) to stage {} twice", r,
-                    to_string(a.kind), a.mb, dst_stage);
-          in_transit[k] = {clock[r], r};
-        } else {
-          bool fwd = a.kind == ActionKind::forward;
-          double start = clock[r];
-          Key k;
-          if (input_key(r, a, &k)) {
-            EXA_CHECK(posted[r].count(k), "rank {} runs {}(mb {}, chunk {}) without a posted receive",
-                      r, to_string(a.kind), a.mb, a.chunk);
-            auto it = in_transit.find(k);
-            if (it == in_transit.end()) break;  // blocked: input not sent yet
-            EXA_CHECK(it->second.src == expect[r][k],
-                      "rank {} receives mb {} for stage {} from rank {} but the send came from rank "
-                      "{}",
-                      r, a.mb, s, expect[r][k], it->second.src);
-            start = std::max(start, it->second.time);
-            in_transit.erase(it);
-            posted[r].erase(k);
-          }
-          auto unit = std::make_pair(a.mb, a.chunk);
-          if (fwd) {
-            EXA_CHECK(fwd_done[r].insert(unit).second, "rank {} runs Forward(mb {}, chunk {}) twice",
-                      r, a.mb, a.chunk);
-            in_flight[r]++;
-            res.peak_in_flight[r] = std::max(res.peak_in_flight[r], in_flight[r]);
-          } else {
-            EXA_CHECK(fwd_done[r].count(unit), "rank {} runs Backward(mb {}, chunk {}) before its "
-                      "Forward", r, a.mb, a.chunk);
-            EXA_CHECK(bwd_done[r].insert(unit).second,
-                      "rank {} runs Backward(mb {}, chunk {}) twice", r, a.mb, a.chunk);
-            in_flight[r]--;
-          }
-          clock[r] = start + (fwd ? t_fwd : t_bwd);
-          res.timeline[r].push_back({start, clock[r], a.kind, a.mb, a.chunk});
-        }
-        pc[r]++;
-        progress = true;
+  void post(int r, const Action& a, int s) {
+    const Key k{a.kind == ActionKind::recv_grad, a.mb, s};
+    EXA_CHECK(posted_[size_t(r)].insert(k).second, "rank {} posts receive {}(mb {}, chunk {}) twice", r,
+              to_string(a.kind), a.mb, a.chunk);
+    expect_[size_t(r)][k] = a.peer;
+  }
+
+  void send(int r, const Action& a, int s) {
+    const bool grad = a.kind == ActionKind::send_grad;
+    const int dst_stage = grad ? s - 1 : s + 1;
+    EXA_CHECK(dst_stage >= 0 && dst_stage < S_ && a.peer == dst_stage % p_.pp,
+              "rank {} {}(mb {}, chunk {}) to rank {}: stage {} sends to stage {}, on rank {}", r, to_string(a.kind),
+              a.mb, a.chunk, a.peer, s, dst_stage, dst_stage % p_.pp);
+    const Key k{grad, a.mb, dst_stage};
+    EXA_CHECK(!in_transit_.count(k), "rank {} sends {}(mb {}) to stage {} twice", r, to_string(a.kind), a.mb,
+              dst_stage);
+    in_transit_[k] = {clock_[size_t(r)], r};
+  }
+
+  // A forward or backward: waits for its input message (if any), then takes t_fwd or t_bwd.
+  bool compute(int r, const Action& a, int s) {
+    const bool fwd = a.kind == ActionKind::forward;
+    double start = clock_[size_t(r)];
+    if ((fwd && s > 0) || (!fwd && s < S_ - 1)) {
+      const Key k{fwd ? 0 : 1, a.mb, s};
+      EXA_CHECK(posted_[size_t(r)].count(k), "rank {} runs {}(mb {}, chunk {}) without a posted receive", r,
+                to_string(a.kind), a.mb, a.chunk);
+      auto it = in_transit_.find(k);
+      if (it == in_transit_.end()) return false;  // blocked: input not sent yet
+      EXA_CHECK(it->second.src == expect_[size_t(r)][k],
+                "rank {} receives mb {} for stage {} from rank {} but the send came from rank {}", r, a.mb, s,
+                expect_[size_t(r)][k], it->second.src);
+      start = std::max(start, it->second.time);
+      in_transit_.erase(it);
+      posted_[size_t(r)].erase(k);
+    }
+    const auto unit = std::make_pair(a.mb, a.chunk);
+    if (fwd) {
+      EXA_CHECK(fwd_done_[size_t(r)].insert(unit).second, "rank {} runs Forward(mb {}, chunk {}) twice", r, a.mb,
+                a.chunk);
+      res_.peak_in_flight[size_t(r)] = std::max(res_.peak_in_flight[size_t(r)], ++in_flight_[size_t(r)]);
+    } else {
+      EXA_CHECK(fwd_done_[size_t(r)].count(unit), "rank {} runs Backward(mb {}, chunk {}) before its Forward", r,
+                a.mb, a.chunk);
+      EXA_CHECK(bwd_done_[size_t(r)].insert(unit).second, "rank {} runs Backward(mb {}, chunk {}) twice", r, a.mb,
+                a.chunk);
+      in_flight_[size_t(r)]--;
+    }
+    clock_[size_t(r)] = start + (fwd ? t_fwd_ : t_bwd_);
+    res_.timeline[size_t(r)].push_back({start, clock_[size_t(r)], a.kind, a.mb, a.chunk});
+    return true;
+  }
+
+  // Every rank at the end of its table, every unit run forward and backward once, every message used.
+  void check_complete() const {
+    std::string stuck;
+    for (int r = 0; r < p_.pp; r++)
+      if (pc_[size_t(r)] < t_.ranks[size_t(r)].size()) {
+        const Action& a = t_.ranks[size_t(r)][pc_[size_t(r)]];
+        stuck += fmt::format("; rank {} waits at action {} {}(mb {}, chunk {})", r, pc_[size_t(r)], to_string(a.kind),
+                             a.mb, a.chunk);
       }
+    EXA_CHECK(stuck.empty(), "pipeline deadlock: ranks wait for messages never sent{}", stuck);
+    const int units = p_.micro_batches * p_.vp;
+    for (int r = 0; r < p_.pp; r++) {
+      EXA_CHECK(static_cast<int>(fwd_done_[size_t(r)].size()) == units &&
+                    static_cast<int>(bwd_done_[size_t(r)].size()) == units,
+                "rank {} ran {} forwards and {} backwards, expected {} each", r, fwd_done_[size_t(r)].size(),
+                bwd_done_[size_t(r)].size(), units);
+      EXA_CHECK(posted_[size_t(r)].empty(), "rank {} posted {} receives that no send matched", r,
+                posted_[size_t(r)].size());
     }
+    EXA_CHECK(in_transit_.empty(), "{} sends have no matching receive", in_transit_.size());
   }
-  std::string stuck;
-  for (int r = 0; r < p.pp; r++)
-    if (pc[r] < t.ranks[r].size()) {
-      const Action& a = t.ranks[r][pc[r]];
-      stuck += fmt::format("; rank {} waits at action {} {}(mb {}, chunk {})", r, pc[r],
-                           to_string(a.kind), a.mb, a.chunk);
-    }
-  EXA_CHECK(stuck.empty(), "pipeline deadlock: ranks wait for messages never sent{}", stuck);
-  for (int r = 0; r < p.pp; r++) {
-    EXA_CHECK(static_cast<int>(fwd_done[r].size()) == units &&
-                  static_cast<int>(bwd_done[r].size()) == units,
-              "rank {} ran {} forwards and {} backwards, expected {} each", r, fwd_done[r].size(),
-              bwd_done[r].size(), units);
-    EXA_CHECK(posted[r].empty(), "rank {} posted {} receives that no send matched", r,
-              posted[r].size());
-  }
-  EXA_CHECK(in_transit.empty(), "{} sends have no matching receive", in_transit.size());
-  res.makespan = *std::max_element(clock.begin(), clock.end());
-  res.busy_per_rank = units * (t_fwd + t_bwd);
-  res.bubble_fraction = (res.makespan - res.busy_per_rank) / res.busy_per_rank;
-  return res;
+
+  const PipelineTable& t_;
+  const PipelinePlan& p_;
+  const int S_;
+  const double t_fwd_, t_bwd_;
+  std::map<Key, Msg> in_transit_;
+  std::vector<std::set<Key>> posted_;       // receives posted, not yet consumed
+  std::vector<std::map<Key, int>> expect_;  // key -> peer the receive names
+  std::vector<size_t> pc_;
+  std::vector<double> clock_;
+  std::vector<int> in_flight_;
+  std::vector<std::set<std::pair<int, int>>> fwd_done_, bwd_done_;
+  SimResult res_;
+};
+
+}  // namespace
+
+SimResult simulate_pipeline(const PipelineTable& t, double t_fwd, double t_bwd) {
+  return Simulator(t, t_fwd, t_bwd).run();
 }
 
 std::string render_timeline(const PipelineTable& t, const SimResult& sim) {

@@ -40,6 +40,40 @@ static std::vector<StageLayers> describe(const std::vector<double>& layer_cost, 
   return out;
 }
 
+namespace {
+
+// The earliest j in [lo, hi) minimising max(f[j], g(j)), and that minimum in *value: f is
+// non-decreasing in j (more layers on the earlier stages never cost less) and g non-increasing
+// (fewer on this one), both exactly so in floating point (prefix sums of non-negative costs, and
+// rounding is monotone). So max(f, g) falls (as g) until f reaches g and rises (as f) after: with
+// k the first j where f[j] >= g(j), the minimum is g(k - 1) or f[k], and the earliest j reaching a
+// minimum g(k - 1) is the first where g(j) <= it. Two binary searches instead of the O(n) scan the
+// DP would make, with the scan's result (the first optimum) -- O(S n log n) in all.
+template <class G>
+int best_start(const std::vector<double>& f, G&& g, int lo, int hi, double* value) {
+  int a = lo, b = hi;  // k in [lo, hi]: the first j with f[j] >= g(j) (hi when none)
+  while (a < b) {
+    const int m = a + (b - a) / 2;
+    if (f[size_t(m)] >= g(m)) b = m; else a = m + 1;
+  }
+  const int k = a;
+  const double at_k = k < hi ? f[size_t(k)] : std::numeric_limits<double>::infinity();
+  if (k == lo || at_k < g(k - 1)) {
+    *value = at_k;
+    return k;
+  }
+  const double v = g(k - 1);  // reached first where g(j) <= v (g falls until k - 1)
+  a = lo, b = k - 1;
+  while (a < b) {
+    const int m = a + (b - a) / 2;
+    if (g(m) <= v) b = m; else a = m + 1;
+  }
+  *value = v;
+  return a;
+}
+
+}  // namespace
+
 std::vector<StageLayers> balance_stages(const std::vector<double>& layer_cost, double embed_cost,
                                         double head_cost, int stages) {
   int n = static_cast<int>(layer_cost.size());
@@ -48,26 +82,25 @@ std::vector<StageLayers> balance_stages(const std::vector<double>& layer_cost, d
             "[parallel] every pipeline stage needs at least one layer: layers {} < stages {} "
             "(pp * vp)",
             n, stages);
+  EXA_CHECK(int64_t(stages) * (n + 1) <= (int64_t(1) << 26),
+            "[parallel] balancing {} layers over {} pipeline stages needs a table of {} x {} entries (over 2^26): "
+            "give [parallel] layers_per_stage instead", n, stages, stages, n + 1);
   std::vector<double> prefix(n + 1, 0);
   for (int i = 0; i < n; i++) prefix[i + 1] = prefix[i] + layer_cost[i];
   auto cost = [&](int s, int j, int i) {  // stage s holds layers [j, i)
     return prefix[i] - prefix[j] + (s == 0 ? embed_cost : 0) + (s == stages - 1 ? head_cost : 0);
   };
   const double inf = std::numeric_limits<double>::infinity();
-  // best[s][i]: smallest max-stage cost placing layers [0, i) on stages 0..s; from[s][i]: start
-  // of stage s's range in that optimum.
-  std::vector<std::vector<double>> best(stages, std::vector<double>(n + 1, inf));
+  // prev[i] / best[i]: smallest max-stage cost placing layers [0, i) on stages 0..s-1 / 0..s;
+  // from[s][i]: start of stage s's range in that optimum (the earliest optimal start).
+  std::vector<double> prev(n + 1, inf), best(n + 1, inf);
   std::vector<std::vector<int>> from(stages, std::vector<int>(n + 1, 0));
-  for (int i = 1; i <= n; i++) best[0][i] = cost(0, 0, i);
-  for (int s = 1; s < stages; s++)
-    for (int i = s + 1; i <= n; i++)
-      for (int j = s; j < i; j++) {
-        double c = std::max(best[s - 1][j], cost(s, j, i));
-        if (c < best[s][i]) {
-          best[s][i] = c;
-          from[s][i] = j;
-        }
-      }
+  for (int i = 1; i <= n; i++) prev[i] = cost(0, 0, i);
+  for (int s = 1; s < stages; s++) {
+    std::fill(best.begin(), best.end(), inf);
+    for (int i = s + 1; i <= n; i++) from[s][i] = best_start(prev, [&](int j) { return cost(s, j, i); }, s, i, &best[i]);
+    std::swap(prev, best);
+  }
   std::vector<int> bounds(stages + 1);
   bounds[stages] = n;
   for (int s = stages - 1; s >= 1; s--) bounds[s] = from[s][bounds[s + 1]];

@@ -10,16 +10,24 @@
 namespace exatrain::report {
 
 std::vector<double> nice_ticks(double lo, double hi, int target) {
+  // A metrics file is untrusted input (fuzz/metrics_fuzz.cpp): values near DBL_MAX, a span that
+  // overflows or a range near the resolution of a double (a tick index over 1e15) get the two ends
+  // as ticks instead of a step that is zero or infinite, or ticks that round to the same value.
+  if (!std::isfinite(lo) || !std::isfinite(hi)) return {};
   if (!(hi > lo)) hi = lo + 1;
-  double raw = (hi - lo) / std::max(1, target);
+  const double raw = (hi - lo) / std::max(1, target);
+  if (!std::isfinite(raw) || !(raw > 0)) return {lo, hi};
   double mag = std::pow(10.0, std::floor(std::log10(raw)));
   double step = mag;
   for (double m : {1.0, 2.0, 5.0, 10.0})
     if (m * mag >= raw) { step = m * mag; break; }
+  const double first = std::ceil(lo / step - 1e-9);
+  const double count = std::floor(hi / step + 1e-9) - first + 1;  // ~target..2*target when sane
+  if (!(step > 0) || !std::isfinite(first) || std::fabs(first) > 1e15 || !(count >= 0 && count <= 1000))
+    return {lo, hi};
   std::vector<double> ticks;
   // Integer multiples of the step (no running sum, so no drift).
-  for (int64_t k = static_cast<int64_t>(std::ceil(lo / step - 1e-9)); k * step <= hi + step * 1e-9; ++k)
-    ticks.push_back(static_cast<double>(k) * step);
+  for (double k = first; k * step <= hi + step * 1e-9; k += 1) ticks.push_back(k * step);
   return ticks;
 }
 
@@ -43,9 +51,13 @@ std::string chart_group(const Chart& chart, double x0, double y0, double w, doub
   const double pw = w - left - right, ph = h - top - bottom;
   double xmin = std::numeric_limits<double>::infinity(), xmax = -xmin, ymin = xmin, ymax = -xmin;
   auto ty = [&](double y) { return chart.log_y ? std::log10(y) : y; };
+  // A point is drawn when both coordinates are finite (and y > 0 on a log axis).
+  auto drawn = [&](const Series& s, size_t i) {
+    return std::isfinite(s.xs[i]) && std::isfinite(s.ys[i]) && !(chart.log_y && s.ys[i] <= 0);
+  };
   for (const auto& s : chart.series)
     for (size_t i = 0; i < s.xs.size(); ++i) {
-      if (!std::isfinite(s.ys[i]) || (chart.log_y && s.ys[i] <= 0)) continue;
+      if (!drawn(s, i)) continue;
       xmin = std::min(xmin, s.xs[i]), xmax = std::max(xmax, s.xs[i]);
       ymin = std::min(ymin, ty(s.ys[i])), ymax = std::max(ymax, ty(s.ys[i]));
     }
@@ -79,7 +91,7 @@ std::string chart_group(const Chart& chart, double x0, double y0, double w, doub
   for (const auto& s : chart.series) {
     std::string pts;
     for (size_t i = 0; i < s.xs.size(); ++i) {
-      if (!std::isfinite(s.ys[i]) || (chart.log_y && s.ys[i] <= 0)) continue;
+      if (!drawn(s, i)) continue;
       pts += fmt::format("{:.1f},{:.1f} ", px(s.xs[i]), py(s.ys[i]));
       if (s.markers)
         g += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>\n", px(s.xs[i]), py(s.ys[i]), s.color);

@@ -1,6 +1,7 @@
 #include "train/checkpoint_io.hpp"
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <map>
 
@@ -53,6 +54,35 @@ void for_each_entry_part(Trainer& t, const StateSlice& s, Fn&& fn) {
   }
 }
 
+// Entry states (Optimizer::entry_states: a matrix optimizer's factors) are stored whole, named
+// "<state>.<parameter>"; a tensor-parallel shard of a split entry has its own, named
+// "<state>.<parameter>.tp<r>of<n>" (shards may be unequal: a vocabulary of 67 over tp 2). So they
+// load at any dp, pp and ZeRO stage, and a checkpoint of another tp degree names what is missing.
+std::string entry_state_name(Trainer& t, const ParamInfo& p, const EntryStateSpec& spec) {
+  const int tp = int(t.options().plan.tp);
+  if (p.split_dim < 0 || tp == 1) return spec.name + "." + p.name;
+  return fmt::format("{}.{}.tp{}of{}", spec.name, p.name, t.runtime().mesh().coord.tp, tp);
+}
+std::string entry_state_name(Trainer& t, const EntryStateTensor& e) { return entry_state_name(t, *e.entry, e.spec); }
+
+// The chunk index of a layout.
+int chunk_of(Trainer& t, const ParamLayout* layout) {
+  for (int c = 0; c < t.chunks(); c++)
+    if (&t.chunk(c).layout() == layout) return c;
+  EXA_FAIL("checkpoint: an optimizer entry state of a layout that is no chunk of this trainer");
+}
+
+// The saver of an entry's entry states: the rank that saves the entry's parameters (its first
+// element) and, over tp, the one saves_entry names. Under ZeRO 0 every replica holds the state
+// and one saves it; under ZeRO 1 with shards cut between entries the owner does.
+bool saves_entry_state(Trainer& t, const std::vector<StateSlice>& slices, const EntryStateTensor& e) {
+  if (!t.saves_entry(*e.entry)) return false;
+  const int c = chunk_of(t, e.layout);
+  for (const StateSlice& s : slices)
+    if (s.state < 0 && s.chunk == c && s.saver && s.begin <= e.entry->offset && e.entry->offset < s.end) return true;
+  return false;
+}
+
 // The host staging buffer of a save or load: as large as the largest piece moved at once (one
 // entry's part of a slice, at most kStagingFloats).
 HostBuffer<float> staging_for(Trainer& t, const std::vector<StateSlice>& slices) {
@@ -61,19 +91,28 @@ HostBuffer<float> staging_for(Trainer& t, const std::vector<StateSlice>& slices)
     for_each_entry_part(t, s, [&](const ParamInfo&, int64_t lo, int64_t hi) {
       floats = std::max(floats, std::min(kStagingFloats, hi - lo));
     });
+  for (const EntryStateTensor& e : t.optimizer().entry_state_tensors())
+    floats = std::max(floats, std::min(kStagingFloats, e.numel()));
   note_buffer(size_t(floats) * sizeof(float));
   return HostBuffer<float>(t.backend(), floats);
 }
 
-// The global tensors of the model (name -> global shape): the ranks at dp 0 and tp 0 (one per
-// pipeline position, which holds every tensor of its stages) list the entries they save, and the
-// lists are all-gathered; names and shapes only, a few bytes per tensor, each tensor once.
-std::map<std::string, std::vector<int64_t>> all_tensors(Trainer& t, MPI_Comm world, int size) {
+// The global tensors of the checkpoint (name -> shape in the file): [0] the parameters (and their
+// per-element optimizer state), [1] the optimizer's entry states. The ranks at dp 0 and tp 0 (one
+// per pipeline position, which holds every tensor of its stages) list the entries they save, every
+// tp rank at dp 0 its shards' entry states, and the lists are all-gathered; names and shapes only,
+// a few bytes per tensor, each tensor once.
+using TensorShapes = std::map<std::string, std::vector<int64_t>>;
+std::array<TensorShapes, 2> all_tensors(Trainer& t, MPI_Comm world, int size) {
   nlohmann::json mine = nlohmann::json::array();
-  const bool lists = t.runtime().dp().rank() == 0 && t.runtime().mesh().coord.tp == 0;
+  const bool lists = t.runtime().dp().rank() == 0, tp0 = t.runtime().mesh().coord.tp == 0;
   for (int c = 0; c < t.chunks() && lists; c++)
-    for (const ParamInfo& p : t.chunk(c).layout().entries())
-      if (t.saves_entry(p)) mine.push_back({p.name, p.global_shape});
+    for (const ParamInfo& p : t.chunk(c).layout().entries()) {
+      if (!t.saves_entry(p)) continue;
+      if (tp0) mine.push_back({p.name, p.global_shape, 0});
+      for (const EntryStateSpec& spec : t.optimizer().entry_states(p))  // every tp rank its shard's
+        mine.push_back({entry_state_name(t, p, spec), spec.shape, 1});
+    }
   const std::string text = mine.dump();
   note_buffer(text.size());
   int n = int(text.size());
@@ -93,15 +132,34 @@ std::map<std::string, std::vector<int64_t>> all_tensors(Trainer& t, MPI_Comm wor
     parallel::mpi_check(MPI_Allgatherv(text.data(), n, MPI_CHAR, all.data(), counts.data(), displs.data(), MPI_CHAR,
                                        world), "MPI_Allgatherv");
   }
-  std::map<std::string, std::vector<int64_t>> out;
+  std::array<TensorShapes, 2> out;
   for (int r = 0; r < size; r++)
     for (const auto& e : nlohmann::json::parse(all.substr(size_t(displs[size_t(r)]), size_t(counts[size_t(r)])))) {
       const auto shape = e[1].get<std::vector<int64_t>>();
-      auto [it, fresh] = out.emplace(e[0].get<std::string>(), shape);
+      auto [it, fresh] = out[e[2].get<size_t>()].emplace(e[0].get<std::string>(), shape);
       EXA_CHECK(fresh || it->second == shape, "checkpoint: rank {} says tensor {} has global shape {}, another {}", r,
                 it->first, checkpoint::shape_string(shape), checkpoint::shape_string(it->second));
     }
   return out;
+}
+
+// Writes the entry states this rank saves (saves_entry_state) into the optimizer file; returns
+// the elements written.
+int64_t write_entry_states(Trainer& t, const std::vector<StateSlice>& slices, size_t prefix,
+                           const std::map<std::string, std::pair<uint64_t, uint64_t>>& ranges, OutputFile& out,
+                           HostBuffer<float>& host) {
+  int64_t written = 0;
+  for (const EntryStateTensor& e : t.optimizer().entry_state_tensors()) {
+    if (!saves_entry_state(t, slices, e)) continue;
+    const uint64_t at = prefix + ranges.at(entry_state_name(t, e)).first;
+    for (int64_t done = 0; done < e.numel(); done += host.size()) {
+      const int64_t n = std::min(host.size(), e.numel() - done);
+      t.backend().download(host.data(), e.data + done, sizeof(float) * size_t(n));
+      out.pwrite(host.data(), sizeof(float) * size_t(n), at + sizeof(float) * uint64_t(done));
+      written += n;
+    }
+  }
+  return written;
 }
 
 // Writes this rank's saver slices of file f at their offsets (pwrite into the file rank 0 created
@@ -139,24 +197,29 @@ int64_t write_file_slices(Trainer& t, const std::vector<StateSlice>& slices, int
         });
       });
     }
+    if (f == 1) written += write_entry_states(t, slices, prefix.size(), ranges, out, host);
     out.sync_and_close();  // every writer's data on the storage device before rank 0 commits
   });
   return written;
 }
 
 // The two files' headers, every tensor declared (the data comes from every rank).
-void declare_files(Trainer& t, const std::map<std::string, std::vector<int64_t>>& tensors,
-                   checkpoint::SafetensorsWriter layout[2], int64_t expected[2]) {
+void declare_files(Trainer& t, const std::array<TensorShapes, 2>& tensors, checkpoint::SafetensorsWriter layout[2],
+                   int64_t expected[2]) {
   const std::vector<std::string> states = t.optimizer().state_names();
   std::string names;
   for (const std::string& s : states) names += (names.empty() ? "" : ",") + s;
-  for (const auto& [name, shape] : tensors) {
+  auto numel = [](const std::vector<int64_t>& shape) {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
+    return n;
+  };
+  for (const auto& [name, shape] : tensors[0]) {
     layout[0].declare(name, shape);
     for (const std::string& s : states) layout[1].declare(s + "." + name, shape);
-    expected[0] += n, expected[1] += int64_t(states.size()) * n;
+    expected[0] += numel(shape), expected[1] += int64_t(states.size()) * numel(shape);
   }
+  for (const auto& [name, shape] : tensors[1]) layout[1].declare(name, shape), expected[1] += numel(shape);
   layout[0].set_metadata("format", "pt");
   layout[1].set_metadata("step", std::to_string(t.step()));
   layout[1].set_metadata("optimizer", t.optimizer().name());
@@ -190,6 +253,8 @@ std::string save_checkpoint(Trainer& t, MPI_Comm world, const std::string& root,
   const std::vector<StateSlice> slices = t.state_slices();
   for (const auto& s : slices)
     if (s.saver) g_stats.slice_bytes += int64_t(sizeof(float)) * (s.end - s.begin);
+  for (const EntryStateTensor& e : t.optimizer().entry_state_tensors())
+    if (saves_entry_state(t, slices, e)) g_stats.slice_bytes += int64_t(sizeof(float)) * e.numel();
   HostBuffer<float> host = staging_for(t, slices);
   for (int f = 0; f < 2; f++) {
     const std::string path = temp_dir + "/" + kFiles[f];
@@ -247,6 +312,27 @@ std::vector<std::string> stored_state_names(const checkpoint::SafetensorsReader&
   return states;
 }
 
+// Reads the entry states this rank holds (every holder, not only the saver) from the optimizer file.
+void load_entry_states(Trainer& t, const checkpoint::SafetensorsReader& f, HostBuffer<float>& host) {
+  for (const EntryStateTensor& e : t.optimizer().entry_state_tensors()) {
+    const std::string name = entry_state_name(t, e);
+    EXA_CHECK(f.has(name), "{}: has no tensor \"{}\", the state \"{}\" that optimizer \"{}\" keeps for {} (entry "
+              "states are kept per tensor-parallel shard: resume at the tp degree that saved them; else a checkpoint "
+              "of another optimizer configuration or model)", f.path(), name, e.spec.name, t.optimizer().name(),
+              e.entry->name);
+    const checkpoint::TensorInfo& info = f.info(name);
+    EXA_CHECK(info.shape == e.spec.shape, "{}: tensor \"{}\" has shape {}, this run needs {}", f.path(), name,
+              checkpoint::shape_string(info.shape), checkpoint::shape_string(e.spec.shape));
+    for (int64_t done = 0; done < e.numel(); done += host.size()) {
+      const int64_t n = std::min(host.size(), e.numel() - done);
+      f.read_f32_range(name, done, n, host.data());
+      t.backend().upload(e.data + done, host.data(), sizeof(float) * size_t(n));
+      g_stats.moved_bytes += int64_t(sizeof(float)) * n;
+    }
+    g_stats.slice_bytes += int64_t(sizeof(float)) * e.numel();
+  }
+}
+
 }  // namespace
 
 TrainerExtras load_checkpoint(Trainer& t, MPI_Comm world, const std::string& dir, bool checksums_verified) {
@@ -283,6 +369,7 @@ TrainerExtras load_checkpoint(Trainer& t, MPI_Comm world, const std::string& dir
       });
     });
   }
+  load_entry_states(t, *files[1], host);
   int64_t step = 0;
   TrainerExtras extras = read_trainer_blobs(r, &step);
   t.set_step(step);

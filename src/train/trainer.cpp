@@ -73,7 +73,7 @@ Trainer::Trainer(Backend& backend, parallel::ParallelRuntime& rt, const TrainerO
   T_ = opt_.seq > 0 ? opt_.seq : opt_.model.seq_len;
   m_ = p.micro_batches();
   act_ = (p.seq_parallel ? B_ * T_ / p.tp : B_ * T_) * opt_.model.hidden;
-  optimizer_ = make_optimizer(be_, opt_.train);
+  optimizer_ = opt_.optimizer ? opt_.optimizer(be_) : make_optimizer(be_, opt_.train);
   compressor_ = opt_.compressor ? opt_.compressor : std::make_shared<parallel::IdentityCompressor>();
   build_chunks();
   parallel::GradSyncSetup s;
@@ -89,6 +89,9 @@ Trainer::Trainer(Backend& backend, parallel::ParallelRuntime& rt, const TrainerO
   sync_ = parallel::make_grad_sync(int(p.zero), std::move(s));
   unit_done_ = be_.create_event();
   messages_ = std::make_unique<parallel::BufferPool>(be_, act_);
+  // The schedule as data, built once (the plan was validated when it was resolved).
+  if (p.pp > 1)
+    pipeline_ = std::make_unique<parallel::PipelineTable>(parallel::build_pipeline(parallel::pipeline_plan(p)));
   tokens_.resize(size_t(m_ * B_ * T_));
   targets_.resize(size_t(m_ * B_ * T_));
 }
@@ -213,8 +216,7 @@ void Trainer::run_micro_batches(double* loss_sum, double* compute_s, double* bub
 void Trainer::run_pipeline_step(double* loss_sum, double* compute_s, double* bubble_s) {
   const int64_t n = B_ * T_;
   const float scale = 1.0f / float(m_ * rt_.dp().size());
-  const parallel::PipelinePlan pipe = parallel::pipeline_plan(opt_.plan);
-  const int S = pipe.stages();
+  const int S = pipeline_->plan.stages();
   auto fwd = [&](int mb, int c, const float* in, float* out) {
     Chunk& ch = *chunks_[size_t(c)];
     const bool first = ch.stage == 0, last = ch.stage == S - 1;
@@ -230,11 +232,10 @@ void Trainer::run_pipeline_step(double* loss_sum, double* compute_s, double* bub
     sync_->micro_batch_done(c);
     if (grad_in) be_.copy(grad_in, ch.model->input_grad(), sizeof(float) * size_t(act_));
   };
-  const parallel::PipelineTable table = parallel::build_pipeline(pipe);
   parallel::PipelineTiming timing;
   timing.events = trace_;
   timing.trace_origin = trace_origin_;
-  parallel::run_pipeline(rt_.pp(), *messages_, table, parallel::StageCallbacks{fwd, bwd}, &timing);
+  parallel::run_pipeline(rt_.pp(), *messages_, *pipeline_, parallel::StageCallbacks{fwd, bwd}, &timing);
   *compute_s = timing.compute_s;
   *bubble_s = timing.bubble_s;
 }

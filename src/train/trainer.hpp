@@ -56,6 +56,9 @@ struct TrainerOptions {
   int buckets_in_flight = 2;
   // The data-parallel reduction's compressor slot (parallel/compressor.hpp); null: identity.
   std::shared_ptr<parallel::Compressor> compressor;
+  // The optimizer; null: the job's (make_optimizer from train). Tests inject one here (e.g. an
+  // optimizer with entry states: tests/dist/dist_entry_states.cpp).
+  std::function<std::unique_ptr<Optimizer>(Backend&)> optimizer;
   // ZeRO 1: shards cut only between parameter entries (one owner per matrix); forced by an
   // optimizer that needs whole matrices.
   bool align_shards_to_entries = false;
@@ -175,6 +178,7 @@ class Trainer {
   std::unique_ptr<parallel::GradSync> sync_;
   std::unique_ptr<Event> unit_done_;      // recorded when a unit's gradients are final
   std::unique_ptr<parallel::BufferPool> messages_;  // pipeline and evaluation activations
+  std::unique_ptr<parallel::PipelineTable> pipeline_;  // pp > 1: every rank's actions of a step
   DeviceBuffer tied_other_;               // the other stage's tied-embedding gradient
   std::vector<int32_t> tokens_, targets_;  // [m][B*T]
   std::vector<parallel::TraceEvent>* trace_ = nullptr;

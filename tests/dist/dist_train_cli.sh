@@ -12,7 +12,7 @@
 #   1c. breakdown_s_per_rank of both ranks under the planner's names (and each rank's resident and
 #      peak resident bytes), 1d. bytes_sent (rank 0's ledger) = the planner's count, `exatrain report` measured
 #      vs predicted; 4. resume (another model refused; one metrics record per step), 4b. resume at
-#      another topology (1 rank; tp 2) on the uninterrupted run's losses; 5. "auto" plans, 6. errors
+#      another topology (1 rank; tp 2) and on the guarded backend, on the uninterrupted run's losses; 5. "auto" plans, 6. errors
 #      printed once when every rank has them, naming the rank otherwise.
 # Usage: dist_train_cli.sh MPIEXEC EXATRAIN WORKDIR NAN_SESSION
 set -u
@@ -127,13 +127,20 @@ steps=$(/usr/bin/python3 -c "import json; print(' '.join(str(json.loads(l)['step
 "${MPIRUN[@]}" "$EXA" train job.toml --plain --resume long/checkpoints/step_00000003 --set train.run_dir=long_tp2 \
   --set train.steps=6 --set parallel.tp=2 --set parallel.dp=1 --set parallel.zero=0 > long_tp2.log 2>&1 \
   || { echo "FAIL: tp2 resume of the dp2 checkpoint"; cat long_tp2.log; failures=$((failures + 1)); }
+# ... and on the guarded backend (device memory PROT_NONE outside backend ops) through the whole
+#     session: the load, steps, evaluation and the sharded save of step 6 on 2 ranks.
+"${MPIRUN[@]}" "$EXA" train job.toml --plain --resume long/checkpoints/step_00000003 --set train.run_dir=long_guarded \
+  --set train.steps=6 --set train.checkpoint_every=3 --set train.backend=cpu-guarded > long_guarded.log 2>&1 \
+  || { echo "FAIL: guarded resume of the dp2 checkpoint"; cat long_guarded.log; failures=$((failures + 1)); }
+[ -f long_guarded/checkpoints/step_00000006/optimizer.safetensors ] && echo "ok: the guarded session saved step 6" \
+  || { echo "FAIL: no step-6 checkpoint of the guarded session"; failures=$((failures + 1)); }
 /usr/bin/python3 - <<'PY' || failures=$((failures + 1))
 import json
 def losses(path):
     return {r["step"]: r["loss"] for r in map(json.loads, filter(str.strip, open(path))) if "loss" in r}
 ref = losses("long/metrics.jsonl")
 assert sorted(ref) == [1, 2, 3, 4, 5, 6], ref
-for run in ("long_1rank", "long_tp2"):
+for run in ("long_1rank", "long_tp2", "long_guarded"):
     got = losses(run + "/metrics.jsonl")
     assert sorted(got) == [4, 5, 6], (run, got)
     rel = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in got)

@@ -1,6 +1,7 @@
 // Pipeline action tables and stage balancing (pure functions, simulated execution).
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <numeric>
 
 #include "core/check.hpp"
@@ -141,6 +142,50 @@ TEST(StageBalance, CountsEmbeddingAndHeadAndMinimisesTheMax) {
       for (int c = b + 1; c < 8; c++)
         brute = std::min(brute, std::max({1.0 + a, 1.0 * (b - a), 1.0 * (c - b), 3.0 + (8 - c)}));
   EXPECT_DOUBLE_EQ(worst, brute);
+}
+
+// The O(S n^2) DP that balance_stages replaced by binary searches (the scan over every start j,
+// the first optimum kept): the same bounds on random costs, with ties (small integers) and zeros.
+std::vector<int> scan_dp_bounds(const std::vector<double>& c, double e, double h, int S) {
+  const int n = int(c.size());
+  std::vector<double> pre(n + 1, 0);
+  for (int i = 0; i < n; i++) pre[i + 1] = pre[i] + c[i];
+  auto cost = [&](int s, int j, int i) { return pre[i] - pre[j] + (s == 0 ? e : 0) + (s == S - 1 ? h : 0); };
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(S, std::vector<double>(n + 1, inf));
+  std::vector<std::vector<int>> from(S, std::vector<int>(n + 1, 0));
+  for (int i = 1; i <= n; i++) best[0][i] = cost(0, 0, i);
+  for (int s = 1; s < S; s++)
+    for (int i = s + 1; i <= n; i++)
+      for (int j = s; j < i; j++) {
+        const double v = std::max(best[s - 1][j], cost(s, j, i));
+        if (v < best[s][i]) best[s][i] = v, from[s][i] = j;
+      }
+  std::vector<int> b(S + 1);
+  b[S] = n;
+  for (int s = S - 1; s >= 1; s--) b[s] = from[s][b[s + 1]];
+  return b;
+}
+
+TEST(StageBalance, BinarySearchedDpEqualsTheFullScan) {
+  uint64_t x = 12345;
+  auto next = [&] { return x = x * 6364136223846793005ULL + 1442695040888963407ULL, int((x >> 33) % 1000); };
+  for (int trial = 0; trial < 400; trial++) {
+    const int n = 1 + next() % 40, S = 1 + next() % n, kind = trial % 3;
+    std::vector<double> c(static_cast<size_t>(n));
+    for (double& v : c) v = kind == 0 ? next() % 4 : kind == 1 ? 1.0 : next() / 7.0;  // ties, equal, distinct
+    const double e = next() % 5, h = next() % 9;
+    const std::vector<StageLayers> st = balance_stages(c, e, h, S);
+    const std::vector<int> want = scan_dp_bounds(c, e, h, S);
+    for (int s = 0; s < S; s++)
+      ASSERT_EQ(st[size_t(s)].first, want[size_t(s)]) << "trial " << trial << " n " << n << " S " << S << " stage " << s;
+  }
+  // Large enough that the scan took seconds (9216 layers over 24 stages, found by fuzz/csv_fuzz.cpp).
+  const std::vector<StageLayers> big = balance_stages(std::vector<double>(9216, 1.0), 3.0, 7.0, 24);
+  EXPECT_EQ(big.back().end, 9216);
+  EXPECT_NE(error_of([&] { balance_stages(std::vector<double>(100000, 1.0), 0, 0, 1000); })
+                .find("give [parallel] layers_per_stage instead"),
+            std::string::npos);
 }
 
 TEST(StageBalance, ExplicitListIsChecked) {

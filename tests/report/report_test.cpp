@@ -38,6 +38,26 @@ TEST(SvgChart, NiceTicksAreRoundAndCoverTheRange) {
   EXPECT_EQ(t.back(), 200);
 }
 
+// A metrics file is untrusted: a range at the edge of a double (found by fuzz/metrics_fuzz.cpp:
+// 1e308 twice made the step 0 and the tick index an integer overflow) gets its two ends.
+TEST(SvgChart, NiceTicksOfADegenerateRangeAreItsEnds) {
+  EXPECT_EQ(nice_ticks(1e308, 1e308), (std::vector<double>{1e308, 1e308}));
+  EXPECT_EQ(nice_ticks(-1.7e308, 1.7e308), (std::vector<double>{-1.7e308, 1.7e308}));
+  EXPECT_EQ(nice_ticks(1e20, 1e20 + 1e5), (std::vector<double>{1e20, 1e20 + 1e5}));
+  EXPECT_TRUE(nice_ticks(-INFINITY, 1).empty());
+  EXPECT_TRUE(nice_ticks(0, NAN).empty());
+}
+
+TEST(SvgChart, PointsWithANonFiniteCoordinateAreNotDrawn) {
+  Chart c;
+  c.title = "t";
+  c.series.push_back({"s", "#000", {1, INFINITY, 3}, {1, 2, NAN}, true, ""});
+  const std::string g = chart_group(c, 0, 0, 600, 300);
+  EXPECT_EQ(count(g, "<circle"), 1u) << g;
+  EXPECT_EQ(g.find("nan"), std::string::npos) << g;
+  EXPECT_EQ(g.find("inf"), std::string::npos) << g;
+}
+
 TEST(Metrics, WriteThenReadRoundTripsAndAppends) {
   std::string d = fresh_dir("metrics_rt");
   {
