@@ -30,10 +30,24 @@ class ByteTokenizer final : public Tokenizer {
   }
 };
 
+// libsentencepiece reports most problems as a Status but throws from within (its darts trie
+// refuses a crafted model's zero-length piece with an exception, found by fuzz/tokenizer_fuzz.cpp):
+// such an exception becomes an Error naming the model and the call.
+template <class F>
+auto sentencepiece_call(const std::string& source, const char* what, F&& f) {
+  try {
+    return f();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    EXA_FAIL("SentencePiece model {}: {} failed inside libsentencepiece: {}", source, what, e.what());
+  }
+}
+
 class SentencePieceTokenizer final : public Tokenizer {
  public:
-  SentencePieceTokenizer(const std::string& model_bytes, const std::string& source) {
-    auto status = sp_.LoadFromSerializedProto(model_bytes);
+  SentencePieceTokenizer(const std::string& model_bytes, const std::string& source) : source_(source) {
+    auto status = sentencepiece_call(source_, "loading", [&] { return sp_.LoadFromSerializedProto(model_bytes); });
     EXA_CHECK(status.ok(), "cannot load SentencePiece model {}: {}", source, status.ToString());
     EXA_CHECK(sp_.eos_id() >= 0, "SentencePiece model {} has no end-of-sentence piece", source);
   }
@@ -42,7 +56,8 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::string type() const override { return "sentencepiece-bpe"; }
   void encode(std::string_view text, std::vector<uint32_t>& out) const override {
     std::vector<int> ids;
-    auto status = sp_.Encode(absl::string_view(text.data(), text.size()), &ids);
+    auto status =
+        sentencepiece_call(source_, "encode", [&] { return sp_.Encode(absl::string_view(text.data(), text.size()), &ids); });
     EXA_CHECK(status.ok(), "SentencePiece encode failed: {}", status.ToString());
     for (int id : ids) out.push_back(uint32_t(id));
   }
@@ -52,7 +67,7 @@ class SentencePieceTokenizer final : public Tokenizer {
     std::vector<int> line;
     auto flush = [&] {
       std::string piece;
-      auto status = sp_.Decode(line, &piece);
+      auto status = sentencepiece_call(source_, "decode", [&] { return sp_.Decode(line, &piece); });
       EXA_CHECK(status.ok(), "SentencePiece decode failed: {}", status.ToString());
       text += piece;
       line.clear();
@@ -72,6 +87,7 @@ class SentencePieceTokenizer final : public Tokenizer {
   }
 
  private:
+  std::string source_;  // where the model came from, for messages
   sentencepiece::SentencePieceProcessor sp_;
 };
 

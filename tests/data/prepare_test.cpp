@@ -13,6 +13,7 @@
 #include "data/manifest.hpp"
 #include "data/prepare.hpp"
 #include "data/shard.hpp"
+#include "data/tokenizer.hpp"
 #include "../test_util/temp_dir.hpp"
 
 using namespace exatrain;
@@ -260,4 +261,18 @@ TEST(Prepare, PrepareIfNeededReusesTheSameInputNamedAnotherWay) {
   o.inputs = {dir / "other.txt"};
   prepare_if_needed(o, &reused);
   EXPECT_FALSE(reused);
+}
+
+// A crafted tokenizer.model whose piece is zero bytes long makes libsentencepiece throw from its
+// darts trie (found by fuzz/tokenizer_fuzz.cpp): an Error naming the model, not a crash.
+TEST(Tokenizer, ACraftedModelThatLibsentencepieceThrowsOnIsNamed) {
+  const std::string bytes = read_file_bytes("fuzz/regressions/tokenizer/zero_length_piece.model");
+  std::string err;
+  try {
+    data::make_sentencepiece_tokenizer(bytes, "crafted/tokenizer.model");
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  EXPECT_NE(err.find("SentencePiece model crafted/tokenizer.model: loading failed inside libsentencepiece: "),
+            std::string::npos) << err;
 }
