@@ -142,6 +142,7 @@ Plan plan_from_job(const Job& job, int world) {
   r.schedule = resolved(job, p.schedule, "schedule");
   r.layers_per_stage = p.layers_per_stage;
   r.precision = job.train.precision;
+  r.optimizer = job.train.optimizer;
   // dp omitted (or "auto": there is one fit) is inferred.
   std::optional<int> dp;
   if (p.dp) dp = int(*p.dp);

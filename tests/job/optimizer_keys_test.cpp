@@ -77,8 +77,8 @@ TEST(JobOptimizer, ImpossibleValuesAreRefused) {
 // A job with every degree set (plan_from_job plans only resolved jobs).
 static Job muon_job(int gpus, int dp, int zero) {
   return parse_job(fmt::format("[parallel]\ngpus = {}\ntp = 1\npp = 1\ncp = 1\nvp = 1\ndp = {}\nzero = {}\n"
-                               "micro_batch = 1\nglobal_batch = 4\nrecompute = \"none\"\nseq_parallel = false\nschedule = \"1f1b\"\n[train]\n"
-                               "optimizer = \"muon\"\n", gpus, dp, zero), "job.toml");
+                               "micro_batch = 1\nglobal_batch = 4\nrecompute = \"none\"\nseq_parallel = false\n"
+                               "schedule = \"1f1b\"\n[train]\noptimizer = \"muon\"\n", gpus, dp, zero), "job.toml");
 }
 
 TEST(JobOptimizer, MuonRefusesZero2And3AtDpAboveOne) {
