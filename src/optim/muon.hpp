@@ -13,6 +13,8 @@
 // "momentum_buffer" [m, n] per matrix, "exp_avg" and "exp_avg_sq" of its shape per other entry.
 // Under tensor parallelism each tp rank orthogonalises its own shard: an approximation (the
 // orthogonalised update of a row or column block, not a block of the whole matrix's).
+// |U|_F comes to the host (Backend::sum_squares): one host synchronisation per matrix, free on the
+// CPU backends; a GPU backend will want a device-side norm-and-scale op here.
 //
 // Owns: the Muon update and its scratch matrices. May use: core/, job/, backend/, model/layout.hpp,
 // optim/optimizer.hpp.
