@@ -209,6 +209,11 @@ class Backend {
                             float lr, float beta1, float beta2, float eps, float weight_decay,
                             float bias_correction1, float bias_correction2,
                             float grad_scale) = 0;
+  // Heavy-ball momentum with an optional Nesterov look-ahead (torch.optim.SGD's, as Muon uses it;
+  // optim/muon.hpp): g = grad_scale * grad;  buf = momentum * buf + g;
+  //   out = nesterov ? g + momentum * buf : buf.   out[n] is overwritten; buf[n] is updated.
+  virtual void momentum_update(float* out, float* buf, const float* grad, int64_t n, float momentum,
+                               bool nesterov, float grad_scale) = 0;
 
   // ---- instrumentation -----------------------------------------------------------------------
   // Seconds and floating-point operations spent in gemm / gemm_strided_batched since reset.

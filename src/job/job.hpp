@@ -78,6 +78,17 @@ struct ParallelSpec {
 };
 
 // [train]
+// [optimizer] keys of train.optimizer = "muon" (docs/job-file.md and docs/optimizers.md give each
+// default's source). The entries Muon does not take use AdamW with [train]'s beta1, beta2, eps and
+// weight_decay.
+struct MuonSpec {
+  double momentum = 0.95;       // Keller Jordan's Muon and Moonlight both use 0.95
+  bool nesterov = true;         // likewise
+  int64_t ns_steps = 5;         // quintic Newton-Schulz iterations
+  std::string scale = "rms_match";  // "rms_match": 0.2 sqrt(max(m, n)) (Moonlight); "shape": sqrt(max(1, m/n))
+  bool operator==(const MuonSpec&) const = default;
+};
+
 struct TrainSpec {
   Precision precision = Precision::fp32;
   std::string optimizer = "adamw";
@@ -101,6 +112,7 @@ struct TrainSpec {
   // The compute backend: "cpu" (OpenBLAS + OpenMP) or "cpu-guarded" (the same with device memory
   // the host cannot touch outside an op: the proof of the device boundary, for tests).
   std::string backend = "cpu";
+  MuonSpec muon;                // [optimizer] when optimizer = "muon"
   bool operator==(const TrainSpec&) const = default;
 };
 

@@ -84,6 +84,15 @@ class Section {
                                   show(*e.value), expected));
   }
 
+  // A key that is well-formed but has no meaning in this job (another optimizer's key):
+  // "<origin>: [section] key = value: <why>"; the key counts as read.
+  void refuse(const std::string& key, const std::string& why) {
+    take(key);
+    if (!reported_.insert(key).second) return;
+    const Entry& e = entries_.at(key);
+    errors_.push_back(fmt::format("{}: [{}] {} = {}: {}", e.origin, name_, key, show(*e.value), why));
+  }
+
   // Getters: leave `out` untouched when the key is absent; record an error on a bad value.
   void get_int(const std::string& key, int64_t& out, int64_t lo, int64_t hi) {
     const toml::value* v = take(key);
@@ -106,6 +115,18 @@ class Section {
     else if (v->is_integer()) x = static_cast<double>(v->as_integer());
     else return bad(key, fmt::format("a number in [{}, {}]", lo, hi));
     if (!(x >= lo && x <= hi)) return bad(key, fmt::format("a number in [{}, {}]", lo, hi));
+    out = x;
+  }
+  // A number in [lo, hi): hi itself is impossible (a momentum of 1 never forgets a gradient).
+  void get_float_below(const std::string& key, double& out, double lo, double hi) {
+    const toml::value* v = take(key);
+    if (!v) return;
+    const std::string want = fmt::format("a number in [{}, {})", lo, hi);
+    double x;
+    if (v->is_floating()) x = v->as_floating();
+    else if (v->is_integer()) x = static_cast<double>(v->as_integer());
+    else return bad(key, want);
+    if (!(x >= lo && x < hi)) return bad(key, want);
     out = x;
   }
   void get_opt_float(const std::string& key, std::optional<double>& out, double lo, double hi) {
@@ -292,7 +313,7 @@ void apply_set(std::map<std::string, Section>& sections, Documents& docs, const 
               raw = set.substr(eq + 1);
   auto it = sections.find(section);
   if (it == sections.end()) {
-    errors.push_back(fmt::format("--set {}: unknown section [{}]; known: model, machine, parallel, train",
+    errors.push_back(fmt::format("--set {}: unknown section [{}]; known: model, machine, parallel, train, optimizer",
                                  set, section));
     return;
   }
@@ -331,7 +352,7 @@ void layer_sections(const toml::value& root, const std::string& source, const st
   }
   for (const auto& [name, table] : root.as_table()) {
     if (!sections.count(name)) {
-      errors.push_back(fmt::format("{}: unknown section [{}]; expected [model], [machine], [parallel], [train]",
+      errors.push_back(fmt::format("{}: unknown section [{}]; expected [model], [machine], [parallel], [train], [optimizer]",
                                    source, printable(name)));
       continue;
     }
@@ -364,6 +385,27 @@ void layer_sections(const toml::value& root, const std::string& source, const st
   for (const auto& s : other_sets) apply_set(sections, docs, s, errors);
 }
 
+// [optimizer]: the hyper-parameters of train.optimizer (AdamW's are [train]'s beta1, beta2, eps and
+// weight_decay; Muon's are here, defaults and sources in docs/job-file.md). A key of an optimizer
+// the job does not use is refused: it would be silently ignored otherwise.
+void parse_optimizer_section(Section& s, TrainSpec& t) {
+  const std::vector<std::string> muon_keys = {"momentum", "nesterov", "ns_steps", "scale"};
+  if (t.optimizer != "muon") {
+    for (const std::string& k : muon_keys)
+      if (s.has(k))
+        s.refuse(k, fmt::format("a key of train.optimizer = \"muon\", but train.optimizer is \"{}\" (AdamW's own "
+                                "keys are [train] beta1, beta2, eps and weight_decay)", t.optimizer));
+    s.report_unknown(muon_keys);
+    return;
+  }
+  MuonSpec& m = t.muon;
+  s.get_float_below("momentum", m.momentum, 0, 1);  // 1: the buffer never forgets, and grows without bound
+  s.get_bool("nesterov", m.nesterov);
+  s.get_int("ns_steps", m.ns_steps, 1, 100);
+  if (int i = s.get_choice("scale", {"rms_match", "shape"}); i >= 0) m.scale = i == 0 ? "rms_match" : "shape";
+  s.report_unknown(muon_keys);
+}
+
 }  // namespace
 
 Job parse_job(const std::string& text, const std::string& source, const std::vector<std::string>& sets,
@@ -374,7 +416,7 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
   EXA_CHECK(root.is_table(), "{}: expected a TOML document with tables", source);
   std::vector<std::string> errors;
   std::map<std::string, Section> sections;
-  for (const char* s : {"model", "machine", "parallel", "train"}) sections.emplace(s, Section(s, errors));
+  for (const char* s : {"model", "machine", "parallel", "train", "optimizer"}) sections.emplace(s, Section(s, errors));
   Documents docs;
   layer_sections(root, source, sets, sections, docs, errors);
 
@@ -472,7 +514,7 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     Section& s = sections.at("train");
     TrainSpec& t = job.train;
     if (int i = s.get_choice("precision", {"fp32", "fp16", "bf16", "fp8"}); i >= 0) t.precision = Precision(i);
-    if (s.get_choice("optimizer", {"adamw"}) == 0) t.optimizer = "adamw";
+    if (int i = s.get_choice("optimizer", {"adamw", "muon"}); i >= 0) t.optimizer = i == 0 ? "adamw" : "muon";
     s.get_int("steps", t.steps, 0, int64_t(1) << 40);
     s.get_uint("seed", t.seed);
     s.get_float("lr", t.lr, 0, 10);
@@ -500,6 +542,7 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
                       "weight_decay", "beta1", "beta2", "eps", "grad_clip", "data", "run_dir",
                       "checkpoint_every", "keep_checkpoints", "eval_every", "eval_batches", "log_every",
                       "threads", "nan_policy", "backend"});
+    parse_optimizer_section(sections.at("optimizer"), t);
   }
 
   if (extra) extra(job, errors);
@@ -590,6 +633,9 @@ std::string job_to_toml(const Job& job) {
          line("keep_checkpoints", t.keep_checkpoints) + line("eval_every", t.eval_every) +
          line("eval_batches", t.eval_batches) + line("log_every", t.log_every) + line("threads", t.threads) +
          line("nan_policy", t.nan_policy) + line("backend", t.backend);
+  if (t.optimizer == "muon")
+    out += "\n[optimizer]\n" + line("momentum", t.muon.momentum) + line("nesterov", t.muon.nesterov) +
+           line("ns_steps", t.muon.ns_steps) + line("scale", t.muon.scale);
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/check.hpp"
+#include "optim/muon.hpp"
 
 namespace exatrain {
 
@@ -94,9 +95,14 @@ void AdamW::update(const EntryPart& e, const OptimStep& ctx) {
 }
 
 std::unique_ptr<Optimizer> make_optimizer(Backend& backend, const TrainSpec& t) {
-  EXA_CHECK(t.optimizer == "adamw", "train.optimizer = \"{}\": only \"adamw\" is implemented", t.optimizer);
-  return std::make_unique<AdamW>(backend, AdamWConfig{float(t.beta1), float(t.beta2), float(t.eps),
-                                                      float(t.weight_decay)});
+  const AdamWConfig adamw{float(t.beta1), float(t.beta2), float(t.eps), float(t.weight_decay)};
+  if (t.optimizer == "muon") {
+    const MuonSpec& m = t.muon;
+    return std::make_unique<Muon>(backend, MuonConfig{float(m.momentum), m.nesterov, m.ns_steps,
+                                                      m.scale == "rms_match", adamw});
+  }
+  EXA_CHECK(t.optimizer == "adamw", "train.optimizer = \"{}\": expected \"adamw\" or \"muon\"", t.optimizer);
+  return std::make_unique<AdamW>(backend, adamw);
 }
 
 double lr_at(int64_t step, double lr, double min_lr, int64_t warmup, int64_t total) {

@@ -134,8 +134,8 @@ class AdamW final : public Optimizer {
   AdamWConfig cfg_;
 };
 
-// The job's optimizer ([train] optimizer and its hyper-parameters). An optimizer that is not
-// implemented is an error naming train.optimizer.
+// The job's optimizer ([train] optimizer and its hyper-parameters: "adamw", or "muon" with
+// [optimizer]'s keys, optim/muon.hpp). Another name is an error naming train.optimizer.
 std::unique_ptr<Optimizer> make_optimizer(Backend& backend, const TrainSpec& train);
 
 // Learning rate at optimizer step `step` (0-based): linear warm-up from lr/warmup to lr over

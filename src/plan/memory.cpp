@@ -19,17 +19,24 @@ BytesPerParam bytes_per_param(Precision p) {
 }
 }  // namespace
 
-int64_t parameters_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, int64_t tp_rank) {
+int64_t matrix_parameters_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank) {
   int64_t tp = p.tp, h = m.hidden, f = m.ffn_hidden, hd = m.head_dim();
   int64_t kv_local = m.kv_heads >= tp ? kv_dim(m) / tp : hd;  // per rank, for K and for V
   int64_t up_mats = m.activation == Activation::swiglu ? 2 : 1;
   int64_t layer = h * (h / tp + 2 * kv_local)  // QKV (column-parallel)
                   + (h / tp) * h                // out-proj (row-parallel)
                   + up_mats * h * (f / tp)      // fc1 or gate+up (column-parallel)
-                  + (f / tp) * h                // fc2 (row-parallel)
-                  + 2 * norm_parameters(m);     // two norms, replicated
+                  + (f / tp) * h;               // fc2 (row-parallel)
+  return layers_on_rank(m, p, pp_rank) * layer;
+}
+
+int64_t parameters_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, int64_t tp_rank) {
+  int64_t tp = p.tp, h = m.hidden, f = m.ffn_hidden, hd = m.head_dim();
+  int64_t kv_local = m.kv_heads >= tp ? kv_dim(m) / tp : hd;  // per rank, for K and for V
+  int64_t up_mats = m.activation == Activation::swiglu ? 2 : 1;
+  int64_t layer = 2 * norm_parameters(m);       // two norms, replicated (matrices: below)
   if (m.bias) layer += (h / tp + 2 * kv_local) + h + up_mats * (f / tp) + h;  // split, replicated
-  int64_t n = layers_on_rank(m, p, pp_rank) * layer;
+  int64_t n = layers_on_rank(m, p, pp_rank) * layer + matrix_parameters_on_rank(m, p, pp_rank);
   const int64_t vocab_rows = vocab_slice(m.vocab, tp, tp_rank).rows;
   if (pp_rank == 0) {
     n += vocab_rows * h;
@@ -79,7 +86,11 @@ Memory memory_of_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, bool w
   double shards = double(p.dp * p.cp);  // ZeRO shards over every replica of these weights
   mem.params = b.weights * (p.zero >= 3 ? n / shards : n);
   mem.grads = b.grads * (p.zero >= 2 ? n / shards : n);
-  mem.optimizer = b.optimizer * (p.zero >= 1 ? n / shards : n);
+  // Muon (optim/muon.hpp) keeps one fp32 momentum buffer per matrix element where AdamW keeps two
+  // moments, and AdamW's two on the rest; ZeRO 1 spreads whole matrices over the dp ranks (about n / dp each).
+  double optimizer = b.optimizer * n;
+  if (p.optimizer == "muon") optimizer -= 4.0 * double(matrix_parameters_on_rank(m, p, pp_rank));
+  mem.optimizer = p.zero >= 1 ? optimizer / shards : optimizer;
   double elem = double(element_bytes(p.precision));
   double tokens = double(p.micro_batch) * double(m.seq_len) / double(p.cp);
   int64_t layers = layers_on_rank(m, p, pp_rank);

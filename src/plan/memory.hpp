@@ -22,6 +22,8 @@ namespace exatrain::plan {
 // pp > 1). kv heads fewer than tp are replicated (each rank keeps one kv head; the planner models
 // this Megatron option, the runtime rejects it).
 int64_t parameters_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, int64_t tp_rank = 0);
+// Of those, the elements of the layers' 2-D matrices (q/k/v/o, the MLP's): Muon's domain.
+int64_t matrix_parameters_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank);
 
 // Activation bytes one transformer layer keeps per micro-batch for the backward pass, on one
 // tensor-parallel rank, 2-byte elements (16-bit training; x2 for fp32). Korthikanti Table 2,

@@ -27,6 +27,8 @@ struct Plan {
   bool seq_parallel = false;
   Schedule schedule = Schedule::one_f_one_b;
   Precision precision = Precision::bf16;
+  // [train] optimizer: how many bytes of state a parameter has (memory.cpp); "adamw" or "muon".
+  std::string optimizer = "adamw";
   // Explicit layers per virtual stage (size pp * vp, stage s = chunk * pp + pp_rank, as the
   // runtime); empty = the cost-balanced default split (plan/stages.hpp), the runtime's too.
   std::vector<int64_t> layers_per_stage;

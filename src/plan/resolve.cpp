@@ -142,6 +142,7 @@ Plan plan_from_job(const Job& job, int world) {
   r.schedule = resolved(job, p.schedule, "schedule");
   r.layers_per_stage = p.layers_per_stage;
   r.precision = job.train.precision;
+  r.optimizer = job.train.optimizer;
   // dp omitted (or "auto": there is one fit) is inferred.
   std::optional<int> dp;
   if (p.dp) dp = int(*p.dp);
@@ -153,6 +154,13 @@ Plan plan_from_job(const Job& job, int world) {
   }
   if (const std::optional<PlanProblem> e = plan_problem(job.model, r, Purpose::train))
     throw Error(fmt::format("{}: {}", job_origin(job, e->keys), e->job_text));
+  // Muon orthogonalises every matrix whole on one owner (optim/muon.hpp); ZeRO 2 and 3 reduce and
+  // keep gradients in bucket and unit shards that cut matrices (parallel/grad_sync.cpp refuses it too).
+  if (job.train.optimizer == "muon" && r.zero >= 2 && r.dp > 1)
+    throw Error(fmt::format("{}: [parallel] zero = {} with [train] optimizer = \"muon\" at dp = {}: Muon orthogonalises "
+                            "every matrix whole on the rank that owns it, and ZeRO {} shards matrices across the dp "
+                            "ranks; expected zero = 0 or 1 (ZeRO 1 gives each matrix one owner)",
+                            job_origin(job, {"parallel.zero", "train.optimizer"}), r.zero, r.dp, r.zero));
   return r;
 }
 

@@ -595,6 +595,25 @@ TEST_P(Ops, AdamWMatchesFormula) {
   expect_close(bp.get(), wp, kFwdTol, "adamw param");
 }
 
+// Both branches (Nesterov and plain heavy ball), against the formula in double.
+TEST_P(Ops, MomentumMatchesFormula) {
+  for (bool nesterov : {true, false}) {
+    std::mt19937 rng(16);
+    const int64_t n = 301;
+    Vec g = random_vec(rng, size_t(n)), buf = random_vec(rng, size_t(n), 0.1), out(size_t(n), 7.0f);
+    Buf bg(be(), g), bb(be(), buf), bo(be(), out);
+    const double mu = 0.95, gs = 0.5;
+    be().momentum_update(bo.p, bb.p, bg.p, n, float(mu), nesterov, float(gs));
+    Vec wb(buf), wo(out);
+    for (size_t i = 0; i < size_t(n); i++) {
+      wb[i] = float(mu * buf[i] + gs * g[i]);
+      wo[i] = nesterov ? float(gs * g[i] + mu * wb[i]) : wb[i];
+    }
+    expect_close(bb.get(), wb, kFwdTol, nesterov ? "momentum buf (nesterov)" : "momentum buf");
+    expect_close(bo.get(), wo, kFwdTol, nesterov ? "momentum out (nesterov)" : "momentum out");
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Ops, testing::ValuesIn(backend_names()), backend_test_name);
 
 }  // namespace

@@ -83,6 +83,22 @@ TEST(Memory, HandComputedGpt2SingleDevice) {
   EXPECT_DOUBLE_EQ(mem.total, rest + kFragmentation * rest);
 }
 
+// Muon keeps one fp32 momentum buffer per matrix element (AdamW's two moments elsewhere): GPT-2
+// small's matrices are 12 layers x (768 x 2304 qkv + 768 x 768 o + 768 x 3072 fc1 + 3072 x 768 fc2).
+TEST(Memory, MuonKeepsOneMomentPerMatrixElement) {
+  ModelSpec m;
+  Plan p;
+  p.micro_batch = 8; p.global_batch = 8; p.precision = Precision::bf16;
+  const double n = 124439808, matrices = 12.0 * (768 * 2304 + 768 * 768 + 768 * 3072 + 3072 * 768);
+  EXPECT_EQ(matrix_parameters_on_rank(m, p, 0), int64_t(matrices));
+  p.optimizer = "muon";
+  EXPECT_DOUBLE_EQ(memory_per_device(m, p, find_device("a100-80g")).optimizer, 12 * n - 4 * matrices);
+  p.precision = Precision::fp32;
+  EXPECT_DOUBLE_EQ(memory_per_device(m, p, find_device("a100-80g")).optimizer, 8 * n - 4 * matrices);
+  p.optimizer = "adamw";
+  EXPECT_DOUBLE_EQ(memory_per_device(m, p, find_device("a100-80g")).optimizer, 8 * n);
+}
+
 TEST(Memory, ZeroStagesShardStates) {
   ModelSpec m = gpt3_175b();
   Plan p;

@@ -316,4 +316,16 @@ void CpuBackend::adamw_update(float* param, const float* grad, float* m, float* 
   }
 }
 
+void CpuBackend::momentum_update(float* out, float* buf, const float* grad, int64_t n, float momentum,
+                                 bool nesterov, float grad_scale) {
+  // Elementwise: the same bits for any thread count.
+#pragma omp parallel for schedule(static) if (n >= min_work_)
+  for (int64_t i = 0; i < n; i++) {
+    const float g = grad[i] * grad_scale;
+    const float b = momentum * buf[i] + g;
+    buf[i] = b;
+    out[i] = nesterov ? g + momentum * b : b;
+  }
+}
+
 }  // namespace exatrain

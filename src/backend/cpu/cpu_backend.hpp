@@ -89,6 +89,8 @@ class CpuBackend final : public Backend {
   void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                     float beta1, float beta2, float eps, float weight_decay,
                     float bias_correction1, float bias_correction2, float grad_scale) override;
+  void momentum_update(float* out, float* buf, const float* grad, int64_t n, float momentum, bool nesterov,
+                       float grad_scale) override;
 
  private:
   int threads_;

@@ -262,6 +262,11 @@ class GuardedCpuBackend final : public Backend {
     cpu_.adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2,
                       grad_scale);
   }
+  void momentum_update(float* out, float* buf, const float* grad, int64_t n, float momentum, bool nesterov,
+                       float grad_scale) override {
+    OpScope s("momentum_update", {span(out, n), span(buf, n), span(grad, n)});
+    cpu_.momentum_update(out, buf, grad, n, momentum, nesterov, grad_scale);
+  }
 
  private:
   CpuBackend cpu_;

@@ -1,0 +1,95 @@
+// The [optimizer] table: Muon's keys and defaults, the round trip, and the refusals (unknown key,
+// a key of an optimizer the job does not use, impossible values) naming file, key and value; and
+// the plan refusing ZeRO 2/3 at dp > 1 for Muon.
+#include <gtest/gtest.h>
+
+#include "core/check.hpp"
+#include "job/parse.hpp"
+#include "plan/resolve.hpp"
+#include "../test_util/error_of.hpp"
+
+using namespace exatrain;
+
+namespace {
+std::string parse_error(const std::string& text, const std::vector<std::string>& sets = {}) {
+  return error_of([&] { parse_job(text, "job.toml", sets); });
+}
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+}  // namespace
+
+TEST(JobOptimizer, MuonDefaultsAndKeys) {
+  Job d = parse_job("[train]\noptimizer = \"muon\"\n", "job.toml");
+  EXPECT_EQ(d.train.optimizer, "muon");
+  EXPECT_EQ(d.train.muon, MuonSpec{});
+  EXPECT_DOUBLE_EQ(d.train.muon.momentum, 0.95);
+  EXPECT_TRUE(d.train.muon.nesterov);
+  EXPECT_EQ(d.train.muon.ns_steps, 5);
+  EXPECT_EQ(d.train.muon.scale, "rms_match");
+  Job j = parse_job("[train]\noptimizer = \"muon\"\n[optimizer]\nmomentum = 0.9\nnesterov = false\nns_steps = 3\n"
+                    "scale = \"shape\"\n", "job.toml");
+  EXPECT_DOUBLE_EQ(j.train.muon.momentum, 0.9);
+  EXPECT_FALSE(j.train.muon.nesterov);
+  EXPECT_EQ(j.train.muon.ns_steps, 3);
+  EXPECT_EQ(j.train.muon.scale, "shape");
+  // --set reaches the table too.
+  Job s = parse_job("[train]\noptimizer = \"muon\"\n", "job.toml", {"optimizer.ns_steps=7"});
+  EXPECT_EQ(s.train.muon.ns_steps, 7);
+}
+
+TEST(JobOptimizer, MuonRoundTripsThroughToml) {
+  Job a = parse_job("[train]\noptimizer = \"muon\"\n[optimizer]\nmomentum = 0.8\nnesterov = false\nns_steps = 4\n"
+                    "scale = \"shape\"\n", "job.toml");
+  Job b = parse_job(job_to_toml(a), "roundtrip.toml");
+  EXPECT_EQ(b.train.muon, a.train.muon);
+  EXPECT_EQ(job_to_toml(a), job_to_toml(b));
+  EXPECT_FALSE(contains(job_to_toml(parse_job("", "job.toml")), "[optimizer]"));  // adamw has no table
+}
+
+TEST(JobOptimizer, UnknownKeyIsNamed) {
+  const std::string e = parse_error("[train]\noptimizer = \"muon\"\n[optimizer]\nmomentun = 0.9\n");
+  EXPECT_TRUE(contains(e, "job.toml: [optimizer] unknown key \"momentun\" (did you mean \"momentum\"?)")) << e;
+}
+
+TEST(JobOptimizer, KeyOfAnotherOptimizerIsRefused) {
+  std::string e = parse_error("[optimizer]\nmomentum = 0.9\n");  // optimizer = "adamw" (the default)
+  EXPECT_TRUE(contains(e, "job.toml: [optimizer] momentum = 0.9: a key of train.optimizer = \"muon\", but "
+                          "train.optimizer is \"adamw\"")) << e;
+  e = parse_error("[train]\noptimizer = \"adamw\"\n", {"optimizer.ns_steps=5"});
+  EXPECT_TRUE(contains(e, "--set: [optimizer] ns_steps = 5: a key of train.optimizer = \"muon\"")) << e;
+}
+
+TEST(JobOptimizer, ImpossibleValuesAreRefused) {
+  auto muon = [](const std::string& kv) { return "[train]\noptimizer = \"muon\"\n[optimizer]\n" + kv + "\n"; };
+  std::string e = parse_error(muon("momentum = 1.0"));
+  EXPECT_TRUE(contains(e, "job.toml: [optimizer] momentum = 1.0: expected a number in [0, 1)")) << e;
+  e = parse_error(muon("momentum = -0.1"));
+  EXPECT_TRUE(contains(e, "job.toml: [optimizer] momentum = -0.1: expected a number in [0, 1)")) << e;
+  e = parse_error(muon("ns_steps = 0"));
+  EXPECT_TRUE(contains(e, "job.toml: [optimizer] ns_steps = 0: expected an integer in [1, 100]")) << e;
+  e = parse_error(muon("scale = \"spectral\""));
+  EXPECT_TRUE(contains(e, "[optimizer] scale = \"spectral\": expected one of \"rms_match\" \"shape\"")) << e;
+  e = parse_error(muon("nesterov = 1"));
+  EXPECT_TRUE(contains(e, "[optimizer] nesterov = 1: expected true or false")) << e;
+  e = parse_error("[train]\noptimizer = \"sgd\"\n");
+  EXPECT_TRUE(contains(e, "[train] optimizer = \"sgd\": expected one of \"adamw\" \"muon\"")) << e;
+}
+
+// A job with every degree set (plan_from_job plans only resolved jobs).
+static Job muon_job(int gpus, int dp, int zero) {
+  return parse_job(fmt::format("[parallel]\ngpus = {}\ntp = 1\npp = 1\ncp = 1\nvp = 1\ndp = {}\nzero = {}\n"
+                               "micro_batch = 1\nglobal_batch = 4\nrecompute = \"none\"\nseq_parallel = false\n"
+                               "schedule = \"1f1b\"\n[train]\noptimizer = \"muon\"\n", gpus, dp, zero), "job.toml");
+}
+
+TEST(JobOptimizer, MuonRefusesZero2And3AtDpAboveOne) {
+  for (int zero : {2, 3}) {
+    const Job j = muon_job(2, 2, zero);
+    const std::string e = error_of([&] { plan::plan_from_job(j, 2); });
+    EXPECT_TRUE(contains(e, fmt::format("job.toml: [parallel] zero = {} with [train] optimizer = \"muon\" at dp = 2", zero)))
+        << e;
+    EXPECT_TRUE(contains(e, "expected zero = 0 or 1")) << e;
+  }
+  // ZeRO 1 at dp 2, and ZeRO 2 at dp 1, plan.
+  EXPECT_EQ(error_of([] { plan::plan_from_job(muon_job(2, 2, 1), 2); }), "");
+  EXPECT_EQ(error_of([] { plan::plan_from_job(muon_job(1, 1, 2), 1); }), "");
+}
