@@ -68,6 +68,7 @@ struct Rules {
   bool batches();
   bool pipeline();
   bool stages();
+  bool optimizer();
 };
 
 bool Rules::degrees() {
@@ -236,11 +237,27 @@ bool Rules::stages() {
   return false;
 }
 
+// Muon orthogonalises every matrix whole on the one rank that owns it (optim/muon.hpp); ZeRO 2
+// and 3 keep gradients in bucket and unit shards that cut matrices across the dp ranks
+// (parallel/grad_sync.cpp asserts the same for an optimizer that needs whole entries).
+bool Rules::optimizer() {
+  if (p.optimizer == "muon" && p.zero >= 2 && p.dp > 1)
+    return fail({"parallel.zero", "train.optimizer"},
+                fmt::format("zero = {} with optimizer = \"muon\" at dp = {}: Muon needs every matrix whole on one "
+                            "rank and ZeRO {} shards matrices across the dp ranks; expected zero = 0 or 1", p.zero,
+                            p.dp, p.zero),
+                fmt::format("[parallel] zero = {} with [train] optimizer = \"muon\" at dp = {}: Muon orthogonalises "
+                            "every matrix whole on the rank that owns it, and ZeRO {} shards matrices across the dp "
+                            "ranks; expected zero = 0 or 1 (ZeRO 1 gives each matrix one owner)", p.zero, p.dp, p.zero));
+  return false;
+}
+
 }  // namespace
 
 std::optional<PlanProblem> plan_problem(const ModelSpec& model, const Plan& plan, Purpose purpose) {
   Rules r{model, plan, purpose, std::nullopt};
-  (void)(r.degrees() || r.sizes() || r.runtime() || r.shapes() || r.runtime_shapes() || r.batches() || r.pipeline() || r.stages());
+  (void)(r.degrees() || r.sizes() || r.runtime() || r.shapes() || r.runtime_shapes() || r.batches() || r.pipeline() || r.stages() ||
+               r.optimizer());
   return r.found;
 }
 

@@ -36,8 +36,11 @@ bool has_auto(const ParallelSpec& p) {
 // the fields the job leaves unset; cp is fixed to 1 (not run). Every rank searches (the search is
 // deterministic), so no plan needs to be sent around.
 const Prediction* best_runnable(const Job& job, const SearchResult& res) {
-  for (const auto& c : res.top)
-    if (!plan_problem(job.model, c.plan, Purpose::train)) return &c;
+  for (const auto& c : res.top) {
+    Plan p = c.plan;
+    p.optimizer = job.train.optimizer;  // the search plans for AdamW; the job's optimizer has its own rules
+    if (!plan_problem(job.model, p, Purpose::train)) return &c;
+  }
   return nullptr;
 }
 
@@ -154,13 +157,6 @@ Plan plan_from_job(const Job& job, int world) {
   }
   if (const std::optional<PlanProblem> e = plan_problem(job.model, r, Purpose::train))
     throw Error(fmt::format("{}: {}", job_origin(job, e->keys), e->job_text));
-  // Muon orthogonalises every matrix whole on one owner (optim/muon.hpp); ZeRO 2 and 3 reduce and
-  // keep gradients in bucket and unit shards that cut matrices (parallel/grad_sync.cpp refuses it too).
-  if (job.train.optimizer == "muon" && r.zero >= 2 && r.dp > 1)
-    throw Error(fmt::format("{}: [parallel] zero = {} with [train] optimizer = \"muon\" at dp = {}: Muon orthogonalises "
-                            "every matrix whole on the rank that owns it, and ZeRO {} shards matrices across the dp "
-                            "ranks; expected zero = 0 or 1 (ZeRO 1 gives each matrix one owner)",
-                            job_origin(job, {"parallel.zero", "train.optimizer"}), r.zero, r.dp, r.zero));
   return r;
 }
 

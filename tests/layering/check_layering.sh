@@ -2,7 +2,8 @@
 # check_layering.sh CMAKE BUILD_DIR "PROBES" "CONTROLS" (tests/layering/CMakeLists.txt): every probe
 # (an include of a room its room may not use) must fail to compile because the header is not
 # found; every control (the includes a room may use) must compile. A relative include
-# ("../train/session.hpp") would reach past the include roots, so none is allowed under src/.
+# ("../train/session.hpp", "model/../train/session.hpp") would reach past the include roots, so
+# no include path under src/ has a "." or ".." segment.
 set -u
 cmake=$1 build=$2
 read -r -a probes <<< "${3//;/ }"
@@ -10,7 +11,9 @@ read -r -a controls <<< "${4//;/ }"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 src=$(cd "$(dirname "$0")/../../src" && pwd)
-if grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"\.{1,2}/' "$src"; then
+# Any "." or ".." path segment, in quotes or angle brackets ("../x.hpp", "model/../train/x.hpp",
+# <../train/train/x.hpp>): each can climb out of an include root into a room not used.
+if grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]([^>"]*/)?\.{1,2}/' "$src"; then
   echo "FAIL: the relative includes above bypass the rooms' include roots; write \"<room>/<header>\""; exit 1
 fi
 echo "ok: no relative include under src/"

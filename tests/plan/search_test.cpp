@@ -99,6 +99,21 @@ TEST(Search, ListedStagesFixVpOrFailWithTheEquation) {
             std::string::npos) << message(f);
 }
 
+// The optimizer's sharding rule is a plan rule: predict and plan refuse what train would.
+TEST(PlanRules, MuonRefusesZeroStagesThatCutMatrices) {
+  ModelSpec m = gpt(12, 768, 12, 1024);
+  Plan p;
+  p.gpus = 4; p.dp = 4; p.global_batch = 16; p.zero = 2; p.optimizer = "muon";
+  EXPECT_EQ(plan_error(m, p), "zero = 2 with optimizer = \"muon\" at dp = 4: Muon needs every matrix whole on one rank "
+                              "and ZeRO 2 shards matrices across the dp ranks; expected zero = 0 or 1");
+  p.zero = 1;
+  EXPECT_EQ(plan_error(m, p), "");
+  p.zero = 3; p.optimizer = "adamw";
+  EXPECT_EQ(plan_error(m, p), "");
+  p.optimizer = "muon"; p.dp = 1; p.gpus = 1;  // nothing is sharded over one replica
+  EXPECT_EQ(plan_error(m, p), "");
+}
+
 TEST(PlanRules, ErrorsPrintTheEquation) {
   ModelSpec m = gpt(96, 12288, 96, 2048);
   Plan p;
