@@ -7,15 +7,12 @@
 #include "job/parse.hpp"
 #include "plan/resolve.hpp"
 #include "../test_util/error_of.hpp"
+#include "job_errors.hpp"
 
 using namespace exatrain;
 
-namespace {
-std::string parse_error(const std::string& text, const std::vector<std::string>& sets = {}) {
-  return error_of([&] { parse_job(text, "job.toml", sets); });
-}
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-}  // namespace
+using job_test::contains;
+using job_test::parse_error;
 
 TEST(JobOptimizer, MuonDefaultsAndKeys) {
   Job d = parse_job("[train]\noptimizer = \"muon\"\n", "job.toml");

@@ -8,16 +8,12 @@
 #include "core/check.hpp"
 #include "job/parse.hpp"
 #include "../test_util/error_of.hpp"
+#include "job_errors.hpp"
 
 using namespace exatrain;
 
-namespace {
-// Returns the error text of parsing `text`, or "" when it parsed.
-std::string parse_error(const std::string& text, const std::vector<std::string>& sets = {}) {
-  return error_of([&] { parse_job(text, "job.toml", sets); });
-}
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-}  // namespace
+using job_test::contains;
+using job_test::parse_error;
 
 TEST(JobParse, ContractExampleReadsEveryKey) {
   Job j = parse_job(R"(
