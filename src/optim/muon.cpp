@@ -56,14 +56,8 @@ float* Muon::newton_schulz(float* x, int64_t m, int64_t n) {
 }
 
 void Muon::update(const EntryPart& e, const OptimStep& ctx) {
+  if (!orthogonalised(e.p)) return adamw_part(be_, cfg_.adamw, e, e.entry_state[0], e.entry_state[1], ctx);
   const float wd = e.p.decay ? cfg_.adamw.weight_decay : 0.0f;
-  if (!orthogonalised(e.p)) {
-    const AdamWConfig& c = cfg_.adamw;
-    const float bc1 = 1.0f - std::pow(c.beta1, float(ctx.step)), bc2 = 1.0f - std::pow(c.beta2, float(ctx.step));
-    be_.adamw_update(e.params, e.grads, e.entry_state[0], e.entry_state[1], e.n, ctx.lr, c.beta1, c.beta2, c.eps, wd,
-                     bc1, bc2, ctx.grad_scale);
-    return;
-  }
   // init_state gave a matrix its momentum buffer only when the region holds it whole.
   EXA_CHECK(e.first == 0 && e.n == e.p.numel, "muon: {} is cut by its region (elements [{}, {}) of {})", e.p.name,
             e.first, e.first + e.n, e.p.numel);

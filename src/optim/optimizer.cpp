@@ -87,12 +87,14 @@ void Optimizer::step(const std::vector<ParamRegion>& regions, const OptimStep& c
   }
 }
 
-void AdamW::update(const EntryPart& e, const OptimStep& ctx) {
-  const float bc1 = 1.0f - std::pow(cfg_.beta1, float(ctx.step));
-  const float bc2 = 1.0f - std::pow(cfg_.beta2, float(ctx.step));
-  be_.adamw_update(e.params, e.grads, e.state[0], e.state[1], e.n, ctx.lr, cfg_.beta1, cfg_.beta2, cfg_.eps,
-                   e.p.decay ? cfg_.weight_decay : 0.0f, bc1, bc2, ctx.grad_scale);
+void adamw_part(Backend& be, const AdamWConfig& c, const EntryPart& e, float* m, float* v, const OptimStep& ctx) {
+  const float bc1 = 1.0f - std::pow(c.beta1, float(ctx.step));
+  const float bc2 = 1.0f - std::pow(c.beta2, float(ctx.step));
+  be.adamw_update(e.params, e.grads, m, v, e.n, ctx.lr, c.beta1, c.beta2, c.eps, e.p.decay ? c.weight_decay : 0.0f,
+                  bc1, bc2, ctx.grad_scale);
 }
+
+void AdamW::update(const EntryPart& e, const OptimStep& ctx) { adamw_part(be_, cfg_, e, e.state[0], e.state[1], ctx); }
 
 std::unique_ptr<Optimizer> make_optimizer(Backend& backend, const TrainSpec& t) {
   const AdamWConfig adamw{float(t.beta1), float(t.beta2), float(t.eps), float(t.weight_decay)};

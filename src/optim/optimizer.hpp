@@ -134,6 +134,10 @@ class AdamW final : public Optimizer {
   AdamWConfig cfg_;
 };
 
+// One AdamW update of an entry's part with moments m and v (device [part.n]): the update of
+// AdamW, and of the entries a matrix optimizer leaves to AdamW (Muon's embeddings, norms, biases).
+void adamw_part(Backend& be, const AdamWConfig& c, const EntryPart& part, float* m, float* v, const OptimStep& ctx);
+
 // The job's optimizer ([train] optimizer and its hyper-parameters: "adamw", or "muon" with
 // [optimizer]'s keys, optim/muon.hpp). Another name is an error naming train.optimizer.
 std::unique_ptr<Optimizer> make_optimizer(Backend& backend, const TrainSpec& train);

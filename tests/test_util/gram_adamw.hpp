@@ -36,9 +36,7 @@ class GramAdamW final : public Optimizer {
 
  protected:
   void update(const EntryPart& e, const OptimStep& ctx) override {
-    const float bc1 = 1.0f - std::pow(0.9f, float(ctx.step)), bc2 = 1.0f - std::pow(0.95f, float(ctx.step));
-    be_.adamw_update(e.params, e.grads, e.state[0], e.state[1], e.n, ctx.lr, 0.9f, 0.95f, 1e-8f,
-                     e.p.decay ? 0.1f : 0.0f, bc1, bc2, ctx.grad_scale);
+    adamw_part(be_, AdamWConfig{0.9f, 0.95f, 1e-8f, 0.1f}, e, e.state[0], e.state[1], ctx);
     const std::vector<EntryStateSpec> specs = entry_states(e.p);
     if (specs.empty()) return;
     const int64_t m = e.p.shard_shape[0], n = e.p.shard_shape[1];
