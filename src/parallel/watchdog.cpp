@@ -46,9 +46,24 @@ void Watchdog::leave() {
 
 void Watchdog::run() {
   auto poll = std::chrono::duration<double>(std::min(timeout_s_ / 4, 0.25));
+  // A gap between two polls longer than the poll interval plus kUnobservedSlackS is time this
+  // process did not run (SIGSTOP, a suspended VM or container): it is not counted as a wait.
+  // Otherwise a rank frozen inside a call would, once resumed (Open MPI sends SIGCONT before
+  // SIGTERM when it ends a job), report the time it was frozen as a wait of its own, and the
+  // frozen rank would no longer be the one missing from the reports. A thread merely starved
+  // for less than the slack keeps its time counted, so a real stall is still reported.
+  constexpr double kUnobservedSlackS = 1.0;
+  const int64_t poll_ns = static_cast<int64_t>(poll.count() * 1e9);
+  const int64_t slack_ns = static_cast<int64_t>(kUnobservedSlackS * 1e9);
   std::unique_lock<std::mutex> lock(mu_);
+  int64_t last_poll_ns = now_ns();
   while (!stop_) {
     cv_.wait_for(lock, poll);
+    const int64_t polled_ns = now_ns();
+    const int64_t gap_ns = polled_ns - last_poll_ns;
+    last_poll_ns = polled_ns;
+    if (start_ns_ != 0 && gap_ns > poll_ns + slack_ns)
+      start_ns_ = std::min(polled_ns, start_ns_ + gap_ns - poll_ns);
     if (stop_ || start_ns_ == 0 || reported_) continue;
     double waited = (now_ns() - start_ns_) * 1e-9;
     if (waited < timeout_s_) continue;

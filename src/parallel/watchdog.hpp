@@ -9,6 +9,10 @@
 // "process rank r ... exited on signal 9" and terminates the others. The watchdog covers the other
 // failure: every process alive but one never entering the collective (deadlock, stuck I/O).
 //
+// Time this process did not run (SIGSTOP, a suspended VM: a gap between two polls of more than
+// the poll interval + 1 s) is not counted as a wait, so a frozen rank, once resumed, does not
+// report its own freeze and stays the one missing from the reports.
+//
 // The watchdog thread never calls MPI, so MPI_THREAD_FUNNELED (or even SINGLE) suffices.
 #pragma once
 #include <atomic>
