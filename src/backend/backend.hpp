@@ -46,6 +46,15 @@ class Event {
   bool recorded = false;  // host-synchronous backends: set by record()
 };
 
+// The scalars of one lamb_update (Backend): bc_i = 1 - beta_i^step.
+struct LambStep {
+  float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-6f, weight_decay = 0, bc1 = 1, bc2 = 1, grad_scale = 1;
+};
+// The scalars of one adafactor_update (Backend): beta2t = 1 - step^decay_rate.
+struct AdafactorStep {
+  float lr = 0, beta1 = 0, beta2t = 0, eps1 = 1e-30f, clip = 1, weight_decay = 0, grad_scale = 1;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -214,6 +223,28 @@ class Backend {
   //   out = nesterov ? g + momentum * buf : buf.   out[n] is overwritten; buf[n] is updated.
   virtual void momentum_update(float* out, float* buf, const float* grad, int64_t n, float momentum,
                                bool nesterov, float grad_scale) = 0;
+  // torch.optim.SGD (dampening 0, L2 weight decay): g = grad_scale grad + wd p;
+  //   buf = momentum buf + g;  d = nesterov ? g + momentum buf : buf;  p -= lr d.
+  virtual void sgd_update(float* param, const float* grad, float* buf, int64_t n, float lr, float momentum,
+                          bool nesterov, float weight_decay, float grad_scale) = 0;
+  // Lion (Chen et al. 2023, arXiv 2302.06675, Algorithm 2): g = grad_scale grad;
+  //   c = b1 m + (1 - b1) g;  p = p (1 - lr wd) - lr sign(c);  m = b2 m + (1 - b2) g.
+  virtual void lion_update(float* param, const float* grad, float* m, int64_t n, float lr, float beta1,
+                           float beta2, float weight_decay, float grad_scale) = 0;
+  // LAMB (You et al. 2019, arXiv 1904.00962, Algorithm 2) on one whole entry of n elements:
+  //   Adam's m, v (as adamw_update);  r = (m / bc1) / (sqrt(v / bc2) + eps) + wd p   (into scratch[n]);
+  //   p -= lr t r,  trust ratio t = |p| / |r| (2-norms of the entry; 1 when either is 0).
+  virtual void lamb_update(float* param, const float* grad, float* m, float* v, float* scratch, int64_t n,
+                           const LambStep& s) = 0;
+  // Adafactor (Shazeer & Stern 2018, arXiv 1804.04235) as Hugging Face's (relative_step = false) on
+  // one whole entry of rows x cols elements (rows = 1 for a vector); g = grad_scale grad:
+  //   factored (row [rows], col [cols], v null): row = b2t row + (1 - b2t) mean_j (g^2 + eps1),
+  //     col likewise over i;  U = g / sqrt(row_i / mean(row) * col_j);
+  //   else (v [rows cols], row = col = null): v = b2t v + (1 - b2t)(g^2 + eps1);  U = g / sqrt(v);
+  //   U = lr U / max(1, RMS(U) / clip);  with m [rows cols] (beta1 > 0): m = b1 m + (1 - b1) U, U = m;
+  //   p = p (1 - lr wd) - U.   scratch [rows cols] holds U.
+  virtual void adafactor_update(float* param, const float* grad, float* row, float* col, float* v, float* m,
+                                float* scratch, int64_t rows, int64_t cols, const AdafactorStep& s) = 0;
 
   // ---- instrumentation -----------------------------------------------------------------------
   // Seconds and floating-point operations spent in gemm / gemm_strided_batched since reset.

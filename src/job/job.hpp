@@ -89,6 +89,50 @@ struct MuonSpec {
   bool operator==(const MuonSpec&) const = default;
 };
 
+// [optimizer] keys of train.optimizer = "sgd": torch.optim.SGD (dampening 0); weight decay is
+// [train] weight_decay as L2 added to the gradient, as torch.optim.SGD's.
+struct SgdSpec {
+  double momentum = 0.9;        // the classical value (Sutskever et al. 2013); torch's default is 0
+  bool nesterov = false;        // torch.optim.SGD's default
+  bool operator==(const SgdSpec&) const = default;
+};
+
+// [optimizer] keys of train.optimizer = "lion" (Chen et al. 2023, "Symbolic Discovery of
+// Optimization Algorithms", arXiv 2302.06675); weight decay is [train] weight_decay, decoupled.
+struct LionSpec {
+  double beta1 = 0.9;           // the paper's defaults (its Algorithm 2 and section 3)
+  double beta2 = 0.99;
+  bool operator==(const LionSpec&) const = default;
+};
+
+// [optimizer] keys of train.optimizer = "adafactor" (Shazeer & Stern 2018, arXiv 1804.04235) with
+// an explicit learning rate ([train] lr and its schedule), as Hugging Face's Adafactor with
+// relative_step = scale_parameter = false; weight decay is [train] weight_decay, decoupled.
+struct AdafactorSpec {
+  double beta1 = 0;             // 0: no first moment (the paper's memory-saving default)
+  double decay_rate = -0.8;     // beta2_t = 1 - t^decay_rate (the paper's section 7.2)
+  double eps1 = 1e-30;          // added to the squared gradient (the paper's epsilon_1)
+  double clip_threshold = 1.0;  // update clipping: U / max(1, RMS(U) / d), d = 1 (section 6)
+  bool factored = true;         // false: a full second moment for matrices too
+  bool operator==(const AdafactorSpec&) const = default;
+};
+
+// The optimizers of train.optimizer, in the order of [train] optimizer's documented choices.
+inline const std::vector<std::string>& optimizer_names() {
+  static const std::vector<std::string> names = {"adamw", "sgd", "lamb", "lion", "adafactor", "muon"};
+  return names;
+}
+
+// fp32 state elements an optimizer keeps per parameter element, on the layers' 2-D matrices and
+// on the rest (embeddings, head, norms, biases), for the memory model (plan/memory.cpp) and
+// the docs (optim/ allocates these; Adafactor's factored means are counted as 0).
+struct OptimizerState {
+  double per_matrix_element = 2, per_other_element = 2;
+  // True when its update needs every entry whole on one rank (a per-matrix norm, a factored
+  // moment, an orthogonalisation): ZeRO 2 and 3 at dp > 1 cut entries, so they are refused.
+  bool whole_entries = false;
+  bool operator==(const OptimizerState&) const = default;
+};
 struct TrainSpec {
   Precision precision = Precision::fp32;
   std::string optimizer = "adamw";
@@ -113,8 +157,14 @@ struct TrainSpec {
   // the host cannot touch outside an op: the proof of the device boundary, for tests).
   std::string backend = "cpu";
   MuonSpec muon;                // [optimizer] when optimizer = "muon"
+  SgdSpec sgd;                  // ... "sgd"
+  LionSpec lion;                // ... "lion"
+  AdafactorSpec adafactor;      // ... "adafactor"
   bool operator==(const TrainSpec&) const = default;
 };
+
+// The state of the job's optimizer (OptimizerState), from train.optimizer and its [optimizer] keys.
+OptimizerState optimizer_state(const TrainSpec& t);
 
 struct Job {
   std::string source;  // the file it came from, for error messages

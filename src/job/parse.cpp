@@ -385,25 +385,67 @@ void layer_sections(const toml::value& root, const std::string& source, const st
   for (const auto& s : other_sets) apply_set(sections, docs, s, errors);
 }
 
-// [optimizer]: the hyper-parameters of train.optimizer (AdamW's are [train]'s beta1, beta2, eps and
-// weight_decay; Muon's are here, defaults and sources in docs/job-file.md). A key of an optimizer
-// the job does not use is refused: it would be silently ignored otherwise.
-void parse_optimizer_section(Section& s, TrainSpec& t) {
-  const std::vector<std::string> muon_keys = {"momentum", "nesterov", "ns_steps", "scale"};
-  if (t.optimizer != "muon") {
-    for (const std::string& k : muon_keys)
-      if (s.has(k))
-        s.refuse(k, fmt::format("a key of train.optimizer = \"muon\", but train.optimizer is \"{}\" (AdamW's own "
-                                "keys are [train] beta1, beta2, eps and weight_decay)", t.optimizer));
-    s.report_unknown(muon_keys);
-    return;
+// [optimizer]: the hyper-parameters of train.optimizer (AdamW's and LAMB's are [train]'s beta1,
+// beta2, eps and weight_decay; the others' are here, defaults and sources in docs/job-file.md and
+// job/job.hpp). A key of an optimizer the job does not use is refused: it would be silently
+// ignored otherwise.
+const std::vector<std::pair<std::string, std::vector<std::string>>>& optimizer_keys() {
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> keys = {
+      {"muon", {"momentum", "nesterov", "ns_steps", "scale"}},
+      {"sgd", {"momentum", "nesterov"}},
+      {"lion", {"beta1", "beta2"}},
+      {"adafactor", {"beta1", "decay_rate", "eps1", "clip_threshold", "factored"}}};
+  return keys;
+}
+
+// The optimizers that have `key` among their [optimizer] keys, as "\"muon\" or \"sgd\"".
+std::string optimizers_with_key(const std::string& key) {
+  std::string out;
+  for (const auto& [name, keys] : optimizer_keys())
+    if (std::find(keys.begin(), keys.end(), key) != keys.end())
+      out += fmt::format("{}\"{}\"", out.empty() ? "" : " or ", name);
+  return out;
+}
+
+void parse_optimizer_values(Section& s, TrainSpec& t) {
+  if (t.optimizer == "muon") {
+    MuonSpec& m = t.muon;
+    s.get_float_below("momentum", m.momentum, 0, 1);  // 1: the buffer never forgets, and grows without bound
+    s.get_bool("nesterov", m.nesterov);
+    s.get_int("ns_steps", m.ns_steps, 1, 100);
+    if (int i = s.get_choice("scale", {"rms_match", "shape"}); i >= 0) m.scale = i == 0 ? "rms_match" : "shape";
+  } else if (t.optimizer == "sgd") {
+    s.get_float_below("momentum", t.sgd.momentum, 0, 1);
+    s.get_bool("nesterov", t.sgd.nesterov);
+  } else if (t.optimizer == "lion") {
+    s.get_float_below("beta1", t.lion.beta1, 0, 1);
+    s.get_float_below("beta2", t.lion.beta2, 0, 1);
+  } else if (t.optimizer == "adafactor") {
+    AdafactorSpec& a = t.adafactor;
+    s.get_float_below("beta1", a.beta1, 0, 1);
+    s.get_float_below("decay_rate", a.decay_rate, -1, 0);  // beta2_t = 1 - t^c: c in [-1, 0) keeps it in [0, 1)
+    s.get_float("eps1", a.eps1, 0, 1);
+    s.get_float("clip_threshold", a.clip_threshold, 1e-6, 1e6);
+    s.get_bool("factored", a.factored);
   }
-  MuonSpec& m = t.muon;
-  s.get_float_below("momentum", m.momentum, 0, 1);  // 1: the buffer never forgets, and grows without bound
-  s.get_bool("nesterov", m.nesterov);
-  s.get_int("ns_steps", m.ns_steps, 1, 100);
-  if (int i = s.get_choice("scale", {"rms_match", "shape"}); i >= 0) m.scale = i == 0 ? "rms_match" : "shape";
-  s.report_unknown(muon_keys);
+}
+
+void parse_optimizer_section(Section& s, TrainSpec& t) {
+  std::vector<std::string> own, all;
+  for (const auto& [name, keys] : optimizer_keys()) {
+    for (const std::string& k : keys)
+      if (std::find(all.begin(), all.end(), k) == all.end()) all.push_back(k);
+    if (name == t.optimizer) own = keys;
+  }
+  std::string own_text;
+  for (const std::string& k : own) own_text += (own_text.empty() ? "" : ", ") + k;
+  own_text = own.empty() ? "whose keys are [train] beta1, beta2, eps and weight_decay" : "whose [optimizer] keys are " + own_text;
+  for (const std::string& k : all)
+    if (s.has(k) && std::find(own.begin(), own.end(), k) == own.end())
+      s.refuse(k, fmt::format("a key of train.optimizer = {}, but train.optimizer is \"{}\" ({})", optimizers_with_key(k),
+                              t.optimizer, own_text));
+  parse_optimizer_values(s, t);
+  s.report_unknown(all);
 }
 
 }  // namespace
@@ -514,7 +556,7 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     Section& s = sections.at("train");
     TrainSpec& t = job.train;
     if (int i = s.get_choice("precision", {"fp32", "fp16", "bf16", "fp8"}); i >= 0) t.precision = Precision(i);
-    if (int i = s.get_choice("optimizer", {"adamw", "muon"}); i >= 0) t.optimizer = i == 0 ? "adamw" : "muon";
+    if (int i = s.get_choice("optimizer", optimizer_names()); i >= 0) t.optimizer = optimizer_names()[size_t(i)];
     s.get_int("steps", t.steps, 0, int64_t(1) << 40);
     s.get_uint("seed", t.seed);
     s.get_float("lr", t.lr, 0, 10);
@@ -636,6 +678,12 @@ std::string job_to_toml(const Job& job) {
   if (t.optimizer == "muon")
     out += "\n[optimizer]\n" + line("momentum", t.muon.momentum) + line("nesterov", t.muon.nesterov) +
            line("ns_steps", t.muon.ns_steps) + line("scale", t.muon.scale);
+  if (t.optimizer == "sgd") out += "\n[optimizer]\n" + line("momentum", t.sgd.momentum) + line("nesterov", t.sgd.nesterov);
+  if (t.optimizer == "lion") out += "\n[optimizer]\n" + line("beta1", t.lion.beta1) + line("beta2", t.lion.beta2);
+  if (t.optimizer == "adafactor")
+    out += "\n[optimizer]\n" + line("beta1", t.adafactor.beta1) + line("decay_rate", t.adafactor.decay_rate) +
+           line("eps1", t.adafactor.eps1) + line("clip_threshold", t.adafactor.clip_threshold) +
+           line("factored", t.adafactor.factored);
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/check.hpp"
+#include "optim/first_order.hpp"
 #include "optim/muon.hpp"
 
 namespace exatrain {
@@ -97,14 +98,23 @@ void adamw_part(Backend& be, const AdamWConfig& c, const EntryPart& e, float* m,
 void AdamW::update(const EntryPart& e, const OptimStep& ctx) { adamw_part(be_, cfg_, e, e.state[0], e.state[1], ctx); }
 
 std::unique_ptr<Optimizer> make_optimizer(Backend& backend, const TrainSpec& t) {
-  const AdamWConfig adamw{float(t.beta1), float(t.beta2), float(t.eps), float(t.weight_decay)};
+  const float wd = float(t.weight_decay);
+  const AdamWConfig adamw{float(t.beta1), float(t.beta2), float(t.eps), wd};
+  if (t.optimizer == "adamw") return std::make_unique<AdamW>(backend, adamw);
   if (t.optimizer == "muon") {
     const MuonSpec& m = t.muon;
     return std::make_unique<Muon>(backend, MuonConfig{float(m.momentum), m.nesterov, m.ns_steps,
                                                       m.scale == "rms_match", adamw});
   }
-  EXA_CHECK(t.optimizer == "adamw", "train.optimizer = \"{}\": expected \"adamw\" or \"muon\"", t.optimizer);
-  return std::make_unique<AdamW>(backend, adamw);
+  if (t.optimizer == "sgd") return std::make_unique<Sgd>(backend, SgdConfig{float(t.sgd.momentum), wd, t.sgd.nesterov});
+  if (t.optimizer == "lion") return std::make_unique<Lion>(backend, LionConfig{float(t.lion.beta1), float(t.lion.beta2), wd});
+  if (t.optimizer == "lamb") return std::make_unique<Lamb>(backend, adamw);
+  if (t.optimizer == "adafactor") {
+    const AdafactorSpec& a = t.adafactor;
+    return std::make_unique<Adafactor>(backend, AdafactorConfig{float(a.beta1), float(a.decay_rate), float(a.eps1),
+                                                                float(a.clip_threshold), wd, a.factored});
+  }
+  EXA_FAIL("train.optimizer = \"{}\": expected one of adamw, sgd, lamb, lion, adafactor, muon", t.optimizer);
 }
 
 double lr_at(int64_t step, double lr, double min_lr, int64_t warmup, int64_t total) {

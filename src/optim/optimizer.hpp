@@ -138,8 +138,9 @@ class AdamW final : public Optimizer {
 // AdamW, and of the entries a matrix optimizer leaves to AdamW (Muon's embeddings, norms, biases).
 void adamw_part(Backend& be, const AdamWConfig& c, const EntryPart& part, float* m, float* v, const OptimStep& ctx);
 
-// The job's optimizer ([train] optimizer and its hyper-parameters: "adamw", or "muon" with
-// [optimizer]'s keys, optim/muon.hpp). Another name is an error naming train.optimizer.
+// The job's optimizer ([train] optimizer and its hyper-parameters: "adamw" and "lamb" with
+// [train]'s beta1, beta2, eps; "sgd", "lion", "adafactor" (optim/first_order.hpp) and "muon"
+// (optim/muon.hpp) with [optimizer]'s keys). Another name is an error naming train.optimizer.
 std::unique_ptr<Optimizer> make_optimizer(Backend& backend, const TrainSpec& train);
 
 // Learning rate at optimizer step `step` (0-based): linear warm-up from lr/warmup to lr over

@@ -86,10 +86,14 @@ Memory memory_of_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, bool w
   double shards = double(p.dp * p.cp);  // ZeRO shards over every replica of these weights
   mem.params = b.weights * (p.zero >= 3 ? n / shards : n);
   mem.grads = b.grads * (p.zero >= 2 ? n / shards : n);
-  // Muon (optim/muon.hpp) keeps one fp32 momentum buffer per matrix element where AdamW keeps two
-  // moments, and AdamW's two on the rest; ZeRO 1 spreads whole matrices over the dp ranks (about n / dp each).
-  double optimizer = b.optimizer * n;
-  if (p.optimizer == "muon") optimizer -= 4.0 * double(matrix_parameters_on_rank(m, p, pp_rank));
+  // b.optimizer counts AdamW's two fp32 moments; another optimizer keeps per_matrix_element fp32
+  // values per element of the layers' matrices and per_other_element on the rest (job/job.hpp
+  // optimizer_state: Muon 1 and 2, SGD and Lion 1, Adafactor ~0 factored). ZeRO 1 spreads whole
+  // entries over the dp ranks when the optimizer needs them (about n / dp each).
+  const double matrix = double(matrix_parameters_on_rank(m, p, pp_rank));
+  const OptimizerState& os = p.optimizer_state;
+  double optimizer = b.optimizer * n - 4.0 * ((2 - os.per_matrix_element) * matrix +
+                                              (2 - os.per_other_element) * (n - matrix));
   mem.optimizer = p.zero >= 1 ? optimizer / shards : optimizer;
   double elem = double(element_bytes(p.precision));
   double tokens = double(p.micro_batch) * double(m.seq_len) / double(p.cp);

@@ -237,18 +237,21 @@ bool Rules::stages() {
   return false;
 }
 
-// Muon orthogonalises every matrix whole on the one rank that owns it (optim/muon.hpp); ZeRO 2
-// and 3 keep gradients in bucket and unit shards that cut matrices across the dp ranks
+// Muon orthogonalises every matrix whole on the one rank that owns it (optim/muon.hpp), LAMB's
+// trust ratio and Adafactor's factored moment are over whole entries (optim/first_order.hpp); ZeRO
+// 2 and 3 keep gradients in bucket and unit shards that cut entries across the dp ranks
 // (parallel/grad_sync.cpp asserts the same for an optimizer that needs whole entries).
 bool Rules::optimizer() {
-  if (p.optimizer == "muon" && p.zero >= 2 && p.dp > 1)
+  if (p.optimizer_state.whole_entries && p.zero >= 2 && p.dp > 1)
     return fail({"parallel.zero", "train.optimizer"},
-                fmt::format("zero = {} with optimizer = \"muon\" at dp = {}: Muon needs every matrix whole on one "
-                            "rank and ZeRO {} shards matrices across the dp ranks; expected zero = 0 or 1", p.zero,
-                            p.dp, p.zero),
-                fmt::format("[parallel] zero = {} with [train] optimizer = \"muon\" at dp = {}: Muon orthogonalises "
-                            "every matrix whole on the rank that owns it, and ZeRO {} shards matrices across the dp "
-                            "ranks; expected zero = 0 or 1 (ZeRO 1 gives each matrix one owner)", p.zero, p.dp, p.zero));
+                fmt::format("zero = {} with optimizer = \"{}\" at dp = {}: {} needs every parameter tensor whole on "
+                            "one rank and ZeRO {} shards tensors across the dp ranks; expected zero = 0 or 1", p.zero,
+                            p.optimizer, p.dp, p.optimizer, p.zero),
+                fmt::format("[parallel] zero = {} with [train] optimizer = \"{}\" at dp = {}: {} updates every "
+                            "parameter tensor whole on the rank that owns it (an orthogonalisation, a per-tensor "
+                            "norm or factored moment), and ZeRO {} shards tensors across the dp ranks; expected "
+                            "zero = 0 or 1 (ZeRO 1 gives each tensor one owner)", p.zero, p.optimizer, p.dp,
+                            p.optimizer, p.zero));
   return false;
 }
 

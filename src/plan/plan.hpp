@@ -27,8 +27,10 @@ struct Plan {
   bool seq_parallel = false;
   Schedule schedule = Schedule::one_f_one_b;
   Precision precision = Precision::bf16;
-  // [train] optimizer: how many bytes of state a parameter has (memory.cpp); "adamw" or "muon".
+  // [train] optimizer (job/job.hpp optimizer_names) and what it keeps per parameter (memory.cpp)
+  // and needs (plan_problem: whole entries); set together from the job (optimizer_state).
   std::string optimizer = "adamw";
+  OptimizerState optimizer_state;
   // Explicit layers per virtual stage (size pp * vp, stage s = chunk * pp + pp_rank, as the
   // runtime); empty = the cost-balanced default split (plan/stages.hpp), the runtime's too.
   std::vector<int64_t> layers_per_stage;
@@ -38,6 +40,11 @@ struct Plan {
   bool flash_attention = true;
 
   int64_t micro_batches() const { return global_batch / (dp * micro_batch); }
+  // optimizer and optimizer_state from the job's [train] optimizer (and [optimizer] keys).
+  void set_optimizer(const TrainSpec& t) {
+    optimizer = t.optimizer;
+    optimizer_state = exatrain::optimizer_state(t);
+  }
   bool interleaved() const { return vp > 1; }
 };
 

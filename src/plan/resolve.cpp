@@ -38,7 +38,7 @@ bool has_auto(const ParallelSpec& p) {
 const Prediction* best_runnable(const Job& job, const SearchResult& res) {
   for (const auto& c : res.top) {
     Plan p = c.plan;
-    p.optimizer = job.train.optimizer;  // the search plans for AdamW; the job's optimizer has its own rules
+    p.set_optimizer(job.train);  // the search plans for AdamW; the job's optimizer has its own rules
     if (!plan_problem(job.model, p, Purpose::train)) return &c;
   }
   return nullptr;
@@ -51,7 +51,9 @@ std::string why_no_plan(const Job& job, ParallelSpec probe) {
   if (!probe.zero) probe.zero = 0;
   if (!probe.recompute) probe.recompute = Recompute::none;
   try {
-    return plan_error(job.model, resolve_plan(probe, job.train.precision));
+    Plan plan = resolve_plan(probe, job.train.precision);
+    plan.set_optimizer(job.train);  // the optimizer's own rule (whole entries: ZeRO 0 or 1)
+    return plan_error(job.model, plan);
   } catch (const Error& e) {
     return e.what();
   }
@@ -69,7 +71,8 @@ void fill_from_search(Job& job, int world, std::FILE* log) {
     const std::string why = why_no_plan(job, fixed);
     EXA_CHECK(why.empty(), "{}: [parallel] the fields that are set cannot make a plan for {} ranks (unset ones at "
               "their smallest values): {}", job_origin(job, {"parallel.tp", "parallel.pp", "parallel.dp", "parallel.cp",
-              "parallel.vp", "parallel.micro_batch", "parallel.global_batch", "parallel.layers_per_stage"}), world, why);
+              "parallel.vp", "parallel.micro_batch", "parallel.global_batch", "parallel.layers_per_stage", "parallel.zero",
+              "train.optimizer"}), world, why);
     EXA_FAIL("{}: [parallel] has \"auto\" fields, and the planner found no plan for {} ranks on the local machine "
              "that this runtime can run with the fields that are set ({} plans searched, {} fit: `exatrain plan` on "
              "the job with --set parallel.gpus={} shows why); set the degrees explicitly",
@@ -145,7 +148,7 @@ Plan plan_from_job(const Job& job, int world) {
   r.schedule = resolved(job, p.schedule, "schedule");
   r.layers_per_stage = p.layers_per_stage;
   r.precision = job.train.precision;
-  r.optimizer = job.train.optimizer;
+  r.set_optimizer(job.train);
   // dp omitted (or "auto": there is one fit) is inferred.
   std::optional<int> dp;
   if (p.dp) dp = int(*p.dp);

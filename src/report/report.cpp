@@ -83,7 +83,7 @@ std::string measured_vs_predicted(const std::vector<nlohmann::json>& records, co
     if (!p.seq_parallel) p.seq_parallel = false;
     if (!p.schedule) p.schedule = Schedule::one_f_one_b;
     plan::Plan resolved = plan::resolve_plan(p, job.train.precision);
-    resolved.optimizer = job.train.optimizer;
+    resolved.set_optimizer(job.train);
     // A machine that cannot carry this plan's traffic (e.g. no [machine] in the job: bandwidth 0)
     // gives no prediction, with the reason, rather than an infinite one.
     plan::check_machine_for_plan(job.machine, resolved, run_dir + "/job.toml");

@@ -614,6 +614,130 @@ TEST_P(Ops, MomentumMatchesFormula) {
   }
 }
 
+// torch.optim.SGD's order with L2 weight decay, both branches, against the formula in double.
+TEST_P(Ops, SgdMatchesFormula) {
+  for (bool nesterov : {true, false}) {
+    std::mt19937 rng(17);
+    const int64_t n = 301;
+    Vec p = random_vec(rng, size_t(n)), g = random_vec(rng, size_t(n)), buf = random_vec(rng, size_t(n), 0.1);
+    Buf bp(be(), p), bg(be(), g), bb(be(), buf);
+    const double lr = 0.05, mu = 0.9, wd = 0.01, gs = 0.5;
+    be().sgd_update(bp.p, bg.p, bb.p, n, float(lr), float(mu), nesterov, float(wd), float(gs));
+    Vec wp(p), wb(buf);
+    for (size_t i = 0; i < size_t(n); i++) {
+      const double d = gs * g[i] + wd * p[i];
+      wb[i] = mu * buf[i] + d;
+      wp[i] = p[i] - lr * (nesterov ? d + mu * wb[i] : wb[i]);
+    }
+    expect_close(bb.get(), wb, kFwdTol, "sgd buf");
+    expect_close(bp.get(), wp, kFwdTol, nesterov ? "sgd param (nesterov)" : "sgd param");
+  }
+}
+
+// Lion's Algorithm 2 (sign of the interpolation, then the momentum's own decay).
+TEST_P(Ops, LionMatchesFormula) {
+  std::mt19937 rng(18);
+  const int64_t n = 301;
+  Vec p = random_vec(rng, size_t(n)), g = random_vec(rng, size_t(n)), m = random_vec(rng, size_t(n), 0.5);
+  Buf bp(be(), p), bg(be(), g), bm(be(), m);
+  const double lr = 1e-3, b1 = 0.9, b2 = 0.99, wd = 0.1, gs = 0.75;
+  be().lion_update(bp.p, bg.p, bm.p, n, float(lr), float(b1), float(b2), float(wd), float(gs));
+  Vec wp(p), wm(m);
+  for (size_t i = 0; i < size_t(n); i++) {
+    const double gi = gs * g[i], c = b1 * m[i] + (1 - b1) * gi;
+    wp[i] = p[i] * (1 - lr * wd) - lr * (c > 0 ? 1 : (c < 0 ? -1 : 0));
+    wm[i] = b2 * m[i] + (1 - b2) * gi;
+  }
+  expect_close(bm.get(), wm, kFwdTol, "lion m");
+  expect_close(bp.get(), wp, kFwdTol, "lion param");
+}
+
+// LAMB's trust ratio |p| / |r| over the whole entry; 1 for an all-zero entry.
+TEST_P(Ops, LambMatchesFormula) {
+  for (bool zero_params : {false, true}) {
+    std::mt19937 rng(19);
+    const int64_t n = 301;
+    Vec p = zero_params ? Vec(size_t(n), 0.0) : random_vec(rng, size_t(n)), g = random_vec(rng, size_t(n));
+    Vec m = random_vec(rng, size_t(n), 0.1), v(static_cast<size_t>(n));
+    for (auto& x : v) x = std::fabs(float(0.01 * random_vec(rng, 1)[0]));
+    Buf bp(be(), p), bg(be(), g), bm(be(), m), bv(be(), v), br(be(), size_t(n));
+    const LambStep st{0.01f, 0.9f, 0.999f, 1e-6f, 0.1f, 1 - 0.9f * 0.9f, 1 - 0.999f * 0.999f, 0.5f};
+    be().lamb_update(bp.p, bg.p, bm.p, bv.p, br.p, n, st);
+    Vec wp(p), wm(m), wv(v), r(static_cast<size_t>(n));
+    double pn = 0, rn = 0;
+    for (size_t i = 0; i < size_t(n); i++) {
+      const double gi = double(st.grad_scale) * g[i];
+      wm[i] = st.beta1 * m[i] + (1 - double(st.beta1)) * gi;
+      wv[i] = st.beta2 * v[i] + (1 - double(st.beta2)) * gi * gi;
+      r[i] = (wm[i] / st.bc1) / (std::sqrt(wv[i] / st.bc2) + st.eps) + st.weight_decay * p[i];
+      pn += p[i] * p[i], rn += r[i] * r[i];
+    }
+    const double trust = pn > 0 && rn > 0 ? std::sqrt(pn / rn) : 1.0;
+    for (size_t i = 0; i < size_t(n); i++) wp[i] = p[i] - st.lr * trust * r[i];
+    expect_close(bm.get(), wm, kFwdTol, "lamb m");
+    expect_close(bv.get(), wv, kFwdTol, "lamb v");
+    expect_close(bp.get(), wp, kFwdTol, zero_params ? "lamb param (zero entry: trust 1)" : "lamb param");
+  }
+}
+
+// Adafactor: a factored [13, 23] matrix with a first moment and the update clipped, and an
+// unfactored vector without; against the formula in double.
+TEST_P(Ops, AdafactorMatchesFormula) {
+  for (bool factored : {true, false}) {
+    std::mt19937 rng(20);
+    const int64_t rows = factored ? 13 : 1, cols = factored ? 23 : 301, n = rows * cols;
+    Vec p = random_vec(rng, size_t(n)), g = random_vec(rng, size_t(n)), m = random_vec(rng, size_t(n), 0.01);
+    Vec row(static_cast<size_t>(rows)), col(static_cast<size_t>(cols)), v(static_cast<size_t>(n));
+    for (auto* t : {&row, &col, &v})
+      for (auto& x : *t) x = 0.5 + std::fabs(random_vec(rng, 1)[0]);
+    Buf bp(be(), p), bg(be(), g), bm(be(), m), brow(be(), row), bcol(be(), col), bv(be(), v), bu(be(), size_t(n));
+    const AdafactorStep st{0.01f, factored ? 0.9f : 0.0f, 0.6f, 1e-30f, factored ? 0.5f : 1.0f, 0.1f, 0.5f};
+    be().adafactor_update(bp.p, bg.p, factored ? brow.p : nullptr, factored ? bcol.p : nullptr, factored ? nullptr : bv.p,
+                          factored ? bm.p : nullptr, bu.p, rows, cols, st);
+    Vec u(static_cast<size_t>(n)), wrow(row), wcol(col), wv(v), wm(m), wp(p);
+    const double b2 = st.beta2t;
+    auto gi = [&](int64_t i, int64_t j) { return double(st.grad_scale) * g[size_t(i * cols + j)]; };
+    if (factored) {
+      for (int64_t i = 0; i < rows; i++) {
+        double s = 0;
+        for (int64_t j = 0; j < cols; j++) s += gi(i, j) * gi(i, j) + double(st.eps1);
+        wrow[size_t(i)] = b2 * row[size_t(i)] + (1 - b2) * s / double(cols);
+      }
+      for (int64_t j = 0; j < cols; j++) {
+        double s = 0;
+        for (int64_t i = 0; i < rows; i++) s += gi(i, j) * gi(i, j) + double(st.eps1);
+        wcol[size_t(j)] = b2 * col[size_t(j)] + (1 - b2) * s / double(rows);
+      }
+      double mean = 0;
+      for (double x : wrow) mean += x / double(rows);
+      for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++)
+          u[size_t(i * cols + j)] = gi(i, j) / std::sqrt(wrow[size_t(i)] / mean * wcol[size_t(j)]);
+    } else {
+      for (int64_t j = 0; j < n; j++) {
+        wv[size_t(j)] = b2 * v[size_t(j)] + (1 - b2) * (gi(0, j) * gi(0, j) + double(st.eps1));
+        u[size_t(j)] = gi(0, j) / std::sqrt(wv[size_t(j)]);
+      }
+    }
+    double ss = 0;
+    for (double x : u) ss += x * x;
+    const double scale = st.lr / std::max(1.0, std::sqrt(ss / double(n)) / st.clip);
+    for (size_t i = 0; i < size_t(n); i++) {
+      double step = u[i] * scale;
+      if (factored) step = wm[i] = st.beta1 * m[i] + (1 - double(st.beta1)) * step;
+      wp[i] = p[i] * (1 - double(st.lr) * st.weight_decay) - step;
+    }
+    if (factored) {
+      expect_close(brow.get(), wrow, kFwdTol, "adafactor row");
+      expect_close(bcol.get(), wcol, kFwdTol, "adafactor col");
+      expect_close(bm.get(), wm, kFwdTol, "adafactor m");
+    } else {
+      expect_close(bv.get(), wv, kFwdTol, "adafactor v");
+    }
+    expect_close(bp.get(), wp, kFwdTol, factored ? "adafactor param (factored)" : "adafactor param");
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Ops, testing::ValuesIn(backend_names()), backend_test_name);
 
 }  // namespace

@@ -19,6 +19,8 @@
 #include "backend/backend.hpp"
 #include "core/check.hpp"
 #include "plan/resolve.hpp"
+#include "train/checkpoint_io.hpp"
+#include "train/every_rank.hpp"
 #include "train/trainer.hpp"
 
 namespace dist_test {
@@ -284,6 +286,27 @@ std::string nan_comparison_problems(Gpt& model, const Reference& ref) {
   if (!(max_weight_diff(model, ref) > 1e-4)) problems += " max_weight_diff passes a NaN weight;";
   be.upload(p, &saved, sizeof(float));
   return problems;
+}
+
+SavedRun run_saving_at(Backend& be, const Job& job, int steps, int save_at, const std::string& dir) {
+  SavedRun out{make_run(be, job), {}, {}};
+  for (int s = 0; s < steps; s++) {
+    if (s == save_at) {
+      TrainerExtras ex;
+      ex.data_cursor_json = fmt::format("{{\"position\": {}}}", out.run.src->position());
+      out.checkpoint = save_checkpoint(*out.run.trainer, MPI_COMM_WORLD, dir, ex, 2);
+      broadcast_from_rank0(out.checkpoint, MPI_COMM_WORLD, nullptr, "MPI_Bcast (test checkpoint)");
+    }
+    out.losses.push_back(out.run.trainer->train_step().loss);
+  }
+  return out;
+}
+
+DistRun resumed_run(Backend& be, const Job& job, const std::string& checkpoint) {
+  DistRun r = make_run(be, job);
+  const TrainerExtras ex = load_checkpoint(*r.trainer, MPI_COMM_WORLD, checkpoint);
+  r.src->seek(std::stoull(ex.data_cursor_json.substr(ex.data_cursor_json.find(':') + 1)));
+  return r;
 }
 
 }  // namespace dist_test

@@ -69,6 +69,19 @@ struct DistRun {
 DistRun make_run(exatrain::Backend& backend, const exatrain::Job& job,
                  const std::function<void(exatrain::TrainerOptions&)>& tweak = {});
 
+// `job` run for `steps` steps on every rank, with a checkpoint saved into `dir` before step
+// `save_at` (0-based; the data cursor in its extras): every step's loss and the checkpoint's
+// directory (the same on every rank). For the resume tests of the optimizers.
+struct SavedRun {
+  DistRun run;
+  std::vector<double> losses;
+  std::string checkpoint;
+};
+SavedRun run_saving_at(exatrain::Backend& backend, const exatrain::Job& job, int steps, int save_at,
+                       const std::string& dir);
+// A run of `job` resumed from `checkpoint` (weights, optimizer state, data cursor), not stepped.
+DistRun resumed_run(exatrain::Backend& backend, const exatrain::Job& job, const std::string& checkpoint);
+
 // Validation batch i of the synthetic corpus (sequences 1e9 + i*B ..., disjoint from training).
 void val_batch(int64_t vocab, int64_t i, int64_t B, int64_t T, int32_t* inputs, int32_t* targets);
 constexpr int64_t kValBatches = 3;

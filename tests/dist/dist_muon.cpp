@@ -123,36 +123,21 @@ int tensor_parallel(Backend& be, int world, int rank) {
   return failures;
 }
 
-uint64_t cursor_of(const TrainerExtras& ex) {
-  return std::stoull(ex.data_cursor_json.substr(ex.data_cursor_json.find(':') + 1));
-}
-
 // C: save at kHalf at `save`, resume at `save` (bit for bit) and at `other` (1e-5).
 int resume(Backend& be, const Config& save, const Config& other, const std::string& dir, int rank) {
-  dist_test::DistRun a = dist_test::make_run(be, muon_job(save));
-  std::vector<double> ref;
-  std::string saved;
-  for (int s = 0; s < kSteps; s++) {
-    if (s == kHalf) {
-      TrainerExtras ex;
-      ex.data_cursor_json = fmt::format("{{\"position\": {}}}", a.src->position());
-      saved = save_checkpoint(*a.trainer, MPI_COMM_WORLD, dir, ex, 2);
-      broadcast_from_rank0(saved, MPI_COMM_WORLD, nullptr, "MPI_Bcast (test checkpoint)");
-    }
-    ref.push_back(a.trainer->train_step().loss);
-  }
+  const dist_test::SavedRun a = dist_test::run_saving_at(be, muon_job(save), kSteps, kHalf, dir);
+  const std::vector<double>& ref = a.losses;
   int failures = 0;
   for (int k = 0; k < 3; k++) {
     const Config& c = k == 0 ? save : other;
-    dist_test::DistRun b = dist_test::make_run(be, muon_job(c));
-    b.src->seek(cursor_of(load_checkpoint(*b.trainer, MPI_COMM_WORLD, saved)));
+    dist_test::DistRun b = dist_test::resumed_run(be, muon_job(c), a.checkpoint);
     if (k == 2)  // the momentum buffers and AdamW moments zeroed: the state must matter
       for (const EntryStateTensor& e : b.trainer->optimizer().entry_state_tensors())
         be.zero(e.data, sizeof(float) * size_t(e.numel()));
     std::vector<double> got(ref.begin(), ref.begin() + kHalf);
     for (int s = kHalf; s < kSteps; s++) got.push_back(b.trainer->train_step().loss);
     if (k == 0) {
-      int mine = got == ref && dist_test::host_params(b.trainer->model()) == dist_test::host_params(a.trainer->model());
+      int mine = got == ref && dist_test::host_params(b.trainer->model()) == dist_test::host_params(a.run.trainer->model());
       int all = 0;
       MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
       failures += report(all, fmt::format("C: saved at [{}] step {}, resumed there: steps 6-10 losses and final weights "

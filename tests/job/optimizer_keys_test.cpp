@@ -1,5 +1,6 @@
-// The [optimizer] table: Muon's keys and defaults, the round trip, and the refusals (unknown key,
-// a key of an optimizer the job does not use, impossible values) naming file, key and value; and
+// The [optimizer] table: Muon's, SGD's, Lion's and Adafactor's keys and defaults, the round
+// trip, and the refusals (unknown key, a key of an optimizer the job does not use, impossible
+// values) naming file, key and value; and
 // the plan refusing ZeRO 2/3 at dp > 1 for Muon.
 #include <gtest/gtest.h>
 
@@ -49,8 +50,16 @@ TEST(JobOptimizer, UnknownKeyIsNamed) {
 
 TEST(JobOptimizer, KeyOfAnotherOptimizerIsRefused) {
   std::string e = parse_error("[optimizer]\nmomentum = 0.9\n");  // optimizer = "adamw" (the default)
-  EXPECT_TRUE(contains(e, "job.toml: [optimizer] momentum = 0.9: a key of train.optimizer = \"muon\", but "
-                          "train.optimizer is \"adamw\"")) << e;
+  EXPECT_TRUE(contains(e, "job.toml: [optimizer] momentum = 0.9: a key of train.optimizer = \"muon\" or \"sgd\", "
+                          "but train.optimizer is \"adamw\" (whose keys are [train] beta1, beta2, eps and "
+                          "weight_decay)")) << e;
+  e = parse_error("[train]\noptimizer = \"sgd\"\n[optimizer]\nbeta2 = 0.9\nns_steps = 3\n");
+  EXPECT_TRUE(contains(e, "job.toml: [optimizer] beta2 = 0.9: a key of train.optimizer = \"lion\", but "
+                          "train.optimizer is \"sgd\" (whose [optimizer] keys are momentum, nesterov)")) << e;
+  EXPECT_TRUE(contains(e, "[optimizer] ns_steps = 3: a key of train.optimizer = \"muon\"")) << e;
+  e = parse_error("[train]\noptimizer = \"lamb\"\n[optimizer]\nfactored = false\n");
+  EXPECT_TRUE(contains(e, "[optimizer] factored = false: a key of train.optimizer = \"adafactor\", but "
+                          "train.optimizer is \"lamb\" (whose keys are [train]")) << e;
   e = parse_error("[train]\noptimizer = \"adamw\"\n", {"optimizer.ns_steps=5"});
   EXPECT_TRUE(contains(e, "--set: [optimizer] ns_steps = 5: a key of train.optimizer = \"muon\"")) << e;
 }
@@ -67,8 +76,62 @@ TEST(JobOptimizer, ImpossibleValuesAreRefused) {
   EXPECT_TRUE(contains(e, "[optimizer] scale = \"spectral\": expected one of \"rms_match\" \"shape\"")) << e;
   e = parse_error(muon("nesterov = 1"));
   EXPECT_TRUE(contains(e, "[optimizer] nesterov = 1: expected true or false")) << e;
-  e = parse_error("[train]\noptimizer = \"sgd\"\n");
-  EXPECT_TRUE(contains(e, "[train] optimizer = \"sgd\": expected one of \"adamw\" \"muon\"")) << e;
+  e = parse_error("[train]\noptimizer = \"adam\"\n");
+  EXPECT_TRUE(contains(e, "[train] optimizer = \"adam\": expected one of \"adamw\" \"sgd\" \"lamb\" \"lion\" "
+                          "\"adafactor\" \"muon\"")) << e;
+}
+
+TEST(JobOptimizer, FirstOrderDefaultsKeysAndRoundTrip) {
+  EXPECT_EQ(parse_job("[train]\noptimizer = \"sgd\"\n", "job.toml").train.sgd, SgdSpec{});
+  EXPECT_DOUBLE_EQ(SgdSpec{}.momentum, 0.9);
+  EXPECT_FALSE(SgdSpec{}.nesterov);
+  EXPECT_DOUBLE_EQ(LionSpec{}.beta1, 0.9);
+  EXPECT_DOUBLE_EQ(LionSpec{}.beta2, 0.99);
+  EXPECT_DOUBLE_EQ(AdafactorSpec{}.decay_rate, -0.8);
+  EXPECT_DOUBLE_EQ(AdafactorSpec{}.beta1, 0);
+  const char* jobs[] = {
+      "[train]\noptimizer = \"sgd\"\n[optimizer]\nmomentum = 0.5\nnesterov = true\n",
+      "[train]\noptimizer = \"lion\"\n[optimizer]\nbeta1 = 0.95\nbeta2 = 0.98\n",
+      "[train]\noptimizer = \"adafactor\"\n[optimizer]\nbeta1 = 0.9\ndecay_rate = -0.5\neps1 = 1e-20\n"
+      "clip_threshold = 2.0\nfactored = false\n",
+      "[train]\noptimizer = \"lamb\"\neps = 1e-6\n"};
+  for (const char* text : jobs) {
+    const Job a = parse_job(text, "job.toml");
+    const Job b = parse_job(job_to_toml(a), "roundtrip.toml");
+    EXPECT_EQ(a.train, b.train) << text;
+  }
+  const Job s = parse_job(jobs[0], "job.toml");
+  EXPECT_DOUBLE_EQ(s.train.sgd.momentum, 0.5);
+  EXPECT_TRUE(s.train.sgd.nesterov);
+  const Job l = parse_job(jobs[1], "job.toml");
+  EXPECT_DOUBLE_EQ(l.train.lion.beta1, 0.95);
+  EXPECT_DOUBLE_EQ(l.train.lion.beta2, 0.98);
+  const Job f = parse_job(jobs[2], "job.toml", {"optimizer.clip_threshold=3"});
+  EXPECT_DOUBLE_EQ(f.train.adafactor.beta1, 0.9);
+  EXPECT_DOUBLE_EQ(f.train.adafactor.decay_rate, -0.5);
+  EXPECT_DOUBLE_EQ(f.train.adafactor.eps1, 1e-20);
+  EXPECT_DOUBLE_EQ(f.train.adafactor.clip_threshold, 3);
+  EXPECT_FALSE(f.train.adafactor.factored);
+}
+
+TEST(JobOptimizer, FirstOrderImpossibleValuesAreRefused) {
+  auto job = [](const char* o, const std::string& kv) {
+    return fmt::format("[train]\noptimizer = \"{}\"\n[optimizer]\n{}\n", o, kv);
+  };
+  std::string e = parse_error(job("sgd", "momentum = 1.0"));
+  EXPECT_TRUE(contains(e, "job.toml: [optimizer] momentum = 1.0: expected a number in [0, 1)")) << e;
+  e = parse_error(job("lion", "beta2 = 1.5"));
+  EXPECT_TRUE(contains(e, "job.toml: [optimizer] beta2 = 1.5: expected a number in [0, 1)")) << e;
+  e = parse_error(job("adafactor", "decay_rate = 0.0"));
+  EXPECT_TRUE(contains(e, "job.toml: [optimizer] decay_rate = 0.0: expected a number in [-1, 0)")) << e;
+  e = parse_error(job("adafactor", "clip_threshold = 0.0"));
+  EXPECT_TRUE(contains(e, "job.toml: [optimizer] clip_threshold = 0.0: expected a number in [1e-06, 1000000]")) << e;
+  e = parse_error(job("adafactor", "eps1 = -1.0"));
+  EXPECT_TRUE(contains(e, "job.toml: [optimizer] eps1 = -1.0: expected a number in [0, 1]")) << e;
+  e = parse_error(job("sgd", "momentun = 0.9"));
+  EXPECT_TRUE(contains(e, "job.toml: [optimizer] unknown key \"momentun\" (did you mean \"momentum\"?)")) << e;
+  e = parse_error("[train]\noptimizer = \"lion\"\nlr = -1.0\n");
+  EXPECT_TRUE(contains(e, "job.toml: [train] lr = -1.0: expected a number in [0, 10]")) << e;
 }
 
 // A job with every degree set (plan_from_job plans only resolved jobs).

@@ -100,18 +100,30 @@ TEST(Search, ListedStagesFixVpOrFailWithTheEquation) {
 }
 
 // The optimizer's sharding rule is a plan rule: predict and plan refuse what train would.
-TEST(PlanRules, MuonRefusesZeroStagesThatCutMatrices) {
+TEST(PlanRules, WholeEntryOptimizersRefuseZeroStagesThatCutEntries) {
   ModelSpec m = gpt(12, 768, 12, 1024);
-  Plan p;
-  p.gpus = 4; p.dp = 4; p.global_batch = 16; p.zero = 2; p.optimizer = "muon";
-  EXPECT_EQ(plan_error(m, p), "zero = 2 with optimizer = \"muon\" at dp = 4: Muon needs every matrix whole on one rank "
-                              "and ZeRO 2 shards matrices across the dp ranks; expected zero = 0 or 1");
-  p.zero = 1;
-  EXPECT_EQ(plan_error(m, p), "");
-  p.zero = 3; p.optimizer = "adamw";
-  EXPECT_EQ(plan_error(m, p), "");
-  p.optimizer = "muon"; p.dp = 1; p.gpus = 1;  // nothing is sharded over one replica
-  EXPECT_EQ(plan_error(m, p), "");
+  for (const char* o : {"muon", "lamb", "adafactor"}) {
+    Plan p;
+    TrainSpec t;
+    t.optimizer = o;
+    p.set_optimizer(t);
+    p.gpus = 4; p.dp = 4; p.global_batch = 16; p.zero = 2;
+    EXPECT_EQ(plan_error(m, p), fmt::format("zero = 2 with optimizer = \"{}\" at dp = 4: {} needs every parameter "
+                                            "tensor whole on one rank and ZeRO 2 shards tensors across the dp ranks; "
+                                            "expected zero = 0 or 1", o, o));
+    p.zero = 1;
+    EXPECT_EQ(plan_error(m, p), "") << o;
+    p.zero = 3; p.dp = 1; p.gpus = 1;  // nothing is sharded over one replica
+    EXPECT_EQ(plan_error(m, p), "") << o;
+  }
+  for (const char* o : {"adamw", "sgd", "lion"}) {  // elementwise: any ZeRO stage
+    Plan p;
+    TrainSpec t;
+    t.optimizer = o;
+    p.set_optimizer(t);
+    p.gpus = 4; p.dp = 4; p.global_batch = 16; p.zero = 3;
+    EXPECT_EQ(plan_error(m, p), "") << o;
+  }
 }
 
 TEST(PlanRules, ErrorsPrintTheEquation) {

@@ -19,33 +19,15 @@
 
 #include "backend/backend.hpp"
 #include "core/check.hpp"
+#include "driver_common.hpp"
 #include "optim/muon.hpp"
 
 using namespace exatrain;
+using exatrain::reference::write_floats;
 
 namespace {
 
 constexpr int kSteps = 6;
-
-void write_floats(const std::string& path, const std::vector<float>& v) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(sizeof(float) * v.size()));
-  EXA_CHECK(f.good(), "muon_driver: cannot write {}", path);
-}
-
-ParamLayout layout() {
-  ParamLayout l;
-  auto add = [&](const char* name, std::vector<int64_t> shape, ParamRole role, bool decay) {
-    ParamInfo p;
-    p.name = name, p.global_shape = shape, p.shard_shape = shape, p.role = role, p.decay = decay;
-    l.add(p);
-  };
-  add("h.0.attn.q_proj.weight", {8, 24}, ParamRole::matrix, true);
-  add("h.0.mlp.fc2.weight", {24, 8}, ParamRole::matrix, true);
-  add("h.0.ln_1.weight", {24}, ParamRole::norm, false);
-  add("wte.weight", {16, 8}, ParamRole::embedding, true);
-  return l;
-}
 
 }  // namespace
 
@@ -54,7 +36,7 @@ int main(int argc, char** argv) {
   const std::string dir = argv[1], scale = argv[2];
   const bool nesterov = std::string(argv[3]) == "1";
   std::unique_ptr<Backend> be = make_backend(argv[4], 1);
-  const ParamLayout l = layout();
+  const ParamLayout l = reference::four_entries();
   const int64_t n = l.total();
   MuonConfig cfg;
   cfg.momentum = 0.9f, cfg.nesterov = nesterov, cfg.ns_steps = 5, cfg.rms_match = scale == "rms_match";

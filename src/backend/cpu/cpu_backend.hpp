@@ -1,8 +1,8 @@
 // CPU implementation of the Backend interface: OpenBLAS sgemm for matrix products, OpenMP
 // loops (static schedules, no atomics, fixed reduction orders) for everything else.
-// Split over three files: cpu_backend.cpp (memory, GEMM, elementwise, AdamW),
+// Split over four files: cpu_backend.cpp (memory, GEMM, elementwise, AdamW),
 // cpu_norm_act.cpp (norms, activations), cpu_attention.cpp (rope, attention, embeddings,
-// cross-entropy).
+// cross-entropy), cpu_optimizer_ops.cpp (SGD, Lion, LAMB, Adafactor).
 #pragma once
 #include <map>
 
@@ -91,6 +91,15 @@ class CpuBackend final : public Backend {
                     float bias_correction1, float bias_correction2, float grad_scale) override;
   void momentum_update(float* out, float* buf, const float* grad, int64_t n, float momentum, bool nesterov,
                        float grad_scale) override;
+  // cpu_optimizer_ops.cpp:
+  void sgd_update(float* param, const float* grad, float* buf, int64_t n, float lr, float momentum, bool nesterov,
+                  float weight_decay, float grad_scale) override;
+  void lion_update(float* param, const float* grad, float* m, int64_t n, float lr, float beta1, float beta2,
+                   float weight_decay, float grad_scale) override;
+  void lamb_update(float* param, const float* grad, float* m, float* v, float* scratch, int64_t n,
+                   const LambStep& s) override;
+  void adafactor_update(float* param, const float* grad, float* row, float* col, float* v, float* m, float* scratch,
+                        int64_t rows, int64_t cols, const AdafactorStep& s) override;
 
  private:
   int threads_;

@@ -267,6 +267,28 @@ class GuardedCpuBackend final : public Backend {
     OpScope s("momentum_update", {span(out, n), span(buf, n), span(grad, n)});
     cpu_.momentum_update(out, buf, grad, n, momentum, nesterov, grad_scale);
   }
+  void sgd_update(float* param, const float* grad, float* buf, int64_t n, float lr, float momentum, bool nesterov,
+                  float weight_decay, float grad_scale) override {
+    OpScope s("sgd_update", {span(param, n), span(grad, n), span(buf, n)});
+    cpu_.sgd_update(param, grad, buf, n, lr, momentum, nesterov, weight_decay, grad_scale);
+  }
+  void lion_update(float* param, const float* grad, float* m, int64_t n, float lr, float beta1, float beta2,
+                   float weight_decay, float grad_scale) override {
+    OpScope s("lion_update", {span(param, n), span(grad, n), span(m, n)});
+    cpu_.lion_update(param, grad, m, n, lr, beta1, beta2, weight_decay, grad_scale);
+  }
+  void lamb_update(float* param, const float* grad, float* m, float* v, float* scratch, int64_t n,
+                   const LambStep& st) override {
+    OpScope s("lamb_update", {span(param, n), span(grad, n), span(m, n), span(v, n), span(scratch, n)});
+    cpu_.lamb_update(param, grad, m, v, scratch, n, st);
+  }
+  void adafactor_update(float* param, const float* grad, float* row, float* col, float* v, float* m, float* scratch,
+                        int64_t rows, int64_t cols, const AdafactorStep& st) override {
+    const int64_t n = rows * cols;
+    OpScope s("adafactor_update", {span(param, n), span(grad, n), span(scratch, n), span(v, v ? n : 0),
+                                   span(row, row ? rows : 0), span(col, col ? cols : 0), span(m, m ? n : 0)});
+    cpu_.adafactor_update(param, grad, row, col, v, m, scratch, rows, cols, st);
+  }
 
  private:
   CpuBackend cpu_;

@@ -1,0 +1,116 @@
+// The CPU backend's optimizer updates besides AdamW and momentum (cpu_backend.cpp): SGD, Lion,
+// LAMB and Adafactor, each as backend/backend.hpp states it. Elementwise loops are OpenMP
+// parallel; every reduction (LAMB's norms, Adafactor's means and RMS) is summed in double in a
+// fixed order, so the result does not depend on the thread count.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.hpp"
+
+namespace exatrain {
+
+namespace {
+
+// Sum of squares of x[n] in double, serially in index order (a fixed order; entries a whole-entry
+// update sees are at most a few million elements).
+double sum_sq(const float* x, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; i++) s += double(x[i]) * double(x[i]);
+  return s;
+}
+
+}  // namespace
+
+void CpuBackend::sgd_update(float* param, const float* grad, float* buf, int64_t n, float lr, float momentum,
+                            bool nesterov, float weight_decay, float grad_scale) {
+  // torch.optim.SGD's order: d_p = grad + wd p; buf = momentum buf + d_p; nesterov d_p + momentum buf.
+#pragma omp parallel for schedule(static) if (n >= min_work_)
+  for (int64_t i = 0; i < n; i++) {
+    const float g = grad[i] * grad_scale + weight_decay * param[i];
+    const float b = momentum * buf[i] + g;
+    buf[i] = b;
+    param[i] -= lr * (nesterov ? g + momentum * b : b);
+  }
+}
+
+void CpuBackend::lion_update(float* param, const float* grad, float* m, int64_t n, float lr, float beta1,
+                             float beta2, float weight_decay, float grad_scale) {
+  const float decay = 1.0f - lr * weight_decay;
+#pragma omp parallel for schedule(static) if (n >= min_work_)
+  for (int64_t i = 0; i < n; i++) {
+    const float g = grad[i] * grad_scale;
+    const float c = beta1 * m[i] + (1.0f - beta1) * g;
+    const float sign = c > 0 ? 1.0f : (c < 0 ? -1.0f : 0.0f);  // torch.sign: 0 at 0
+    param[i] = param[i] * decay - lr * sign;
+    m[i] = beta2 * m[i] + (1.0f - beta2) * g;
+  }
+}
+
+void CpuBackend::lamb_update(float* param, const float* grad, float* m, float* v, float* r, int64_t n,
+                             const LambStep& s) {
+  const float bc2_sqrt = std::sqrt(s.bc2);
+#pragma omp parallel for schedule(static) if (n >= min_work_)
+  for (int64_t i = 0; i < n; i++) {
+    const float g = grad[i] * s.grad_scale;
+    m[i] = s.beta1 * m[i] + (1.0f - s.beta1) * g;
+    v[i] = s.beta2 * v[i] + (1.0f - s.beta2) * g * g;
+    r[i] = (m[i] / s.bc1) / (std::sqrt(v[i]) / bc2_sqrt + s.eps) + s.weight_decay * param[i];
+  }
+  const double p_norm = std::sqrt(sum_sq(param, n)), r_norm = std::sqrt(sum_sq(r, n));
+  const float trust = p_norm > 0 && r_norm > 0 ? float(p_norm / r_norm) : 1.0f;
+  const float step = s.lr * trust;
+#pragma omp parallel for schedule(static) if (n >= min_work_)
+  for (int64_t i = 0; i < n; i++) param[i] -= step * r[i];
+}
+
+void CpuBackend::adafactor_update(float* param, const float* grad, float* row, float* col, float* v, float* m,
+                                  float* u, int64_t rows, int64_t cols, const AdafactorStep& s) {
+  const int64_t n = rows * cols;
+  const float b2 = s.beta2t, gs = s.grad_scale;
+  if (v) {
+    // Unfactored: U = g / sqrt(v).
+#pragma omp parallel for schedule(static) if (n >= min_work_)
+    for (int64_t i = 0; i < n; i++) {
+      const float g = grad[i] * gs;
+      v[i] = b2 * v[i] + (1.0f - b2) * (g * g + s.eps1);
+      u[i] = g / std::sqrt(v[i]);
+    }
+  } else {
+    // Factored: row means (each row in order), column means (rows in order, per column).
+    std::vector<double> col_sum(size_t(cols), 0.0);
+    for (int64_t i = 0; i < rows; i++) {
+      double rs = 0;
+      for (int64_t j = 0; j < cols; j++) {
+        const float g = grad[i * cols + j] * gs;
+        const float sq = g * g + s.eps1;
+        rs += sq;
+        col_sum[size_t(j)] += sq;
+      }
+      row[i] = b2 * row[i] + (1.0f - b2) * float(rs / double(cols));
+    }
+    double row_mean = 0;
+    for (int64_t i = 0; i < rows; i++) {
+      row_mean += row[i];
+    }
+    row_mean /= double(rows);
+    for (int64_t j = 0; j < cols; j++) col[j] = b2 * col[j] + (1.0f - b2) * float(col_sum[size_t(j)] / double(rows));
+#pragma omp parallel for schedule(static) if (n >= min_work_)
+    for (int64_t i = 0; i < rows; i++) {
+      const float r_factor = 1.0f / std::sqrt(float(row[i] / row_mean));
+      for (int64_t j = 0; j < cols; j++) u[i * cols + j] = grad[i * cols + j] * gs * r_factor / std::sqrt(col[j]);
+    }
+  }
+  // Update clipping by the RMS of U, then the learning rate, the first moment, the decay.
+  const double rms = std::sqrt(sum_sq(u, n) / double(n));
+  const float scale = s.lr / float(std::max(1.0, rms / double(s.clip)));
+  const float decay = 1.0f - s.lr * s.weight_decay;
+#pragma omp parallel for schedule(static) if (n >= min_work_)
+  for (int64_t i = 0; i < n; i++) {
+    float step = u[i] * scale;
+    if (m) step = m[i] = s.beta1 * m[i] + (1.0f - s.beta1) * step;
+    param[i] = param[i] * decay - step;
+  }
+}
+
+}  // namespace exatrain

@@ -1,0 +1,23 @@
+// optimizer_state: what each train.optimizer keeps per parameter element (job/job.hpp), for the
+// memory model; the counts are those of the state optim/ allocates (Adafactor's rounded, below).
+#include "job/job.hpp"
+
+namespace exatrain {
+
+OptimizerState optimizer_state(const TrainSpec& t) {
+  const std::string& o = t.optimizer;
+  if (o == "sgd" || o == "lion") return {1, 1, false};  // the momentum buffer / Lion's m
+  if (o == "lamb") return {2, 2, true};                 // Adam's moments; a trust ratio per entry
+  if (o == "muon") return {1, 2, true};                 // momentum per matrix; AdamW's two elsewhere
+  if (o == "adafactor") {
+    // Factored: a row and a column mean per 2-D entry (embeddings too), (m + n) / (m n) values
+    // per element, counted as 0; the 1-D entries' full moments (norms, biases: under 0.1% of a
+    // GPT's parameters) are not counted either.
+    const double m = t.adafactor.beta1 > 0 ? 1 : 0;  // the optional first moment
+    const double v = t.adafactor.factored ? 0 : 1;
+    return {m + v, m + v, true};
+  }
+  return {2, 2, false};  // adamw
+}
+
+}  // namespace exatrain

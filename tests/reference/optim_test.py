@@ -1,0 +1,164 @@
+#!/usr/bin/python3
+"""SGD, Lion, LAMB and Adafactor against float64 references on the same tensors.
+
+Runs optim_driver (our optim/first_order.hpp, built from a job with --set overrides) and recomputes
+its steps here: torch.optim.SGD itself for SGD; for the others (not in Debian's PyTorch 1.13) a
+short reference written from the published algorithm, not from our C++:
+  Lion: Chen et al. 2023, arXiv 2302.06675, Algorithm 2 (decoupled weight decay).
+  LAMB: You et al. 2019, arXiv 1904.00962, Algorithm 2 (Adam's bias-corrected direction plus
+        weight decay, trust ratio |w| / |r| per tensor, 1 when either norm is 0).
+  Adafactor: Shazeer & Stern 2018, arXiv 1804.04235, as Hugging Face's Adafactor with
+        relative_step = scale_parameter = False (row/column means of g^2 + eps1 for tensors of 2
+        or more dimensions, update clipping by RMS, lr times the update, optional first moment of it).
+Weight decay applies only to the entries with decay = true.
+
+Asserts, after every step and for every entry: max |W_ours - W_ref| / max |W_ref - W_0| <= TOL;
+and that the check can fail: a reference with one thing changed (SGD: Nesterov flipped; Lion: the
+betas swapped; LAMB: no trust ratio; Adafactor: factoring flipped) is off by more than 100 TOL.
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+# Float32 against float64: the error is the rounding of the float32 weights (an ulp of |w| per
+# step) against how far they moved in 6 steps: measured 3e-7 to 4e-5 (largest for LAMB, whose
+# steps scale with |w|, and for a clipped Adafactor). 2e-4 leaves room and is still 100x below
+# what a changed formula gives (checked below: 0.47 and more).
+TOL = 2e-4
+
+
+def tensors(meta, flat):
+    out = {}
+    for e in meta["entries"]:
+        off, shape = e["offset"], e["shape"]
+        size = int(np.prod(shape))
+        out[e["name"]] = torch.tensor(flat[off:off + size].astype(np.float64)).reshape(shape).clone()
+    return out
+
+
+def sgd_reference(meta, init, grads, variant):
+    ws = tensors(meta, init)
+    params = {k: torch.nn.Parameter(v) for k, v in ws.items()}
+    nesterov = meta["sgd"]["nesterov"] != variant
+    groups = [{"params": [params[e["name"]]], "weight_decay": meta["weight_decay"] if e["decay"] else 0.0}
+              for e in meta["entries"]]
+    opt = torch.optim.SGD(groups, lr=1.0, momentum=meta["sgd"]["momentum"], nesterov=nesterov)
+    out = []
+    for s, st in enumerate(meta["steps"]):
+        g = tensors(meta, grads[s])
+        for k, p in params.items():
+            p.grad = g[k] * st["grad_scale"]
+        for group in opt.param_groups:
+            group["lr"] = st["lr"]
+        opt.step()
+        out.append({k: p.detach().clone() for k, p in params.items()})
+    return out
+
+
+def lion_step(w, m, g, lr, wd, b1, b2):
+    c = b1 * m + (1 - b1) * g
+    w.mul_(1 - lr * wd).add_(torch.sign(c), alpha=-lr)
+    m.mul_(b2).add_(g, alpha=1 - b2)
+
+
+def lamb_step(w, state, g, lr, wd, meta, t, variant):
+    m, v = state.setdefault("m", torch.zeros_like(w)), state.setdefault("v", torch.zeros_like(w))
+    b1, b2 = meta["beta1"], meta["beta2"]
+    m.mul_(b1).add_(g, alpha=1 - b1)
+    v.mul_(b2).addcmul_(g, g, value=1 - b2)
+    r = (m / (1 - b1 ** t)) / ((v / (1 - b2 ** t)).sqrt() + meta["eps"]) + wd * w
+    wn, rn = w.norm().item(), r.norm().item()
+    trust = wn / rn if wn > 0 and rn > 0 and not variant else 1.0
+    w.add_(r, alpha=-lr * trust)
+
+
+def adafactor_step(w, state, g, lr, wd, a, t, variant):
+    factored = (a["factored"] != variant) and w.dim() >= 2
+    b2t = 1.0 - t ** a["decay_rate"]
+    sq = g * g + a["eps1"]
+    if factored:
+        row = state.setdefault("row", torch.zeros(w.shape[0], dtype=w.dtype))
+        col = state.setdefault("col", torch.zeros(w.shape[1], dtype=w.dtype))
+        row.mul_(b2t).add_(sq.mean(dim=-1), alpha=1 - b2t)
+        col.mul_(b2t).add_(sq.mean(dim=-2), alpha=1 - b2t)
+        u = g * (row / row.mean()).rsqrt().unsqueeze(-1) * col.unsqueeze(-2).rsqrt()
+    else:
+        v = state.setdefault("v", torch.zeros_like(w))
+        v.mul_(b2t).add_(sq, alpha=1 - b2t)
+        u = g * v.rsqrt()
+    rms = u.norm().item() / math.sqrt(u.numel())
+    u = u / max(1.0, rms / a["clip_threshold"]) * lr
+    if a["beta1"] > 0:
+        m = state.setdefault("m", torch.zeros_like(w))
+        m.mul_(a["beta1"]).add_(u, alpha=1 - a["beta1"])
+        u = m
+    w.add_(w, alpha=-wd * lr).sub_(u)
+
+
+def reference(meta, init, grads, variant):
+    """The weights after each step, per entry; variant: the one-thing-changed reference."""
+    if meta["optimizer"] == "sgd":
+        return sgd_reference(meta, init, grads, variant)
+    ws, states, out = tensors(meta, init), {}, []
+    lion = meta["lion"]
+    b1, b2 = (lion["beta2"], lion["beta1"]) if variant else (lion["beta1"], lion["beta2"])
+    for s, st in enumerate(meta["steps"]):
+        g, lr, t = tensors(meta, grads[s]), st["lr"], s + 1
+        for e in meta["entries"]:
+            k = e["name"]
+            wd = meta["weight_decay"] if e["decay"] else 0.0
+            gk = g[k] * st["grad_scale"]
+            state = states.setdefault(k, {})
+            if meta["optimizer"] == "lion":
+                lion_step(ws[k], state.setdefault("m", torch.zeros_like(ws[k])), gk, lr, wd, b1, b2)
+            elif meta["optimizer"] == "lamb":
+                lamb_step(ws[k], state, gk, lr, wd, meta, t, variant)
+            else:
+                adafactor_step(ws[k], state, gk, lr, wd, meta["adafactor"], t, variant)
+        out.append({k: w.clone() for k, w in ws.items()})
+    return out
+
+
+def worst_error(meta, init, ours, ref):
+    worst = 0.0
+    w0 = tensors(meta, init)
+    for s in range(len(ref)):
+        got = tensors(meta, ours[s])
+        for k in w0:
+            moved = (ref[s][k] - w0[k]).abs().max().item()
+            worst = max(worst, (got[k] - ref[s][k]).abs().max().item() / moved)
+    return worst
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--driver", required=True)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument("sets", nargs="+", help="section.key=value overrides of the job (train.optimizer=...)")
+    a = ap.parse_args()
+    os.makedirs(a.workdir, exist_ok=True)
+    subprocess.run([a.driver, a.workdir, a.backend] + a.sets, check=True)
+    meta = json.load(open(os.path.join(a.workdir, "meta.json")))
+    rd = lambda name: np.fromfile(os.path.join(a.workdir, name), dtype=np.float32)
+    init = rd("init.f32")
+    steps = len(meta["steps"])
+    grads = [rd(f"grad{s}.f32") for s in range(1, steps + 1)]
+    ours = [rd(f"param{s}.f32") for s in range(1, steps + 1)]
+    err = worst_error(meta, init, ours, reference(meta, init, grads, False))
+    err_variant = worst_error(meta, init, ours, reference(meta, init, grads, True))
+    print(f"{meta['optimizer']} ({' '.join(a.sets)}, backend {a.backend}): {steps} steps, worst error / movement "
+          f"{err:.3e} (tolerance {TOL:.0e}); the changed reference: {err_variant:.3e} (must exceed {100 * TOL:.0e})")
+    ok = err <= TOL and err_variant > 100 * TOL
+    print("OK" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
