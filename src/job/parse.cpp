@@ -417,6 +417,8 @@ void parse_optimizer_values(Section& s, TrainSpec& t) {
   } else if (t.optimizer == "sgd") {
     s.get_float_below("momentum", t.sgd.momentum, 0, 1);
     s.get_bool("nesterov", t.sgd.nesterov);
+    if (t.sgd.nesterov && t.sgd.momentum == 0 && s.has("nesterov"))  // torch.optim.SGD refuses it too
+      s.refuse("nesterov", "Nesterov momentum needs momentum > 0, and [optimizer] momentum is 0");
   } else if (t.optimizer == "lion") {
     s.get_float_below("beta1", t.lion.beta1, 0, 1);
     s.get_float_below("beta2", t.lion.beta2, 0, 1);
@@ -424,7 +426,7 @@ void parse_optimizer_values(Section& s, TrainSpec& t) {
     AdafactorSpec& a = t.adafactor;
     s.get_float_below("beta1", a.beta1, 0, 1);
     s.get_float_below("decay_rate", a.decay_rate, -1, 0);  // beta2_t = 1 - t^c: c in [-1, 0) keeps it in [0, 1)
-    s.get_float("eps1", a.eps1, 0, 1);
+    s.get_float("eps1", a.eps1, 1e-37, 1);  // > 0: a zero gradient would give 0 / sqrt(0)
     s.get_float("clip_threshold", a.clip_threshold, 1e-6, 1e6);
     s.get_bool("factored", a.factored);
   }

@@ -73,7 +73,8 @@ class Lamb final : public Optimizer {
 
 // Adafactor (Shazeer & Stern 2018) with an explicit learning rate, as Hugging Face's Adafactor
 // with relative_step = scale_parameter = false: every 2-D entry's second moment factored into a
-// row and a column mean (Hugging Face's rule: any tensor of 2 or more dimensions).
+// row and a column mean (Hugging Face factors any tensor of 2 or more dimensions; our entries
+// have at most 2).
 struct AdafactorConfig {
   float beta1 = 0, decay_rate = -0.8f, eps1 = 1e-30f, clip_threshold = 1, weight_decay = 0;
   bool factored = true;

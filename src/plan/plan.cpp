@@ -239,20 +239,20 @@ bool Rules::stages() {
 
 // Muon orthogonalises every matrix whole on the one rank that owns it (optim/muon.hpp), LAMB's
 // trust ratio and Adafactor's factored moment are over whole entries (optim/first_order.hpp); ZeRO
-// 2 and 3 keep gradients in bucket and unit shards that cut entries across the dp ranks
+// 2 and 3 keep gradients in bucket and unit shards that cut entries across the dp·cp replicas
 // (parallel/grad_sync.cpp asserts the same for an optimizer that needs whole entries).
 bool Rules::optimizer() {
-  if (p.optimizer_state.whole_entries && p.zero >= 2 && p.dp > 1)
-    return fail({"parallel.zero", "train.optimizer"},
-                fmt::format("zero = {} with optimizer = \"{}\" at dp = {}: {} needs every parameter tensor whole on "
-                            "one rank and ZeRO {} shards tensors across the dp ranks; expected zero = 0 or 1", p.zero,
-                            p.optimizer, p.dp, p.optimizer, p.zero),
-                fmt::format("[parallel] zero = {} with [train] optimizer = \"{}\" at dp = {}: {} updates every "
-                            "parameter tensor whole on the rank that owns it (an orthogonalisation, a per-tensor "
-                            "norm or factored moment), and ZeRO {} shards tensors across the dp ranks; expected "
-                            "zero = 0 or 1 (ZeRO 1 gives each tensor one owner)", p.zero, p.optimizer, p.dp,
-                            p.optimizer, p.zero));
-  return false;
+  if (!p.optimizer_state.whole_entries || p.zero < 2 || p.dp * p.cp == 1) return false;
+  const std::string at = p.cp > 1 ? fmt::format("dp = {} x cp = {}", p.dp, p.cp) : fmt::format("dp = {}", p.dp);
+  return fail({"parallel.zero", "train.optimizer", "parallel.cp"},
+              fmt::format("zero = {} with optimizer = \"{}\" at {}: {} needs every parameter tensor whole on "
+                          "one rank and ZeRO {} shards tensors across the dp ranks; expected zero = 0 or 1", p.zero,
+                          p.optimizer, at, p.optimizer, p.zero),
+              fmt::format("[parallel] zero = {} with [train] optimizer = \"{}\" at {}: {} updates every "
+                          "parameter tensor whole on the rank that owns it (an orthogonalisation, a per-tensor "
+                          "norm or factored moment), and ZeRO {} shards tensors across the dp ranks; expected "
+                          "zero = 0 or 1 (ZeRO 1 gives each tensor one owner)", p.zero, p.optimizer, at,
+                          p.optimizer, p.zero));
 }
 
 }  // namespace

@@ -126,8 +126,11 @@ TEST(JobOptimizer, FirstOrderImpossibleValuesAreRefused) {
   EXPECT_TRUE(contains(e, "job.toml: [optimizer] decay_rate = 0.0: expected a number in [-1, 0)")) << e;
   e = parse_error(job("adafactor", "clip_threshold = 0.0"));
   EXPECT_TRUE(contains(e, "job.toml: [optimizer] clip_threshold = 0.0: expected a number in [1e-06, 1000000]")) << e;
-  e = parse_error(job("adafactor", "eps1 = -1.0"));
-  EXPECT_TRUE(contains(e, "job.toml: [optimizer] eps1 = -1.0: expected a number in [0, 1]")) << e;
+  e = parse_error(job("adafactor", "eps1 = 0.0"));  // 0 / sqrt(0) on a zero gradient
+  EXPECT_TRUE(contains(e, "job.toml: [optimizer] eps1 = 0.0: expected a number in [1e-37, 1]")) << e;
+  e = parse_error(job("sgd", "momentum = 0.0\nnesterov = true"));
+  EXPECT_TRUE(contains(e, "job.toml: [optimizer] nesterov = true: Nesterov momentum needs momentum > 0, and "
+                          "[optimizer] momentum is 0")) << e;
   e = parse_error(job("sgd", "momentun = 0.9"));
   EXPECT_TRUE(contains(e, "job.toml: [optimizer] unknown key \"momentun\" (did you mean \"momentum\"?)")) << e;
   e = parse_error("[train]\noptimizer = \"lion\"\nlr = -1.0\n");

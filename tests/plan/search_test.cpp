@@ -115,6 +115,10 @@ TEST(PlanRules, WholeEntryOptimizersRefuseZeroStagesThatCutEntries) {
     EXPECT_EQ(plan_error(m, p), "") << o;
     p.zero = 3; p.dp = 1; p.gpus = 1;  // nothing is sharded over one replica
     EXPECT_EQ(plan_error(m, p), "") << o;
+    p.cp = 2; p.gpus = 2;  // ZeRO shards over the dp x cp replicas
+    EXPECT_EQ(plan_error(m, p), fmt::format("zero = 3 with optimizer = \"{}\" at dp = 1 x cp = 2: {} needs every "
+                                            "parameter tensor whole on one rank and ZeRO 3 shards tensors across the "
+                                            "dp ranks; expected zero = 0 or 1", o, o));
   }
   for (const char* o : {"adamw", "sgd", "lion"}) {  // elementwise: any ZeRO stage
     Plan p;
