@@ -117,9 +117,20 @@ struct AdafactorSpec {
   bool operator==(const AdafactorSpec&) const = default;
 };
 
+// [optimizer] keys of train.optimizer = "shampoo" (optim/shampoo.hpp): blocked Shampoo with Adam
+// grafting ([train] beta1, beta2, eps are the grafting Adam's; weight decay decoupled).
+struct ShampooSpec {
+  double factor_decay = 0.999;           // EMA of the Kronecker factors (Distributed Shampoo: betas[1])
+  double epsilon = 1e-12;                // added to the factors' eigenvalues (Distributed Shampoo's default)
+  int64_t max_preconditioner_dim = 1024; // block size (Distributed Shampoo's default)
+  int64_t precondition_frequency = 20;   // steps between root refreshes (Distributed Shampoo: 1; 20 for CPU cost)
+  int64_t start_preconditioning_step = 20;  // AdamW-grafted steps before the first roots
+  bool operator==(const ShampooSpec&) const = default;
+};
+
 // The optimizers of train.optimizer, in the order of [train] optimizer's documented choices.
 inline const std::vector<std::string>& optimizer_names() {
-  static const std::vector<std::string> names = {"adamw", "sgd", "lamb", "lion", "adafactor", "muon"};
+  static const std::vector<std::string> names = {"adamw", "sgd", "lamb", "lion", "adafactor", "muon", "shampoo"};
   return names;
 }
 
@@ -160,6 +171,7 @@ struct TrainSpec {
   SgdSpec sgd;                  // ... "sgd"
   LionSpec lion;                // ... "lion"
   AdafactorSpec adafactor;      // ... "adafactor"
+  ShampooSpec shampoo;          // ... "shampoo"
   bool operator==(const TrainSpec&) const = default;
 };
 

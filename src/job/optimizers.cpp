@@ -9,6 +9,9 @@ OptimizerState optimizer_state(const TrainSpec& t) {
   if (o == "sgd" || o == "lion") return {1, 1, false};  // the momentum buffer / Lion's m
   if (o == "lamb") return {2, 2, true};                 // Adam's moments; a trust ratio per entry
   if (o == "muon") return {1, 2, true};                 // momentum per matrix; AdamW's two elsewhere
+  // Shampoo: the grafting Adam's two, and per full B x B block a factor and a root on each side
+  // (4 B^2 per B^2 elements); a matrix smaller than a block has 2 (m^2 + n^2) / (m n) instead.
+  if (o == "shampoo") return {6, 2, true};
   if (o == "adafactor") {
     // Factored: a row and a column mean per 2-D entry (embeddings too), (m + n) / (m n) values
     // per element, counted as 0; the 1-D entries' full moments (norms, biases: under 0.1% of a

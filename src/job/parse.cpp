@@ -394,7 +394,9 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& optimizer_k
       {"muon", {"momentum", "nesterov", "ns_steps", "scale"}},
       {"sgd", {"momentum", "nesterov"}},
       {"lion", {"beta1", "beta2"}},
-      {"adafactor", {"beta1", "decay_rate", "eps1", "clip_threshold", "factored"}}};
+      {"adafactor", {"beta1", "decay_rate", "eps1", "clip_threshold", "factored"}},
+      {"shampoo", {"factor_decay", "epsilon", "max_preconditioner_dim", "precondition_frequency",
+                   "start_preconditioning_step"}}};
   return keys;
 }
 
@@ -429,6 +431,13 @@ void parse_optimizer_values(Section& s, TrainSpec& t) {
     s.get_float("eps1", a.eps1, 1e-37, 1);  // > 0: a zero gradient would give 0 / sqrt(0)
     s.get_float("clip_threshold", a.clip_threshold, 1e-6, 1e6);
     s.get_bool("factored", a.factored);
+  } else if (t.optimizer == "shampoo") {
+    ShampooSpec& h = t.shampoo;
+    s.get_float("factor_decay", h.factor_decay, 0, 1);  // 1: the factors sum every step (Gupta et al.)
+    s.get_float("epsilon", h.epsilon, 1e-30, 1);
+    s.get_int("max_preconditioner_dim", h.max_preconditioner_dim, 1, 8192);
+    s.get_int("precondition_frequency", h.precondition_frequency, 1, int64_t(1) << 40);
+    s.get_int("start_preconditioning_step", h.start_preconditioning_step, 1, int64_t(1) << 40);
   }
 }
 
@@ -686,6 +695,11 @@ std::string job_to_toml(const Job& job) {
     out += "\n[optimizer]\n" + line("beta1", t.adafactor.beta1) + line("decay_rate", t.adafactor.decay_rate) +
            line("eps1", t.adafactor.eps1) + line("clip_threshold", t.adafactor.clip_threshold) +
            line("factored", t.adafactor.factored);
+  if (t.optimizer == "shampoo")
+    out += "\n[optimizer]\n" + line("factor_decay", t.shampoo.factor_decay) + line("epsilon", t.shampoo.epsilon) +
+           line("max_preconditioner_dim", t.shampoo.max_preconditioner_dim) +
+           line("precondition_frequency", t.shampoo.precondition_frequency) +
+           line("start_preconditioning_step", t.shampoo.start_preconditioning_step);
   return out;
 }
 

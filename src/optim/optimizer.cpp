@@ -6,6 +6,7 @@
 #include "core/check.hpp"
 #include "optim/first_order.hpp"
 #include "optim/muon.hpp"
+#include "optim/shampoo.hpp"
 
 namespace exatrain {
 
@@ -114,7 +115,13 @@ std::unique_ptr<Optimizer> make_optimizer(Backend& backend, const TrainSpec& t) 
     return std::make_unique<Adafactor>(backend, AdafactorConfig{float(a.beta1), float(a.decay_rate), float(a.eps1),
                                                                 float(a.clip_threshold), wd, a.factored});
   }
-  EXA_FAIL("train.optimizer = \"{}\": expected one of adamw, sgd, lamb, lion, adafactor, muon", t.optimizer);
+  if (t.optimizer == "shampoo") {
+    const ShampooSpec& h = t.shampoo;
+    return std::make_unique<Shampoo>(backend, ShampooConfig{float(h.factor_decay), h.epsilon, h.max_preconditioner_dim,
+                                                            h.precondition_frequency, h.start_preconditioning_step,
+                                                            adamw});
+  }
+  EXA_FAIL("train.optimizer = \"{}\": expected one of adamw, sgd, lamb, lion, adafactor, muon, shampoo", t.optimizer);
 }
 
 double lr_at(int64_t step, double lr, double min_lr, int64_t warmup, int64_t total) {

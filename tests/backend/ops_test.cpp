@@ -738,6 +738,55 @@ TEST_P(Ops, AdafactorMatchesFormula) {
   }
 }
 
+// Adam's direction without the step (Shampoo's grafting), against the formula in double.
+TEST_P(Ops, AdamDirectionMatchesFormula) {
+  std::mt19937 rng(21);
+  const int64_t n = 301;
+  Vec g = random_vec(rng, size_t(n)), m = random_vec(rng, size_t(n), 0.1), v(static_cast<size_t>(n));
+  for (auto& x : v) x = std::fabs(float(0.01 * random_vec(rng, 1)[0]));
+  Buf bg(be(), g), bm(be(), m), bv(be(), v), bo(be(), size_t(n));
+  const double b1 = 0.9, b2 = 0.95, eps = 1e-8, bc1 = 1 - b1 * b1, bc2 = 1 - b2 * b2, gs = 0.5;
+  be().adam_direction(bo.p, bg.p, bm.p, bv.p, n, float(b1), float(b2), float(eps), float(bc1), float(bc2), float(gs));
+  Vec wm(m), wv(v), wo(static_cast<size_t>(n));
+  for (size_t i = 0; i < size_t(n); i++) {
+    wm[i] = b1 * m[i] + (1 - b1) * gs * g[i];
+    wv[i] = b2 * v[i] + (1 - b2) * gs * g[i] * gs * g[i];
+    wo[i] = (wm[i] / bc1) / (std::sqrt(wv[i] / bc2) + eps);
+  }
+  expect_close(bm.get(), wm, kFwdTol, "adam_direction m");
+  expect_close(bv.get(), wv, kFwdTol, "adam_direction v");
+  expect_close(bo.get(), wo, kFwdTol, "adam_direction out");
+}
+
+// The inverse square root of an SPD matrix: X A X = I; a matrix with a NaN is refused with out
+// untouched.
+TEST_P(Ops, SymInverseRootInvertsAndRefusesNonFinite) {
+  std::mt19937 rng(22);
+  const int64_t n = 7;
+  Vec b = random_vec(rng, size_t(n * n)), a(static_cast<size_t>(n * n), 0.0);
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = 0; j < n; j++) {
+      double s = i == j ? 0.1 : 0.0;
+      for (int64_t k = 0; k < n; k++) s += b[size_t(i * n + k)] * b[size_t(j * n + k)];
+      a[size_t(i * n + j)] = float(s);
+    }
+  Buf ba(be(), a), bo(be(), Vec(size_t(n * n), 7.0));
+  ASSERT_TRUE(be().sym_inverse_root(bo.p, ba.p, n, 0.0, 2));
+  const Vec x = bo.get();
+  Vec xax(static_cast<size_t>(n * n), 0.0), eye(static_cast<size_t>(n * n), 0.0);
+  for (int64_t i = 0; i < n; i++) {
+    eye[size_t(i * n + i)] = 1;
+    for (int64_t j = 0; j < n; j++)
+      for (int64_t k = 0; k < n; k++)
+        for (int64_t l = 0; l < n; l++) xax[size_t(i * n + j)] += x[size_t(i * n + k)] * a[size_t(k * n + l)] * x[size_t(l * n + j)];
+  }
+  expect_close(xax, eye, 1e-4, "X A X = I for X = A^(-1/2)");
+  a[3] = std::nan("");
+  Buf bn(be(), a), bu(be(), Vec(size_t(n * n), 7.0));
+  EXPECT_FALSE(be().sym_inverse_root(bu.p, bn.p, n, 0.0, 4));
+  EXPECT_EQ(bu.get(), Vec(size_t(n * n), 7.0));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Ops, testing::ValuesIn(backend_names()), backend_test_name);
 
 }  // namespace

@@ -1,13 +1,14 @@
-// SGD, Lion, LAMB and Adafactor (optim/first_order.hpp) on 2 or 4 ranks, through the job
-// (train.optimizer = ...), each with its own learning rate:
+// SGD, Lion, LAMB, Adafactor (optim/first_order.hpp) and Shampoo (optim/shampoo.hpp, its roots
+// refreshed every 2 steps from step 3, so the resume at step 5 restores roots mid-interval) on 2
+// or 4 ranks, through the job (train.optimizer = ...), each with its own learning rate:
 //   A. dp = world under every ZeRO stage the optimizer allows (SGD and Lion are elementwise: ZeRO
-//      0-3; LAMB and Adafactor need whole entries: ZeRO 0 and 1, each entry updated by its one
+//      0-3; LAMB, Adafactor and Shampoo need whole entries: ZeRO 0 and 1, each entry updated by its one
 //      owner) has the 10 losses of the single-rank run on the same global batch (1e-5 relative);
 //      the single-rank run differs from AdamW's by more than 1e-3 (the optimizer is what ran);
 //   B. exact resume: saved at step 5 at dp = world ZeRO 1 and resumed there, steps 6-10 have the
 //      uninterrupted run's losses and final weights bit for bit; resumed at another dp (np 2:
 //      pp 2 at dp 1; np 4: dp2 x pp2) to 1e-5;
-//   C. LAMB and Adafactor: ZeRO 2 and 3 at dp = world are refused with the reason.
+//   C. LAMB, Adafactor and Shampoo: ZeRO 2 and 3 at dp = world are refused with the reason.
 // Exits non-zero on any mismatch.
 #include <mpi.h>
 #include <unistd.h>
@@ -41,6 +42,8 @@ Job job_of(const Case& k, const Config& c) {
   j.train.optimizer = k.optimizer;
   j.train.lr = k.lr;
   j.train.adafactor.beta1 = 0.9;  // the first moment too: more state through the checkpoint
+  j.train.shampoo.start_preconditioning_step = 3, j.train.shampoo.precondition_frequency = 2;
+  j.train.shampoo.max_preconditioner_dim = 24;  // several blocks on the tiny model's matrices
   return j;
 }
 
@@ -130,7 +133,8 @@ int main(int argc, char** argv) {
   if (mpi.rank == 0) root = mkdtemp(tmpl);
   broadcast_from_rank0(root, MPI_COMM_WORLD, nullptr, "MPI_Bcast (test directory)");
 
-  const Case cases[] = {{"sgd", 0.05, false}, {"lion", 1e-4, false}, {"lamb", 6e-4, true}, {"adafactor", 6e-4, true}};
+  const Case cases[] = {{"sgd", 0.05, false}, {"lion", 1e-4, false}, {"lamb", 6e-4, true}, {"adafactor", 6e-4, true},
+                        {"shampoo", 6e-4, true}};
   Config save, other;
   save.dp = mpi.size, save.zero = 1, save.micro_batches = 8 / mpi.size;
   if (mpi.size == 2) other.pp = 2, other.micro_batches = 8;

@@ -78,7 +78,7 @@ TEST(JobOptimizer, ImpossibleValuesAreRefused) {
   EXPECT_TRUE(contains(e, "[optimizer] nesterov = 1: expected true or false")) << e;
   e = parse_error("[train]\noptimizer = \"adam\"\n");
   EXPECT_TRUE(contains(e, "[train] optimizer = \"adam\": expected one of \"adamw\" \"sgd\" \"lamb\" \"lion\" "
-                          "\"adafactor\" \"muon\"")) << e;
+                          "\"adafactor\" \"muon\" \"shampoo\"")) << e;
 }
 
 TEST(JobOptimizer, FirstOrderDefaultsKeysAndRoundTrip) {
@@ -94,7 +94,9 @@ TEST(JobOptimizer, FirstOrderDefaultsKeysAndRoundTrip) {
       "[train]\noptimizer = \"lion\"\n[optimizer]\nbeta1 = 0.95\nbeta2 = 0.98\n",
       "[train]\noptimizer = \"adafactor\"\n[optimizer]\nbeta1 = 0.9\ndecay_rate = -0.5\neps1 = 1e-20\n"
       "clip_threshold = 2.0\nfactored = false\n",
-      "[train]\noptimizer = \"lamb\"\neps = 1e-6\n"};
+      "[train]\noptimizer = \"lamb\"\neps = 1e-6\n",
+      "[train]\noptimizer = \"shampoo\"\n[optimizer]\nfactor_decay = 0.99\nepsilon = 1e-8\nmax_preconditioner_dim = 512\n"
+      "precondition_frequency = 10\nstart_preconditioning_step = 5\n"};
   for (const char* text : jobs) {
     const Job a = parse_job(text, "job.toml");
     const Job b = parse_job(job_to_toml(a), "roundtrip.toml");
@@ -112,6 +114,12 @@ TEST(JobOptimizer, FirstOrderDefaultsKeysAndRoundTrip) {
   EXPECT_DOUBLE_EQ(f.train.adafactor.eps1, 1e-20);
   EXPECT_DOUBLE_EQ(f.train.adafactor.clip_threshold, 3);
   EXPECT_FALSE(f.train.adafactor.factored);
+  const Job h = parse_job(jobs[4], "job.toml");
+  EXPECT_DOUBLE_EQ(h.train.shampoo.factor_decay, 0.99);
+  EXPECT_DOUBLE_EQ(h.train.shampoo.epsilon, 1e-8);
+  EXPECT_EQ(h.train.shampoo.max_preconditioner_dim, 512);
+  EXPECT_EQ(h.train.shampoo.precondition_frequency, 10);
+  EXPECT_EQ(h.train.shampoo.start_preconditioning_step, 5);
 }
 
 TEST(JobOptimizer, FirstOrderImpossibleValuesAreRefused) {
@@ -131,6 +139,12 @@ TEST(JobOptimizer, FirstOrderImpossibleValuesAreRefused) {
   e = parse_error(job("sgd", "momentum = 0.0\nnesterov = true"));
   EXPECT_TRUE(contains(e, "job.toml: [optimizer] nesterov = true: Nesterov momentum needs momentum > 0, and "
                           "[optimizer] momentum is 0")) << e;
+  e = parse_error(job("shampoo", "precondition_frequency = 0"));
+  EXPECT_TRUE(contains(e, "job.toml: [optimizer] precondition_frequency = 0: expected an integer in [1, ")) << e;
+  e = parse_error(job("shampoo", "max_preconditioner_dim = 0"));
+  EXPECT_TRUE(contains(e, "job.toml: [optimizer] max_preconditioner_dim = 0: expected an integer in [1, 8192]")) << e;
+  e = parse_error(job("shampoo", "factor_decay = 1.5"));
+  EXPECT_TRUE(contains(e, "job.toml: [optimizer] factor_decay = 1.5: expected a number in [0, 1]")) << e;
   e = parse_error(job("sgd", "momentun = 0.9"));
   EXPECT_TRUE(contains(e, "job.toml: [optimizer] unknown key \"momentun\" (did you mean \"momentum\"?)")) << e;
   e = parse_error("[train]\noptimizer = \"lion\"\nlr = -1.0\n");

@@ -102,7 +102,7 @@ TEST(Search, ListedStagesFixVpOrFailWithTheEquation) {
 // The optimizer's sharding rule is a plan rule: predict and plan refuse what train would.
 TEST(PlanRules, WholeEntryOptimizersRefuseZeroStagesThatCutEntries) {
   ModelSpec m = gpt(12, 768, 12, 1024);
-  for (const char* o : {"muon", "lamb", "adafactor"}) {
+  for (const char* o : {"muon", "lamb", "adafactor", "shampoo"}) {
     Plan p;
     TrainSpec t;
     t.optimizer = o;

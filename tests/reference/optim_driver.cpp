@@ -1,4 +1,4 @@
-// SGD, Lion, LAMB and Adafactor (optim/first_order.hpp) against independent references
+// SGD, Lion, LAMB, Adafactor (optim/first_order.hpp) and Shampoo (optim/shampoo.hpp) against independent references
 // (optim_test.py, PyTorch float64): this driver builds the optimizer as a job does (parse_job with
 // the given --set overrides, then make_optimizer), runs it for kSteps steps on the four entries
 // of driver_common.hpp (two matrices, a norm, an embedding) with a changing lr and one clipped step (grad_scale 0.5), and writes into WORKDIR: meta.json
@@ -38,10 +38,13 @@ std::string meta_json(const ParamLayout& l, const TrainSpec& t, const std::strin
       "{{\"optimizer\": \"{}\", \"entries\": [{}], \"steps\": [{}], \"weight_decay\": {:.9g}, \"beta1\": {:.9g}, "
       "\"beta2\": {:.9g}, \"eps\": {:.9g}, \"sgd\": {{\"momentum\": {:.9g}, \"nesterov\": {}}}, "
       "\"lion\": {{\"beta1\": {:.9g}, \"beta2\": {:.9g}}}, \"adafactor\": {{\"beta1\": {:.9g}, \"decay_rate\": {:.9g}, "
-      "\"eps1\": {:.9g}, \"clip_threshold\": {:.9g}, \"factored\": {}}}}}\n",
+      "\"eps1\": {:.9g}, \"clip_threshold\": {:.9g}, \"factored\": {}}}, \"shampoo\": {{\"factor_decay\": {:.9g}, "
+      "\"epsilon\": {:.9g}, \"max_preconditioner_dim\": {}, \"precondition_frequency\": {}, "
+      "\"start_preconditioning_step\": {}}}}}\n",
       t.optimizer, entries, steps, t.weight_decay, t.beta1, t.beta2, t.eps, t.sgd.momentum,
       t.sgd.nesterov ? "true" : "false", t.lion.beta1, t.lion.beta2, a.beta1, a.decay_rate, a.eps1, a.clip_threshold,
-      a.factored ? "true" : "false");
+      a.factored ? "true" : "false", float(t.shampoo.factor_decay), t.shampoo.epsilon, t.shampoo.max_preconditioner_dim,
+      t.shampoo.precondition_frequency, t.shampoo.start_preconditioning_step);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""SGD, Lion, LAMB and Adafactor against float64 references on the same tensors.
+"""SGD, Lion, LAMB, Adafactor and Shampoo against float64 references on the same tensors.
 
 Runs optim_driver (our optim/first_order.hpp, built from a job with --set overrides) and recomputes
 its steps here: torch.optim.SGD itself for SGD; for the others (not in Debian's PyTorch 1.13) a
@@ -10,11 +10,14 @@ short reference written from the published algorithm, not from our C++:
   Adafactor: Shazeer & Stern 2018, arXiv 1804.04235, as Hugging Face's Adafactor with
         relative_step = scale_parameter = False (row/column means of g^2 + eps1 for tensors of 2
         or more dimensions, update clipping by RMS, lr times the update, optional first moment of it).
+  Shampoo: blocked Kronecker factors, inverse 4th roots by eigendecomposition (torch.linalg.eigh),
+        layer-wise Adam grafting (Gupta et al. 2018; Anil et al. 2020; Agarwal et al. 2020).
 Weight decay applies only to the entries with decay = true.
 
 Asserts, after every step and for every entry: max |W_ours - W_ref| / max |W_ref - W_0| <= TOL;
 and that the check can fail: a reference with one thing changed (SGD: Nesterov flipped; Lion: the
-betas swapped; LAMB: no trust ratio; Adafactor: factoring flipped) is off by more than 100 TOL.
+betas swapped; LAMB: no trust ratio; Adafactor: factoring flipped; Shampoo: no grafting) is off by
+more than 100 TOL.
 """
 import argparse
 import json
@@ -101,6 +104,43 @@ def adafactor_step(w, state, g, lr, wd, a, t, variant):
     w.add_(w, alpha=-wd * lr).sub_(u)
 
 
+def inverse_root(a, eps, p):
+    lam, q = torch.linalg.eigh(a)
+    return q @ torch.diag((lam.clamp(min=0) + eps) ** (-1.0 / p)) @ q.T
+
+
+def shampoo_step(w, state, g, lr, wd, meta, t, variant):
+    """Blocked Shampoo with layer-wise Adam grafting (optim/shampoo.hpp's docs, from Gupta et al. 2018,
+    Anil et al. 2020, Agarwal et al. 2020); AdamW (torch.optim.AdamW's formula) for 1-D tensors.
+    variant: no grafting (Shampoo's own step size)."""
+    sh, b1, b2, eps = meta["shampoo"], meta["beta1"], meta["beta2"], meta["eps"]
+    m, v = state.setdefault("m", torch.zeros_like(w)), state.setdefault("v", torch.zeros_like(w))
+    m.mul_(b1).add_(g, alpha=1 - b1)
+    v.mul_(b2).addcmul_(g, g, value=1 - b2)
+    mhat = m / (1 - b1 ** t)
+    adam = mhat / ((v / (1 - b2 ** t)).sqrt() + eps)
+    d = adam
+    since = t - sh["start_preconditioning_step"]
+    if w.dim() == 2:
+        B, f = sh["max_preconditioner_dim"], sh["factor_decay"]
+        blocks = [(r0, c0) for r0 in range(0, w.shape[0], B) for c0 in range(0, w.shape[1], B)]
+        s = torch.zeros_like(w)
+        for r0, c0 in blocks:
+            gb = g[r0:r0 + B, c0:c0 + B]
+            L = state.setdefault(("L", r0, c0), torch.zeros(gb.shape[0], gb.shape[0], dtype=w.dtype))
+            R = state.setdefault(("R", r0, c0), torch.zeros(gb.shape[1], gb.shape[1], dtype=w.dtype))
+            L.mul_(f).add_(gb @ gb.T, alpha=1 - f)
+            R.mul_(f).add_(gb.T @ gb, alpha=1 - f)
+            if since >= 0 and since % sh["precondition_frequency"] == 0:
+                state[("Lr", r0, c0)] = inverse_root(L, sh["epsilon"], 4)
+                state[("Rr", r0, c0)] = inverse_root(R, sh["epsilon"], 4)
+            if ("Lr", r0, c0) in state:
+                s[r0:r0 + B, c0:c0 + B] = state[("Lr", r0, c0)] @ mhat[r0:r0 + B, c0:c0 + B] @ state[("Rr", r0, c0)]
+        if since >= 0 and s.norm() > 0:
+            d = s if variant else s * (adam.norm() / s.norm())
+    w.mul_(1 - lr * wd).sub_(d, alpha=lr)
+
+
 def reference(meta, init, grads, variant):
     """The weights after each step, per entry; variant: the one-thing-changed reference."""
     if meta["optimizer"] == "sgd":
@@ -119,6 +159,8 @@ def reference(meta, init, grads, variant):
                 lion_step(ws[k], state.setdefault("m", torch.zeros_like(ws[k])), gk, lr, wd, b1, b2)
             elif meta["optimizer"] == "lamb":
                 lamb_step(ws[k], state, gk, lr, wd, meta, t, variant)
+            elif meta["optimizer"] == "shampoo":
+                shampoo_step(ws[k], state, gk, lr, wd, meta, t, variant)
             else:
                 adafactor_step(ws[k], state, gk, lr, wd, meta["adafactor"], t, variant)
         out.append({k: w.clone() for k, w in ws.items()})

@@ -100,6 +100,9 @@ class CpuBackend final : public Backend {
                    const LambStep& s) override;
   void adafactor_update(float* param, const float* grad, float* row, float* col, float* v, float* m, float* scratch,
                         int64_t rows, int64_t cols, const AdafactorStep& s) override;
+  void adam_direction(float* out, const float* grad, float* m, float* v, int64_t n, float beta1, float beta2,
+                      float eps, float bc1, float bc2, float grad_scale) override;
+  bool sym_inverse_root(float* out, const float* A, int64_t n, double eps, int p) override;
 
  private:
   int threads_;

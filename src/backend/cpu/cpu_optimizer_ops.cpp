@@ -1,10 +1,13 @@
 // The CPU backend's optimizer updates besides AdamW and momentum (cpu_backend.cpp): SGD, Lion,
-// LAMB and Adafactor, each as backend/backend.hpp states it. Elementwise loops are OpenMP
+// LAMB and Adafactor, and the symmetric inverse root of the matrix optimizers, each as
+// backend/backend.hpp states it. Elementwise loops are OpenMP
 // parallel; every reduction (LAMB's norms, Adafactor's means and RMS) is summed in double in a
 // fixed order, so the result does not depend on the thread count.
 #include <algorithm>
 #include <cmath>
 #include <vector>
+
+#include <lapacke.h>
 
 #include "backend/cpu/cpu_backend.hpp"
 
@@ -111,6 +114,40 @@ void CpuBackend::adafactor_update(float* param, const float* grad, float* row, f
     if (m) step = m[i] = s.beta1 * m[i] + (1.0f - s.beta1) * step;
     param[i] = param[i] * decay - step;
   }
+}
+
+void CpuBackend::adam_direction(float* out, const float* grad, float* m, float* v, int64_t n, float beta1,
+                                float beta2, float eps, float bc1, float bc2, float grad_scale) {
+  const float bc2_sqrt = std::sqrt(bc2);
+#pragma omp parallel for schedule(static) if (n >= min_work_)
+  for (int64_t i = 0; i < n; i++) {
+    const float g = grad[i] * grad_scale;
+    m[i] = beta1 * m[i] + (1.0f - beta1) * g;
+    v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
+    out[i] = (m[i] / bc1) / (std::sqrt(v[i]) / bc2_sqrt + eps);
+  }
+}
+
+// LAPACK's dsyevd (divide and conquer, eigenvalues ascending, eigenvectors in the columns of the
+// row-major a) in double: float32 eigenvalues of a Gram matrix lose the small ones that the root
+// amplifies most. out = Q diag(r) Q^T by a double loop (n is at most max_preconditioner_dim).
+bool CpuBackend::sym_inverse_root(float* out, const float* A, int64_t n, double eps, int p) {
+  std::vector<double> a(static_cast<size_t>(n * n)), w(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n * n; i++) a[size_t(i)] = A[i];
+  if (LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', 'U', lapack_int(n), a.data(), lapack_int(n), w.data()) != 0) return false;
+  std::vector<double> r(static_cast<size_t>(n)), res(static_cast<size_t>(n * n), 0.0);
+  for (int64_t k = 0; k < n; k++) r[size_t(k)] = std::pow(std::max(w[size_t(k)], 0.0) + eps, -1.0 / double(p));
+#pragma omp parallel for schedule(static) if (n * n * n >= min_work_)
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = 0; j < n; j++) {
+      double s = 0;
+      for (int64_t k = 0; k < n; k++) s += a[size_t(i * n + k)] * r[size_t(k)] * a[size_t(j * n + k)];
+      res[size_t(i * n + j)] = s;
+    }
+  for (double x : res)
+    if (!std::isfinite(x) || std::fabs(x) > 3.4e38) return false;
+  for (int64_t i = 0; i < n * n; i++) out[i] = float(res[size_t(i)]);
+  return true;
 }
 
 }  // namespace exatrain

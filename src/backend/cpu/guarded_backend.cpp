@@ -289,6 +289,15 @@ class GuardedCpuBackend final : public Backend {
                                    span(row, row ? rows : 0), span(col, col ? cols : 0), span(m, m ? n : 0)});
     cpu_.adafactor_update(param, grad, row, col, v, m, scratch, rows, cols, st);
   }
+  void adam_direction(float* out, const float* grad, float* m, float* v, int64_t n, float beta1, float beta2,
+                      float eps, float bc1, float bc2, float grad_scale) override {
+    OpScope s("adam_direction", {span(out, n), span(grad, n), span(m, n), span(v, n)});
+    cpu_.adam_direction(out, grad, m, v, n, beta1, beta2, eps, bc1, bc2, grad_scale);
+  }
+  bool sym_inverse_root(float* out, const float* A, int64_t n, double eps, int p) override {
+    OpScope s("sym_inverse_root", {span(out, n * n), span(A, n * n)});
+    return cpu_.sym_inverse_root(out, A, n, eps, p);
+  }
 
  private:
   CpuBackend cpu_;
