@@ -254,6 +254,20 @@ class Backend {
   // in double. Returns false, leaving out untouched, when the eigendecomposition fails or the
   // result is not finite (the caller keeps its previous root and counts the fallback).
   virtual bool sym_inverse_root(float* out, const float* A, int64_t n, double eps, int p) = 0;
+  // SOAP's eigenbasis (Vyas et al. 2024, arXiv 2409.11321; its get_orthogonal_matrix) of a symmetric
+  // A [n, n]: Q [n, n] with A's eigenvectors in its columns, eigenvalues descending, in double
+  // (LAPACK dsyevd). Returns false, leaving Q untouched, when that fails or is not finite.
+  virtual bool sym_eigenbasis(float* Q, const float* A, int64_t n) = 0;
+  // SOAP's refresh of an eigenbasis Q [n, n] of A [n, n] (its get_orthogonal_matrix_QR): Q's columns
+  // sorted by their Rayleigh quotients diag(Q^T A Q), descending (stable), then one power-iteration
+  // step and a QR factorisation: Q = qr(A Q_sorted).Q (Householder: LAPACK dgeqrf + dorgqr, in
+  // double). order [n] (host memory) receives the sort: sorted column j is old column order[j].
+  // Returns false, leaving Q and order untouched, when that fails or is not finite.
+  virtual bool power_qr_refresh(float* Q, const float* A, int64_t n, int64_t* order) = 0;
+  // a [rows, cols] <- a[row_order[i], col_order[j]] (host index arrays, each a permutation; null:
+  // that axis unchanged). SOAP's second moment follows its basis's sorted columns.
+  virtual void permute_matrix(float* a, int64_t rows, int64_t cols, const int64_t* row_order,
+                              const int64_t* col_order) = 0;
 
   // ---- instrumentation -----------------------------------------------------------------------
   // Seconds and floating-point operations spent in gemm / gemm_strided_batched since reset.

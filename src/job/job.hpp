@@ -128,9 +128,40 @@ struct ShampooSpec {
   bool operator==(const ShampooSpec&) const = default;
 };
 
+// [optimizer] keys of train.optimizer = "soap" (optim/soap.hpp): Adam in Shampoo's eigenbasis
+// ([train] beta1, beta2, eps are its Adam's; weight decay decoupled). Defaults: soap.py's (Vyas et al. 2024).
+struct SoapSpec {
+  double factor_decay = 0.95;            // EMA of the factors (soap.py's shampoo_beta, its beta2 by default)
+  int64_t max_preconditioner_dim = 10000; // a larger side keeps the identity basis (soap.py's max_precond_dim)
+  int64_t precondition_frequency = 10;   // optimizer steps between eigenbasis refreshes (soap.py's default)
+  bool operator==(const SoapSpec&) const = default;
+};
+
+// [optimizer] keys of the matrix optimizers (muon, shampoo, soap) that make them mixed-order
+// (optim/mixed.hpp): `others` gives the layers' 2-D matrices to the matrix optimizer and every
+// other entry to a first-order one (with its defaults, and [train]'s beta1, beta2, eps for adamw
+// and lamb); `first_order_steps` runs that one on every entry for so many steps first.
+struct MixedSpec {
+  std::string others;             // "": the matrix optimizer's own rule for the rest (no mixing)
+  int64_t first_order_steps = 0;  // 0: the matrix optimizer from the first step
+  bool active() const { return !others.empty() || first_order_steps > 0; }
+  std::string first_order() const { return others.empty() ? "adamw" : others; }
+  bool operator==(const MixedSpec&) const = default;
+};
+
+// The optimizers that can be mixed with a first-order one (MixedSpec), and those first-order ones.
+inline const std::vector<std::string>& matrix_optimizer_names() {
+  static const std::vector<std::string> names = {"muon", "shampoo", "soap"};
+  return names;
+}
+inline const std::vector<std::string>& first_order_optimizer_names() {
+  static const std::vector<std::string> names = {"adamw", "lamb", "sgd", "lion", "adafactor"};
+  return names;
+}
+
 // The optimizers of train.optimizer, in the order of [train] optimizer's documented choices.
 inline const std::vector<std::string>& optimizer_names() {
-  static const std::vector<std::string> names = {"adamw", "sgd", "lamb", "lion", "adafactor", "muon", "shampoo"};
+  static const std::vector<std::string> names = {"adamw", "sgd", "lamb", "lion", "adafactor", "muon", "shampoo", "soap"};
   return names;
 }
 
@@ -172,6 +203,8 @@ struct TrainSpec {
   LionSpec lion;                // ... "lion"
   AdafactorSpec adafactor;      // ... "adafactor"
   ShampooSpec shampoo;          // ... "shampoo"
+  SoapSpec soap;                // ... "soap"
+  MixedSpec mixed;              // ... "muon", "shampoo", "soap": mixed with a first-order optimizer
   bool operator==(const TrainSpec&) const = default;
 };
 

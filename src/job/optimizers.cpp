@@ -5,6 +5,14 @@
 namespace exatrain {
 
 OptimizerState optimizer_state(const TrainSpec& t) {
+  if (t.mixed.active()) {  // the matrix optimizer's on the matrices, the first-order one's elsewhere
+    TrainSpec matrix = t, first = t;
+    matrix.mixed = first.mixed = MixedSpec{};
+    first.optimizer = t.mixed.first_order();
+    const OptimizerState a = optimizer_state(matrix), b = optimizer_state(first);
+    const double kept = t.mixed.first_order_steps > 0 ? b.per_matrix_element : 0;  // through the schedule
+    return {a.per_matrix_element + kept, b.per_other_element, true};
+  }
   const std::string& o = t.optimizer;
   if (o == "sgd" || o == "lion") return {1, 1, false};  // the momentum buffer / Lion's m
   if (o == "lamb") return {2, 2, true};                 // Adam's moments; a trust ratio per entry
@@ -12,6 +20,9 @@ OptimizerState optimizer_state(const TrainSpec& t) {
   // Shampoo: the grafting Adam's two, and per full B x B block a factor and a root on each side
   // (4 B^2 per B^2 elements); a matrix smaller than a block has 2 (m^2 + n^2) / (m n) instead.
   if (o == "shampoo") return {6, 2, true};
+  // SOAP: Adam's two in the basis, and per rotated side a factor and a basis (2 m^2 + 2 n^2 per
+  // m n elements: 4 for a square matrix; a d x 4d MLP matrix has 8.5 / 4 ~ 2.1 more).
+  if (o == "soap") return {6, 2, true};
   if (o == "adafactor") {
     // Factored: a row and a column mean per 2-D entry (embeddings too), (m + n) / (m n) values
     // per element, counted as 0; the 1-D entries' full moments (norms, biases: under 0.1% of a

@@ -391,12 +391,13 @@ void layer_sections(const toml::value& root, const std::string& source, const st
 // ignored otherwise.
 const std::vector<std::pair<std::string, std::vector<std::string>>>& optimizer_keys() {
   static const std::vector<std::pair<std::string, std::vector<std::string>>> keys = {
-      {"muon", {"momentum", "nesterov", "ns_steps", "scale"}},
+      {"muon", {"momentum", "nesterov", "ns_steps", "scale", "others", "first_order_steps"}},
       {"sgd", {"momentum", "nesterov"}},
       {"lion", {"beta1", "beta2"}},
       {"adafactor", {"beta1", "decay_rate", "eps1", "clip_threshold", "factored"}},
       {"shampoo", {"factor_decay", "epsilon", "max_preconditioner_dim", "precondition_frequency",
-                   "start_preconditioning_step"}}};
+                   "start_preconditioning_step", "others", "first_order_steps"}},
+      {"soap", {"factor_decay", "max_preconditioner_dim", "precondition_frequency", "others", "first_order_steps"}}};
   return keys;
 }
 
@@ -409,7 +410,16 @@ std::string optimizers_with_key(const std::string& key) {
   return out;
 }
 
+// others / first_order_steps of a matrix optimizer (MixedSpec).
+void parse_mixed_values(Section& s, TrainSpec& t) {
+  const std::vector<std::string>& firsts = first_order_optimizer_names();
+  if (int i = s.get_choice("others", firsts); i >= 0) t.mixed.others = firsts[size_t(i)];
+  s.get_int("first_order_steps", t.mixed.first_order_steps, 0, int64_t(1) << 40);
+}
+
 void parse_optimizer_values(Section& s, TrainSpec& t) {
+  const std::vector<std::string>& matrix = matrix_optimizer_names();
+  if (std::find(matrix.begin(), matrix.end(), t.optimizer) != matrix.end()) parse_mixed_values(s, t);
   if (t.optimizer == "muon") {
     MuonSpec& m = t.muon;
     s.get_float_below("momentum", m.momentum, 0, 1);  // 1: the buffer never forgets, and grows without bound
@@ -438,6 +448,11 @@ void parse_optimizer_values(Section& s, TrainSpec& t) {
     s.get_int("max_preconditioner_dim", h.max_preconditioner_dim, 1, 8192);
     s.get_int("precondition_frequency", h.precondition_frequency, 1, int64_t(1) << 40);
     s.get_int("start_preconditioning_step", h.start_preconditioning_step, 1, int64_t(1) << 40);
+  } else if (t.optimizer == "soap") {
+    SoapSpec& h = t.soap;
+    s.get_float_below("factor_decay", h.factor_decay, 0, 1);  // 1: the factors would never see a gradient
+    s.get_int("max_preconditioner_dim", h.max_preconditioner_dim, 1, 65536);
+    s.get_int("precondition_frequency", h.precondition_frequency, 1, int64_t(1) << 40);
   }
 }
 
@@ -700,6 +715,12 @@ std::string job_to_toml(const Job& job) {
            line("max_preconditioner_dim", t.shampoo.max_preconditioner_dim) +
            line("precondition_frequency", t.shampoo.precondition_frequency) +
            line("start_preconditioning_step", t.shampoo.start_preconditioning_step);
+  if (t.optimizer == "soap")
+    out += "\n[optimizer]\n" + line("factor_decay", t.soap.factor_decay) +
+           line("max_preconditioner_dim", t.soap.max_preconditioner_dim) +
+           line("precondition_frequency", t.soap.precondition_frequency);
+  if (!t.mixed.others.empty()) out += line("others", t.mixed.others);
+  if (t.mixed.first_order_steps > 0) out += line("first_order_steps", t.mixed.first_order_steps);
   return out;
 }
 

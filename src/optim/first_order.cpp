@@ -6,23 +6,6 @@
 
 namespace exatrain {
 
-namespace {
-
-// A whole-entry update's part must be the whole entry (init_state refuses a region that cuts an
-// entry with entry states; LAMB has none, so it checks here).
-void check_whole(const char* optimizer, const EntryPart& e) {
-  EXA_CHECK(e.first == 0 && e.n == e.p.numel, "{}: {} is cut by its region (elements [{}, {}) of {}): the sharding "
-            "must cut between entries (needs_whole_entries)", optimizer, e.p.name, e.first, e.first + e.n, e.p.numel);
-}
-
-// A scratch buffer of at least n floats (grown, never shrunk).
-float* reserve(Backend& be, DeviceBuffer& buf, int64_t n, const char* label) {
-  if (buf.size() < n) buf = DeviceBuffer(be, n, label);
-  return buf.data();
-}
-
-}  // namespace
-
 void Sgd::update(const EntryPart& e, const OptimStep& ctx) {
   be_.sgd_update(e.params, e.grads, e.state[0], e.n, ctx.lr, cfg_.momentum, cfg_.nesterov,
                  e.p.decay ? cfg_.weight_decay : 0.0f, ctx.grad_scale);
@@ -34,11 +17,11 @@ void Lion::update(const EntryPart& e, const OptimStep& ctx) {
 }
 
 void Lamb::update(const EntryPart& e, const OptimStep& ctx) {
-  check_whole("lamb", e);
+  check_whole_entry("lamb", e);
   const LambStep s{ctx.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, e.p.decay ? cfg_.weight_decay : 0.0f,
                    1.0f - std::pow(cfg_.beta1, float(ctx.step)), 1.0f - std::pow(cfg_.beta2, float(ctx.step)),
                    ctx.grad_scale};
-  be_.lamb_update(e.params, e.grads, e.state[0], e.state[1], reserve(be_, scratch_, e.n, "lamb direction"), e.n, s);
+  be_.lamb_update(e.params, e.grads, e.state[0], e.state[1], reserve_scratch(be_, scratch_, e.n, "lamb direction"), e.n, s);
 }
 
 std::vector<EntryStateSpec> Adafactor::entry_states(const ParamInfo& p) const {
@@ -50,7 +33,7 @@ std::vector<EntryStateSpec> Adafactor::entry_states(const ParamInfo& p) const {
 }
 
 void Adafactor::update(const EntryPart& e, const OptimStep& ctx) {
-  check_whole("adafactor", e);
+  check_whole_entry("adafactor", e);
   const bool f = factored(e.p);
   const int64_t rows = f ? e.p.shard_shape[0] : 1, cols = f ? e.p.shard_shape[1] : e.n;
   float* row = f ? e.entry_state[0] : nullptr;
@@ -59,7 +42,7 @@ void Adafactor::update(const EntryPart& e, const OptimStep& ctx) {
   float* m = cfg_.beta1 > 0 ? e.entry_state[f ? 2 : 1] : nullptr;
   const AdafactorStep s{ctx.lr, cfg_.beta1, float(1.0 - std::pow(double(ctx.step), double(cfg_.decay_rate))),
                         cfg_.eps1, cfg_.clip_threshold, e.p.decay ? cfg_.weight_decay : 0.0f, ctx.grad_scale};
-  be_.adafactor_update(e.params, e.grads, row, col, v, m, reserve(be_, scratch_, e.n, "adafactor update"), rows, cols,
+  be_.adafactor_update(e.params, e.grads, row, col, v, m, reserve_scratch(be_, scratch_, e.n, "adafactor update"), rows, cols,
                        s);
 }
 

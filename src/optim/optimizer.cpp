@@ -5,8 +5,10 @@
 
 #include "core/check.hpp"
 #include "optim/first_order.hpp"
+#include "optim/mixed.hpp"
 #include "optim/muon.hpp"
 #include "optim/shampoo.hpp"
+#include "optim/soap.hpp"
 
 namespace exatrain {
 
@@ -96,9 +98,26 @@ void adamw_part(Backend& be, const AdamWConfig& c, const EntryPart& e, float* m,
                   bc1, bc2, ctx.grad_scale);
 }
 
+void check_whole_entry(const char* optimizer, const EntryPart& e) {
+  EXA_CHECK(e.first == 0 && e.n == e.p.numel, "{}: {} is cut by its region (elements [{}, {}) of {}): the sharding "
+            "must cut between entries (needs_whole_entries)", optimizer, e.p.name, e.first, e.first + e.n, e.p.numel);
+}
+
+float* reserve_scratch(Backend& be, DeviceBuffer& buf, int64_t n, const char* label) {
+  if (buf.size() < n) buf = DeviceBuffer(be, n, label);
+  return buf.data();
+}
+
 void AdamW::update(const EntryPart& e, const OptimStep& ctx) { adamw_part(be_, cfg_, e, e.state[0], e.state[1], ctx); }
 
 std::unique_ptr<Optimizer> make_optimizer(Backend& backend, const TrainSpec& t) {
+  if (t.mixed.active()) {  // muon, shampoo or soap on the matrices (parse_job allows no other)
+    TrainSpec matrix = t, first = t;
+    matrix.mixed = first.mixed = MixedSpec{};
+    first.optimizer = t.mixed.first_order();
+    return std::make_unique<MixedOrder>(backend, make_optimizer(backend, matrix), make_optimizer(backend, first),
+                                        t.mixed.first_order_steps);
+  }
   const float wd = float(t.weight_decay);
   const AdamWConfig adamw{float(t.beta1), float(t.beta2), float(t.eps), wd};
   if (t.optimizer == "adamw") return std::make_unique<AdamW>(backend, adamw);
@@ -121,7 +140,13 @@ std::unique_ptr<Optimizer> make_optimizer(Backend& backend, const TrainSpec& t) 
                                                             h.precondition_frequency, h.start_preconditioning_step,
                                                             adamw});
   }
-  EXA_FAIL("train.optimizer = \"{}\": expected one of adamw, sgd, lamb, lion, adafactor, muon, shampoo", t.optimizer);
+  if (t.optimizer == "soap") {
+    const SoapSpec& h = t.soap;
+    return std::make_unique<Soap>(backend, SoapConfig{float(h.factor_decay), h.max_preconditioner_dim,
+                                                      h.precondition_frequency, adamw});
+  }
+  EXA_FAIL("train.optimizer = \"{}\": expected one of adamw, sgd, lamb, lion, adafactor, muon, shampoo, soap",
+           t.optimizer);
 }
 
 double lr_at(int64_t step, double lr, double min_lr, int64_t warmup, int64_t total) {

@@ -101,8 +101,12 @@ class Optimizer {
   // One update of every region; the regions are init_state's (their pointers may have moved).
   void step(const std::vector<ParamRegion>& regions, const OptimStep& ctx);
   int64_t state_bytes() const;
+  // Steps at which a preconditioner could not be computed (a failed eigendecomposition, a
+  // non-finite root) and the previous one was kept, since construction; 0 for most.
+  virtual int64_t fallbacks() const { return 0; }
 
  protected:
+  friend class MixedOrder;  // routes entries to the update() of the two it composes
   // Updates one entry's part (EntryPart).
   virtual void update(const EntryPart& part, const OptimStep& ctx) = 0;
   Backend& be_;
@@ -137,6 +141,12 @@ class AdamW final : public Optimizer {
 // One AdamW update of an entry's part with moments m and v (device [part.n]): the update of
 // AdamW, and of the entries a matrix optimizer leaves to AdamW (Muon's embeddings, norms, biases).
 void adamw_part(Backend& be, const AdamWConfig& c, const EntryPart& part, float* m, float* v, const OptimStep& ctx);
+
+// What the whole-entry optimizers share: the check that a part is its whole entry (init_state
+// refuses a region that cuts an entry with entry states; LAMB has none, so it checks here), and a
+// scratch buffer of at least n floats, grown and never shrunk.
+void check_whole_entry(const char* optimizer, const EntryPart& e);
+float* reserve_scratch(Backend& be, DeviceBuffer& buf, int64_t n, const char* label);
 
 // The job's optimizer ([train] optimizer and its hyper-parameters: "adamw" and "lamb" with
 // [train]'s beta1, beta2, eps; "sgd", "lion", "adafactor" (optim/first_order.hpp) and "muon"

@@ -32,11 +32,6 @@ std::vector<EntryStateSpec> Shampoo::entry_states(const ParamInfo& p) const {
   return specs;
 }
 
-float* Shampoo::scratch(DeviceBuffer& b, int64_t n, const char* label) {
-  if (b.size() < n) b = DeviceBuffer(be_, n, label);
-  return b.data();
-}
-
 // Every block's two roots; a failed one keeps the block's previous root.
 void Shampoo::refresh_roots(const EntryPart& e, const std::vector<Block>& bl) {
   float *L = e.entry_state[2], *R = e.entry_state[3], *Lr = e.entry_state[4], *Rr = e.entry_state[5];
@@ -51,13 +46,13 @@ void Shampoo::refresh_roots(const EntryPart& e, const std::vector<Block>& bl) {
 bool Shampoo::shampoo_direction(const EntryPart& e, const std::vector<Block>& bl, float bc1) {
   const int64_t n = e.p.shard_shape[1];
   const float *Lr = e.entry_state[4], *Rr = e.entry_state[5];
-  float* mhat = scratch(mhat_, e.n, "shampoo m hat");
+  float* mhat = reserve_scratch(be_, mhat_, e.n, "shampoo m hat");
   be_.copy(mhat, e.entry_state[0], sizeof(float) * size_t(e.n));
   be_.scale(mhat, 1.0f / bc1, e.n);
-  float* dir = scratch(dir_, e.n, "shampoo direction");
+  float* dir = reserve_scratch(be_, dir_, e.n, "shampoo direction");
   int64_t largest = 0;
   for (const Block& b : bl) largest = std::max(largest, b.mb * b.nb);
-  float* tmp = scratch(tmp_, largest, "shampoo block");
+  float* tmp = reserve_scratch(be_, tmp_, largest, "shampoo block");
   for (const Block& b : bl) {
     const int64_t at = b.r0 * n + b.c0;
     be_.gemm(false, false, b.mb, b.nb, b.mb, 1.0f, Lr + b.l_off, b.mb, mhat + at, n, 0.0f, tmp, b.nb);
@@ -72,11 +67,10 @@ bool Shampoo::shampoo_direction(const EntryPart& e, const std::vector<Block>& bl
 void Shampoo::update(const EntryPart& e, const OptimStep& ctx) {
   const AdamWConfig& a = cfg_.adamw;
   if (!preconditioned(e.p)) return adamw_part(be_, a, e, e.entry_state[0], e.entry_state[1], ctx);
-  EXA_CHECK(e.first == 0 && e.n == e.p.numel, "shampoo: {} is cut by its region (elements [{}, {}) of {})", e.p.name,
-            e.first, e.first + e.n, e.p.numel);
+  check_whole_entry("shampoo", e);
   const int64_t m = e.p.shard_shape[0], n = e.p.shard_shape[1];
   const float bc1 = 1.0f - std::pow(a.beta1, float(ctx.step)), bc2 = 1.0f - std::pow(a.beta2, float(ctx.step));
-  float* A = scratch(adam_, e.n, "shampoo graft");
+  float* A = reserve_scratch(be_, adam_, e.n, "shampoo graft");
   be_.adam_direction(A, e.grads, e.entry_state[0], e.entry_state[1], e.n, a.beta1, a.beta2, a.eps, bc1, bc2,
                      ctx.grad_scale);
   const std::vector<Block> bl = blocks(m, n, cfg_.max_preconditioner_dim);

@@ -45,7 +45,7 @@ class Shampoo final : public Optimizer {
   // other entries: AdamW's "exp_avg", "exp_avg_sq".
   std::vector<EntryStateSpec> entry_states(const ParamInfo& p) const override;
   static bool preconditioned(const ParamInfo& p) { return p.shard_shape.size() == 2; }
-  int64_t fallbacks() const { return fallbacks_; }
+  int64_t fallbacks() const override { return fallbacks_; }
 
   // One block of an [m, n] entry: rows [r0, r0 + mb), columns [c0, c0 + nb), and where its L and
   // R start in the concatenated factor tensors.
@@ -61,7 +61,6 @@ class Shampoo final : public Optimizer {
   // D = S |A| / |S| into dir_; false when there is no usable root (the step is then along A).
   bool shampoo_direction(const EntryPart& e, const std::vector<Block>& bl, float bc1);
   void refresh_roots(const EntryPart& e, const std::vector<Block>& bl);
-  float* scratch(DeviceBuffer& b, int64_t n, const char* label);
   ShampooConfig cfg_;
   DeviceBuffer adam_, mhat_, dir_, tmp_;  // [m n] scratch of the largest entry so far
   int64_t fallbacks_ = 0;

@@ -108,6 +108,7 @@ class Session {
   std::unique_ptr<report::Progress> progress_;
   std::string ckpt_root_;
   int64_t steps_this_run_ = 0, consecutive_skips_ = 0;
+  int64_t fallbacks_seen_ = 0;  // optimizer_fallbacks (all ranks) at the last metrics line
 };
 
 // Rank 0 prepares the bundled corpus once; the others open it after the barrier. The model's
@@ -246,18 +247,21 @@ bool Session::handle_nonfinite(const StepMetrics& m) {
 // and its resident and peak resident bytes (one gather for all), rank 0's bytes sent by kind.
 void Session::write_metrics(const StepMetrics& m) {
   const double mfu = peak_gflops_ > 0 ? world_flops_ / double(world_) / m.seconds / 1e9 / peak_gflops_ : 0.0;
-  constexpr int kPerRank = kBreakdown + 2;
+  constexpr int kPerRank = kBreakdown + 3;
   double mine[kPerRank];
   for (int k = 0; k < kBreakdown; k++) {
     auto it = m.breakdown_s.find(kBreakdownNames[k]);
     mine[k] = it == m.breakdown_s.end() ? 0.0 : it->second;
   }
   mine[kBreakdown] = double(resident_bytes()), mine[kBreakdown + 1] = double(peak_rss_bytes());
+  mine[kBreakdown + 2] = double(m.optimizer_fallbacks);
   std::vector<double> all(size_t(kPerRank * world_));
   rt_->world().gather(mine, all.data(), kPerRank, parallel::DType::f64, 0);
   if (rank_ != 0) return;
   nlohmann::json per_rank = nlohmann::json::array(), rss = per_rank, peak = per_rank;
+  int64_t fallbacks = 0;  // summed over the ranks: each counts the preconditioners it computes
   for (int r = 0; r < world_; r++) {
+    fallbacks += int64_t(all[size_t(r * kPerRank + kBreakdown + 2)]);
     nlohmann::json b;
     for (int k = 0; k < kBreakdown; k++) b[kBreakdownNames[k]] = all[size_t(r * kPerRank + k)];
     per_rank.push_back(b);
@@ -272,6 +276,12 @@ void Session::write_metrics(const StepMetrics& m) {
   j["rss_bytes_per_rank"] = rss;
   j["peak_rss_bytes_per_rank"] = peak;
   j["bytes_sent"] = m.bytes;  // rank 0's byte ledger for the step (parallel/comm.hpp's convention)
+  j["optimizer_fallbacks"] = fallbacks;
+  if (fallbacks > fallbacks_seen_)
+    progress_->note(fmt::format("step {}: warning: {} preconditioner computation(s) failed (a failed eigendecomposition "
+                                "or a non-finite root); the previous ones were kept ({} in this run so far, "
+                                "metrics.jsonl optimizer_fallbacks)", m.step, fallbacks - fallbacks_seen_, fallbacks));
+  fallbacks_seen_ = fallbacks;
   metrics_->write(j);
   if (m.step % job_.train.log_every == 0 || m.step == job_.train.steps)
     progress_->update({m.step, m.loss, m.lr, m.grad_norm, m.tokens_per_s, mfu, m.seconds});

@@ -300,6 +300,7 @@ StepMetrics Trainer::finish_metrics(StepMetrics s, double t0, double t_opt, doub
   s.breakdown_s["pp_bubble"] = std::max(s.breakdown_s["pp_bubble"], bubble_s);
   s.bytes = rt_.ledger().bytes;
   s.buckets_launched_early = sync_->buckets_launched_early();
+  s.optimizer_fallbacks = optimizer_->fallbacks();
   s.gflops = local_flops_per_step() / s.seconds / 1e9;
   if (opt_.peak_gflops <= 0) opt_.peak_gflops = cached_sgemm_peak_gflops(be_, omp_get_max_threads());
   s.mfu = s.gflops / opt_.peak_gflops;

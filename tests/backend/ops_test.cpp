@@ -787,6 +787,103 @@ TEST_P(Ops, SymInverseRootInvertsAndRefusesNonFinite) {
   EXPECT_EQ(bu.get(), Vec(size_t(n * n), 7.0));
 }
 
+// C = A^T B for row-major n x n matrices (the tests below).
+Vec at_b(const Vec& a, const Vec& b, int64_t n) {
+  Vec c(static_cast<size_t>(n * n), 0.0);
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = 0; j < n; j++)
+      for (int64_t k = 0; k < n; k++) c[size_t(i * n + j)] += a[size_t(k * n + i)] * b[size_t(k * n + j)];
+  return c;
+}
+
+// A random symmetric positive definite n x n matrix B B^T + 0.1 I.
+Vec random_spd(std::mt19937& rng, int64_t n) {
+  const Vec b = random_vec(rng, size_t(n * n));
+  Vec bt(b);
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = 0; j < n; j++) bt[size_t(i * n + j)] = b[size_t(j * n + i)];
+  Vec a = at_b(bt, bt, n);  // (B^T)^T B^T = B B^T
+  for (int64_t i = 0; i < n; i++) a[size_t(i * n + i)] += 0.1;
+  return a;
+}
+
+Vec identity(int64_t n) {
+  Vec e(static_cast<size_t>(n * n), 0.0);
+  for (int64_t i = 0; i < n; i++) e[size_t(i * n + i)] = 1;
+  return e;
+}
+
+TEST_P(Ops, SymEigenbasisDiagonalisesWithEigenvaluesDescending) {
+  std::mt19937 rng(23);
+  const int64_t n = 6;
+  const Vec a = random_spd(rng, n);
+  Buf ba(be(), a), bq(be(), Vec(size_t(n * n), 7.0));
+  ASSERT_TRUE(be().sym_eigenbasis(bq.p, ba.p, n));
+  const Vec q = bq.get();
+  expect_close(at_b(q, q, n), identity(n), 1e-5, "Q^T Q = I");
+  Vec aq(static_cast<size_t>(n * n), 0.0);  // A Q
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = 0; j < n; j++)
+      for (int64_t k = 0; k < n; k++) aq[size_t(i * n + j)] += a[size_t(i * n + k)] * q[size_t(k * n + j)];
+  const Vec d = at_b(q, aq, n);  // Q^T A Q: diagonal, descending
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = 0; j < n; j++)
+      if (i != j) EXPECT_NEAR(d[size_t(i * n + j)], 0.0, 1e-4 * d[0]) << "Q^T A Q at " << i << "," << j;
+  for (int64_t i = 1; i < n; i++) EXPECT_GT(d[size_t((i - 1) * n + i - 1)], d[size_t(i * n + i)]) << "eigenvalue " << i;
+  Vec bad(a);
+  bad[2] = std::nan("");
+  Buf bn(be(), bad), bu(be(), Vec(size_t(n * n), 7.0));
+  EXPECT_FALSE(be().sym_eigenbasis(bu.p, bn.p, n));
+  EXPECT_EQ(bu.get(), Vec(size_t(n * n), 7.0));
+}
+
+// From the identity basis of a diagonal A with unsorted entries, the refresh sorts the columns by
+// A's diagonal, and Q = qr(A Q_sorted).Q is orthogonal with Q^T (A Q_sorted) upper triangular.
+TEST_P(Ops, PowerQrRefreshSortsThenOrthogonalisesAPowerStep) {
+  std::mt19937 rng(24);
+  const int64_t n = 5;
+  Vec a = random_spd(rng, n);
+  const double diag[] = {2.0, 9.0, 0.5, 5.0, 1.0};
+  for (int64_t i = 0; i < n; i++) a[size_t(i * n + i)] += 10 * diag[i];  // diagonal-dominant: its order
+  Buf ba(be(), a), bq(be(), identity(n));
+  std::vector<int64_t> order(static_cast<size_t>(n), -1);
+  ASSERT_TRUE(be().power_qr_refresh(bq.p, ba.p, n, order.data()));
+  EXPECT_EQ(order, (std::vector<int64_t>{1, 3, 0, 4, 2}));
+  const Vec q = bq.get();
+  expect_close(at_b(q, q, n), identity(n), 1e-5, "Q^T Q = I");
+  Vec p(static_cast<size_t>(n * n));  // A Q_sorted = A's columns in that order
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = 0; j < n; j++) p[size_t(i * n + j)] = a[size_t(i * n + order[size_t(j)])];
+  const Vec r = at_b(q, p, n);
+  for (int64_t i = 1; i < n; i++)
+    for (int64_t j = 0; j < i; j++) EXPECT_NEAR(r[size_t(i * n + j)], 0.0, 1e-4) << "R below its diagonal at " << i << "," << j;
+  Vec bad(a);
+  bad[7] = std::nan("");
+  Buf bn(be(), bad), bu(be(), identity(n));
+  std::vector<int64_t> untouched(static_cast<size_t>(n), -1);
+  EXPECT_FALSE(be().power_qr_refresh(bu.p, bn.p, n, untouched.data()));
+  EXPECT_EQ(bu.get(), identity(n));
+  EXPECT_EQ(untouched, std::vector<int64_t>(static_cast<size_t>(n), -1));
+}
+
+TEST_P(Ops, PermuteMatrixGathersRowsAndColumns) {
+  const int64_t rows = 3, cols = 4;
+  Vec a(static_cast<size_t>(rows * cols));
+  for (size_t i = 0; i < a.size(); i++) a[i] = double(i);
+  const std::vector<int64_t> ro = {2, 0, 1}, co = {3, 1, 0, 2};
+  Buf both(be(), a), only_cols(be(), a);
+  be().permute_matrix(both.p, rows, cols, ro.data(), co.data());
+  be().permute_matrix(only_cols.p, rows, cols, nullptr, co.data());
+  Vec want_both(a.size()), want_cols(a.size());
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < cols; j++) {
+      want_both[size_t(i * cols + j)] = a[size_t(ro[size_t(i)] * cols + co[size_t(j)])];
+      want_cols[size_t(i * cols + j)] = a[size_t(i * cols + co[size_t(j)])];
+    }
+  EXPECT_EQ(both.get(), want_both);
+  EXPECT_EQ(only_cols.get(), want_cols);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Ops, testing::ValuesIn(backend_names()), backend_test_name);
 
 }  // namespace

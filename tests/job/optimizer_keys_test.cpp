@@ -78,7 +78,7 @@ TEST(JobOptimizer, ImpossibleValuesAreRefused) {
   EXPECT_TRUE(contains(e, "[optimizer] nesterov = 1: expected true or false")) << e;
   e = parse_error("[train]\noptimizer = \"adam\"\n");
   EXPECT_TRUE(contains(e, "[train] optimizer = \"adam\": expected one of \"adamw\" \"sgd\" \"lamb\" \"lion\" "
-                          "\"adafactor\" \"muon\" \"shampoo\"")) << e;
+                          "\"adafactor\" \"muon\" \"shampoo\" \"soap\"")) << e;
 }
 
 TEST(JobOptimizer, FirstOrderDefaultsKeysAndRoundTrip) {
@@ -149,6 +149,52 @@ TEST(JobOptimizer, FirstOrderImpossibleValuesAreRefused) {
   EXPECT_TRUE(contains(e, "job.toml: [optimizer] unknown key \"momentun\" (did you mean \"momentum\"?)")) << e;
   e = parse_error("[train]\noptimizer = \"lion\"\nlr = -1.0\n");
   EXPECT_TRUE(contains(e, "job.toml: [train] lr = -1.0: expected a number in [0, 10]")) << e;
+}
+
+TEST(JobOptimizer, SoapDefaultsKeysAndRoundTrip) {
+  EXPECT_EQ(parse_job("[train]\noptimizer = \"soap\"\n", "job.toml").train.soap, SoapSpec{});
+  EXPECT_DOUBLE_EQ(SoapSpec{}.factor_decay, 0.95);  // soap.py's shampoo_beta = its beta2
+  EXPECT_EQ(SoapSpec{}.precondition_frequency, 10);
+  EXPECT_EQ(SoapSpec{}.max_preconditioner_dim, 10000);
+  const char* text = "[train]\noptimizer = \"soap\"\n[optimizer]\nfactor_decay = 0.9\nmax_preconditioner_dim = 512\n"
+                     "precondition_frequency = 5\n";
+  const Job a = parse_job(text, "job.toml");
+  EXPECT_EQ(a.train.soap, (SoapSpec{0.9, 512, 5}));
+  EXPECT_EQ(parse_job(job_to_toml(a), "roundtrip.toml").train, a.train);
+  auto soap = [](const std::string& kv) { return "[train]\noptimizer = \"soap\"\n[optimizer]\n" + kv + "\n"; };
+  std::string e = parse_error(soap("precondition_frequency = 0"));
+  EXPECT_TRUE(contains(e, "job.toml: [optimizer] precondition_frequency = 0: expected an integer in [1, ")) << e;
+  e = parse_error(soap("max_preconditioner_dim = 0"));
+  EXPECT_TRUE(contains(e, "job.toml: [optimizer] max_preconditioner_dim = 0: expected an integer in [1, 65536]")) << e;
+  e = parse_error(soap("factor_decay = 1.0"));
+  EXPECT_TRUE(contains(e, "job.toml: [optimizer] factor_decay = 1.0: expected a number in [0, 1)")) << e;
+  e = parse_error(soap("epsilon = 1e-12"));  // Shampoo's, not SOAP's
+  EXPECT_TRUE(contains(e, "[optimizer] epsilon")) << e;
+  EXPECT_TRUE(contains(e, "a key of train.optimizer = \"shampoo\", but train.optimizer is \"soap\"")) << e;
+}
+
+TEST(JobOptimizer, MixedOrderKeysOfTheMatrixOptimizers) {
+  for (const char* m : {"muon", "shampoo", "soap"}) {
+    const Job a = parse_job(fmt::format("[train]\noptimizer = \"{}\"\n[optimizer]\nothers = \"lion\"\n"
+                                        "first_order_steps = 100\n", m), "job.toml");
+    EXPECT_EQ(a.train.mixed, (MixedSpec{"lion", 100})) << m;
+    EXPECT_EQ(parse_job(job_to_toml(a), "roundtrip.toml").train, a.train) << m;
+    const OptimizerState s = optimizer_state(a.train);  // the matrices keep Lion's buffer through the schedule
+    EXPECT_EQ(s.per_other_element, 1) << m;
+    EXPECT_TRUE(s.whole_entries) << m;
+  }
+  EXPECT_EQ(optimizer_state(parse_job("[train]\noptimizer = \"soap\"\n[optimizer]\nothers = \"sgd\"\n", "job.toml").train),
+            (OptimizerState{6, 1, true}));
+  EXPECT_EQ(optimizer_state(parse_job("[train]\noptimizer = \"muon\"\n[optimizer]\nfirst_order_steps = 10\n",
+                                      "job.toml").train), (OptimizerState{3, 2, true}));  // Muon's 1 + AdamW's 2
+  std::string e = parse_error("[train]\noptimizer = \"soap\"\n[optimizer]\nothers = \"muon\"\n");
+  EXPECT_TRUE(contains(e, "job.toml: [optimizer] others = \"muon\": expected one of \"adamw\" \"lamb\" \"sgd\" "
+                          "\"lion\" \"adafactor\"")) << e;
+  e = parse_error("[train]\noptimizer = \"muon\"\n[optimizer]\nfirst_order_steps = -1\n");
+  EXPECT_TRUE(contains(e, "job.toml: [optimizer] first_order_steps = -1: expected an integer in [0, ")) << e;
+  e = parse_error("[train]\noptimizer = \"adamw\"\n[optimizer]\nothers = \"sgd\"\n");
+  EXPECT_TRUE(contains(e, "a key of train.optimizer = \"muon\" or \"shampoo\" or \"soap\", but train.optimizer is "
+                          "\"adamw\"")) << e;
 }
 
 // A job with every degree set (plan_from_job plans only resolved jobs).

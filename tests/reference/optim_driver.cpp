@@ -1,7 +1,7 @@
-// SGD, Lion, LAMB, Adafactor (optim/first_order.hpp) and Shampoo (optim/shampoo.hpp) against independent references
+// SGD, Lion, LAMB, Adafactor (optim/first_order.hpp), Shampoo (optim/shampoo.hpp) and SOAP (optim/soap.hpp) against independent references
 // (optim_test.py, PyTorch float64): this driver builds the optimizer as a job does (parse_job with
-// the given --set overrides, then make_optimizer), runs it for kSteps steps on the four entries
-// of driver_common.hpp (two matrices, a norm, an embedding) with a changing lr and one clipped step (grad_scale 0.5), and writes into WORKDIR: meta.json
+// the given --set overrides, then make_optimizer), runs it for kSteps steps on the five entries
+// of five_entries() (three matrices, a norm, an embedding) with a changing lr and one clipped step (grad_scale 0.5), and writes into WORKDIR: meta.json
 // (layout, the job's [train] and [optimizer] values, every step's lr and grad_scale), init.f32,
 // grad<s>.f32 and param<s>.f32 (the arena after step s).
 // Usage: optim_driver WORKDIR BACKEND(cpu|cpu-guarded) SECTION.KEY=VALUE...
@@ -27,6 +27,18 @@ namespace {
 
 constexpr int kSteps = 6;
 
+// driver_common's four entries and a square matrix [12, 12]: at max_preconditioner_dim 12 SOAP
+// rotates both its sides and one side of each other matrix. (A rotated side longer than the other
+// has a rank-deficient factor at the first step, whose null-space eigenvectors are arbitrary; no
+// two eigensolvers agree on them, so the references test SOAP where the factors have full rank.)
+ParamLayout five_entries() {
+  ParamLayout l = reference::four_entries();
+  ParamInfo p;
+  p.name = "h.0.attn.c_proj.weight", p.global_shape = p.shard_shape = {12, 12}, p.decay = true;
+  l.add(p);
+  return l;
+}
+
 std::string meta_json(const ParamLayout& l, const TrainSpec& t, const std::string& steps) {
   std::string entries;
   for (const ParamInfo& p : l.entries())
@@ -40,11 +52,13 @@ std::string meta_json(const ParamLayout& l, const TrainSpec& t, const std::strin
       "\"lion\": {{\"beta1\": {:.9g}, \"beta2\": {:.9g}}}, \"adafactor\": {{\"beta1\": {:.9g}, \"decay_rate\": {:.9g}, "
       "\"eps1\": {:.9g}, \"clip_threshold\": {:.9g}, \"factored\": {}}}, \"shampoo\": {{\"factor_decay\": {:.9g}, "
       "\"epsilon\": {:.9g}, \"max_preconditioner_dim\": {}, \"precondition_frequency\": {}, "
-      "\"start_preconditioning_step\": {}}}}}\n",
+      "\"start_preconditioning_step\": {}}}, \"soap\": {}}}\n",
       t.optimizer, entries, steps, t.weight_decay, t.beta1, t.beta2, t.eps, t.sgd.momentum,
       t.sgd.nesterov ? "true" : "false", t.lion.beta1, t.lion.beta2, a.beta1, a.decay_rate, a.eps1, a.clip_threshold,
       a.factored ? "true" : "false", float(t.shampoo.factor_decay), t.shampoo.epsilon, t.shampoo.max_preconditioner_dim,
-      t.shampoo.precondition_frequency, t.shampoo.start_preconditioning_step);
+      t.shampoo.precondition_frequency, t.shampoo.start_preconditioning_step,
+      fmt::format("{{\"factor_decay\": {:.9g}, \"max_preconditioner_dim\": {}, \"precondition_frequency\": {}}}",
+                  float(t.soap.factor_decay), t.soap.max_preconditioner_dim, t.soap.precondition_frequency));
 }
 
 }  // namespace
@@ -55,7 +69,7 @@ int main(int argc, char** argv) {
   const Job job = parse_job("", "optim_driver", std::vector<std::string>(argv + 3, argv + argc));
   std::unique_ptr<Backend> be = make_backend(argv[2], 1);
   std::unique_ptr<Optimizer> opt = make_optimizer(*be, job.train);
-  const ParamLayout l = reference::four_entries();
+  const ParamLayout l = five_entries();
   const int64_t n = l.total();
 
   std::mt19937 rng(7);

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""SGD, Lion, LAMB, Adafactor and Shampoo against float64 references on the same tensors.
+"""SGD, Lion, LAMB, Adafactor, Shampoo and SOAP against float64 references on the same tensors.
 
 Runs optim_driver (our optim/first_order.hpp, built from a job with --set overrides) and recomputes
 its steps here: torch.optim.SGD itself for SGD; for the others (not in Debian's PyTorch 1.13) a
@@ -12,11 +12,13 @@ short reference written from the published algorithm, not from our C++:
         or more dimensions, update clipping by RMS, lr times the update, optional first moment of it).
   Shampoo: blocked Kronecker factors, inverse 4th roots by eigendecomposition (torch.linalg.eigh),
         layer-wise Adam grafting (Gupta et al. 2018; Anil et al. 2020; Agarwal et al. 2020).
+  SOAP: Adam in the eigenbasis of Shampoo's factors (Vyas et al. 2024, arXiv 2409.11321, its soap.py).
 Weight decay applies only to the entries with decay = true.
 
 Asserts, after every step and for every entry: max |W_ours - W_ref| / max |W_ref - W_0| <= TOL;
 and that the check can fail: a reference with one thing changed (SGD: Nesterov flipped; Lion: the
-betas swapped; LAMB: no trust ratio; Adafactor: factoring flipped; Shampoo: no grafting) is off by
+betas swapped; LAMB: no trust ratio; Adafactor: factoring flipped; Shampoo: no grafting; SOAP: no
+rotation) is off by
 more than 100 TOL.
 """
 import argparse
@@ -141,6 +143,53 @@ def shampoo_step(w, state, g, lr, wd, meta, t, variant):
     w.mul_(1 - lr * wd).sub_(d, alpha=lr)
 
 
+def soap_step(w, state, g, lr, wd, meta, t, variant):
+    """SOAP (Vyas et al. 2024, arXiv 2409.11321, as its reference soap.py with precondition_1d off):
+    Adam in the eigenbasis of Shampoo's factors, the bases refreshed every precondition_frequency
+    steps by one power-iteration step and a QR, the first step spent on the factors and first bases.
+    soap.py rotates the first moment out of and back into the basis at every step; that is the
+    identity unless the basis changed, so it is done here only at a refresh.
+    variant: Adam in the parameters' own basis (the bases never used)."""
+    sp, b1, b2, eps = meta["soap"], meta["beta1"], meta["beta2"], meta["eps"]
+    f, D = sp["factor_decay"], sp["max_preconditioner_dim"]
+    m, v = state.setdefault("m", torch.zeros_like(w)), state.setdefault("v", torch.zeros_like(w))
+    sides = [d for d in (0, 1) if w.dim() == 2 and w.shape[d] <= D]  # 0: L = g g^T, 1: R = g^T g
+
+    def rotate(x, to_basis):
+        for d in sides:
+            q = state[("Q", d)] if to_basis else state[("Q", d)].T
+            x = q.T @ x if d == 0 else x @ q
+        return x
+
+    def update_factors():
+        for d in sides:
+            outer = g @ g.T if d == 0 else g.T @ g
+            state.setdefault(("GG", d), torch.zeros_like(outer)).mul_(f).add_(outer, alpha=1 - f)
+
+    if t == 1:
+        update_factors()
+        for d in sides:
+            state[("Q", d)] = torch.linalg.eigh(state[("GG", d)])[1].flip(1)  # eigenvalues descending
+        return
+    k = t - 1
+    gt = rotate(g, True) if not variant else g
+    m.mul_(b1).add_(gt, alpha=1 - b1)
+    v.mul_(b2).addcmul_(gt, gt, value=1 - b2)
+    n = m / (v.sqrt() + eps)
+    w.sub_(rotate(n, False) if not variant else n, alpha=lr * math.sqrt(1 - b2 ** k) / (1 - b1 ** k))
+    w.mul_(1 - lr * wd)
+    update_factors()
+    if variant or not sides or k % sp["precondition_frequency"] != 0:
+        return
+    plain = rotate(m, False)
+    for d in sides:
+        a, q = state[("GG", d)], state[("Q", d)]
+        order = torch.sort(torch.diag(q.T @ a @ q), descending=True, stable=True).indices
+        v.copy_(v.index_select(d, order))
+        state[("Q", d)] = torch.linalg.qr(a @ q[:, order])[0]
+    m.copy_(rotate(plain, True))
+
+
 def reference(meta, init, grads, variant):
     """The weights after each step, per entry; variant: the one-thing-changed reference."""
     if meta["optimizer"] == "sgd":
@@ -161,6 +210,8 @@ def reference(meta, init, grads, variant):
                 lamb_step(ws[k], state, gk, lr, wd, meta, t, variant)
             elif meta["optimizer"] == "shampoo":
                 shampoo_step(ws[k], state, gk, lr, wd, meta, t, variant)
+            elif meta["optimizer"] == "soap":
+                soap_step(ws[k], state, gk, lr, wd, meta, t, variant)
             else:
                 adafactor_step(ws[k], state, gk, lr, wd, meta["adafactor"], t, variant)
         out.append({k: w.clone() for k, w in ws.items()})
@@ -174,7 +225,9 @@ def worst_error(meta, init, ours, ref):
         got = tensors(meta, ours[s])
         for k in w0:
             moved = (ref[s][k] - w0[k]).abs().max().item()
-            worst = max(worst, (got[k] - ref[s][k]).abs().max().item() / moved)
+            off = (got[k] - ref[s][k]).abs().max().item()
+            # A step that leaves the weights (SOAP's first) must leave them exactly.
+            worst = max(worst, off / moved if moved > 0 else (0.0 if off == 0 else math.inf))
     return worst
 
 

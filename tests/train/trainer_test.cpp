@@ -106,7 +106,7 @@ TEST(Trainer, MuonLearnsAndItsStateIsThePlannersPrediction) {
 TEST(Trainer, FirstOrderOptimizersLearnAndHoldThePlannersState) {
   struct Case { const char* name; double lr; };
   for (const Case k : {Case{"sgd", 0.3}, Case{"lion", 3e-3}, Case{"lamb", 0.02}, Case{"adafactor", 0.02},
-                       Case{"shampoo", 0.02}}) {
+                       Case{"shampoo", 0.02}, Case{"soap", 0.02}}) {
     OneRank one(2);
     InMemoryTokenStream data(phrase_stream());
     TrainerOptions o = options();
@@ -127,8 +127,9 @@ TEST(Trainer, FirstOrderOptimizersLearnAndHoldThePlannersState) {
     const double of_adamw = plan::memory_per_device(o.model, p, find_device("a100-80g")).optimizer;
     if (std::string(k.name) == "adafactor")
       EXPECT_LT(double(tr.optimizer().state_bytes()), 0.1 * of_adamw) << k.name;
-    else if (std::string(k.name) == "shampoo")  // the planner's 6 per matrix element is for full blocks; a
-      EXPECT_GT(double(tr.optimizer().state_bytes()), of_adamw) << k.name;  // tiny matrix's factors weigh more
+    else if (std::string(k.name) == "shampoo" || std::string(k.name) == "soap")  // the planner's 6 per matrix
+      EXPECT_GT(double(tr.optimizer().state_bytes()), of_adamw) << k.name;  // element is for square blocks; a
+                                                                            // tiny matrix's factors weigh more
     else
       EXPECT_DOUBLE_EQ(double(tr.optimizer().state_bytes()), predicted) << k.name;
   }
@@ -233,7 +234,7 @@ TEST(Trainer, RejectsUnknownOptimizer) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("train.optimizer = \"adam\": expected one of adamw, sgd, lamb, lion, "
-                                         "adafactor, muon, shampoo"), std::string::npos) << e.what();
+                                         "adafactor, muon, shampoo, soap"), std::string::npos) << e.what();
   }
 }
 

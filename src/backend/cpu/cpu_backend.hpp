@@ -103,6 +103,9 @@ class CpuBackend final : public Backend {
   void adam_direction(float* out, const float* grad, float* m, float* v, int64_t n, float beta1, float beta2,
                       float eps, float bc1, float bc2, float grad_scale) override;
   bool sym_inverse_root(float* out, const float* A, int64_t n, double eps, int p) override;
+  bool sym_eigenbasis(float* Q, const float* A, int64_t n) override;
+  bool power_qr_refresh(float* Q, const float* A, int64_t n, int64_t* order) override;
+  void permute_matrix(float* a, int64_t rows, int64_t cols, const int64_t* row_order, const int64_t* col_order) override;
 
  private:
   int threads_;

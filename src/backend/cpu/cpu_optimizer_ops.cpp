@@ -1,5 +1,6 @@
 // The CPU backend's optimizer updates besides AdamW and momentum (cpu_backend.cpp): SGD, Lion,
-// LAMB and Adafactor, and the symmetric inverse root of the matrix optimizers, each as
+// LAMB and Adafactor, and the symmetric eigen-solvers of the matrix optimizers (inverse roots,
+// SOAP's eigenbases), each as
 // backend/backend.hpp states it. Elementwise loops are OpenMP
 // parallel; every reduction (LAMB's norms, Adafactor's means and RMS) is summed in double in a
 // fixed order, so the result does not depend on the thread count.
@@ -7,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include <cblas.h>
 #include <lapacke.h>
 
 #include "backend/cpu/cpu_backend.hpp"
@@ -128,26 +130,79 @@ void CpuBackend::adam_direction(float* out, const float* grad, float* m, float* 
   }
 }
 
-// LAPACK's dsyevd (divide and conquer, eigenvalues ascending, eigenvectors in the columns of the
-// row-major a) in double: float32 eigenvalues of a Gram matrix lose the small ones that the root
-// amplifies most. out = Q diag(r) Q^T by a double loop (n is at most max_preconditioner_dim).
-bool CpuBackend::sym_inverse_root(float* out, const float* A, int64_t n, double eps, int p) {
-  std::vector<double> a(static_cast<size_t>(n * n)), w(static_cast<size_t>(n));
+namespace {
+
+// A symmetric A [n, n] (float, row-major) in double: its eigenvalues w ascending and, in place of
+// a, its eigenvectors in the columns (LAPACK's dsyevd, divide and conquer). Double because float32
+// eigenvalues of a Gram matrix lose the small ones that an inverse root amplifies most.
+bool eigh(std::vector<double>& a, std::vector<double>& w, const float* A, int64_t n) {
+  a.resize(static_cast<size_t>(n * n)), w.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n * n; i++) a[size_t(i)] = A[i];
-  if (LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', 'U', lapack_int(n), a.data(), lapack_int(n), w.data()) != 0) return false;
-  std::vector<double> r(static_cast<size_t>(n)), res(static_cast<size_t>(n * n), 0.0);
-  for (int64_t k = 0; k < n; k++) r[size_t(k)] = std::pow(std::max(w[size_t(k)], 0.0) + eps, -1.0 / double(p));
-#pragma omp parallel for schedule(static) if (n * n * n >= min_work_)
-  for (int64_t i = 0; i < n; i++)
-    for (int64_t j = 0; j < n; j++) {
-      double s = 0;
-      for (int64_t k = 0; k < n; k++) s += a[size_t(i * n + k)] * r[size_t(k)] * a[size_t(j * n + k)];
-      res[size_t(i * n + j)] = s;
-    }
-  for (double x : res)
-    if (!std::isfinite(x) || std::fabs(x) > 3.4e38) return false;
-  for (int64_t i = 0; i < n * n; i++) out[i] = float(res[size_t(i)]);
+  return LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', 'U', lapack_int(n), a.data(), lapack_int(n), w.data()) == 0;
+}
+
+// Stores x into out as floats when every value is finite and within float's range.
+bool store_finite(float* out, const std::vector<double>& x) {
+  for (double v : x)
+    if (!std::isfinite(v) || std::fabs(v) > 3.4e38) return false;
+  for (size_t i = 0; i < x.size(); i++) out[i] = float(x[i]);
   return true;
+}
+
+}  // namespace
+
+// out = (Q diag(r)) Q^T by dgemm, r_k = (max(w_k, 0) + eps)^(-1/p).
+bool CpuBackend::sym_inverse_root(float* out, const float* A, int64_t n, double eps, int p) {
+  std::vector<double> q, w;
+  if (!eigh(q, w, A, n)) return false;
+  std::vector<double> qr(q), res(static_cast<size_t>(n * n));
+  for (int64_t k = 0; k < n; k++) w[size_t(k)] = std::pow(std::max(w[size_t(k)], 0.0) + eps, -1.0 / double(p));
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t k = 0; k < n; k++) qr[size_t(i * n + k)] *= w[size_t(k)];
+  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(n), int(n), 1.0, qr.data(), int(n), q.data(), int(n),
+              0.0, res.data(), int(n));
+  return store_finite(out, res);
+}
+
+// dsyevd's columns in reverse: eigenvalues descending, as SOAP's torch.flip of eigh's.
+bool CpuBackend::sym_eigenbasis(float* Q, const float* A, int64_t n) {
+  std::vector<double> q, w;
+  if (!eigh(q, w, A, n)) return false;
+  std::vector<double> flipped(q.size());
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = 0; j < n; j++) flipped[size_t(i * n + j)] = q[size_t(i * n + (n - 1 - j))];
+  return store_finite(Q, flipped);
+}
+
+bool CpuBackend::power_qr_refresh(float* Q, const float* A, int64_t n, int64_t* order) {
+  const size_t nn = static_cast<size_t>(n * n);
+  std::vector<double> a(A, A + nn), q(Q, Q + nn), aq(nn), est(static_cast<size_t>(n), 0.0);
+  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), int(n), int(n), 1.0, a.data(), int(n), q.data(),
+              int(n), 0.0, aq.data(), int(n));
+  for (int64_t i = 0; i < n; i++)  // est_j = q_j^T (A q)_j
+    for (int64_t j = 0; j < n; j++) est[size_t(j)] += q[size_t(i * n + j)] * aq[size_t(i * n + j)];
+  std::vector<int64_t> ord(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; j++) ord[size_t(j)] = j;
+  std::stable_sort(ord.begin(), ord.end(), [&](int64_t x, int64_t y) { return est[size_t(x)] > est[size_t(y)]; });
+  std::vector<double> p(nn), tau(static_cast<size_t>(n));  // p = A Q_sorted: the sorted columns of A Q
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = 0; j < n; j++) p[size_t(i * n + j)] = aq[size_t(i * n + ord[size_t(j)])];
+  if (LAPACKE_dgeqrf(LAPACK_ROW_MAJOR, lapack_int(n), lapack_int(n), p.data(), lapack_int(n), tau.data()) != 0 ||
+      LAPACKE_dorgqr(LAPACK_ROW_MAJOR, lapack_int(n), lapack_int(n), lapack_int(n), p.data(), lapack_int(n),
+                     tau.data()) != 0)
+    return false;
+  if (!store_finite(Q, p)) return false;
+  std::copy(ord.begin(), ord.end(), order);
+  return true;
+}
+
+void CpuBackend::permute_matrix(float* a, int64_t rows, int64_t cols, const int64_t* row_order,
+                                const int64_t* col_order) {
+  const std::vector<float> old(a, a + rows * cols);
+  for (int64_t i = 0; i < rows; i++) {
+    const int64_t si = row_order ? row_order[i] : i;
+    for (int64_t j = 0; j < cols; j++) a[i * cols + j] = old[size_t(si * cols + (col_order ? col_order[j] : j))];
+  }
 }
 
 }  // namespace exatrain

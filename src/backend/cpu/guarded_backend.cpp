@@ -298,6 +298,18 @@ class GuardedCpuBackend final : public Backend {
     OpScope s("sym_inverse_root", {span(out, n * n), span(A, n * n)});
     return cpu_.sym_inverse_root(out, A, n, eps, p);
   }
+  bool sym_eigenbasis(float* Q, const float* A, int64_t n) override {
+    OpScope s("sym_eigenbasis", {span(Q, n * n), span(A, n * n)});
+    return cpu_.sym_eigenbasis(Q, A, n);
+  }
+  bool power_qr_refresh(float* Q, const float* A, int64_t n, int64_t* order) override {
+    OpScope s("power_qr_refresh", {span(Q, n * n), span(A, n * n)});
+    return cpu_.power_qr_refresh(Q, A, n, order);
+  }
+  void permute_matrix(float* a, int64_t rows, int64_t cols, const int64_t* row_order, const int64_t* col_order) override {
+    OpScope s("permute_matrix", {span(a, rows * cols)});
+    cpu_.permute_matrix(a, rows, cols, row_order, col_order);
+  }
 
  private:
   CpuBackend cpu_;
