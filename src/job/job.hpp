@@ -130,7 +130,7 @@ struct ShampooSpec {
 
 // The optimizers of train.optimizer, in the order of [train] optimizer's documented choices.
 inline const std::vector<std::string>& optimizer_names() {
-  static const std::vector<std::string> names = {"adamw", "sgd", "lamb", "lion", "adafactor", "muon", "shampoo"};
+  static const std::vector<std::string> names = {"adamw", "sgd", "lamb", "lion", "adafactor", "muon", "shampoo", "soap"};
   return names;
 }
 

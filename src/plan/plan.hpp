@@ -31,6 +31,14 @@ struct Plan {
   // and needs (plan_problem: whole entries); set together from the job (optimizer_state).
   std::string optimizer = "adamw";
   OptimizerState optimizer_state;
+  // The [optimizer] knobs its step cost depends on (plan/optimizer_cost.hpp), from the job too.
+  struct OptimizerKnobs {
+    int64_t ns_steps = 5;                   // Muon's Newton-Schulz iterations
+    int64_t max_preconditioner_dim = 1024;  // Shampoo's block size; SOAP's largest rotated side
+    int64_t precondition_frequency = 20;    // steps between Shampoo's roots / SOAP's eigenbases
+    bool operator==(const OptimizerKnobs&) const = default;
+  };
+  OptimizerKnobs optimizer_knobs;
   // Explicit layers per virtual stage (size pp * vp, stage s = chunk * pp + pp_rank, as the
   // runtime); empty = the cost-balanced default split (plan/stages.hpp), the runtime's too.
   std::vector<int64_t> layers_per_stage;
@@ -44,6 +52,15 @@ struct Plan {
   void set_optimizer(const TrainSpec& t) {
     optimizer = t.optimizer;
     optimizer_state = exatrain::optimizer_state(t);
+    optimizer_knobs.ns_steps = t.muon.ns_steps;
+    optimizer_knobs.max_preconditioner_dim = t.shampoo.max_preconditioner_dim;
+    optimizer_knobs.precondition_frequency = t.shampoo.precondition_frequency;
+    if (t.optimizer == "soap") {
+      // TODO(issue 10): TrainSpec::soap (main adds it): its max_preconditioner_dim and
+      // precondition_frequency; until then SOAP's defaults (Vyas et al. 2024, arXiv 2409.11321).
+      optimizer_knobs.max_preconditioner_dim = 10000;
+      optimizer_knobs.precondition_frequency = 10;
+    }
   }
   bool interleaved() const { return vp > 1; }
 };
