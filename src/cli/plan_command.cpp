@@ -64,17 +64,25 @@ nlohmann::json comparison_json(const std::vector<plan::OptimizerSearch>& rows) {
 }
 
 void print_comparison(const std::vector<plan::OptimizerSearch>& rows) {
-  fmt::print("{:<10} {:<72} {:>9} {:>11} {:>9} {:>9} {}\n", "optimizer", "best plan", "step s", "optimizer s",
-             "state GiB", "mem GiB", "fits");
+  std::vector<std::string> plans;  // the best plan of each, or why there is none
+  size_t width = 9;
   for (const plan::OptimizerSearch& r : rows) {
+    plans.push_back(r.result.top.empty()
+                        ? fmt::format("no plan fits ({} valid plans searched)", r.result.searched)
+                        : plan::plan_summary(r.result.top.front().plan));
+    width = std::max(width, plans.back().size());
+  }
+  fmt::print("{:<10} {:<{}} {:>9} {:>11} {:>9} {:>9} {}\n", "optimizer", "best plan", width, "step s", "optimizer s",
+             "state GiB", "mem GiB", "fits");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const plan::OptimizerSearch& r = rows[i];
     if (r.result.top.empty()) {
-      fmt::print("{:<10} {:<72} {:>9} {:>11} {:>9} {:>9} {}\n", r.optimizer,
-                 fmt::format("no plan fits ({} valid plans searched)", r.result.searched), "-", "-", "-", "-", "no");
+      fmt::print("{:<10} {:<{}} {:>9} {:>11} {:>9} {:>9} {}\n", r.optimizer, plans[i], width, "-", "-", "-", "-", "no");
       continue;
     }
     const plan::Prediction& b = r.result.top.front();
-    fmt::print("{:<10} {:<72} {:>9.4g} {:>11.4g} {:>9.2f} {:>9.1f} {}\n", r.optimizer, plan::plan_summary(b.plan),
-               b.step_time_s, b.breakdown.optimizer, b.memory.optimizer / kGiB, b.memory.total / kGiB, "yes");
+    fmt::print("{:<10} {:<{}} {:>9.4g} {:>11.4g} {:>9.2f} {:>9.1f} {}\n", r.optimizer, plans[i], width, b.step_time_s,
+               b.breakdown.optimizer, b.memory.optimizer / kGiB, b.memory.total / kGiB, "yes");
   }
   fmt::print("\n{}.\n", kPerStepNote);
 }

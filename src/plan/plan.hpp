@@ -6,7 +6,7 @@
 // stride tp*cp and a pipeline group stride tp*cp*dp.
 //
 // Owns (room plan/): the performance and memory model (flops, memory, comm and its exact bytes,
-// pipeline, io, predict), the search, validation against published runs, the resolved Plan and
+// pipeline, io, each optimizer's step cost, predict), the search, validation against published runs, the resolved Plan and
 // THE validity rules (plan_problem), the one rank arithmetic (mesh.hpp), the pipeline stage split
 // (stages.hpp), the job resolved once for `train` (resolve.hpp). Pure: no MPI, no tensors.
 // May use: core/, job/, catalog/.
