@@ -1,6 +1,11 @@
 // `exatrain plan JOB.toml [--json] [--top K] [--set k=v ...]`: fill every auto/omitted field of
-// [parallel] by exhaustive search and rank the plans that fit by predicted step time.
+// [parallel] by exhaustive search and rank the plans that fit by predicted step time, for the
+// job's [train] optimizer. `--optimizers a,b,...` / `--compare-optimizers` (every optimizer):
+// the search once per optimizer, one row each (docs/planner.md, "Comparing optimizers").
 #include <fmt/format.h>
+
+#include <algorithm>
+#include <sstream>
 
 #include "cli/commands.hpp"
 #include "cli/prediction_chart.hpp"
@@ -11,6 +16,79 @@
 #include "plan/search.hpp"
 
 namespace exatrain::cli {
+namespace {
+
+constexpr double kGiB = double(1 << 30);
+// Said with every comparison, in the text and in the JSON.
+constexpr const char* kPerStepNote =
+    "per-step cost and memory only: the planner does not predict how many steps each optimizer needs "
+    "to reach a loss (that is measured by training, the optimizer benchmark of docs/optimizers.md)";
+
+// "--optimizers adamw,muon": the names, each one of optimizer_names(); an Error names the value.
+std::vector<std::string> optimizer_list(const std::string& text) {
+  const std::vector<std::string>& known = optimizer_names();
+  std::string choices;
+  for (const std::string& n : known) choices += (choices.empty() ? "" : ", ") + n;
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  for (std::string name; std::getline(in, name, ',');) {
+    if (std::find(known.begin(), known.end(), name) == known.end())
+      throw Error(fmt::format("--optimizers {}: \"{}\" is not an optimizer; expected a comma-separated list of {}",
+                              text, name, choices));
+    if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
+  }
+  if (out.empty()) throw Error(fmt::format("--optimizers \"{}\": expected a comma-separated list of {}", text, choices));
+  return out;
+}
+
+nlohmann::json comparison_json(const std::vector<plan::OptimizerSearch>& rows) {
+  nlohmann::json j;
+  j["note"] = kPerStepNote;
+  j["optimizers"] = nlohmann::json::array();
+  for (const plan::OptimizerSearch& r : rows) {
+    nlohmann::json o = {{"optimizer", r.optimizer}, {"searched", r.result.searched}, {"feasible", r.result.feasible},
+                        {"fits", !r.result.top.empty()}};
+    if (r.result.top.empty()) {
+      o["best"] = nullptr;
+    } else {
+      const plan::Prediction& b = r.result.top.front();
+      o["best"] = plan::to_json(b);
+      o["step_time_s"] = b.step_time_s;
+      o["optimizer_s"] = b.breakdown.optimizer;
+      o["optimizer_state_gib"] = b.memory.optimizer / kGiB;
+      o["memory_gib"] = b.memory.total / kGiB;
+    }
+    j["optimizers"].push_back(o);
+  }
+  return j;
+}
+
+void print_comparison(const std::vector<plan::OptimizerSearch>& rows) {
+  std::vector<std::string> plans;  // the best plan of each, or why there is none
+  size_t width = 9;
+  for (const plan::OptimizerSearch& r : rows) {
+    plans.push_back(r.result.top.empty()
+                        ? fmt::format("no plan fits ({} valid plans searched)", r.result.searched)
+                        : plan::plan_summary(r.result.top.front().plan));
+    width = std::max(width, plans.back().size());
+  }
+  fmt::print("{:<10} {:<{}} {:>9} {:>11} {:>9} {:>9} {}\n", "optimizer", "best plan", width, "step s", "optimizer s",
+             "state GiB", "mem GiB", "fits");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const plan::OptimizerSearch& r = rows[i];
+    if (r.result.top.empty()) {
+      fmt::print("{:<10} {:<{}} {:>9} {:>11} {:>9} {:>9} {}\n", r.optimizer, plans[i], width, "-", "-", "-", "-", "no");
+      continue;
+    }
+    const plan::Prediction& b = r.result.top.front();
+    fmt::print("{:<10} {:<{}} {:>9.4g} {:>11.4g} {:>9.2f} {:>9.1f} {}\n", r.optimizer, plans[i], width, b.step_time_s,
+               b.breakdown.optimizer, b.memory.optimizer / kGiB, b.memory.total / kGiB, "yes");
+  }
+  fmt::print("\n{}.\n", kPerStepNote);
+}
+
+}  // namespace
+
 void add_plan_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("plan", "search the best parallel plan for a job");
   auto path = std::make_shared<std::string>();
@@ -28,15 +106,30 @@ void add_plan_command(CLI::App& app) {
                   "model's error, docs/planner.md)")
       ->check(CLI::Range(0.0, 0.9));
   cmd->add_option("--svg", *svg, "also draw the listed plans' time and memory breakdowns as bars (SVG)");
-  cmd->callback([path, sets, json, top, headroom, svg] {
+  auto optimizers = std::make_shared<std::string>();
+  auto compare = std::make_shared<bool>(false);
+  cmd->add_option("--optimizers", *optimizers,
+                  "compare optimizers: the search once per optimizer of this comma-separated list "
+                  "(e.g. adamw,muon,shampoo,soap), one row each: per-step time and memory only");
+  cmd->add_flag("--compare-optimizers", *compare, "the same for every optimizer of [train] optimizer");
+  cmd->callback([path, sets, json, top, headroom, svg, optimizers, compare] {
     Job job = load_job(*path, *sets, check_job_catalog);
     {
       plan::Plan probe;
       probe.gpus = job.parallel.gpus;
       plan::check_machine_for_plan(job.machine, probe, *path);
     }
+    if (*compare || !optimizers->empty()) {
+      if (!svg->empty()) throw Error("--svg draws one optimizer's plans: leave it out with --optimizers");
+      const std::vector<std::string> names = *compare ? optimizer_names() : optimizer_list(*optimizers);
+      const auto rows = plan::compare_optimizers(job.model, job.machine, job.parallel, job.train, names, 1,
+                                                 plan::default_calibration(), *headroom);
+      if (*json) fmt::print("{}\n", comparison_json(rows).dump(2));
+      else print_comparison(rows);
+      return;
+    }
     plan::SearchResult res =
-        plan::search_plans(job.model, job.machine, job.parallel, job.train.precision, *top,
+        plan::search_plans(job.model, job.machine, job.parallel, job.train, *top,
                            plan::default_calibration(), *headroom);
     if (res.searched == 0)
       throw Error(fmt::format(

@@ -20,8 +20,9 @@ OptimizerState optimizer_state(const TrainSpec& t) {
   // Shampoo: the grafting Adam's two, and per full B x B block a factor and a root on each side
   // (4 B^2 per B^2 elements); a matrix smaller than a block has 2 (m^2 + n^2) / (m n) instead.
   if (o == "shampoo") return {6, 2, true};
-  // SOAP: Adam's two in the basis, and per rotated side a factor and a basis (2 m^2 + 2 n^2 per
-  // m n elements: 4 for a square matrix; a d x 4d MLP matrix has 8.5 / 4 ~ 2.1 more).
+  // SOAP (Vyas et al. 2024, arXiv 2409.11321): Adam's two in the eigenbasis, and per rotated side
+  // of an [m, n] matrix its factor and eigenbasis (2 m^2 + 2 n^2 per m n elements: 4 for a square
+  // one, more for a tensor-parallel shard), counted like Shampoo's full blocks.
   if (o == "soap") return {6, 2, true};
   if (o == "adafactor") {
     // Factored: a row and a column mean per 2-D entry (embeddings too), (m + n) / (m n) values

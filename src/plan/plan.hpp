@@ -6,7 +6,7 @@
 // stride tp*cp and a pipeline group stride tp*cp*dp.
 //
 // Owns (room plan/): the performance and memory model (flops, memory, comm and its exact bytes,
-// pipeline, io, predict), the search, validation against published runs, the resolved Plan and
+// pipeline, io, each optimizer's step cost, predict), the search, validation against published runs, the resolved Plan and
 // THE validity rules (plan_problem), the one rank arithmetic (mesh.hpp), the pipeline stage split
 // (stages.hpp), the job resolved once for `train` (resolve.hpp). Pure: no MPI, no tensors.
 // May use: core/, job/, catalog/.
@@ -31,6 +31,18 @@ struct Plan {
   // and needs (plan_problem: whole entries); set together from the job (optimizer_state).
   std::string optimizer = "adamw";
   OptimizerState optimizer_state;
+  // The [optimizer] knobs its step cost depends on (plan/optimizer_cost.hpp), from the job too.
+  struct OptimizerKnobs {
+    int64_t ns_steps = 5;                   // Muon's Newton-Schulz iterations
+    int64_t max_preconditioner_dim = 1024;  // Shampoo's block size; SOAP's largest rotated side
+    int64_t precondition_frequency = 20;    // steps between Shampoo's roots / SOAP's eigenbases
+    // Mixed order (job/job.hpp MixedSpec): the first-order optimizer of every entry but the
+    // layers' matrices; "" when the matrix optimizer has them all. Costed after the switch
+    // (first_order_steps is a transient).
+    std::string others;
+    bool operator==(const OptimizerKnobs&) const = default;
+  };
+  OptimizerKnobs optimizer_knobs;
   // Explicit layers per virtual stage (size pp * vp, stage s = chunk * pp + pp_rank, as the
   // runtime); empty = the cost-balanced default split (plan/stages.hpp), the runtime's too.
   std::vector<int64_t> layers_per_stage;
@@ -44,6 +56,14 @@ struct Plan {
   void set_optimizer(const TrainSpec& t) {
     optimizer = t.optimizer;
     optimizer_state = exatrain::optimizer_state(t);
+    optimizer_knobs.ns_steps = t.muon.ns_steps;
+    optimizer_knobs.max_preconditioner_dim = t.shampoo.max_preconditioner_dim;
+    optimizer_knobs.precondition_frequency = t.shampoo.precondition_frequency;
+    if (t.optimizer == "soap") {
+      optimizer_knobs.max_preconditioner_dim = t.soap.max_preconditioner_dim;
+      optimizer_knobs.precondition_frequency = t.soap.precondition_frequency;
+    }
+    optimizer_knobs.others = t.mixed.active() ? t.mixed.first_order() : "";
   }
   bool interleaved() const { return vp > 1; }
 };

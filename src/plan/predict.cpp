@@ -238,10 +238,10 @@ Prediction predict_checked(const ModelSpec& m, const MachineSpec& mach, const De
       b.dp_comm = mbs * (exposed_fwd + exposed_bwd);
     }
   }
-  // ---- optimizer step (memory bound) ----
-  double local = p.zero >= 1 ? n_params / double(replicas) : n_params;
-  double per_param = p.precision == Precision::fp32 ? 28.0 : c.optimizer_bytes_per_param;
-  b.optimizer = local * per_param / bw;
+  // ---- optimizer step: elementwise (memory bound) and matrix work (GEMM bound) of the same
+  // pipeline rank as dp_comm, over the replicas as ZeRO splits it (plan/optimizer_cost.hpp) ----
+  out.optimizer_step = optimizer_step_cost(m, p, d, c, slow);
+  b.optimizer = out.optimizer_step.seconds();
 
   out.step_time_s = b.sum();
   double step_tokens = double(p.global_batch) * double(m.seq_len);
@@ -309,6 +309,11 @@ nlohmann::json to_json(const Prediction& pr) {
   j["checkpoint_write_s"] = pr.checkpoint_write_s;
   j["checkpoint_interval_s"] =
       pr.checkpoint_interval_s ? json(*pr.checkpoint_interval_s) : json(nullptr);
+  // breakdown_s.optimizer = elementwise_s + matrix_s.
+  j["optimizer_step"] = {{"optimizer", p.optimizer},
+                         {"elementwise_s", pr.optimizer_step.elementwise_s},
+                         {"matrix_s", pr.optimizer_step.matrix_s},
+                         {"matrix_tflop_per_gpu", pr.optimizer_step.matrix_flops / 1e12}};
   return j;
 }
 
@@ -336,6 +341,9 @@ std::string to_table(const Prediction& pr, const ModelSpec& m) {
   row("pp_bubble", b.pp_bubble);
   row("dp_comm", b.dp_comm);
   row("optimizer", b.optimizer);
+  if (pr.optimizer_step.matrix_s > 0)  // what the matrix optimizers add to the elementwise update
+    s += fmt::format("    ({}: elementwise {:.4f} s + matrix {:.4f} s, {:.4g} TFLOP per GPU)\n", pr.plan.optimizer,
+                     pr.optimizer_step.elementwise_s, pr.optimizer_step.matrix_s, pr.optimizer_step.matrix_flops / 1e12);
   row("other", b.other);
   s += fmt::format("memory per GPU (pipeline rank {}, GiB)  {}\n", mem.pp_rank,
                    pr.fits ? "fits" : "DOES NOT FIT");

@@ -9,6 +9,7 @@
 #include "catalog/device.hpp"
 #include "job/job.hpp"
 #include "plan/memory.hpp"
+#include "plan/optimizer_cost.hpp"
 #include "plan/plan.hpp"
 
 namespace exatrain::plan {
@@ -33,7 +34,8 @@ struct Calibration {
   double elementwise_h = 19, elementwise_f = 4.7;
   // Unfused attention streams the a x s scores per token: softmax and dropout read/write.
   double score_passes = 4.8;
-  // Adam update: bytes streamed per locally updated parameter (mixed precision).
+  // AdamW update: bytes streamed per locally updated parameter (mixed precision); the other
+  // optimizers' elementwise bytes are counted from it (plan/optimizer_cost.hpp).
   double optimizer_bytes_per_param = 32;
   // FP8 runs: linear layers reach this fraction of the bf16-relative GEMM efficiency on the
   // fp8 peak (scaling, casts and amax reductions around each GEMM); attention stays bf16.
@@ -71,6 +73,8 @@ struct Prediction {
   double bubble_fraction = 0;
   double checkpoint_write_s = 0;
   std::optional<double> checkpoint_interval_s;
+  // breakdown.optimizer split into its elementwise and matrix parts (plan/optimizer_cost.hpp).
+  OptimizerCost optimizer_step;
 };
 
 // Predict one plan. Checks the plan first (Error with the failing equation).

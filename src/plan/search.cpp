@@ -70,7 +70,7 @@ struct TopK {
 };
 
 SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const ParallelSpec& f,
-                        Precision precision, int top_k, const Calibration& cal, bool prune,
+                        const TrainSpec& train, int top_k, const Calibration& cal, bool prune,
                         double headroom) {
   auto start = std::chrono::steady_clock::now();
   const Device& dev = find_device(mach.device);
@@ -125,7 +125,8 @@ SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const Paral
           if (zero > 0 && dp * cp == 1) continue;  // nothing to shard: same as zero 0
           Plan base;
           base.gpus = G; base.tp = tp; base.cp = cp; base.pp = pp; base.dp = dp; base.zero = zero;
-          base.global_batch = B; base.precision = precision;
+          base.global_batch = B; base.precision = train.precision;
+          base.set_optimizer(train);  // its state, its ZeRO rule (plan_error) and its step cost
           base.layers_per_stage = stages;
           std::vector<int64_t> mbs = choices(f.micro_batch, divisors(B / dp));
           std::vector<bool> sps = f.seq_parallel ? std::vector<bool>{*f.seq_parallel}
@@ -191,16 +192,42 @@ SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const Paral
 
 }  // namespace
 
+namespace {
+TrainSpec adamw_at(Precision precision) {
+  TrainSpec t;  // optimizer "adamw"
+  t.precision = precision;
+  return t;
+}
+}  // namespace
+
 SearchResult search_plans(const ModelSpec& m, const MachineSpec& mach, const ParallelSpec& f,
                           Precision precision, int top_k, const Calibration& cal,
                           double memory_headroom) {
-  return run_search(m, mach, f, precision, top_k, cal, true, memory_headroom);
+  return run_search(m, mach, f, adamw_at(precision), top_k, cal, true, memory_headroom);
+}
+
+SearchResult search_plans(const ModelSpec& m, const MachineSpec& mach, const ParallelSpec& f,
+                          const TrainSpec& train, int top_k, const Calibration& cal,
+                          double memory_headroom) {
+  return run_search(m, mach, f, train, top_k, cal, true, memory_headroom);
 }
 
 SearchResult brute_force_search(const ModelSpec& m, const MachineSpec& mach,
                                 const ParallelSpec& f, Precision precision, int top_k,
                                 const Calibration& cal, double memory_headroom) {
-  return run_search(m, mach, f, precision, top_k, cal, false, memory_headroom);
+  return run_search(m, mach, f, adamw_at(precision), top_k, cal, false, memory_headroom);
+}
+
+std::vector<OptimizerSearch> compare_optimizers(const ModelSpec& m, const MachineSpec& mach, const ParallelSpec& f,
+                                                const TrainSpec& train, const std::vector<std::string>& optimizers,
+                                                int top_k, const Calibration& cal, double memory_headroom) {
+  std::vector<OptimizerSearch> out;
+  for (const std::string& o : optimizers) {
+    TrainSpec t = train;
+    t.optimizer = o;
+    out.push_back({o, search_plans(m, mach, f, t, top_k, cal, memory_headroom)});
+  }
+  return out;
 }
 
 std::string explain_choice(const Prediction& a, const Prediction& b) {

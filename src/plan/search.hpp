@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "job/job.hpp"
@@ -27,16 +28,36 @@ struct SearchResult {
   double seconds = 0;
 };
 
+// Plans for AdamW at `precision`.
 SearchResult search_plans(const ModelSpec& m, const MachineSpec& mach, const ParallelSpec& fixed,
                           Precision precision, int top_k,
                           const Calibration& cal = default_calibration(),
                           double memory_headroom = 0);
+// Plans for the job's [train] optimizer (its state, its ZeRO rule, its step cost: Plan::set_optimizer)
+// at its precision.
+SearchResult search_plans(const ModelSpec& m, const MachineSpec& mach, const ParallelSpec& fixed,
+                          const TrainSpec& train, int top_k,
+                          const Calibration& cal = default_calibration(),
+                          double memory_headroom = 0);
 
-// Reference for tests: enumerates the same space with no pruning and predicts every plan.
+// Reference for tests: enumerates the same space with no pruning and predicts every plan (AdamW).
 SearchResult brute_force_search(const ModelSpec& m, const MachineSpec& mach,
                                 const ParallelSpec& fixed, Precision precision, int top_k,
                                 const Calibration& cal = default_calibration(),
                                 double memory_headroom = 0);
+
+// `plan --optimizers`: the search once per optimizer of `optimizers`, each with the job's
+// [optimizer] values where that optimizer has them (TrainSpec keeps every optimizer's; the
+// parser fills only the job's) and its defaults otherwise. A per-step comparison: time and
+// memory, not the steps each optimizer needs to reach a loss.
+struct OptimizerSearch {
+  std::string optimizer;
+  SearchResult result;  // result.top: at most top_k, best first (empty: no plan fits)
+};
+std::vector<OptimizerSearch> compare_optimizers(const ModelSpec& m, const MachineSpec& mach, const ParallelSpec& fixed,
+                                                const TrainSpec& train, const std::vector<std::string>& optimizers,
+                                                int top_k, const Calibration& cal = default_calibration(),
+                                                double memory_headroom = 0);
 
 // Why `best` beats `runner_up`, in a few lines (field differences and the time components that
 // differ most).

@@ -1,0 +1,175 @@
+#include "plan/optimizer_cost.hpp"
+
+#include <algorithm>
+
+#include "job/model_shapes.hpp"
+#include "plan/flops.hpp"
+#include "plan/predict.hpp"
+
+namespace exatrain::plan {
+
+std::vector<EntryClass> entry_classes(const ModelSpec& m, const Plan& p, int64_t pp_rank) {
+  const int64_t tp = p.tp, h = m.hidden, f = m.ffn_hidden;
+  const int64_t kv_local = m.kv_heads >= tp ? kv_dim(m) / tp : m.head_dim();  // as plan/memory.cpp
+  const int64_t up_mats = m.activation == Activation::swiglu ? 2 : 1;
+  const int64_t layers = layers_on_rank(m, p, pp_rank);
+  const int64_t vocab_rows = vocab_slice(m.vocab, tp, 0).rows;
+  std::vector<EntryClass> out;
+  auto add = [&](const char* name, int64_t count, int64_t rows, int64_t cols, bool two_d, bool layer_matrix) {
+    if (count > 0 && rows > 0) out.push_back({name, count, rows, cols, two_d, layer_matrix});
+  };
+  // [out, in] as torch.nn.Linear (model/layout.hpp): the column-parallel q, k, v and fc1 (gate, up)
+  // hold a block of rows, the row-parallel o_proj and fc2 (down) a block of columns.
+  add("q_proj", layers, h / tp, h, true, true);
+  add("k_proj v_proj", 2 * layers, kv_local, h, true, true);
+  add("o_proj", layers, h, h / tp, true, true);
+  add(up_mats == 2 ? "gate_proj up_proj" : "fc1", up_mats * layers, f / tp, h, true, true);
+  add(up_mats == 2 ? "down_proj" : "fc2", layers, h, f / tp, true, true);
+  // 1-D: the two norms of each layer, and its linear biases as one entry per layer (their sizes
+  // only matter for the elementwise bytes).
+  add("norms", 2 * layers, norm_parameters(m), 1, false, false);
+  if (m.bias) add("biases", layers, (h / tp + 2 * kv_local) + h + up_mats * (f / tp) + h, 1, false, false);
+  if (pp_rank == 0) {
+    add("wte", 1, vocab_rows, h, true, false);
+    if (m.position == Position::learned) add("wpe", 1, m.seq_len, h, true, false);
+  }
+  if (pp_rank == p.pp - 1) {
+    add("ln_f", 1, norm_parameters(m), 1, false, false);
+    // The untied head, or the head stage's own copy of the tied embedding (pp > 1).
+    if (!m.tie_embeddings || p.pp > 1) add("lm_head", 1, vocab_rows, h, true, false);
+  }
+  return out;
+}
+
+double muon_flops(int64_t m, int64_t n, int64_t ns_steps) {
+  // Per iteration on X [a, b] (the short side's Gram matrix, optim/muon.hpp): A = X X^T (2 a^2 b),
+  // B = b A + c A A (2 a^3), X = a X + B X (2 a^2 b).
+  const double a = double(std::min(m, n)), b = double(std::max(m, n));
+  return double(ns_steps) * (4 * a * a * b + 2 * a * a * a);
+}
+
+namespace {
+
+// Golub & Van Loan, Matrix Computations (4th ed., section 8.3): the symmetric QR algorithm costs
+// about 9 n^3 flops with the eigenvectors (4 n^3 / 3 without them); LAPACK's dsyevd (divide and
+// conquer) is usually cheaper, so this is an upper count. Rebuilding the root Q diag(d) Q^T: 2 n^3.
+constexpr double kEigenFlops = 9, kRootRebuildFlops = 2;
+
+// One Shampoo block [r, c]: per step the factor updates L += G G^T (2 r^2 c) and R += G^T G
+// (2 r c^2) and the preconditioning L^{-1/4} M R^{-1/4} (2 r^2 c + 2 r c^2); every `frequency`
+// steps an eigendecomposition and a root rebuild of each factor.
+double shampoo_block_flops(double r, double c, double frequency) {
+  const double per_step = 4 * (r * r * c + r * c * c);
+  const double refresh = (kEigenFlops + kRootRebuildFlops) * (r * r * r + c * c * c);
+  return per_step + refresh / frequency;
+}
+
+}  // namespace
+
+double shampoo_flops(int64_t m, int64_t n, int64_t block, int64_t frequency) {
+  // The blocks of Shampoo::blocks: full block x block ones, the remainders at the ends.
+  const int64_t mf = m / block, mr = m % block, nf = n / block, nr = n % block;
+  const double B = double(block), F = double(frequency);
+  double s = double(mf) * double(nf) * shampoo_block_flops(B, B, F);
+  if (nr > 0) s += double(mf) * shampoo_block_flops(B, double(nr), F);
+  if (mr > 0) s += double(nf) * shampoo_block_flops(double(mr), B, F);
+  if (mr > 0 && nr > 0) s += shampoo_block_flops(double(mr), double(nr), F);
+  return s;
+}
+
+double soap_flops(int64_t m, int64_t n, int64_t max_dim, int64_t frequency) {
+  // Vyas et al. 2024 (arXiv 2409.11321), Algorithm 3 and section 4: a side longer than max_dim is
+  // not rotated. Per step and rotated side (L: m, R: n): the factor update (2 m^2 n), the gradient
+  // into the eigenbasis (2 m^2 n) and Adam's direction back (2 m^2 n). Every `frequency` steps
+  // per side: one power-iteration step L Q (2 m^3), a Householder QR with Q formed (4/3 m^3 +
+  // 4/3 m^3: Golub & Van Loan section 5.2), and the first moment rotated out of the old basis and
+  // into the new one (4 m^2 n).
+  const double M = double(m), N = double(n), F = double(frequency);
+  const double basis = 2 + 8.0 / 3;
+  double s = 0;
+  if (m <= max_dim) s += 6 * M * M * N + (basis * M * M * M + 4 * M * M * N) / F;
+  if (n <= max_dim) s += 6 * M * N * N + (basis * N * N * N + 4 * M * N * N) / F;
+  return s;
+}
+
+namespace {
+
+// The optimizer that updates entry class e: a mixed order's first-order one off the layers' matrices.
+const std::string& optimizer_of(const Plan& p, const EntryClass& e) {
+  return !p.optimizer_knobs.others.empty() && !e.layer_matrix ? p.optimizer_knobs.others : p.optimizer;
+}
+
+}  // namespace
+
+double entry_matrix_flops(const Plan& p, const EntryClass& e) {
+  if (!e.two_d || optimizer_of(p, e) != p.optimizer) return 0;
+  const Plan::OptimizerKnobs& k = p.optimizer_knobs;
+  if (p.optimizer == "muon") return e.layer_matrix ? muon_flops(e.rows, e.cols, k.ns_steps) : 0;
+  if (p.optimizer == "shampoo")
+    return shampoo_flops(e.rows, e.cols, k.max_preconditioner_dim, k.precondition_frequency);
+  if (p.optimizer == "soap") return soap_flops(e.rows, e.cols, k.max_preconditioner_dim, k.precondition_frequency);
+  return 0;
+}
+
+double elementwise_bytes_per_element(const Plan& p, const EntryClass& e, const Calibration& c) {
+  // AdamW: read the fp32 gradient, read and write the master weight and its two moments, write
+  // the 16-bit weight (c.optimizer_bytes_per_param, docs/planner.md); fp32: 28. One fp32 state
+  // value fewer is 8 bytes fewer (read and written), one more pass over an fp32 tensor 8 more.
+  const double adamw = p.precision == Precision::fp32 ? 28.0 : c.optimizer_bytes_per_param;
+  const std::string& o = optimizer_of(p, e);
+  if (o == "sgd" || o == "lion") return adamw - 8;                   // one buffer
+  if (o == "lamb") return adamw + 8;                                 // the norms' pass over w and r
+  if (o == "muon") return e.layer_matrix ? adamw - 8 : adamw;        // momentum; AdamW elsewhere
+  if (o == "adafactor") {
+    // Its fp32 values per element (the first moment, an unfactored second moment), and a second
+    // pass over the gradient: the factored means first, then the update and its RMS clipping.
+    const OptimizerState& st = p.optimizer_state;  // a mixed order's: Adafactor's off the matrices
+    return adamw + 8 * ((e.layer_matrix ? st.per_matrix_element : st.per_other_element) - 2) + 8;
+  }
+  // Shampoo's grafting Adam and SOAP's Adam in the eigenbasis: AdamW's traffic, plus writing and
+  // reading back the preconditioned (rotated) direction of a 2-D entry.
+  if (o == "shampoo" || o == "soap") return e.two_d ? adamw + 8 : adamw;
+  return adamw;
+}
+
+OptimizerCost optimizer_step_cost(const ModelSpec& m, const Plan& p, const Device& d, const Calibration& c,
+                                  int64_t pp_rank) {
+  const double bw = d.hbm_bw_gbs * 1e9 * d.bw_efficiency;
+  // Muon's Newton-Schulz runs in bfloat16 in the reference (KellerJordan/Muon casts X to bf16) in
+  // a mixed-precision run; Shampoo's and SOAP's factors and bases are fp32 (Distributed Shampoo,
+  // SOAP's reference implementation).
+  const bool bf16_matrices = p.optimizer == "muon" && p.precision != Precision::fp32;
+  const double peak = 1e12 * d.peak_tflops(bf16_matrices ? Precision::bf16 : Precision::fp32);
+  const double dim_half = d.gemm_dim_half.value_or(c.dim_half);
+  const int64_t block = p.optimizer == "shampoo" ? p.optimizer_knobs.max_preconditioner_dim : INT64_MAX;
+  double bytes = 0, matrix_s = 0, flops = 0, largest_bytes = 0, largest_s = 0, largest_flops = 0;
+  for (const EntryClass& e : entry_classes(m, p, pp_rank)) {
+    const double entry_bytes = elementwise_bytes_per_element(p, e, c) * double(e.rows) * double(e.cols);
+    const double entry_flops = entry_matrix_flops(p, e);
+    // The GEMM efficiency of predict.cpp's layers with the entry's (or block's) short side as the
+    // thin dimension: gemm_efficiency / (1 + dim_half / short side).
+    const double short_side = double(std::min({e.rows, e.cols, block}));
+    const double entry_s = entry_flops > 0 ? entry_flops / (peak * d.gemm_efficiency / (1 + dim_half / short_side)) : 0;
+    bytes += double(e.count) * entry_bytes;
+    flops += double(e.count) * entry_flops;
+    matrix_s += double(e.count) * entry_s;
+    largest_bytes = std::max(largest_bytes, entry_bytes);
+    largest_flops = std::max(largest_flops, entry_flops);
+    largest_s = std::max(largest_s, entry_s);
+  }
+  // ZeRO >= 1 spreads the update over the replicas; one owner per entry when it needs them whole,
+  // so the slowest replica holds at least the largest entry. ZeRO 0: every replica does it all.
+  const double replicas = double(p.dp * p.cp);
+  OptimizerCost out;
+  if (p.zero == 0 || replicas == 1) {
+    out = {bytes / bw, matrix_s, flops};
+  } else if (!p.optimizer_state.whole_entries) {
+    out = {bytes / replicas / bw, matrix_s / replicas, flops / replicas};
+  } else {
+    out = {std::max(bytes / replicas, largest_bytes) / bw, std::max(matrix_s / replicas, largest_s),
+           std::max(flops / replicas, largest_flops)};
+  }
+  return out;
+}
+
+}  // namespace exatrain::plan
