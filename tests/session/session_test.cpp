@@ -105,6 +105,22 @@ TEST(Session, TrainsAndLowersTheLoss) {
   EXPECT_TRUE(fs::exists(r.last_checkpoint + "/COMPLETE"));
 }
 
+// Every step record counts the preconditioners that fell back (optim/: Shampoo's and SOAP's
+// failed eigendecompositions, summed over the ranks); none on a healthy SOAP run.
+TEST(Session, StepRecordsCountOptimizerFallbacks) {
+  std::string run = fresh("fallbacks");
+  run_training(tiny_job(run, {"train.steps=3", "train.checkpoint_every=0", "train.optimizer=soap",
+                              "optimizer.precondition_frequency=1"}), quiet());
+  int records = 0;
+  for (const auto& r : report::read_metrics(run + "/metrics.jsonl"))
+    if (r.contains("loss")) {
+      records++;
+      ASSERT_TRUE(r.contains("optimizer_fallbacks")) << r.dump();
+      EXPECT_EQ(r["optimizer_fallbacks"].get<int64_t>(), 0) << r.dump();
+    }
+  EXPECT_EQ(records, 3);
+}
+
 TEST(Session, ExactResumeIsBitForBit) {
   // N+M steps straight through ...
   std::string a = fresh("straight");
