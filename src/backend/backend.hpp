@@ -249,8 +249,7 @@ class Backend {
   //   out = (m / bc1) / (sqrt(v / bc2) + eps).
   virtual void adam_direction(float* out, const float* grad, float* m, float* v, int64_t n, float beta1,
                               float beta2, float eps, float bc1, float bc2, float grad_scale) = 0;
-  // The inverse p-th root of a symmetric positive semi-definite A [n, n] (Shampoo's L^{-1/4},
-  // SOAP's eigenbasis): with A = Q diag(λ) Qᵀ, out = Q diag((max(λ, 0) + eps)^{-1/p}) Qᵀ, computed
+  // The inverse p-th root of a symmetric positive semi-definite A [n, n] (Shampoo's L^{-1/4}): with A = Q diag(λ) Qᵀ, out = Q diag((max(λ, 0) + eps)^{-1/p}) Qᵀ, computed
   // in double. Returns false, leaving out untouched, when the eigendecomposition fails or the
   // result is not finite (the caller keeps its previous root and counts the fallback).
   virtual bool sym_inverse_root(float* out, const float* A, int64_t n, double eps, int p) = 0;

@@ -142,7 +142,8 @@ struct SoapSpec {
 // other entry to a first-order one (with its defaults, and [train]'s beta1, beta2, eps for adamw
 // and lamb); `first_order_steps` runs that one on every entry for so many steps first.
 struct MixedSpec {
-  std::string others;             // "": the matrix optimizer's own rule for the rest (no mixing)
+  std::string others;             // "": the matrix optimizer's own rule for the rest (no mixing),
+                                  // unless first_order_steps > 0: then adamw (first_order())
   int64_t first_order_steps = 0;  // 0: the matrix optimizer from the first step
   bool active() const { return !others.empty() || first_order_steps > 0; }
   std::string first_order() const { return others.empty() ? "adamw" : others; }

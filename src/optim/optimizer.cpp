@@ -112,6 +112,11 @@ void AdamW::update(const EntryPart& e, const OptimStep& ctx) { adamw_part(be_, c
 
 std::unique_ptr<Optimizer> make_optimizer(Backend& backend, const TrainSpec& t) {
   if (t.mixed.active()) {  // muon, shampoo or soap on the matrices (parse_job allows no other)
+    const std::vector<std::string>&ms = matrix_optimizer_names(), &fs = first_order_optimizer_names();
+    EXA_CHECK(std::find(ms.begin(), ms.end(), t.optimizer) != ms.end() &&
+                  std::find(fs.begin(), fs.end(), t.mixed.first_order()) != fs.end(),
+              "train.optimizer = \"{}\" with [optimizer] others = \"{}\": a mixed order needs one of muon, shampoo, "
+              "soap and a first-order one of adamw, lamb, sgd, lion, adafactor", t.optimizer, t.mixed.first_order());
     TrainSpec matrix = t, first = t;
     matrix.mixed = first.mixed = MixedSpec{};
     first.optimizer = t.mixed.first_order();

@@ -101,8 +101,9 @@ class Optimizer {
   // One update of every region; the regions are init_state's (their pointers may have moved).
   void step(const std::vector<ParamRegion>& regions, const OptimStep& ctx);
   int64_t state_bytes() const;
-  // Steps at which a preconditioner could not be computed (a failed eigendecomposition, a
-  // non-finite root) and the previous one was kept, since construction; 0 for most.
+  // Preconditioner computations (a Shampoo block's root, a SOAP side's basis) that failed (the
+  // eigendecomposition, or a non-finite result) and kept the previous one, since construction;
+  // 0 for the optimizers without any.
   virtual int64_t fallbacks() const { return 0; }
 
  protected:
@@ -149,8 +150,10 @@ void check_whole_entry(const char* optimizer, const EntryPart& e);
 float* reserve_scratch(Backend& be, DeviceBuffer& buf, int64_t n, const char* label);
 
 // The job's optimizer ([train] optimizer and its hyper-parameters: "adamw" and "lamb" with
-// [train]'s beta1, beta2, eps; "sgd", "lion", "adafactor" (optim/first_order.hpp) and "muon"
-// (optim/muon.hpp) with [optimizer]'s keys). Another name is an error naming train.optimizer.
+// [train]'s beta1, beta2, eps; "sgd", "lion", "adafactor" (optim/first_order.hpp), "muon"
+// (optim/muon.hpp), "shampoo" (optim/shampoo.hpp) and "soap" (optim/soap.hpp) with [optimizer]'s
+// keys; a matrix optimizer with [optimizer] others / first_order_steps: optim/mixed.hpp). Another
+// name, or a mixed order of another pair, is an error naming the key.
 std::unique_ptr<Optimizer> make_optimizer(Backend& backend, const TrainSpec& train);
 
 // Learning rate at optimizer step `step` (0-based): linear warm-up from lr/warmup to lr over

@@ -1,6 +1,7 @@
 #include "optim/soap.hpp"
 
 #include <cmath>
+#include <tuple>
 
 #include "core/check.hpp"
 

@@ -225,6 +225,10 @@ std::vector<OptimizerSearch> compare_optimizers(const ModelSpec& m, const Machin
   for (const std::string& o : optimizers) {
     TrainSpec t = train;
     t.optimizer = o;
+    // A mixed order ([optimizer] others, first_order_steps) is a matrix optimizer's: the first-order
+    // rows are the optimizer alone.
+    const std::vector<std::string>& matrix = matrix_optimizer_names();
+    if (std::find(matrix.begin(), matrix.end(), o) == matrix.end()) t.mixed = MixedSpec{};
     out.push_back({o, search_plans(m, mach, f, t, top_k, cal, memory_headroom)});
   }
   return out;

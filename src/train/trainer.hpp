@@ -87,8 +87,8 @@ struct StepMetrics {
   std::map<std::string, double> breakdown_s;
   std::map<std::string, int64_t> bytes;  // this rank's ledger for the step (kind -> bytes sent)
   int64_t buckets_launched_early = 0;    // dp buckets started during backward (ZeRO 0/2)
-  // This rank's optimizer steps that kept a previous preconditioner (Optimizer::fallbacks: a failed
-  // eigendecomposition or a non-finite root) since this process started.
+  // This rank's failed preconditioner computations that kept the previous one (Optimizer::fallbacks:
+  // a failed eigendecomposition or a non-finite root or basis) since this process started.
   int64_t optimizer_fallbacks = 0;
   bool skipped = false;                  // non-finite step not applied (skip_nonfinite)
   bool nonfinite = false;                // non-finite loss or gradient norm: no update applied

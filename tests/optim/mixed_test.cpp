@@ -115,3 +115,23 @@ TEST(MixedOrder, AScheduleRunsFirstOrderEverywhereThenTheMatrixOptimizerFromItsS
     if (t.entry == &q) q_states.push_back(t.spec.name);
   EXPECT_EQ(q_states, (std::vector<std::string>{"adamw_exp_avg", "adamw_exp_avg_sq", "momentum_buffer"}));
 }
+
+// The same with SOAP, whose step count matters (its step 1 builds the bases and leaves the
+// weights; its bias corrections and refreshes count from there): after 2 AdamW steps the
+// matrices equal a fresh SOAP's started at its step 1 on the weights at the switch.
+TEST(MixedOrder, AfterTheSwitchSoapCountsItsOwnSteps) {
+  std::unique_ptr<Backend> be = make_backend("cpu", 1);
+  const ParamLayout l = layout();
+  const std::vector<float> w0 = initial(l);
+  OneOptimizer mixed(*be, l, spec("soap", "adamw", 2), w0), adamw(*be, l, spec("adamw"), w0);
+  for (int s = 1; s <= 2; s++) mixed.step(s, s), adamw.step(s, s);
+  const ParamInfo& q = l.entries()[0];
+  const std::vector<float> at_switch = adamw.all();
+  OneOptimizer soap(*be, l, spec("soap"), at_switch);
+  mixed.step(3, 3), soap.step(1, 3);
+  EXPECT_EQ(mixed.weights(q), soap.weights(q));
+  EXPECT_EQ(mixed.weights(q), std::vector<float>(at_switch.begin(), at_switch.begin() + q.numel));  // SOAP's step 1
+  for (int s = 4; s <= 6; s++) mixed.step(s, s), soap.step(s - 2, s);  // a refresh at SOAP's t = 2 (step 3)
+  EXPECT_EQ(mixed.weights(q), soap.weights(q));
+  EXPECT_NE(mixed.weights(q), std::vector<float>(at_switch.begin(), at_switch.begin() + q.numel));
+}

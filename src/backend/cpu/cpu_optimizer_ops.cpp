@@ -181,6 +181,8 @@ bool CpuBackend::power_qr_refresh(float* Q, const float* A, int64_t n, int64_t* 
               int(n), 0.0, aq.data(), int(n));
   for (int64_t i = 0; i < n; i++)  // est_j = q_j^T (A q)_j
     for (int64_t j = 0; j < n; j++) est[size_t(j)] += q[size_t(i * n + j)] * aq[size_t(i * n + j)];
+  for (double e : est)  // a NaN would break the sort's strict weak ordering
+    if (!std::isfinite(e)) return false;
   std::vector<int64_t> ord(static_cast<size_t>(n));
   for (int64_t j = 0; j < n; j++) ord[size_t(j)] = j;
   std::stable_sort(ord.begin(), ord.end(), [&](int64_t x, int64_t y) { return est[size_t(x)] > est[size_t(y)]; });
