@@ -410,6 +410,16 @@ std::string optimizers_with_key(const std::string& key) {
   return out;
 }
 
+// Whether [train] beta1, beta2 and eps reach an Adam of the job's optimizer: AdamW, LAMB, Shampoo's
+// grafting Adam, SOAP's Adam, the AdamW Muon runs off the matrices, a mixed order's adamw or lamb.
+// SGD, Lion and Adafactor have none (their moments are [optimizer] keys): the keys are refused.
+bool uses_train_betas(const TrainSpec& t) {
+  const std::string& o = t.optimizer;
+  if (o == "sgd" || o == "lion" || o == "adafactor") return false;
+  if (o == "muon" && t.mixed.active()) return t.mixed.first_order() == "adamw" || t.mixed.first_order() == "lamb";
+  return true;  // adamw, lamb, shampoo, soap (their own Adam), muon (AdamW off the matrices)
+}
+
 // others / first_order_steps of a matrix optimizer (MixedSpec).
 void parse_mixed_values(Section& s, TrainSpec& t) {
   const std::vector<std::string>& firsts = first_order_optimizer_names();
@@ -611,6 +621,14 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
                       "checkpoint_every", "keep_checkpoints", "eval_every", "eval_batches", "log_every",
                       "threads", "nan_policy", "backend"});
     parse_optimizer_section(sections.at("optimizer"), t);
+    if (!uses_train_betas(t))
+      for (const char* k : {"beta1", "beta2", "eps"})
+        if (s.has(k))
+          s.refuse(k, fmt::format("train.optimizer = \"{}\"{} keeps no Adam moments, so this would be ignored (beta1, "
+                                  "beta2 and eps are AdamW's, LAMB's, Shampoo's, SOAP's and Muon's AdamW's; {})",
+                                  t.optimizer, t.mixed.active() ? " with [optimizer] others = \"" + t.mixed.first_order() + "\"" : "",
+                                  t.optimizer == "muon" ? "Muon's momentum is [optimizer] momentum" :
+                                  "its own are [optimizer] keys, docs/job-file.md"));
   }
 
   if (extra) extra(job, errors);
@@ -695,8 +713,9 @@ std::string job_to_toml(const Job& job) {
   out += "\n[train]\n";
   out += line("precision", to_string(t.precision)) + line("optimizer", t.optimizer) + line("steps", t.steps) +
          line("seed", int64_t(t.seed)) + line("lr", t.lr) + line("min_lr", t.min_lr) +
-         line("warmup_steps", t.warmup_steps) + line("weight_decay", t.weight_decay) + line("beta1", t.beta1) +
-         line("beta2", t.beta2) + line("eps", t.eps) + line("grad_clip", t.grad_clip) + line("data", t.data) +
+         line("warmup_steps", t.warmup_steps) + line("weight_decay", t.weight_decay) +
+         (uses_train_betas(t) ? line("beta1", t.beta1) + line("beta2", t.beta2) + line("eps", t.eps) : "") +
+         line("grad_clip", t.grad_clip) + line("data", t.data) +
          line("run_dir", t.run_dir) + line("checkpoint_every", t.checkpoint_every) +
          line("keep_checkpoints", t.keep_checkpoints) + line("eval_every", t.eval_every) +
          line("eval_batches", t.eval_batches) + line("log_every", t.log_every) + line("threads", t.threads) +

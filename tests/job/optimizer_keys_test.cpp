@@ -197,6 +197,28 @@ TEST(JobOptimizer, MixedOrderKeysOfTheMatrixOptimizers) {
                           "\"adamw\"")) << e;
 }
 
+// [train] beta1, beta2, eps reach only an Adam: an optimizer without one refuses them rather than
+// ignoring them, and a resolved job.toml (job_to_toml) does not write them for it.
+TEST(JobOptimizer, AdamKeysOfTrainAreRefusedWhereNoAdamRuns) {
+  for (const char* o : {"sgd", "lion", "adafactor"}) {
+    const std::string e = parse_error(fmt::format("[train]\noptimizer = \"{}\"\nbeta2 = 0.9\n", o));
+    EXPECT_TRUE(contains(e, fmt::format("job.toml: [train] beta2 = 0.9: train.optimizer = \"{}\" keeps no Adam moments, "
+                                        "so this would be ignored", o))) << e;
+    const Job j = parse_job(fmt::format("[train]\noptimizer = \"{}\"\n", o), "job.toml");
+    EXPECT_EQ(job_to_toml(j).find("beta1"), std::string::npos) << o;
+  }
+  std::string e = parse_error("[train]\noptimizer = \"muon\"\neps = 1e-6\n[optimizer]\nothers = \"lion\"\n");
+  EXPECT_TRUE(contains(e, "[train] eps = 1e-6: train.optimizer = \"muon\" with [optimizer] others = \"lion\" keeps no "
+                          "Adam moments")) << e;
+  for (const char* text : {"[train]\noptimizer = \"muon\"\nbeta1 = 0.8\n",  // its AdamW off the matrices
+                           "[train]\noptimizer = \"shampoo\"\nbeta1 = 0.8\n[optimizer]\nothers = \"sgd\"\n",  // grafting
+                           "[train]\noptimizer = \"soap\"\nbeta1 = 0.8\n", "[train]\noptimizer = \"lamb\"\nbeta1 = 0.8\n"}) {
+    const Job j = parse_job(text, "job.toml");
+    EXPECT_DOUBLE_EQ(j.train.beta1, 0.8) << text;
+    EXPECT_EQ(parse_job(job_to_toml(j), "roundtrip.toml").train, j.train) << text;
+  }
+}
+
 // A job with every degree set (plan_from_job plans only resolved jobs).
 static Job muon_job(int gpus, int dp, int zero) {
   return parse_job(fmt::format("[parallel]\ngpus = {}\ntp = 1\npp = 1\ncp = 1\nvp = 1\ndp = {}\nzero = {}\n"
