@@ -32,6 +32,8 @@ int main(int argc, char** argv) {
     // A multi-rank job prints an error every rank hit once, and names the rank of any other.
     const std::string line = exatrain::error_line(e);
     if (!line.empty()) fmt::print(stderr, "{}\n", line);
+    std::fflush(stderr);
+    exatrain::leave_together(e);
     return 1;
   } catch (const std::exception& e) {
     fmt::print(stderr, "exatrain: internal error: {}\n", e.what());

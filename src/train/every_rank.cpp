@@ -45,6 +45,13 @@ std::string error_line(const Error& e) {
   return fmt::format("exatrain: error: rank {} of {}: {}", rank, size, e.what());
 }
 
+void leave_together(const Error& e) {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (init && !fin && dynamic_cast<const EveryRankError*>(&e)) MPI_Finalize();
+}
+
 void broadcast_from_rank0(std::string& s, MPI_Comm world, parallel::Watchdog* wd, const char* what) {
   parallel::WatchdogScope watch(wd, "world", ++g_ops, what);
   int64_t n = int64_t(s.size());

@@ -41,6 +41,12 @@ std::pair<int, int> world_rank_size();
 // on rank 0 only, any other error on its rank as "exatrain: error: rank R of N: WHAT".
 std::string error_line(const Error& e);
 
+// After error_line was printed: an EveryRankError under a running MPI ends MPI on every rank
+// (MPI_Finalize synchronises them), so that no silent rank exits before rank 0 has printed the
+// message: mpirun aborts the job at the first non-zero exit and would kill rank 0 mid-way.
+// Nothing for other errors (a rank's own: the others may be inside a collective).
+void leave_together(const Error& e);
+
 // Rank 0's string on every rank (a path, an error message); the watchdog `wd` (may be null)
 // reports a rank that never arrives.
 void broadcast_from_rank0(std::string& s, MPI_Comm world, parallel::Watchdog* wd, const char* what);
