@@ -268,6 +268,57 @@ class Backend {
   virtual void permute_matrix(float* a, int64_t rows, int64_t cols, const int64_t* row_order,
                               const int64_t* col_order) = 0;
 
+  // ---- gradient compression (parallel/compressors.hpp, docs/compression.md) -----------------
+  // Indices are int32 positions inside the buffer they refer to (a gradient bucket holds fewer
+  // than 2^31 floats). An index outside [0, n) is an Error naming the op (indices arrive from other
+  // ranks). Every op is deterministic: the same inputs give the same bits on every rank.
+  // The k entries of x[n] of largest magnitude (a NaN counts as the largest; ties: the lower
+  // index first), in ascending index order: idx[k] = base + position, val[k] = x[position].
+  // 0 <= k <= n (base places a piece's indices in the bucket it belongs to).
+  virtual void topk_abs(int32_t* idx, float* val, const float* x, int64_t n, int64_t k, int64_t base) = 0;
+  // s magnitudes of x[n], stratified (DGC's sampled threshold): out[j] = |x[i_j]| with i_j drawn
+  // from [floor(j n / s), floor((j+1) n / s)) by splitmix64(seed, j). 1 <= s <= n.
+  virtual void sample_abs(float* out, const float* x, int64_t n, int64_t s, uint64_t seed) = 0;
+  // The entries of x[n] with |x| >= threshold (NaN included), ascending: the first min(count, cap)
+  // of them into idx (base + position) and val; returns count (which may exceed cap).
+  virtual int64_t select_abs_at_least(int32_t* idx, float* val, const float* x, int64_t n, float threshold,
+                                      int64_t cap, int64_t base) = 0;
+  // out[i] = x[idx[i]], i < k (x has n elements).
+  virtual void gather(float* out, const float* x, int64_t n, const int32_t* idx, int64_t k) = 0;
+  // x[idx[i] - base] += val[i] for i = 0, 1, ..., k-1 in that order (repeated indices add up in
+  // order); base: the first index x holds (a region of a larger index space).
+  virtual void scatter_add(float* x, int64_t n, const int32_t* idx, const float* val, int64_t k, int64_t base) = 0;
+  // x[idx[i]] = value, i < k.
+  virtual void scatter_fill(float* x, int64_t n, const int32_t* idx, int64_t k, float value) = 0;
+  // Blocks of x[n]: block b = x[b B, min(n, (b+1) B)) with B = block, nb = ceil(n / B) of them.
+  // out[nb] = each block's sum of squares (in double, rounded to float).
+  virtual void block_sum_squares(float* out, const float* x, int64_t n, int64_t block) = 0;
+  // out[j B + i] = x[blocks[j] B + i] (0 past x's end), j < kb, i < B.
+  virtual void gather_blocks(float* out, const float* x, int64_t n, const int32_t* blocks, int64_t kb,
+                             int64_t block) = 0;
+  // x[blocks[j] B + i] += val[j B + i] inside x, for j = 0 .. kb-1 in order.
+  virtual void scatter_add_blocks(float* x, int64_t n, const int32_t* blocks, const float* val, int64_t kb,
+                                  int64_t block) = 0;
+  // x[blocks[j] B + i] = value inside x.
+  virtual void fill_blocks(float* x, int64_t n, const int32_t* blocks, int64_t kb, int64_t block, float value) = 0;
+  // Sum of |x| in double, fixed order.
+  virtual double sum_abs(const float* x, int64_t n) = 0;
+  // 1-bit signs: bits[ceil(n / 32)], bit j of word w set when x[32 w + j] >= 0 (unset for x < 0
+  // and past n).
+  virtual void sign_pack(int32_t* bits, const float* x, int64_t n) = 0;
+  // x[i] += bit i set ? scale : -scale, i < n.
+  virtual void sign_unpack_add(float* x, const int32_t* bits, int64_t n, float scale) = 0;
+  // Gram-Schmidt on the columns of P [rows, cols] (row-major), in double, as PyTorch's PowerSGD
+  // hook (_orthogonalize_gram_schmidt, its default epsilon 0): column i /= |column i| (a zero
+  // column stays 0, where PyTorch's would be NaN), then its projection is removed from the later
+  // columns. An epsilon added to the norm would leave the columns of a rank-deficient P visibly
+  // non-orthogonal (the nearly dependent column is rounding noise, normalised).
+  virtual void orthonormalize_columns(float* P, int64_t rows, int64_t cols) = 0;
+  // |a ∩ b| of two ascending index lists.
+  virtual int64_t count_common(const int32_t* a, int64_t ka, const int32_t* b, int64_t kb) = 0;
+  // below[r] (host) = how many of the ascending idx[k] are < bounds[r] (host), r < nb.
+  virtual void count_below(int64_t* below, const int32_t* idx, int64_t k, const int64_t* bounds, int64_t nb) = 0;
+
   // ---- instrumentation -----------------------------------------------------------------------
   // Seconds and floating-point operations spent in gemm / gemm_strided_batched since reset.
   double gemm_seconds = 0, gemm_flops = 0;

@@ -176,6 +176,37 @@ struct OptimizerState {
   bool whole_entries = false;
   bool operator==(const OptimizerState&) const = default;
 };
+// [comm]: compressed data-parallel gradient communication (parallel/compressors.hpp;
+// docs/compression.md has each compressor, its sources and the measurements). The defaults are the
+// sources' own: DGC's momentum 0.9 and 0.1% density, PyTorch's PowerSGD rank 4 hook (rank 1 by
+// default there), GRACE's per-tensor top-k with error feedback.
+struct CommSpec {
+  std::string compressor = "none";  // comm_compressor_names(); "none": the dense fp32 collective
+  double density = 0.01;            // topk, dgc, blocktopk, temporal: fraction of the elements sent
+  int64_t rank = 4;                 // powersgd: the rank r of P [n, r] and Q [m, r]
+  int64_t warmup_steps = 0;         // steps before the target density (dense, or DGC's exponential decay)
+  std::string warmup = "dense";     // "dense": the warm-up steps send everything; "exponential": the
+                                    // density falls geometrically from 25% (DGC's schedule)
+  int64_t refresh_every = 10;       // temporal: the index set is chosen anew every R steps
+  bool error_feedback = true;       // what is not sent is kept and added to the next step's gradient
+  std::string selection = "exact";  // "exact": top-k by nth_element; "sample": DGC's sampled threshold
+  double sample_fraction = 0.01;    // selection = "sample": fraction of the elements sampled
+  std::string collective = "allgather";  // "allgather": of (index, value) pairs; "split_reduce": Ok-Topk-style
+  std::string scope = "entry";      // "entry": k per parameter entry (per-layer densities); "bucket": one top-k per bucket
+  int64_t block_size = 256;         // blocktopk: elements per block
+  int64_t min_compress = 1024;      // a piece of an entry with fewer elements is sent dense (norms, biases)
+  double momentum = 0.9;            // dgc: momentum correction (the optimizer is SGD without momentum)
+  std::map<std::string, double> role_density;  // scope = "entry": density per ParamRole name
+  bool active() const { return compressor != "none"; }
+  bool operator==(const CommSpec&) const = default;
+};
+
+// [comm] compressor's choices, in the documented order.
+inline const std::vector<std::string>& comm_compressor_names() {
+  static const std::vector<std::string> names = {"none", "topk", "dgc", "blocktopk", "temporal", "powersgd", "sign"};
+  return names;
+}
+
 struct TrainSpec {
   Precision precision = Precision::fp32;
   std::string optimizer = "adamw";
@@ -206,6 +237,7 @@ struct TrainSpec {
   ShampooSpec shampoo;          // ... "shampoo"
   SoapSpec soap;                // ... "soap"
   MixedSpec mixed;              // ... "muon", "shampoo", "soap": mixed with a first-order optimizer
+  CommSpec comm;                // [comm]: the data-parallel gradient compressor
   bool operator==(const TrainSpec&) const = default;
 };
 

@@ -129,6 +129,36 @@ class Section {
     if (!(x >= lo && x < hi)) return bad(key, want);
     out = x;
   }
+  // A number in (lo, hi]: lo itself is impossible (a density of 0 sends nothing).
+  void get_float_above(const std::string& key, double& out, double lo, double hi) {
+    const toml::value* v = take(key);
+    if (!v) return;
+    const std::string want = fmt::format("a number in ({}, {}]", lo, hi);
+    double x;
+    if (v->is_floating()) x = v->as_floating();
+    else if (v->is_integer()) x = static_cast<double>(v->as_integer());
+    else return bad(key, want);
+    if (!(x > lo && x <= hi)) return bad(key, want);
+    out = x;
+  }
+  // An inline table { name = number, ... } whose names are among `names` and numbers in (lo, hi].
+  void get_float_table(const std::string& key, std::map<std::string, double>& out,
+                       const std::vector<std::string>& names, double lo, double hi) {
+    const toml::value* v = take(key);
+    if (!v) return;
+    std::string want = fmt::format("an inline table of numbers in ({}, {}] named", lo, hi);
+    for (size_t i = 0; i < names.size(); i++) want += (i ? ", " : " ") + names[i];
+    if (!v->is_table()) return bad(key, want);
+    std::map<std::string, double> m;
+    for (const auto& [name, x] : v->as_table()) {
+      if (std::find(names.begin(), names.end(), name) == names.end()) return bad(key, want);
+      if (!x.is_floating() && !x.is_integer()) return bad(key, want);
+      const double d = x.is_floating() ? x.as_floating() : double(x.as_integer());
+      if (!(d > lo && d <= hi)) return bad(key, want);
+      m[name] = d;
+    }
+    out = m;
+  }
   void get_opt_float(const std::string& key, std::optional<double>& out, double lo, double hi) {
     if (!has(key)) return;
     double x = 0;
@@ -352,7 +382,7 @@ void layer_sections(const toml::value& root, const std::string& source, const st
   }
   for (const auto& [name, table] : root.as_table()) {
     if (!sections.count(name)) {
-      errors.push_back(fmt::format("{}: unknown section [{}]; expected [model], [machine], [parallel], [train], [optimizer]",
+      errors.push_back(fmt::format("{}: unknown section [{}]; expected [model], [machine], [parallel], [train], [optimizer], [comm]",
                                    source, printable(name)));
       continue;
     }
@@ -484,6 +514,81 @@ void parse_optimizer_section(Section& s, TrainSpec& t) {
   s.report_unknown(all);
 }
 
+// [comm]: the data-parallel gradient compressor and its keys (CommSpec in job/job.hpp; docs/job-file.md,
+// docs/compression.md). As in [optimizer], a key the chosen compressor does not take is refused.
+const std::vector<std::pair<std::string, std::vector<std::string>>>& comm_keys() {
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> keys = [] {
+    const std::vector<std::string> sparse = {"density", "warmup_steps", "warmup", "error_feedback", "scope",
+                                             "min_compress", "role_density"};
+    auto with = [&](std::vector<std::string> extra) {
+      std::vector<std::string> k = sparse;
+      k.insert(k.end(), extra.begin(), extra.end());
+      return k;
+    };
+    return std::vector<std::pair<std::string, std::vector<std::string>>>{
+        {"none", {}},
+        {"topk", with({"selection", "sample_fraction", "collective"})},
+        {"dgc", with({"selection", "sample_fraction", "collective", "momentum"})},
+        {"blocktopk", with({"block_size"})},
+        {"temporal", with({"selection", "sample_fraction", "collective", "refresh_every"})},
+        {"powersgd", {"rank", "warmup_steps", "error_feedback", "min_compress"}},
+        {"sign", {"warmup_steps", "error_feedback", "min_compress"}}};
+  }();
+  return keys;
+}
+
+void parse_comm_values(Section& s, CommSpec& c) {
+  s.get_float_above("density", c.density, 0, 1);
+  s.get_int("rank", c.rank, 1, 1024);
+  s.get_int("warmup_steps", c.warmup_steps, 0, int64_t(1) << 40);
+  if (int i = s.get_choice("warmup", {"dense", "exponential"}); i >= 0) c.warmup = i == 0 ? "dense" : "exponential";
+  s.get_int("refresh_every", c.refresh_every, 1, 1000000);
+  s.get_bool("error_feedback", c.error_feedback);
+  if (int i = s.get_choice("selection", {"exact", "sample"}); i >= 0) c.selection = i == 0 ? "exact" : "sample";
+  s.get_float_above("sample_fraction", c.sample_fraction, 0, 1);
+  if (int i = s.get_choice("collective", {"allgather", "split_reduce"}); i >= 0)
+    c.collective = i == 0 ? "allgather" : "split_reduce";
+  if (int i = s.get_choice("scope", {"entry", "bucket"}); i >= 0) c.scope = i == 0 ? "entry" : "bucket";
+  s.get_int("block_size", c.block_size, 1, 1 << 20);
+  s.get_int("min_compress", c.min_compress, 0, int64_t(1) << 40);
+  s.get_float_below("momentum", c.momentum, 0, 1);
+  s.get_float_table("role_density", c.role_density, {"matrix", "embedding", "head", "norm", "bias"}, 0, 1);
+  if (c.selection != "sample" && s.has("sample_fraction"))
+    s.refuse("sample_fraction", "the fraction of elements DGC's sampled threshold reads, which needs [comm] "
+                                "selection = \"sample\"");
+  if (c.scope != "entry" && s.has("role_density"))
+    s.refuse("role_density", "densities per parameter role need the selection per entry ([comm] scope = \"entry\")");
+}
+
+void parse_comm_section(Section& s, Job& job, std::vector<std::string>& errors) {
+  CommSpec& c = job.train.comm;
+  const std::vector<std::string>& names = comm_compressor_names();
+  if (int i = s.get_choice("compressor", names); i >= 0) c.compressor = names[size_t(i)];
+  std::vector<std::string> own, all = {"compressor"};
+  for (const auto& [name, keys] : comm_keys()) {
+    for (const std::string& k : keys)
+      if (std::find(all.begin(), all.end(), k) == all.end()) all.push_back(k);
+    if (name == c.compressor) own = keys;
+  }
+  std::string own_text;
+  for (const std::string& k : own) own_text += (own_text.empty() ? "" : ", ") + k;
+  for (const std::string& k : all)
+    if (k != "compressor" && s.has(k) && std::find(own.begin(), own.end(), k) == own.end())
+      s.refuse(k, fmt::format("not a key of [comm] compressor = \"{}\" ({})", c.compressor,
+                              own.empty() ? "which takes no other key" : "whose keys are " + own_text));
+  parse_comm_values(s, c);
+  s.report_unknown(all);
+  // DGC's momentum correction is the momentum (Lin et al. 2018, section 3.2): the optimizer must be plain SGD.
+  const TrainSpec& t = job.train;
+  if (c.compressor == "dgc" && (t.optimizer != "sgd" || t.sgd.momentum != 0))
+    errors.push_back(fmt::format(
+        "{}: [comm] compressor = \"dgc\" with [train] optimizer = \"{}\"{}: DGC's momentum correction accumulates "
+        "the velocity before the selection ([comm] momentum = {}), so it replaces the optimizer's momentum; expected "
+        "optimizer = \"sgd\" with [optimizer] momentum = 0 (for AdamW and the others use compressor = \"topk\")",
+        job_origin(job, {"comm.compressor", "train.optimizer", "optimizer.momentum"}), t.optimizer,
+        t.optimizer == "sgd" ? fmt::format(" and [optimizer] momentum = {}", t.sgd.momentum) : "", c.momentum));
+}
+
 }  // namespace
 
 Job parse_job(const std::string& text, const std::string& source, const std::vector<std::string>& sets,
@@ -494,7 +599,7 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
   EXA_CHECK(root.is_table(), "{}: expected a TOML document with tables", source);
   std::vector<std::string> errors;
   std::map<std::string, Section> sections;
-  for (const char* s : {"model", "machine", "parallel", "train", "optimizer"}) sections.emplace(s, Section(s, errors));
+  for (const char* s : {"model", "machine", "parallel", "train", "optimizer", "comm"}) sections.emplace(s, Section(s, errors));
   Documents docs;
   layer_sections(root, source, sets, sections, docs, errors);
 
@@ -631,6 +736,8 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
                                   "its own are [optimizer] keys, docs/job-file.md"));
   }
 
+  parse_comm_section(sections.at("comm"), job, errors);
+
   if (extra) extra(job, errors);
   if (!errors.empty()) {
     std::string msg = fmt::format("{} problem{} in job {}:", errors.size(), errors.size() == 1 ? "" : "s", source);
@@ -670,6 +777,35 @@ std::string line(const char* key, const std::optional<bool>& v) { return v ? lin
 template <class E>
 std::string line_choice(const char* key, const std::optional<E>& v) { return v ? line(key, to_string(*v)) : line(key, "auto"); }
 }  // namespace
+
+// [comm] with the keys its compressor takes (comm_keys), nothing when there is none.
+static std::string comm_toml(const CommSpec& c) {
+  if (!c.active()) return "";
+  std::vector<std::string> own;
+  for (const auto& [name, keys] : comm_keys())
+    if (name == c.compressor) own = keys;
+  auto takes = [&](const char* k) { return std::find(own.begin(), own.end(), k) != own.end(); };
+  std::string out = "\n[comm]\n" + line("compressor", c.compressor);
+  if (takes("density")) out += line("density", c.density);
+  if (takes("rank")) out += line("rank", c.rank);
+  out += line("warmup_steps", c.warmup_steps);
+  if (takes("warmup")) out += line("warmup", c.warmup);
+  if (takes("refresh_every")) out += line("refresh_every", c.refresh_every);
+  out += line("error_feedback", c.error_feedback);
+  if (takes("selection")) out += line("selection", c.selection);
+  if (takes("sample_fraction") && c.selection == "sample") out += line("sample_fraction", c.sample_fraction);
+  if (takes("collective")) out += line("collective", c.collective);
+  if (takes("scope")) out += line("scope", c.scope);
+  if (takes("block_size")) out += line("block_size", c.block_size);
+  out += line("min_compress", c.min_compress);
+  if (takes("momentum")) out += line("momentum", c.momentum);
+  if (!c.role_density.empty() && c.scope == "entry") {
+    std::string t;
+    for (const auto& [role, d] : c.role_density) t += fmt::format("{}{} = {}", t.empty() ? "" : ", ", role, toml_text(toml::value(d)));
+    out += fmt::format("role_density = {{ {} }}\n", t);
+  }
+  return out;
+}
 
 bool same_settings(const Job& a, const Job& b) {
   auto settings = [](Job j) {
@@ -740,6 +876,7 @@ std::string job_to_toml(const Job& job) {
            line("precondition_frequency", t.soap.precondition_frequency);
   if (!t.mixed.others.empty()) out += line("others", t.mixed.others);
   if (t.mixed.first_order_steps > 0) out += line("first_order_steps", t.mixed.first_order_steps);
+  out += comm_toml(t.comm);
   return out;
 }
 

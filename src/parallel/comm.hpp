@@ -86,6 +86,11 @@ class Group {
  public:
   virtual ~Group() = default;
   const std::string& name() const { return name_; }
+  // While a tag is set, the ledger kind of this group's calls is "<name>_<tag>_<op>" instead of
+  // "<name>_<op>" (a compressor's collectives: "dp_topk_all_gather", counted apart from ZeRO's
+  // "dp_all_gather"; comm_breakdown_s still puts them under the group). KindTag sets one for a scope.
+  void set_kind_tag(std::string tag) { tag_ = std::move(tag); }
+  const std::string& kind_tag() const { return tag_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
 
@@ -163,8 +168,21 @@ class Group {
   Group(std::string name, int rank, int size) : name_(std::move(name)), rank_(rank), size_(size) {}
 
  private:
-  std::string name_;
+  std::string name_, tag_;
   int rank_ = 0, size_ = 1;
+};
+
+// Sets a group's kind tag for the scope (and restores the previous one).
+class KindTag {
+ public:
+  KindTag(Group& g, std::string tag) : g_(g), old_(g.kind_tag()) { g.set_kind_tag(std::move(tag)); }
+  ~KindTag() { g_.set_kind_tag(old_); }
+  KindTag(const KindTag&) = delete;
+  KindTag& operator=(const KindTag&) = delete;
+
+ private:
+  Group& g_;
+  std::string old_;
 };
 
 }  // namespace exatrain::parallel

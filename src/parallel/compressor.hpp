@@ -10,7 +10,9 @@
 // Owns: the reduction of one gradient bucket. May use: backend/ (ops on the bucket), parallel/comm.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 
 #include "backend/backend.hpp"
 #include "model/layout.hpp"
@@ -48,6 +50,12 @@ class Compressor {
  public:
   virtual ~Compressor() = default;
   virtual const char* name() const = 0;
+  // The optimizer step (1-based) whose gradients the next start() calls reduce (every micro-batch
+  // of it, under ZeRO 2): warm-up schedules and index refreshes count steps, not calls.
+  virtual void begin_step(int64_t step) {}
+  // The compressor's own figures for the step since begin_step, by name (parallel/compressors.hpp:
+  // density, residual_norm, index_overlap, ...; metrics.jsonl "compression"). Empty for the identity.
+  virtual std::map<std::string, double> step_stats() const { return {}; }
   // Starts the reduction of b over dp (every rank calls it for the same buckets in the same
   // order). Null when nothing is left to wait for (blocking, or a group of one).
   virtual std::unique_ptr<Reduction> start(Group& dp, Backend& be, const BucketReduce& b) = 0;

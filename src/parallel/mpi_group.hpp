@@ -63,7 +63,9 @@ class MpiGroup final : public Group {
     int64_t op_index = -1;
     std::vector<int64_t> access;  // the backend's host-access tokens of its buffers
   };
-  std::string kind_of(const char* op) const { return name() + "_" + op; }
+  std::string kind_of(const char* op) const {
+    return kind_tag().empty() ? name() + "_" + op : name() + "_" + kind_tag() + "_" + op;
+  }
   int64_t next_op() { return ++op_count_; }
   void account(const std::string& kind, DType t, int64_t elements);
   std::vector<int64_t> access(std::initializer_list<std::pair<const void*, int64_t>> bufs, DType t);

@@ -69,6 +69,7 @@ struct Rules {
   bool pipeline();
   bool stages();
   bool optimizer();
+  bool compression();
 };
 
 bool Rules::degrees() {
@@ -255,12 +256,36 @@ bool Rules::optimizer() {
                           p.optimizer, p.zero));
 }
 
+// The compressor slot (parallel/compressor.hpp) takes the bucket reductions of ZeRO 0, 1 and 2
+// with equal shards: ZeRO 3 reduce-scatters unit by unit outside it, and ZeRO 1 for an optimizer
+// that needs whole entries cuts unequal shards (reduce_scatter_v); parallel/grad_sync.cpp asserts the same.
+bool Rules::compression() {
+  if (!p.comm.active() || p.dp * p.cp == 1) return false;
+  const std::string c = p.comm.compressor;
+  if (p.zero == 3)
+    return fail({"comm.compressor", "parallel.zero"},
+                fmt::format("compressor = \"{}\" with zero = 3: ZeRO 3 reduce-scatters every unit's gradients as "
+                            "backward makes them, outside the compressor slot; expected zero = 0, 1 or 2", c),
+                fmt::format("[comm] compressor = \"{}\" with [parallel] zero = 3: ZeRO 3 reduce-scatters every unit's "
+                            "gradients as backward makes them, outside the compressor slot; expected zero = 0, 1 or 2 "
+                            "(or compressor = \"none\")", c));
+  if (p.zero == 1 && p.optimizer_state.whole_entries)
+    return fail({"comm.compressor", "parallel.zero", "train.optimizer"},
+                fmt::format("compressor = \"{}\" with zero = 1 and optimizer = \"{}\": ZeRO 1 gives every tensor one "
+                            "owner for {} (shards of unequal size), which the compressor slot does not take; expected "
+                            "zero = 0", c, p.optimizer, p.optimizer),
+                fmt::format("[comm] compressor = \"{}\" with [parallel] zero = 1 and [train] optimizer = \"{}\": ZeRO 1 "
+                            "cuts its shards between whole tensors for {} (shards of unequal size), which the compressor "
+                            "slot does not take; expected zero = 0 (or compressor = \"none\")", c, p.optimizer, p.optimizer));
+  return false;
+}
+
 }  // namespace
 
 std::optional<PlanProblem> plan_problem(const ModelSpec& model, const Plan& plan, Purpose purpose) {
   Rules r{model, plan, purpose, std::nullopt};
   (void)(r.degrees() || r.sizes() || r.runtime() || r.shapes() || r.runtime_shapes() || r.batches() || r.pipeline() || r.stages() ||
-               r.optimizer());
+               r.optimizer() || r.compression());
   return r.found;
 }
 

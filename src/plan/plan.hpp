@@ -43,6 +43,9 @@ struct Plan {
     bool operator==(const OptimizerKnobs&) const = default;
   };
   OptimizerKnobs optimizer_knobs;
+  // [comm]: the data-parallel gradient compressor (plan/compression.hpp models its bytes and time;
+  // plan_problem its ZeRO rule); set with the optimizer, from TrainSpec::comm.
+  CommSpec comm;
   // Explicit layers per virtual stage (size pp * vp, stage s = chunk * pp + pp_rank, as the
   // runtime); empty = the cost-balanced default split (plan/stages.hpp), the runtime's too.
   std::vector<int64_t> layers_per_stage;
@@ -64,6 +67,7 @@ struct Plan {
       optimizer_knobs.precondition_frequency = t.soap.precondition_frequency;
     }
     optimizer_knobs.others = t.mixed.active() ? t.mixed.first_order() : "";
+    comm = t.comm;
   }
   bool interleaved() const { return vp > 1; }
 };

@@ -206,7 +206,13 @@ Prediction predict_checked(const ModelSpec& m, const MachineSpec& mach, const De
     double grads = 4.0 * n_params;
     double weights = elem * n_params;
     double bwd_mb = slow_layers * (lt.bwd + lt.recompute);  // what the last backward overlaps
-    if (p.zero == 0) {
+    if (p.comm.active()) {
+      // [comm]: compressed reductions (plan/compression.hpp), blocking, not overlapped; ZeRO 2 runs
+      // one per micro-batch; ZeRO 1 and 2 all-gather the weights as usual.
+      out.compression = compression_cost(m, mach, d, p, slow, p.zero >= 1);
+      b.dp_comm = (p.zero == 2 ? mbs : 1.0) * out.compression->seconds() +
+                  (p.zero >= 1 ? best_all_gather_time(weights, g, mach) : 0.0);
+    } else if (p.zero == 0) {
       b.dp_comm = std::max(0.0, best_all_reduce_time(grads, g, mach) - bwd_mb);
     } else if (p.zero == 1) {
       // One reduce-scatter per step, overlapped with the last micro-batch's backward.
@@ -314,6 +320,7 @@ nlohmann::json to_json(const Prediction& pr) {
                          {"elementwise_s", pr.optimizer_step.elementwise_s},
                          {"matrix_s", pr.optimizer_step.matrix_s},
                          {"matrix_tflop_per_gpu", pr.optimizer_step.matrix_flops / 1e12}};
+  if (pr.compression) j["compression"] = to_json(*pr.compression);
   return j;
 }
 
@@ -345,6 +352,7 @@ std::string to_table(const Prediction& pr, const ModelSpec& m) {
     s += fmt::format("    ({}: elementwise {:.4f} s + matrix {:.4f} s, {:.4g} TFLOP per GPU)\n", pr.plan.optimizer,
                      pr.optimizer_step.elementwise_s, pr.optimizer_step.matrix_s, pr.optimizer_step.matrix_flops / 1e12);
   row("other", b.other);
+  if (pr.compression) s += to_lines(*pr.compression);
   s += fmt::format("memory per GPU (pipeline rank {}, GiB)  {}\n", mem.pp_rank,
                    pr.fits ? "fits" : "DOES NOT FIT");
   auto mrow = [&](const char* name, double v) { s += fmt::format("  {:<12} {:>8.2f}\n", name, v / kGiB); };

@@ -8,6 +8,7 @@
 
 #include "catalog/device.hpp"
 #include "job/job.hpp"
+#include "plan/compression.hpp"
 #include "plan/memory.hpp"
 #include "plan/optimizer_cost.hpp"
 #include "plan/plan.hpp"
@@ -75,6 +76,8 @@ struct Prediction {
   std::optional<double> checkpoint_interval_s;
   // breakdown.optimizer split into its elementwise and matrix parts (plan/optimizer_cost.hpp).
   OptimizerCost optimizer_step;
+  // [comm] compressor: one compressed reduction of the slowest rank's gradients (plan/compression.hpp).
+  std::optional<CompressionCost> compression;
 };
 
 // Predict one plan. Checks the plan first (Error with the failing equation).

@@ -276,6 +276,10 @@ void Session::write_metrics(const StepMetrics& m) {
   j["rss_bytes_per_rank"] = rss;
   j["peak_rss_bytes_per_rank"] = peak;
   j["bytes_sent"] = m.bytes;  // rank 0's byte ledger for the step (parallel/comm.hpp's convention)
+  std::map<std::string, int64_t> by_group;  // the same per group: "dp", "tp", "pp", "cp"
+  for (const auto& [kind, bytes] : m.bytes) by_group[kind.substr(0, kind.find('_'))] += bytes;
+  j["bytes_sent_by_group"] = by_group;
+  if (!m.compression.empty()) j["compression"] = m.compression;  // rank 0's compressor figures (docs/compression.md)
   j["optimizer_fallbacks"] = fallbacks;
   if (fallbacks > fallbacks_seen_)
     progress_->note(fmt::format("step {}: warning: {} preconditioner computation(s) failed (a failed eigendecomposition "

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.hpp"
+#include "parallel/compressors.hpp"
 #include "parallel/schedule.hpp"
 #include "parallel/tp_hooks.hpp"
 #include "plan/stages.hpp"
@@ -74,8 +75,11 @@ Trainer::Trainer(Backend& backend, parallel::ParallelRuntime& rt, const TrainerO
   m_ = p.micro_batches();
   act_ = (p.seq_parallel ? B_ * T_ / p.tp : B_ * T_) * opt_.model.hidden;
   optimizer_ = opt_.optimizer ? opt_.optimizer(be_) : make_optimizer(be_, opt_.train);
-  compressor_ = opt_.compressor ? opt_.compressor : std::make_shared<parallel::IdentityCompressor>();
   build_chunks();
+  // The job's [comm] compressor (parallel/compressors.hpp) unless one is injected.
+  compressor_ = opt_.compressor ? opt_.compressor
+                                : parallel::make_compressor(opt_.train.comm, {opt_.train.seed, opt_.train.grad_clip,
+                                                                              params_on_rank()});
   parallel::GradSyncSetup s;
   s.be = &be_, s.dp = &rt_.dp(), s.compressor = compressor_.get(), s.optimizer = optimizer_.get();
   const bool tied = opt_.model.tie_embeddings && p.pp * p.vp > 1;
@@ -243,6 +247,7 @@ void Trainer::run_pipeline_step(double* loss_sum, double* compute_s, double* bub
 StepMetrics Trainer::train_step() {
   const double t0 = omp_get_wtime();
   rt_.ledger().reset();
+  compressor_->begin_step(step_ + 1);
   sync_->begin_step();
   for (auto& ch : chunks_) ch->backward_count = 0;
   // Every rank reads its replica's m micro-batches (all pipeline ranks alike, to stay in step).
@@ -300,6 +305,7 @@ StepMetrics Trainer::finish_metrics(StepMetrics s, double t0, double t_opt, doub
   s.breakdown_s["pp_bubble"] = std::max(s.breakdown_s["pp_bubble"], bubble_s);
   s.bytes = rt_.ledger().bytes;
   s.buckets_launched_early = sync_->buckets_launched_early();
+  s.compression = compressor_->step_stats();
   s.optimizer_fallbacks = optimizer_->fallbacks();
   s.gflops = local_flops_per_step() / s.seconds / 1e9;
   if (opt_.peak_gflops <= 0) opt_.peak_gflops = cached_sgemm_peak_gflops(be_, omp_get_max_threads());

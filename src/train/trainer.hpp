@@ -54,7 +54,8 @@ struct TrainerOptions {
   // ZeRO 2: reduce-scatters in flight at once; backward waits for the oldest beyond that. Bounds
   // the gradient arena's resident part to about this many buckets (+ the one being filled).
   int buckets_in_flight = 2;
-  // The data-parallel reduction's compressor slot (parallel/compressor.hpp); null: identity.
+  // The data-parallel reduction's compressor slot (parallel/compressor.hpp); null: the job's
+  // [comm] compressor (train.comm, parallel/compressors.hpp), the identity by default.
   std::shared_ptr<parallel::Compressor> compressor;
   // The optimizer; null: the job's (make_optimizer from train). Tests inject one here (e.g. an
   // optimizer with entry states: tests/dist/dist_entry_states.cpp).
@@ -87,6 +88,7 @@ struct StepMetrics {
   std::map<std::string, double> breakdown_s;
   std::map<std::string, int64_t> bytes;  // this rank's ledger for the step (kind -> bytes sent)
   int64_t buckets_launched_early = 0;    // dp buckets started during backward (ZeRO 0/2)
+  std::map<std::string, double> compression;  // the compressor's figures (Compressor::step_stats)
   // This rank's failed preconditioner computations that kept the previous one (Optimizer::fallbacks:
   // a failed eigendecomposition or a non-finite root or basis) since this process started.
   int64_t optimizer_fallbacks = 0;

@@ -1,8 +1,9 @@
 // CPU implementation of the Backend interface: OpenBLAS sgemm for matrix products, OpenMP
 // loops (static schedules, no atomics, fixed reduction orders) for everything else.
-// Split over four files: cpu_backend.cpp (memory, GEMM, elementwise, AdamW),
+// Split over five files: cpu_backend.cpp (memory, GEMM, elementwise, AdamW),
 // cpu_norm_act.cpp (norms, activations), cpu_attention.cpp (rope, attention, embeddings,
-// cross-entropy), cpu_optimizer_ops.cpp (SGD, Lion, LAMB, Adafactor).
+// cross-entropy), cpu_optimizer_ops.cpp (SGD, Lion, LAMB, Adafactor), cpu_compress_ops.cpp (gradient
+// compression: top-k, sampling, gather/scatter, blocks, signs, Gram-Schmidt).
 #pragma once
 #include <map>
 
@@ -106,6 +107,26 @@ class CpuBackend final : public Backend {
   bool sym_eigenbasis(float* Q, const float* A, int64_t n) override;
   bool power_qr_refresh(float* Q, const float* A, int64_t n, int64_t* order) override;
   void permute_matrix(float* a, int64_t rows, int64_t cols, const int64_t* row_order, const int64_t* col_order) override;
+
+  // cpu_compress_ops.cpp:
+  void topk_abs(int32_t* idx, float* val, const float* x, int64_t n, int64_t k, int64_t base) override;
+  void sample_abs(float* out, const float* x, int64_t n, int64_t s, uint64_t seed) override;
+  int64_t select_abs_at_least(int32_t* idx, float* val, const float* x, int64_t n, float threshold,
+                              int64_t cap, int64_t base) override;
+  void gather(float* out, const float* x, int64_t n, const int32_t* idx, int64_t k) override;
+  void scatter_add(float* x, int64_t n, const int32_t* idx, const float* val, int64_t k, int64_t base) override;
+  void scatter_fill(float* x, int64_t n, const int32_t* idx, int64_t k, float value) override;
+  void block_sum_squares(float* out, const float* x, int64_t n, int64_t block) override;
+  void gather_blocks(float* out, const float* x, int64_t n, const int32_t* blocks, int64_t kb, int64_t block) override;
+  void scatter_add_blocks(float* x, int64_t n, const int32_t* blocks, const float* val, int64_t kb,
+                          int64_t block) override;
+  void fill_blocks(float* x, int64_t n, const int32_t* blocks, int64_t kb, int64_t block, float value) override;
+  double sum_abs(const float* x, int64_t n) override;
+  void sign_pack(int32_t* bits, const float* x, int64_t n) override;
+  void sign_unpack_add(float* x, const int32_t* bits, int64_t n, float scale) override;
+  void orthonormalize_columns(float* P, int64_t rows, int64_t cols) override;
+  int64_t count_common(const int32_t* a, int64_t ka, const int32_t* b, int64_t kb) override;
+  void count_below(int64_t* below, const int32_t* idx, int64_t k, const int64_t* bounds, int64_t nb) override;
 
  private:
   int threads_;

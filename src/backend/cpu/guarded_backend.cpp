@@ -311,6 +311,75 @@ class GuardedCpuBackend final : public Backend {
     cpu_.permute_matrix(a, rows, cols, row_order, col_order);
   }
 
+  // ---- gradient compression -----------------------------------------------------------------
+  void topk_abs(int32_t* idx, float* val, const float* x, int64_t n, int64_t k, int64_t base) override {
+    OpScope s("topk_abs", {span(idx, k), span(val, k), span(x, n)});
+    cpu_.topk_abs(idx, val, x, n, k, base);
+  }
+  void sample_abs(float* out, const float* x, int64_t n, int64_t samples, uint64_t seed) override {
+    OpScope s("sample_abs", {span(out, samples), span(x, n)});
+    cpu_.sample_abs(out, x, n, samples, seed);
+  }
+  int64_t select_abs_at_least(int32_t* idx, float* val, const float* x, int64_t n, float threshold,
+                              int64_t cap, int64_t base) override {
+    OpScope s("select_abs_at_least", {span(idx, cap), span(val, cap), span(x, n)});
+    return cpu_.select_abs_at_least(idx, val, x, n, threshold, cap, base);
+  }
+  void gather(float* out, const float* x, int64_t n, const int32_t* idx, int64_t k) override {
+    OpScope s("gather", {span(out, k), span(x, n), span(idx, k)});
+    cpu_.gather(out, x, n, idx, k);
+  }
+  void scatter_add(float* x, int64_t n, const int32_t* idx, const float* val, int64_t k, int64_t base) override {
+    OpScope s("scatter_add", {span(x, n), span(idx, k), span(val, k)});
+    cpu_.scatter_add(x, n, idx, val, k, base);
+  }
+  void scatter_fill(float* x, int64_t n, const int32_t* idx, int64_t k, float value) override {
+    OpScope s("scatter_fill", {span(x, n), span(idx, k)});
+    cpu_.scatter_fill(x, n, idx, k, value);
+  }
+  void block_sum_squares(float* out, const float* x, int64_t n, int64_t block) override {
+    OpScope s("block_sum_squares", {span(out, block > 0 ? (n + block - 1) / block : 0), span(x, n)});
+    cpu_.block_sum_squares(out, x, n, block);
+  }
+  void gather_blocks(float* out, const float* x, int64_t n, const int32_t* blocks, int64_t kb, int64_t block) override {
+    OpScope s("gather_blocks", {span(out, kb * block), span(x, n), span(blocks, kb)});
+    cpu_.gather_blocks(out, x, n, blocks, kb, block);
+  }
+  void scatter_add_blocks(float* x, int64_t n, const int32_t* blocks, const float* val, int64_t kb,
+                          int64_t block) override {
+    OpScope s("scatter_add_blocks", {span(x, n), span(blocks, kb), span(val, kb * block)});
+    cpu_.scatter_add_blocks(x, n, blocks, val, kb, block);
+  }
+  void fill_blocks(float* x, int64_t n, const int32_t* blocks, int64_t kb, int64_t block, float value) override {
+    OpScope s("fill_blocks", {span(x, n), span(blocks, kb)});
+    cpu_.fill_blocks(x, n, blocks, kb, block, value);
+  }
+  double sum_abs(const float* x, int64_t n) override {
+    OpScope s("sum_abs", {span(x, n)});
+    return cpu_.sum_abs(x, n);
+  }
+  void sign_pack(int32_t* bits, const float* x, int64_t n) override {
+    OpScope s("sign_pack", {span(bits, (n + 31) / 32), span(x, n)});
+    cpu_.sign_pack(bits, x, n);
+  }
+  void sign_unpack_add(float* x, const int32_t* bits, int64_t n, float scale) override {
+    OpScope s("sign_unpack_add", {span(x, n), span(bits, (n + 31) / 32)});
+    cpu_.sign_unpack_add(x, bits, n, scale);
+  }
+  void orthonormalize_columns(float* P, int64_t rows, int64_t cols) override {
+    OpScope s("orthonormalize_columns", {span(P, rows * cols)});
+    cpu_.orthonormalize_columns(P, rows, cols);
+  }
+  int64_t count_common(const int32_t* a, int64_t ka, const int32_t* b, int64_t kb) override {
+    OpScope s("count_common", {span(a, ka), span(b, kb)});
+    return cpu_.count_common(a, ka, b, kb);
+  }
+  // below and bounds are host arrays.
+  void count_below(int64_t* below, const int32_t* idx, int64_t k, const int64_t* bounds, int64_t nb) override {
+    OpScope s("count_below", {span(idx, k)});
+    cpu_.count_below(below, idx, k, bounds, nb);
+  }
+
  private:
   CpuBackend cpu_;
 };

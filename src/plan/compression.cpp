@@ -1,0 +1,200 @@
+#include "plan/compression.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/check.hpp"
+#include "plan/comm.hpp"
+#include "plan/optimizer_cost.hpp"
+
+namespace exatrain::plan {
+namespace {
+
+struct Matrix { double count = 0, rows = 0, cols = 0; };
+
+// What one rank reduces: compressible elements (and PowerSGD's matrices), dense elements.
+struct Gradients {
+  double compressible = 0, dense = 0, pieces = 0;
+  std::vector<Matrix> matrices;  // PowerSGD: the 2-D entries worth compressing
+};
+
+struct Setting {
+  const CommSpec& c;
+  const MachineSpec& mach;
+  const Device& d;
+  Group g;
+  bool reduce_scatter = false;
+};
+
+double stream_rate(const Device& d) { return d.hbm_bw_gbs * 1e9 * d.bw_efficiency; }  // bytes/s
+
+// The dense fp32 reduction of n elements: ring bytes and the best algorithm's time.
+void dense(const Setting& s, double n, double* bytes, double* seconds) {
+  const double p = double(s.g.size);
+  *bytes += (s.reduce_scatter ? 1.0 : 2.0) * (p - 1) / p * 4 * n;
+  *seconds += s.reduce_scatter ? best_reduce_scatter_time(4 * n, s.g, s.mach) : best_all_reduce_time(4 * n, s.g, s.mach);
+}
+
+// The compressed reduction at density `density` (sparsifiers) of the gradients x.
+CompressionCost cost_at(const Setting& s, const Gradients& x, double density) {
+  const CommSpec& c = s.c;
+  const double p = double(s.g.size), n = x.compressible, rate = stream_rate(s.d);
+  CompressionCost out;
+  out.compressor = c.compressor;
+  out.elements = n;
+  dense(s, n + x.dense, &out.dense_bytes, &out.dense_s);
+  double passes = c.error_feedback || c.compressor == "dgc" ? 7 : 4;  // accumulate, residual norm, result copy, zero fill
+  const double k = density * n;
+  auto gather = [&](double elem_bytes, double count) {  // all-gather of `count` items per rank (+ the counts)
+    out.bytes += (p - 1) * (elem_bytes * count + 4);
+    out.comm_s += best_all_gather_time(p * elem_bytes * count, s.g, s.mach) + best_all_gather_time(4 * p, s.g, s.mach);
+  };
+  auto topk_exchange = [&] {
+    passes += c.selection == "sample" ? 1 : 6;  // select above a sampled threshold, or nth_element
+    if (c.collective == "allgather") {
+      gather(8, k);
+      passes += 3 * p * density;  // scatter every rank's pairs
+      return;
+    }
+    out.bytes += (p - 1) / p * 16 * k + 4 * p * (p - 1) + 4 * (p - 1);  // split, counts, kept all-gather
+    out.comm_s += (p - 1) * p2p_time(8 * k / p, s.g.per_node == s.g.size, s.mach) +
+                  best_all_gather_time(4 * p * p, s.g, s.mach) + best_all_gather_time(8 * k, s.g, s.mach) +
+                  best_all_gather_time(4 * p, s.g, s.mach);
+    passes += 3 * density + 5;  // scatters, the add-back of what the kept set dropped
+  };
+  if (c.compressor == "topk" || c.compressor == "dgc") {
+    out.density = density;
+    topk_exchange();
+    if (c.compressor == "dgc") passes += 7;  // clip norm, momentum, v += u
+  } else if (c.compressor == "temporal") {
+    out.density = density;
+    // One refresh (a top-k step) and R - 1 shared-index all-reduces of k values, averaged.
+    const double r = double(c.refresh_every);
+    topk_exchange();
+    const double reuse_bytes = 2 * (p - 1) / p * 4 * k, reuse_s = best_all_reduce_time(4 * k, s.g, s.mach);
+    out.bytes = (out.bytes + (r - 1) * reuse_bytes) / r;
+    out.comm_s = (out.comm_s + (r - 1) * reuse_s) / r;
+    passes = (passes + (r - 1) * (7 + 4 * density)) / r;  // gather k, clear k, scatter k, fill
+  } else if (c.compressor == "blocktopk") {
+    out.density = density;
+    const double block = double(c.block_size), kb = density * n / block;
+    gather(4 + 4 * block, kb);
+    passes += 1 + 3 * p * density + 2 * density;  // block norms, gather, scatter every rank's, clear
+  } else if (c.compressor == "powersgd") {
+    double factors = 0, flops = 0;
+    for (const Matrix& m : x.matrices) {
+      const double r = double(c.rank);
+      factors += m.count * (m.rows + m.cols) * r;
+      flops += m.count * (6 * m.rows * m.cols * r + 2 * m.rows * r * r);  // P = MQ, Q = M^T P, M' = P Q^T; Gram-Schmidt
+      out.bytes += 2 * (p - 1) / p * 4 * m.count * (m.rows + m.cols) * r;
+    }
+    double prow = 0, qcol = 0;
+    for (const Matrix& m : x.matrices) prow += m.count * m.rows * double(c.rank), qcol += m.count * m.cols * double(c.rank);
+    out.comm_s += best_all_reduce_time(4 * prow, s.g, s.mach) + best_all_reduce_time(4 * qcol, s.g, s.mach);
+    out.compute_s += flops / (s.d.peak_tflops(Precision::fp32) * 1e12 * s.d.gemm_efficiency);
+    out.density = n > 0 ? factors / n : 0;
+    passes += 3;  // residual -= M' / P
+  } else if (c.compressor == "sign") {
+    out.density = 1.0 / 32;
+    out.bytes += (p - 1) * (n / 8 + 4 * x.pieces);
+    out.comm_s += best_all_gather_time(p * n / 8, s.g, s.mach) + best_all_gather_time(4 * p * x.pieces, s.g, s.mach);
+    passes += 4 + 2 * p;  // |x| sum, pack, every rank's unpack, the residual's
+  } else {
+    EXA_FAIL("compression_cost: compressor \"{}\" has no model", c.compressor);
+  }
+  out.compute_s += passes * 4 * n / rate;
+  double dense_bytes = 0, dense_s = 0;
+  if (x.dense > 0) {
+    Setting all_reduce = s;
+    all_reduce.reduce_scatter = false;  // the dense pieces are all-reduced
+    dense(all_reduce, x.dense, &dense_bytes, &dense_s);
+  }
+  out.bytes += dense_bytes;
+  out.comm_s += dense_s;
+  return out;
+}
+
+CompressionCost cost(const Setting& s, const Gradients& x) {
+  const bool sparse = s.c.compressor == "topk" || s.c.compressor == "dgc" || s.c.compressor == "temporal" ||
+                      s.c.compressor == "blocktopk";
+  CompressionCost out = cost_at(s, x, sparse ? s.c.density : 0);
+  if (!sparse) return out;
+  // Bisection on the density: the cost grows with it (more pairs sent and scattered).
+  auto excess = [&](double d) { const CompressionCost c = cost_at(s, x, d); return c.seconds() - c.dense_s; };
+  if (excess(1e-7) >= 0) out.break_even_density = 0.0;
+  else if (excess(1.0) < 0) out.break_even_density = 1.0;
+  else {
+    double lo = 1e-7, hi = 1.0;
+    for (int i = 0; i < 60; i++) {
+      const double mid = std::sqrt(lo * hi);  // geometric: densities span decades
+      (excess(mid) < 0 ? lo : hi) = mid;
+    }
+    out.break_even_density = lo;
+  }
+  return out;
+}
+
+}  // namespace
+
+CompressionCost compression_cost(const ModelSpec& m, const MachineSpec& mach, const Device& d, const Plan& p,
+                                 int64_t pp_rank, bool reduce_scatter) {
+  EXA_CHECK(p.comm.active() && p.dp * p.cp > 1, "compression_cost: no compressor or no dp group");
+  Gradients x;
+  for (const EntryClass& e : entry_classes(m, p, pp_rank)) {
+    const double elems = e.elements();
+    const bool small = double(e.rows) * double(e.cols) < double(p.comm.min_compress);
+    if (!e.two_d || small) {  // 1-D entries (norms, biases) and small ones: dense
+      x.dense += elems;
+      continue;
+    }
+    if (p.comm.compressor == "powersgd") {
+      const double r = double(p.comm.rank), rows = double(e.rows), cols = double(e.cols);
+      if (2 * (rows + cols) * r >= rows * cols) {  // PyTorch's min_compression_rate 2
+        x.dense += elems;
+        continue;
+      }
+      x.matrices.push_back({double(e.count), rows, cols});
+    }
+    x.compressible += elems;
+    x.pieces += double(e.count);
+  }
+  const Setting s{p.comm, mach, d, group_on_machine(p.dp * p.cp, p.tp, mach.gpus_per_node), reduce_scatter};
+  return cost(s, x);
+}
+
+CompressionCost compression_cost_flat(const CommSpec& c, const MachineSpec& mach, const Device& d, double elements,
+                                      int64_t ranks, int64_t stride) {
+  Gradients x;
+  x.compressible = elements;
+  x.pieces = 1;
+  const double side = std::sqrt(elements);
+  x.matrices.push_back({1, side, side});
+  const Setting s{c, mach, d, group_on_machine(ranks, stride, mach.gpus_per_node), false};
+  return cost(s, x);
+}
+
+nlohmann::json to_json(const CompressionCost& c) {
+  nlohmann::json j = {{"compressor", c.compressor},       {"density", c.density},
+                      {"elements", c.elements},           {"dense_bytes", c.dense_bytes},
+                      {"bytes", c.bytes},                 {"reduction", c.bytes > 0 ? c.dense_bytes / c.bytes : 0.0},
+                      {"comm_s", c.comm_s},               {"compute_s", c.compute_s},
+                      {"dense_s", c.dense_s},             {"pays", c.pays()}};
+  j["break_even_density"] = c.break_even_density ? nlohmann::json(*c.break_even_density) : nlohmann::json(nullptr);
+  return j;
+}
+
+std::string to_lines(const CompressionCost& c) {
+  std::string s = fmt::format("compression  {}: {:.4g} MB per rank per reduction instead of {:.4g} ({:.1f}x fewer); "
+                              "{:.4g} s (comm {:.4g} + compute {:.4g}) against {:.4g} s dense: {}\n",
+                              c.compressor, c.bytes / 1e6, c.dense_bytes / 1e6, c.bytes > 0 ? c.dense_bytes / c.bytes : 0.0,
+                              c.seconds(), c.comm_s, c.compute_s, c.dense_s, c.pays() ? "pays" : "does not pay");
+  if (c.break_even_density)
+    s += fmt::format("  break-even density {:.4g} (density {:.4g}: compression pays below the break-even)\n",
+                     *c.break_even_density, c.density);
+  return s;
+}
+
+}  // namespace exatrain::plan

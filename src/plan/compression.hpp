@@ -1,0 +1,61 @@
+// Compressed data-parallel communication in the planner ([comm], parallel/compressors.hpp;
+// docs/compression.md, "The planner's model"): what each compressor puts on the wire in one
+// reduction of a rank's gradients over its dp group, the alpha-beta time of its collectives (the
+// time model of plan/comm.hpp), the selection / error-feedback / decompression compute (memory
+// bound: passes over the gradients counted from the runtime's code, at the device's streaming
+// bandwidth; PowerSGD's GEMMs at its fp32 GEMM rate), and the break-even density below which a
+// sparsifier beats the dense fp32 reduction. The compressed exchange is not overlapped with
+// backward (the runtime runs it blocking); the dense one is compared as predict charges it.
+//
+// Bytes (per rank per reduction, P ranks, N_c compressible elements, k = density N_c, N_d dense):
+//   topk, dgc          all-gather: (P-1) (8 k + 4)           split_reduce: (P-1)/P 16 k + 4 P (P-1) + 4 (P-1)
+//   temporal           (refresh + (R-1) shared-index all-reduces of k values, 2 (P-1)/P 4 k) / R
+//   blocktopk          (P-1) (4 + 4 B) k / B   (one index per block of B)
+//   powersgd           2 (P-1)/P 4 sum over matrices (rows + cols) r
+//   sign               (P-1) (N_c / 8 + 4 per entry)
+//   + the dense pieces (1-D entries: norms, biases): a ring all-reduce of N_d fp32.
+// The runtime's exact count is its ledger (metrics.jsonl bytes_sent); this model uses k = density
+// N_c where the runtime rounds k up per entry and bucket.
+#pragma once
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "catalog/device.hpp"
+#include "job/job.hpp"
+#include "plan/plan.hpp"
+
+namespace exatrain::plan {
+
+struct CompressionCost {
+  std::string compressor;
+  double density = 0;       // sent values / compressible elements (powersgd: factor elements; sign: 1/32)
+  double elements = 0;      // compressible elements per rank
+  double dense_bytes = 0;   // what the dense fp32 reduction sends per rank (ring)
+  double bytes = 0;         // what the compressor sends per rank
+  double comm_s = 0;        // its collectives
+  double compute_s = 0;     // selection, error feedback, decompression, PowerSGD's GEMMs
+  double dense_s = 0;       // the dense fp32 reduction of the same gradients, not overlapped
+  // Sparsifiers: the density at which comm_s + compute_s = dense_s (compression pays below it);
+  // 0 when it never pays, 1 when it pays at any density. None for powersgd and sign.
+  std::optional<double> break_even_density;
+  double seconds() const { return comm_s + compute_s; }
+  bool pays() const { return seconds() < dense_s; }
+};
+
+// One reduction of pipeline rank `pp_rank`'s gradients over the plan's dp x cp replicas under its
+// [comm] compressor (p.comm.active(), dp x cp > 1); reduce_scatter: ZeRO 1/2's dense reference.
+CompressionCost compression_cost(const ModelSpec& m, const MachineSpec& mach, const Device& d, const Plan& p,
+                                 int64_t pp_rank, bool reduce_scatter);
+
+// The same model for `elements` compressible fp32 elements (no dense pieces) over a group of `ranks`
+// ranks placed `stride` apart: the collectives benchmark's predicted break-even (bench/comm).
+CompressionCost compression_cost_flat(const CommSpec& c, const MachineSpec& mach, const Device& d, double elements,
+                                      int64_t ranks, int64_t stride);
+
+// predict's "compression" object and its lines in the table.
+nlohmann::json to_json(const CompressionCost& c);
+std::string to_lines(const CompressionCost& c);
+
+}  // namespace exatrain::plan
