@@ -33,14 +33,20 @@ struct Entry {
 // the sections point into them.
 using Documents = std::deque<toml::value>;
 
-std::string show(const toml::value& v) { return toml_text(v); }
 // A name from the file as it can be printed: itself, or TOML-quoted when it holds a character
 // that would garble a message (a control character such as NUL or newline, a quote, a space).
 std::string printable(const std::string& name) {
   const bool plain = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
     return static_cast<unsigned char>(c) > 0x20 && c != 0x7f && c != '"' && c != '\\';
   });
-  return plain ? name : show(toml::value(name));
+  return plain ? name : toml_text(toml::value(name));
+}
+// A value as the file would write it; a table inline ("{ norm = 2 }", [comm] role_density).
+std::string show(const toml::value& v) {
+  if (!v.is_table()) return toml_text(v);
+  std::string s;
+  for (const auto& [k, x] : v.as_table()) s += (s.empty() ? "" : ", ") + printable(k) + " = " + show(x);
+  return "{ " + s + " }";
 }
 
 size_t edit_distance(const std::string& a, const std::string& b) {
@@ -520,16 +526,19 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& comm_keys()
   static const std::vector<std::pair<std::string, std::vector<std::string>>> keys = [] {
     const std::vector<std::string> sparse = {"density", "warmup_steps", "warmup", "error_feedback", "scope",
                                              "min_compress", "role_density"};
-    auto with = [&](std::vector<std::string> extra) {
+    auto with = [&](std::vector<std::string> extra, const std::string& without = "") {
       std::vector<std::string> k = sparse;
       k.insert(k.end(), extra.begin(), extra.end());
+      k.erase(std::remove(k.begin(), k.end(), without), k.end());
       return k;
     };
     return std::vector<std::pair<std::string, std::vector<std::string>>>{
         {"none", {}},
         {"topk", with({"selection", "sample_fraction", "collective"})},
-        {"dgc", with({"selection", "sample_fraction", "collective", "momentum"})},
-        {"blocktopk", with({"block_size"})},
+        // DGC always accumulates (its velocity is its error feedback); blocktopk's blocks tile the
+        // bucket whatever the entries (no dense pieces).
+        {"dgc", with({"selection", "sample_fraction", "collective", "momentum"}, "error_feedback")},
+        {"blocktopk", with({"block_size"}, "min_compress")},
         {"temporal", with({"selection", "sample_fraction", "collective", "refresh_every"})},
         {"powersgd", {"rank", "warmup_steps", "error_feedback", "min_compress"}},
         {"sign", {"warmup_steps", "error_feedback", "min_compress"}}};
@@ -791,13 +800,13 @@ static std::string comm_toml(const CommSpec& c) {
   out += line("warmup_steps", c.warmup_steps);
   if (takes("warmup")) out += line("warmup", c.warmup);
   if (takes("refresh_every")) out += line("refresh_every", c.refresh_every);
-  out += line("error_feedback", c.error_feedback);
+  if (takes("error_feedback")) out += line("error_feedback", c.error_feedback);
   if (takes("selection")) out += line("selection", c.selection);
   if (takes("sample_fraction") && c.selection == "sample") out += line("sample_fraction", c.sample_fraction);
   if (takes("collective")) out += line("collective", c.collective);
   if (takes("scope")) out += line("scope", c.scope);
   if (takes("block_size")) out += line("block_size", c.block_size);
-  out += line("min_compress", c.min_compress);
+  if (takes("min_compress")) out += line("min_compress", c.min_compress);
   if (takes("momentum")) out += line("momentum", c.momentum);
   if (!c.role_density.empty() && c.scope == "entry") {
     std::string t;

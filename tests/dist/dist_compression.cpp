@@ -1,0 +1,177 @@
+// The [comm] compressors in training under mpirun (2 and 4 ranks; also on the guarded backend):
+// for every compressor (topk with each collective, dgc, blocktopk, temporal, powersgd, sign) under
+// ZeRO 0, 1 and 2, and with tensor and pipeline parallelism:
+//   * the first loss equals the dense run's bit for bit (it is computed before any reduction) and
+//     training goes on: the loss falls, every step finite;
+//   * the data-parallel replicas hold the same weights, bit for bit (every rank decodes the same
+//     sum: a compressor that gave ranks different bits would let them drift apart);
+//   * the step's data-parallel gradient bytes (the ledger's dp kinds but ZeRO's weight all-gather)
+//     are below the dense identity's by the compressor's margin, the dense warm-up steps equal it,
+//     and the compressor reports its figures (density, residual norm);
+//   * ZeRO 3 with a compressor is refused before anything is built, naming [comm] and the reason.
+// Exits non-zero on any failure.
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "core/check.hpp"
+#include "dist_common.hpp"
+#include "parallel/compressors.hpp"
+#include "train/trainer.hpp"
+
+using namespace exatrain;
+using dist_test::Config;
+
+namespace {
+
+bool all_ok(bool ok) {
+  int mine = ok, all = 0;
+  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all == 1;
+}
+
+// The step's gradient bytes over dp: every dp kind but ZeRO's weight all-gather.
+int64_t dp_gradient_bytes(const std::map<std::string, int64_t>& bytes) {
+  int64_t b = 0;
+  for (const auto& [kind, n] : bytes)
+    if (kind.rfind("dp_", 0) == 0 && kind != "dp_all_gather") b += n;
+  return b;
+}
+
+struct Case {
+  std::string name;
+  CommSpec comm;
+  double margin;  // compressed gradient bytes < margin x dense
+};
+
+std::vector<Case> cases() {
+  auto spec = [](const std::string& c, double density) {
+    CommSpec s;
+    s.compressor = c;
+    s.density = density;
+    s.min_compress = 64;  // the tiny model's norms and biases go dense, its matrices are compressed
+    return s;
+  };
+  std::vector<Case> out;
+  out.push_back({"topk allgather", spec("topk", 0.05), 0.5});
+  CommSpec split = spec("topk", 0.05);
+  split.collective = "split_reduce", split.selection = "sample", split.sample_fraction = 0.2;
+  out.push_back({"topk split_reduce sampled", split, 0.5});
+  CommSpec dgc = spec("dgc", 0.05);
+  dgc.warmup = "exponential", dgc.warmup_steps = 3;
+  out.push_back({"dgc", dgc, 0.9});  // its warm-up still sends 25% .. 5%
+  CommSpec blocks = spec("blocktopk", 0.05);
+  blocks.block_size = 16;
+  out.push_back({"blocktopk", blocks, 0.5});
+  CommSpec temporal = spec("temporal", 0.05);
+  temporal.refresh_every = 3;
+  out.push_back({"temporal", temporal, 0.5});
+  CommSpec psgd = spec("powersgd", 1);
+  psgd.rank = 2, psgd.warmup_steps = 1;
+  out.push_back({"powersgd", psgd, 0.6});
+  out.push_back({"sign", spec("sign", 1), 0.35});
+  return out;
+}
+
+// One configuration with one compressor against the dense run.
+int one(Backend& be, int rank, const Config& cfg, const Case& c) {
+  const int steps = 6;
+  Job dense = dist_test::job_for(cfg, steps);
+  Job job = dense;
+  job.train.comm = c.comm;
+  if (c.comm.compressor == "dgc") job.train.optimizer = "sgd", job.train.sgd.momentum = 0, job.train.lr = 0.05;
+  if (c.comm.compressor == "dgc") dense.train.optimizer = "sgd", dense.train.lr = 0.05;  // the same first loss
+  std::vector<double> losses[2];
+  std::vector<std::map<std::string, int64_t>> bytes[2];
+  std::map<std::string, double> stats;
+  std::vector<float> params;
+  for (int k = 0; k < 2; k++) {
+    dist_test::DistRun run = dist_test::make_run(be, k == 0 ? dense : job, [](TrainerOptions& o) {
+      o.bucket_floats = 1000;  // several buckets, cutting entries (PowerSGD's partial rows)
+    });
+    for (int s = 0; s < steps; s++) {
+      const StepMetrics m = run.trainer->train_step();
+      losses[k].push_back(m.loss);
+      bytes[k].push_back(m.bytes);
+      if (k == 1) stats = m.compression;
+    }
+    if (k == 1) params = dist_test::host_params(run.trainer->chunk(0));
+  }
+  std::string problems;
+  if (losses[1][0] != losses[0][0]) problems += " the first loss differs from the dense run's;";
+  bool finite = true;
+  for (double l : losses[1]) finite = finite && std::isfinite(l);
+  if (!finite || !(losses[1].back() < losses[1].front())) problems += " the loss did not fall (or is not finite);";
+  // Replicas: every rank of a pure data-parallel world holds the same weights.
+  if (cfg.tp == 1 && cfg.pp == 1) {
+    std::vector<float> first = params;
+    MPI_Bcast(first.data(), int(first.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+    if (std::memcmp(first.data(), params.data(), 4 * params.size()) != 0) problems += " the replicas' weights differ;";
+  }
+  const int64_t dense_b = dp_gradient_bytes(bytes[0].back()), comp_b = dp_gradient_bytes(bytes[1].back());
+  if (!(dense_b > 0 && double(comp_b) < c.margin * double(dense_b)))
+    problems += fmt::format(" gradient bytes {} not below {} x the dense {};", comp_b, c.margin, dense_b);
+  if (c.comm.warmup == "dense" && c.comm.warmup_steps > 0 && dp_gradient_bytes(bytes[1][0]) != dp_gradient_bytes(bytes[0][0]))
+    problems += " a dense warm-up step sent other bytes than the dense run;";
+  if (!stats.count("density") || !stats.count("residual_norm") || !(stats["residual_norm"] > 0))
+    problems += " no compressor figures (density, residual_norm);";
+  if (!problems.empty()) std::printf("rank %d %s %s:%s\n", rank, cfg.name().c_str(), c.name.c_str(), problems.c_str());
+  const bool ok = all_ok(problems.empty());
+  if (rank == 0)
+    std::printf("%s %s %s: losses %.4f -> %.4f (dense %.4f -> %.4f); dp gradient bytes %lld vs %lld dense (%.1fx "
+                "fewer); density %.4f, residual norm %.3g\n",
+                ok ? "OK  " : "FAIL", cfg.name().c_str(), c.name.c_str(), losses[1].front(), losses[1].back(),
+                losses[0].front(), losses[0].back(), (long long)comp_b, (long long)dense_b,
+                comp_b > 0 ? double(dense_b) / double(comp_b) : 0.0, stats["density"], stats["residual_norm"]);
+  return !ok;
+}
+
+int zero3_refused(Backend& be, int world, int rank) {
+  Config cfg;
+  cfg.dp = world, cfg.zero = 3;
+  Job job = dist_test::job_for(cfg, 2);
+  job.train.comm.compressor = "topk";
+  std::string err;
+  try {
+    dist_test::make_run(be, job);
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  const bool ok = all_ok(err.find("[comm] compressor = \"topk\" with [parallel] zero = 3: ZeRO 3 reduce-scatters every "
+                                  "unit's gradients as backward makes them, outside the compressor slot") != std::string::npos);
+  if (rank == 0) std::printf("%s np%d zero 3 with a compressor refused: %s\n", ok ? "OK  " : "FAIL", world, err.c_str());
+  return !ok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const dist_test::World mpi = dist_test::start_mpi(argc, argv);
+  std::unique_ptr<Backend> be = dist_test::test_backend(argc, argv);
+  int failures = 0;
+  std::vector<Config> configs;
+  for (int zero : {0, 1, 2}) {
+    Config c;
+    c.dp = mpi.size, c.zero = zero;
+    configs.push_back(c);
+  }
+  if (mpi.size == 4) {
+    Config tp;  // dp 2 x tp 2 with sequence parallelism, ZeRO 1
+    tp.dp = 2, tp.tp = 2, tp.sp = true, tp.zero = 1;
+    Config pp;  // dp 2 x pp 2, 1F1B, the tied embedding's two copies
+    pp.dp = 2, pp.pp = 2, pp.zero = 0;
+    configs.push_back(tp);
+    configs.push_back(pp);
+  }
+  for (const Config& cfg : configs)
+    for (const Case& c : cases()) failures += one(*be, mpi.rank, cfg, c);
+  failures += zero3_refused(*be, mpi.size, mpi.rank);
+  if (mpi.rank == 0) std::printf("%d failures (backend %s)\n", failures, be->name());
+  MPI_Finalize();
+  return failures == 0 && mpi.size >= 2 ? 0 : 1;
+}

@@ -1,0 +1,125 @@
+// The [comm] table (job/job.hpp CommSpec, docs/job-file.md): defaults, every compressor's keys,
+// the round trip through job_to_toml, and the refusals naming file, key and value: unknown keys,
+// keys of another compressor, values out of range, role densities, DGC with an optimizer that has
+// its own momentum; and the plan rules (ZeRO 3, ZeRO 1 with an optimizer that needs whole tensors).
+#include <gtest/gtest.h>
+
+#include "core/check.hpp"
+#include "job/parse.hpp"
+#include "plan/plan.hpp"
+#include "plan/resolve.hpp"
+#include "job_errors.hpp"
+
+using namespace exatrain;
+
+using job_test::contains;
+using job_test::parse_error;
+
+TEST(JobComm, DefaultsAreNoCompressionAndNoTable) {
+  const Job j = parse_job("", "job.toml");
+  EXPECT_EQ(j.train.comm, CommSpec{});
+  EXPECT_FALSE(j.train.comm.active());
+  EXPECT_FALSE(contains(job_to_toml(j), "[comm]"));
+}
+
+TEST(JobComm, EveryCompressorReadsItsKeysAndRoundTrips) {
+  const std::vector<std::string> jobs = {
+      "[comm]\ncompressor = \"topk\"\ndensity = 0.001\nwarmup_steps = 5\nwarmup = \"exponential\"\nerror_feedback = false\n"
+      "selection = \"sample\"\nsample_fraction = 0.05\ncollective = \"split_reduce\"\nscope = \"entry\"\n"
+      "min_compress = 64\nrole_density = { embedding = 0.0001, norm = 1 }\n",
+      "[train]\noptimizer = \"sgd\"\n[optimizer]\nmomentum = 0\n[comm]\ncompressor = \"dgc\"\nmomentum = 0.8\n"
+      "density = 0.001\nwarmup_steps = 100\nwarmup = \"exponential\"\n",
+      "[comm]\ncompressor = \"blocktopk\"\nblock_size = 64\nscope = \"bucket\"\n",
+      "[comm]\ncompressor = \"temporal\"\nrefresh_every = 20\ndensity = 0.01\n",
+      "[comm]\ncompressor = \"powersgd\"\nrank = 8\nwarmup_steps = 10\nmin_compress = 0\n",
+      "[comm]\ncompressor = \"sign\"\nerror_feedback = true\n"};
+  for (const std::string& text : jobs) {
+    const Job a = parse_job(text, "job.toml");
+    const Job b = parse_job(job_to_toml(a), "roundtrip.toml");
+    EXPECT_EQ(b.train.comm, a.train.comm) << text;
+    EXPECT_TRUE(same_settings(a, b)) << text;
+    EXPECT_TRUE(contains(job_to_toml(a), "[comm]\ncompressor = \"" + a.train.comm.compressor + "\"")) << job_to_toml(a);
+  }
+  const Job t = parse_job(jobs[0], "job.toml");
+  EXPECT_EQ(t.train.comm.collective, "split_reduce");
+  EXPECT_DOUBLE_EQ(t.train.comm.role_density.at("embedding"), 0.0001);
+  EXPECT_DOUBLE_EQ(t.train.comm.sample_fraction, 0.05);
+  EXPECT_EQ(parse_job(jobs[4], "job.toml").train.comm.rank, 8);
+  // --set reaches the table.
+  EXPECT_DOUBLE_EQ(parse_job("[comm]\ncompressor = \"topk\"\n", "job.toml", {"comm.density=0.25"}).train.comm.density, 0.25);
+}
+
+TEST(JobComm, BadValuesAreNamedWithWhatWasExpected) {
+  std::string e = parse_error("[comm]\ncompressor = \"gzip\"\n");
+  EXPECT_TRUE(contains(e, "job.toml: [comm] compressor = \"gzip\": expected one of \"none\" \"topk\" \"dgc\" "
+                          "\"blocktopk\" \"temporal\" \"powersgd\" \"sign\"")) << e;
+  e = parse_error("[comm]\ncompressor = \"topk\"\ndensity = 0\n");
+  EXPECT_TRUE(contains(e, "job.toml: [comm] density = 0: expected a number in (0, 1]")) << e;
+  e = parse_error("[comm]\ncompressor = \"topk\"\ndensity = 1.5\ncollective = \"ring\"\nscope = \"layer\"\n");
+  EXPECT_TRUE(contains(e, "[comm] density = 1.5: expected a number in (0, 1]")) << e;
+  EXPECT_TRUE(contains(e, "[comm] collective = \"ring\": expected one of \"allgather\" \"split_reduce\"")) << e;
+  EXPECT_TRUE(contains(e, "[comm] scope = \"layer\": expected one of \"entry\" \"bucket\"")) << e;
+  e = parse_error("[comm]\ncompressor = \"powersgd\"\nrank = 0\n");
+  EXPECT_TRUE(contains(e, "[comm] rank = 0: expected an integer in [1, 1024]")) << e;
+  e = parse_error("[comm]\ncompressor = \"temporal\"\nrefresh_every = 0\n");
+  EXPECT_TRUE(contains(e, "[comm] refresh_every = 0: expected an integer in [1, 1000000]")) << e;
+  e = parse_error("[comm]\ncompressor = \"topk\"\nrole_density = { layer = 0.1 }\n");
+  EXPECT_TRUE(contains(e, "[comm] role_density = { layer = 0.1 }: expected an inline table of numbers in (0, 1] named "
+                          "matrix, embedding, head, norm, bias")) << e;
+  e = parse_error("[comm]\ncompressor = \"topk\"\nrole_density = { norm = 2 }\n");
+  EXPECT_TRUE(contains(e, "[comm] role_density")) << e;
+}
+
+TEST(JobComm, KeysTheCompressorDoesNotTakeAreRefused) {
+  std::string e = parse_error("[comm]\ndensity = 0.01\n");
+  EXPECT_TRUE(contains(e, "job.toml: [comm] density = 0.01: not a key of [comm] compressor = \"none\" (which takes no "
+                          "other key)")) << e;
+  e = parse_error("[comm]\ncompressor = \"powersgd\"\ndensity = 0.01\nrefresh_every = 3\n");
+  EXPECT_TRUE(contains(e, "[comm] density = 0.01: not a key of [comm] compressor = \"powersgd\" (whose keys are rank, "
+                          "warmup_steps, error_feedback, min_compress)")) << e;
+  EXPECT_TRUE(contains(e, "[comm] refresh_every = 3: not a key")) << e;
+  e = parse_error("[train]\noptimizer = \"sgd\"\n[optimizer]\nmomentum = 0\n[comm]\ncompressor = \"dgc\"\nerror_feedback = false\n");
+  EXPECT_TRUE(contains(e, "[comm] error_feedback = false: not a key of [comm] compressor = \"dgc\"")) << e;
+  e = parse_error("[comm]\ncompressor = \"topk\"\nsample_fraction = 0.1\n");
+  EXPECT_TRUE(contains(e, "[comm] sample_fraction = 0.1: the fraction of elements DGC's sampled threshold reads, which "
+                          "needs [comm] selection = \"sample\"")) << e;
+  e = parse_error("[comm]\ncompressor = \"topk\"\nscope = \"bucket\"\nrole_density = { norm = 1 }\n");
+  EXPECT_TRUE(contains(e, "[comm] role_density = { norm = 1 }: densities per parameter role need the selection per entry ([comm] scope = \"entry\")")) << e;
+  e = parse_error("[comm]\ncompressor = \"topk\"\ndensty = 0.1\n");
+  EXPECT_TRUE(contains(e, "job.toml: [comm] unknown key \"densty\" (did you mean \"density\"?)")) << e;
+  e = parse_error("[compression]\ncompressor = \"topk\"\n");
+  EXPECT_TRUE(contains(e, "unknown section [compression]; expected [model], [machine], [parallel], [train], [optimizer], "
+                          "[comm]")) << e;
+}
+
+TEST(JobComm, DgcNeedsPlainSgdBecauseItsMomentumCorrectionIsTheMomentum) {
+  std::string e = parse_error("[comm]\ncompressor = \"dgc\"\n");
+  EXPECT_TRUE(contains(e, "job.toml: [comm] compressor = \"dgc\" with [train] optimizer = \"adamw\": DGC's momentum "
+                          "correction accumulates the velocity before the selection ([comm] momentum = 0.9), so it "
+                          "replaces the optimizer's momentum; expected optimizer = \"sgd\" with [optimizer] momentum = 0"))
+      << e;
+  e = parse_error("[train]\noptimizer = \"sgd\"\n[comm]\ncompressor = \"dgc\"\n");
+  EXPECT_TRUE(contains(e, "with [train] optimizer = \"sgd\" and [optimizer] momentum = 0.9: DGC's")) << e;
+  EXPECT_EQ(parse_error("[train]\noptimizer = \"sgd\"\n[optimizer]\nmomentum = 0\n[comm]\ncompressor = \"dgc\"\n"), "");
+}
+
+TEST(JobComm, ThePlanRefusesZero3AndZero1WithWholeTensorOptimizers) {
+  const std::string base = "[model]\nlayers = 2\nhidden = 32\nheads = 2\nseq_len = 16\nvocab = 64\n"
+                           "[parallel]\ngpus = 2\ntp = 1\npp = 1\nmicro_batch = 1\nglobal_batch = 2\nrecompute = \"none\"\n";
+  const auto problem = [&](const std::string& extra) {
+    const Job j = parse_job(base + extra, "job.toml");
+    plan::Plan p = plan::resolve_plan(j.parallel, j.train.precision);
+    p.dp = 2;
+    p.set_optimizer(j.train);
+    const auto pr = plan::plan_problem(j.model, p, plan::Purpose::train);
+    return pr ? pr->job_text : std::string();
+  };
+  std::string e = problem("zero = 3\n[comm]\ncompressor = \"topk\"\n");
+  EXPECT_TRUE(contains(e, "[comm] compressor = \"topk\" with [parallel] zero = 3: ZeRO 3 reduce-scatters every unit's "
+                          "gradients as backward makes them, outside the compressor slot")) << e;
+  e = problem("zero = 1\n[train]\noptimizer = \"muon\"\n[comm]\ncompressor = \"powersgd\"\n");
+  EXPECT_TRUE(contains(e, "[comm] compressor = \"powersgd\" with [parallel] zero = 1 and [train] optimizer = \"muon\"")) << e;
+  EXPECT_EQ(problem("zero = 0\n[train]\noptimizer = \"muon\"\n[comm]\ncompressor = \"powersgd\"\n"), "");
+  EXPECT_EQ(problem("zero = 2\n[comm]\ncompressor = \"sign\"\n"), "");
+  EXPECT_EQ(problem("zero = 1\n[comm]\ncompressor = \"temporal\"\n"), "");
+}

@@ -1,0 +1,113 @@
+// The planner's model of compressed data-parallel communication (plan/compression.hpp): the bytes
+// each compressor puts on the wire against its formula, the split-and-reduce's volume that does
+// not grow with the ranks where the all-gather's does, the break-even density (cost equals the
+// dense reduction's there, pays below, not above), and predict charging it in dp_comm.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "catalog/device.hpp"
+#include "job/parse.hpp"
+#include "plan/compression.hpp"
+#include "plan/predict.hpp"
+
+using namespace exatrain;
+using namespace exatrain::plan;
+
+namespace {
+
+CommSpec spec(const std::string& c, double density) {
+  CommSpec s;
+  s.compressor = c;
+  s.density = density;
+  return s;
+}
+
+const MachineSpec& frontier() {
+  static const MachineSpec m = find_cluster("frontier");
+  return m;
+}
+
+}  // namespace
+
+TEST(Compression, BytesFollowEachCollectivesFormula) {
+  const Device& d = find_device(frontier().device);
+  const double n = 1e8, p = 16, k = 0.01 * n;
+  CompressionCost c = compression_cost_flat(spec("topk", 0.01), frontier(), d, n, 16, 8);
+  EXPECT_DOUBLE_EQ(c.dense_bytes, 2 * (p - 1) / p * 4 * n);
+  EXPECT_DOUBLE_EQ(c.bytes, (p - 1) * (8 * k + 4));
+  CommSpec split = spec("topk", 0.01);
+  split.collective = "split_reduce";
+  c = compression_cost_flat(split, frontier(), d, n, 16, 8);
+  EXPECT_DOUBLE_EQ(c.bytes, (p - 1) / p * 16 * k + 4 * p * (p - 1) + 4 * (p - 1));
+  CommSpec temporal = spec("temporal", 0.01);
+  temporal.refresh_every = 10;
+  c = compression_cost_flat(temporal, frontier(), d, n, 16, 8);
+  EXPECT_DOUBLE_EQ(c.bytes, ((p - 1) * (8 * k + 4) + 9 * 2 * (p - 1) / p * 4 * k) / 10);
+  CommSpec blocks = spec("blocktopk", 0.01);
+  blocks.block_size = 256;
+  c = compression_cost_flat(blocks, frontier(), d, n, 16, 8);
+  EXPECT_NEAR(c.bytes, (p - 1) * ((4 + 4 * 256) * k / 256 + 4), 1e-6 * c.bytes);
+  c = compression_cost_flat(spec("sign", 1), frontier(), d, n, 16, 8);
+  EXPECT_DOUBLE_EQ(c.bytes, (p - 1) * (n / 8 + 4));
+  EXPECT_DOUBLE_EQ(c.density, 1.0 / 32);
+}
+
+TEST(Compression, SplitAndReduceVolumeDoesNotGrowWithRanksButTheAllGathersDoes) {
+  const Device& d = find_device(frontier().device);
+  CommSpec gather = spec("topk", 0.001), split = gather;
+  split.collective = "split_reduce";
+  const double n = 1e9;
+  const double g8 = compression_cost_flat(gather, frontier(), d, n, 8, 8).bytes;
+  const double g512 = compression_cost_flat(gather, frontier(), d, n, 512, 8).bytes;
+  const double s8 = compression_cost_flat(split, frontier(), d, n, 8, 8).bytes;
+  const double s512 = compression_cost_flat(split, frontier(), d, n, 512, 8).bytes;
+  EXPECT_NEAR(g512 / g8, 511.0 / 7.0, 0.01);
+  EXPECT_LT(s512 / s8, 1.25);  // (P-1)/P 16 k bytes, plus the P^2 counts (1 MB of the 16 MB at P = 512)
+}
+
+TEST(Compression, BreakEvenDensityIsWhereTheCostMeetsTheDenseReduction) {
+  const Device& d = find_device(frontier().device);
+  for (const char* collective : {"allgather", "split_reduce"}) {
+    CommSpec s = spec("topk", 0.01);
+    s.collective = collective;
+    const CompressionCost c = compression_cost_flat(s, frontier(), d, 64e6, 64, 8);
+    ASSERT_TRUE(c.break_even_density.has_value());
+    const double be = *c.break_even_density;
+    ASSERT_GT(be, 0.0) << collective;
+    ASSERT_LT(be, 1.0) << collective;
+    s.density = be;
+    const CompressionCost at = compression_cost_flat(s, frontier(), d, 64e6, 64, 8);
+    EXPECT_NEAR(at.seconds(), at.dense_s, 1e-6 * at.dense_s) << collective;
+    s.density = be / 2;
+    EXPECT_TRUE(compression_cost_flat(s, frontier(), d, 64e6, 64, 8).pays()) << collective;
+    s.density = std::min(1.0, be * 2);
+    EXPECT_FALSE(compression_cost_flat(s, frontier(), d, 64e6, 64, 8).pays()) << collective;
+  }
+  EXPECT_FALSE(compression_cost_flat(spec("powersgd", 1), frontier(), d, 64e6, 64, 8).break_even_density);
+}
+
+TEST(Compression, PredictChargesTheCompressedReductionInDpComm) {
+  const std::string job = "[model]\npreset = \"gpt2\"\n[machine]\npreset = \"frontier\"\n"
+                          "[parallel]\ngpus = 64\ntp = 1\npp = 1\ndp = 64\nzero = 0\nmicro_batch = 4\nglobal_batch = 256\n"
+                          "recompute = \"none\"\n";
+  auto run = [&](const std::string& comm) {
+    const Job j = parse_job(job + comm, "job.toml");
+    Plan p = resolve_plan(j.parallel, j.train.precision);
+    p.set_optimizer(j.train);
+    return predict(j.model, j.machine, p);
+  };
+  const Prediction dense = run(""), topk = run("[comm]\ncompressor = \"topk\"\ndensity = 0.001\n");
+  EXPECT_FALSE(dense.compression.has_value());
+  EXPECT_FALSE(to_json(dense).contains("compression"));
+  ASSERT_TRUE(topk.compression.has_value());
+  EXPECT_DOUBLE_EQ(topk.breakdown.dp_comm, topk.compression->seconds());
+  // The all-gather of pairs at dp 64: 63 x 8 k against 2 63/64 x 4 n bytes, 1 / (64 x 0.001) = 15.6x fewer.
+  EXPECT_NEAR(topk.compression->dense_bytes / topk.compression->bytes, 15.6, 0.2);
+  EXPECT_EQ(to_json(topk)["compression"]["compressor"], "topk");
+  EXPECT_EQ(dense.breakdown.compute, topk.breakdown.compute);
+  const Prediction psgd = run("[comm]\ncompressor = \"powersgd\"\nrank = 4\n");
+  ASSERT_TRUE(psgd.compression.has_value());
+  EXPECT_GT(psgd.compression->compute_s, 0.0);  // its GEMMs
+  EXPECT_LT(psgd.compression->density, 0.05);   // (rows + cols) r of 768-wide matrices
+}
