@@ -51,14 +51,16 @@ std::string chart_group(const Chart& chart, double x0, double y0, double w, doub
   const double pw = w - left - right, ph = h - top - bottom;
   double xmin = std::numeric_limits<double>::infinity(), xmax = -xmin, ymin = xmin, ymax = -xmin;
   auto ty = [&](double y) { return chart.log_y ? std::log10(y) : y; };
-  // A point is drawn when both coordinates are finite (and y > 0 on a log axis).
+  auto tx = [&](double x) { return chart.log_x ? std::log10(x) : x; };
+  // A point is drawn when both coordinates are finite (and > 0 on a log axis).
   auto drawn = [&](const Series& s, size_t i) {
-    return std::isfinite(s.xs[i]) && std::isfinite(s.ys[i]) && !(chart.log_y && s.ys[i] <= 0);
+    return std::isfinite(s.xs[i]) && std::isfinite(s.ys[i]) && !(chart.log_y && s.ys[i] <= 0) &&
+           !(chart.log_x && s.xs[i] <= 0);
   };
   for (const auto& s : chart.series)
     for (size_t i = 0; i < s.xs.size(); ++i) {
       if (!drawn(s, i)) continue;
-      xmin = std::min(xmin, s.xs[i]), xmax = std::max(xmax, s.xs[i]);
+      xmin = std::min(xmin, tx(s.xs[i])), xmax = std::max(xmax, tx(s.xs[i]));
       ymin = std::min(ymin, ty(s.ys[i])), ymax = std::max(ymax, ty(s.ys[i]));
     }
   std::string g = fmt::format("<g transform=\"translate({},{})\">\n", x0, y0);
@@ -69,16 +71,22 @@ std::string chart_group(const Chart& chart, double x0, double y0, double w, doub
   if (ymax == ymin) ymax = ymin + 1, ymin -= 1;
   double pad = 0.05 * (ymax - ymin);
   ymin -= pad, ymax += pad;
-  auto px = [&](double x) { return left + (x - xmin) / (xmax - xmin) * pw; };
+  auto px = [&](double x) { return left + (tx(x) - xmin) / (xmax - xmin) * pw; };
+  auto pxt = [&](double t) { return left + (t - xmin) / (xmax - xmin) * pw; };
   auto py = [&](double y) { return top + ph - (ty(y) - ymin) / (ymax - ymin) * ph; };
   auto pyt = [&](double t) { return top + ph - (t - ymin) / (ymax - ymin) * ph; };
 
   g += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#444\"/>\n",
                    left, top, pw, ph);
-  for (double t : nice_ticks(xmin, xmax))
+  std::vector<double> xticks = nice_ticks(xmin, xmax);
+  if (chart.log_x && std::floor(xmax) - std::ceil(xmin) >= 1) {  // whole decades
+    xticks.clear();
+    for (double t = std::ceil(xmin); t <= std::floor(xmax); t += 1) xticks.push_back(t);
+  }
+  for (double t : xticks)
     g += fmt::format("<line x1=\"{0}\" x2=\"{0}\" y1=\"{1}\" y2=\"{2}\" stroke=\"#ddd\"/>"
                      "<text x=\"{0}\" y=\"{3}\" font-size=\"11\" text-anchor=\"middle\">{4}</text>\n",
-                     px(t), top, top + ph, top + ph + 15, label(t));
+                     pxt(t), top, top + ph, top + ph + 15, label(chart.log_x ? std::pow(10, t) : t));
   for (double t : nice_ticks(ymin, ymax))
     g += fmt::format("<line x1=\"{0}\" x2=\"{1}\" y1=\"{2}\" y2=\"{2}\" stroke=\"#ddd\"/>"
                      "<text x=\"{3}\" y=\"{4}\" font-size=\"11\" text-anchor=\"end\">{5}</text>\n",

@@ -20,6 +20,7 @@ struct Chart {
   std::string title, x_label, y_label;
   std::vector<Series> series;
   bool log_y = false;
+  bool log_x = false;  // e.g. bytes sent, which span decades between compressors
 };
 
 // Text for SVG: <, > and & escaped (also used by figures.hpp).

@@ -58,6 +58,19 @@ TEST(SvgChart, PointsWithANonFiniteCoordinateAreNotDrawn) {
   EXPECT_EQ(g.find("inf"), std::string::npos) << g;
 }
 
+TEST(SvgChart, ALogXAxisSpacesDecadesEquallyAndDropsNonPositiveX) {
+  Chart c;
+  c.log_x = true;
+  c.series.push_back({"bytes", "#000", {0, 1e3, 1e4, 1e5}, {1, 2, 3, 4}});
+  const std::string g = chart_group(c, 0, 0, 600, 300);
+  // Plot width 600 - 70 - 150 = 380 from x = 70: 1e3, 1e4, 1e5 at 70, 260, 450; x = 0 is not drawn.
+  EXPECT_NE(g.find("points=\"70.0,"), std::string::npos) << g;
+  EXPECT_NE(g.find(" 260.0,"), std::string::npos) << g;
+  EXPECT_NE(g.find(" 450.0,"), std::string::npos) << g;
+  EXPECT_NE(g.find(">1e+04<"), std::string::npos) << g;  // ticks at whole decades, labelled in data units
+  EXPECT_EQ(g.find(">3162<"), std::string::npos) << g;
+}
+
 TEST(Metrics, WriteThenReadRoundTripsAndAppends) {
   std::string d = fresh_dir("metrics_rt");
   {

@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Convergence under gradient compression (docs/compression.md, "Convergence").
+
+A small GPT on the bundled corpus at dp 4 (4 MPI ranks; on a 2-core machine they are
+oversubscribed: times are side by side in one run, as ratios to the dense run), the same steps
+for the dense reduction and for each compressor of [comm]; the Adam question (top-k under AdamW
+with and without error feedback, and with a dense warm-up) and DGC against its own dense SGD
+baseline. Per run: final validation loss and its cost against the run's baseline, the
+data-parallel gradient bytes per step (rank 0's ledger, metrics.jsonl bytes_sent: every dp kind
+but ZeRO's weight all-gather) and the reduction against dense, the median time per step, the
+compressor's figures (density, index overlap). Writes RESULTS/convergence.json, .md and .svg
+(validation loss against steps and against bytes sent, drawn by build/bench/comm/comm_chart).
+
+  bench/comm/convergence.py [--build build] [--out bench/comm/results] [--steps 200] [--only a,b]
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+MODEL = """[model]
+layers = 4
+hidden = 128
+heads = 4
+seq_len = 64
+vocab = 4096
+"""
+PARALLEL = """[parallel]
+gpus = 4
+tp = 1
+pp = 1
+dp = 4
+zero = 0
+recompute = "none"
+global_batch = 16
+micro_batch = 4
+"""
+
+
+def train(steps, optimizer_lines, lr):
+    return f"""[train]
+steps = {steps}
+lr = {lr}
+min_lr = {lr / 10}
+warmup_steps = 20
+eval_every = {max(1, steps // 6)}
+eval_batches = 16
+threads = 1
+log_every = {steps}
+{optimizer_lines}"""
+
+
+ADAM = ("", 1e-3)
+SGD = ('optimizer = "sgd"\n[optimizer]\nmomentum = 0.9\n', 0.3)
+SGD_PLAIN = ('optimizer = "sgd"\n[optimizer]\nmomentum = 0\n', 0.3)
+
+# (name, baseline, optimizer, [comm] lines)
+RUNS = [
+    ("dense adamw", None, ADAM, ""),
+    ("topk 1%", "dense adamw", ADAM, 'compressor = "topk"\ndensity = 0.01\n'),
+    ("topk 0.1%", "dense adamw", ADAM, 'compressor = "topk"\ndensity = 0.001\n'),
+    ("topk 0.1% split", "dense adamw", ADAM, 'compressor = "topk"\ndensity = 0.001\ncollective = "split_reduce"\n'),
+    ("topk 1% sampled", "dense adamw", ADAM, 'compressor = "topk"\ndensity = 0.01\nselection = "sample"\n'),
+    ("blocktopk 1%", "dense adamw", ADAM, 'compressor = "blocktopk"\ndensity = 0.01\nblock_size = 64\n'),
+    ("blocktopk 0.1%", "dense adamw", ADAM, 'compressor = "blocktopk"\ndensity = 0.001\nblock_size = 64\n'),
+    ("temporal 1%", "dense adamw", ADAM, 'compressor = "temporal"\ndensity = 0.01\nrefresh_every = 10\n'),
+    ("temporal 0.1%", "dense adamw", ADAM, 'compressor = "temporal"\ndensity = 0.001\nrefresh_every = 10\n'),
+    ("powersgd r4", "dense adamw", ADAM, 'compressor = "powersgd"\nrank = 4\n'),
+    ("sign", "dense adamw", ADAM, 'compressor = "sign"\n'),
+    # The Adam question: the raw gradient compressed without error feedback, and with a dense warm-up.
+    ("topk 1% no EF", "dense adamw", ADAM, 'compressor = "topk"\ndensity = 0.01\nerror_feedback = false\n'),
+    ("topk 0.1% no EF", "dense adamw", ADAM, 'compressor = "topk"\ndensity = 0.001\nerror_feedback = false\n'),
+    ("topk 0.1% warm-up", "dense adamw", ADAM, 'compressor = "topk"\ndensity = 0.001\nwarmup_steps = 30\n'),
+    # DGC needs plain SGD (its momentum correction is the momentum): its baseline is dense SGD.
+    ("dense sgd", None, SGD, ""),
+    ("topk 1% sgd", "dense sgd", SGD, 'compressor = "topk"\ndensity = 0.01\n'),
+    ("dgc 1%", "dense sgd", SGD_PLAIN, 'compressor = "dgc"\ndensity = 0.01\nwarmup = "exponential"\nwarmup_steps = 30\n'),
+    ("dgc 0.1%", "dense sgd", SGD_PLAIN, 'compressor = "dgc"\ndensity = 0.001\nwarmup = "exponential"\nwarmup_steps = 30\n'),
+]
+COLORS = ["#000000", "#1f77b4", "#aec7e8", "#ff7f0e", "#ffbb78", "#2ca02c", "#98df8a", "#d62728", "#ff9896",
+          "#9467bd", "#c5b0d5", "#8c564b", "#e377c2", "#f7b6d2", "#7f7f7f", "#bcbd22", "#17becf", "#9edae5", "#393b79"]
+
+
+def dp_gradient_bytes(record):
+    return sum(v for k, v in record.get("bytes_sent", {}).items() if k.startswith("dp_") and k != "dp_all_gather")
+
+
+def run_one(args, name, opt, comm, run_dir):
+    job = MODEL + PARALLEL + train(args.steps, opt[0], opt[1]) + f'run_dir = "{run_dir}"\n'
+    if comm:
+        job += "[comm]\n" + comm
+    path = run_dir + ".toml"
+    with open(path, "w") as f:
+        f.write(job)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1",
+               OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1")
+    t0 = time.time()
+    subprocess.run(["mpirun", "-np", "4", os.path.join(args.build, "exatrain"), "train", path], check=True, env=env,
+                   stdout=subprocess.DEVNULL)
+    wall = time.time() - t0
+    records = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
+    steps = [r for r in records if "loss" in r]
+    vals = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
+    per_step = [dp_gradient_bytes(r) for r in steps]
+    cumulative, total = [], 0
+    for b in per_step:
+        total += b
+        cumulative.append(total)
+    comp = [r.get("compression", {}) for r in steps]
+    overlap = [c["index_overlap"] for c in comp if "index_overlap" in c]
+    return {"name": name, "job": job, "wall_s": wall, "final_val_loss": vals[-1][1], "val": vals,
+            "final_loss": steps[-1]["loss"],
+            "bytes_per_step": statistics.median(per_step[-50:]), "bytes_cumulative": cumulative,
+            "seconds_per_step": statistics.median(r["seconds"] for r in steps[5:]),
+            "density": statistics.median(c.get("density", 1.0) for c in comp[-50:]) if comp[-1] else 1.0,
+            "index_overlap": statistics.median(overlap[-50:]) if overlap else None}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--out", default="bench/comm/results")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--only", default="", help="comma-separated run names (default: all)")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    runs_dir = os.path.abspath(os.path.join(args.out, "runs"))
+    os.makedirs(runs_dir, exist_ok=True)
+    only = set(s.strip() for s in args.only.split(",") if s.strip())
+    results = {}
+    for name, base, opt, comm in RUNS:
+        if only and name not in only and name not in {b for n, b, _, _ in RUNS if n in only}:
+            continue
+        r = run_one(args, name, opt, comm, os.path.join(runs_dir, name.replace(" ", "_").replace("%", "pct")))
+        r["baseline"] = base
+        results[name] = r
+        print(f"{name:18s} val {r['final_val_loss']:.4f}  bytes/step {r['bytes_per_step']:>10.0f}  "
+              f"s/step {r['seconds_per_step']:.3f}  wall {r['wall_s']:.0f} s", flush=True)
+    for r in results.values():
+        b = results.get(r["baseline"]) if r["baseline"] else None
+        r["val_cost_pct"] = 100 * (r["final_val_loss"] - b["final_val_loss"]) / b["final_val_loss"] if b else 0.0
+        r["bytes_reduction"] = b["bytes_per_step"] / r["bytes_per_step"] if b and r["bytes_per_step"] else 1.0
+        r["time_ratio"] = r["seconds_per_step"] / b["seconds_per_step"] if b else 1.0
+    with open(os.path.join(args.out, "convergence.json"), "w") as f:
+        json.dump({"steps": args.steps, "runs": results}, f, indent=1)
+    lines = ["| run | final val loss | cost vs baseline | dp bytes/step | fewer bytes | s/step (x baseline) | density | index overlap |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results.values():
+        ov = f"{r['index_overlap']:.2f}" if r["index_overlap"] is not None else "–"
+        lines.append(f"| {r['name']} | {r['final_val_loss']:.4f} | {r['val_cost_pct']:+.2f}% | {r['bytes_per_step']:,.0f} | "
+                     f"{r['bytes_reduction']:.0f}x | {r['seconds_per_step']:.3f} ({r['time_ratio']:.2f}) | "
+                     f"{r['density']:.4f} | {ov} |")
+    with open(os.path.join(args.out, "convergence.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    chart_spec = {"height": 360, "charts": [
+        {"title": f"Validation loss, dp 4, {args.steps} steps", "x_label": "step", "y_label": "validation loss",
+         "series": []},
+        {"title": "Validation loss against data-parallel bytes sent (rank 0, cumulative)", "x_label": "bytes sent",
+         "y_label": "validation loss", "log_x": True, "series": []}]}
+    for i, r in enumerate(results.values()):
+        color = COLORS[i % len(COLORS)]
+        dash = "6 3" if r["baseline"] == "dense sgd" or r["name"] == "dense sgd" else ""
+        xs = [s for s, _ in r["val"]]
+        ys = [v for _, v in r["val"]]
+        chart_spec["charts"][0]["series"].append({"name": r["name"], "color": color, "xs": xs, "ys": ys,
+                                                  "markers": True, "dash": dash})
+        bx = [r["bytes_cumulative"][s - 1] for s in xs]
+        chart_spec["charts"][1]["series"].append({"name": r["name"], "color": color, "xs": bx, "ys": ys,
+                                                  "markers": True, "dash": dash})
+    spec_path = os.path.join(args.out, "convergence_chart.json")
+    with open(spec_path, "w") as f:
+        json.dump(chart_spec, f)
+    subprocess.run([os.path.join(args.build, "bench", "comm", "comm_chart"), spec_path,
+                    os.path.join(args.out, "convergence.svg")], check=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
