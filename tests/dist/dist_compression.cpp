@@ -1,15 +1,16 @@
 // The [comm] compressors in training under mpirun (2 and 4 ranks; also on the guarded backend):
 // for every compressor (topk with each collective, dgc, blocktopk, temporal, powersgd, sign) under
-// ZeRO 0, 1 and 2, and with tensor and pipeline parallelism:
-//   * the first loss equals the dense run's bit for bit (it is computed before any reduction) and
-//     training goes on: the loss falls, every step finite;
+// ZeRO 0, 1 and 2, and with tensor and pipeline parallelism (5 steps each, 1000-float buckets):
+//   * the first loss equals the dense run's bit for bit (it is computed before any reduction), the
+//     later ones differ (the compressor is used) by less than 2%;
 //   * the data-parallel replicas hold the same weights, bit for bit (every rank decodes the same
 //     sum: a compressor that gave ranks different bits would let them drift apart);
 //   * the step's data-parallel gradient bytes (the ledger's dp kinds but ZeRO's weight all-gather)
 //     are below the dense identity's by the compressor's margin, the dense warm-up steps equal it,
 //     and the compressor reports its figures (density, residual norm);
 //   * ZeRO 3 with a compressor is refused before anything is built, naming [comm] and the reason.
-// Exits non-zero on any failure.
+// 2 ranks: ZeRO 0, 1, 2; 4 ranks: ZeRO 0, dp2 x tp2 (sp, ZeRO 1), dp2 x pp2; guarded: ZeRO 0 and 2 on
+// 2 ranks. About 20 s per world size on an idle 2-core machine. Exits non-zero on any failure.
 #include <mpi.h>
 
 #include <cmath>
@@ -78,35 +79,61 @@ std::vector<Case> cases() {
   return out;
 }
 
-// One configuration with one compressor against the dense run.
-int one(Backend& be, int rank, const Config& cfg, const Case& c) {
-  const int steps = 6;
-  Job dense = dist_test::job_for(cfg, steps);
-  Job job = dense;
-  job.train.comm = c.comm;
-  if (c.comm.compressor == "dgc") job.train.optimizer = "sgd", job.train.sgd.momentum = 0, job.train.lr = 0.05;
-  if (c.comm.compressor == "dgc") dense.train.optimizer = "sgd", dense.train.lr = 0.05;  // the same first loss
-  std::vector<double> losses[2];
-  std::vector<std::map<std::string, int64_t>> bytes[2];
-  std::map<std::string, double> stats;
-  std::vector<float> params;
-  for (int k = 0; k < 2; k++) {
-    dist_test::DistRun run = dist_test::make_run(be, k == 0 ? dense : job, [](TrainerOptions& o) {
-      o.bucket_floats = 1000;  // several buckets, cutting entries (PowerSGD's partial rows)
-    });
-    for (int s = 0; s < steps; s++) {
-      const StepMetrics m = run.trainer->train_step();
-      losses[k].push_back(m.loss);
-      bytes[k].push_back(m.bytes);
-      if (k == 1) stats = m.compression;
-    }
-    if (k == 1) params = dist_test::host_params(run.trainer->chunk(0));
+constexpr int kSteps = 5;
+
+struct Trace {
+  std::vector<double> losses;
+  std::vector<std::map<std::string, int64_t>> bytes;
+  std::map<std::string, double> stats;  // the last step's compressor figures
+  std::vector<float> params;            // this rank's first chunk after the last step
+};
+
+Trace train(Backend& be, const Job& job) {
+  Trace t;
+  dist_test::DistRun run = dist_test::make_run(be, job, [](TrainerOptions& o) {
+    o.bucket_floats = 1000;  // several buckets, cutting entries (PowerSGD's partial rows)
+  });
+  for (int s = 0; s < kSteps; s++) {
+    const StepMetrics m = run.trainer->train_step();
+    t.losses.push_back(m.loss);
+    t.bytes.push_back(m.bytes);
+    t.stats = m.compression;
   }
+  t.params = dist_test::host_params(run.trainer->chunk(0));
+  return t;
+}
+
+// The job of a case: DGC trains plain SGD (its momentum correction is the momentum).
+Job job_of(const Config& cfg, const CommSpec& comm) {
+  Job job = dist_test::job_for(cfg, kSteps);
+  job.train.comm = comm;
+  if (comm.compressor == "dgc") job.train.optimizer = "sgd", job.train.sgd.momentum = 0, job.train.lr = 0.05;
+  return job;
+}
+
+// One configuration with one compressor against the dense run of the same optimizer (cached).
+int one(Backend& be, int rank, const Config& cfg, const Case& c, std::map<std::string, Trace>& dense_runs) {
+  const Job job = job_of(cfg, c.comm);
+  Job dense = job;
+  dense.train.comm = CommSpec{};
+  const std::string key = cfg.name() + " " + dense.train.optimizer;
+  if (!dense_runs.count(key)) dense_runs[key] = train(be, dense);
+  const Trace& d = dense_runs[key];
+  const Trace t = train(be, job);
+  const std::vector<double> losses[2] = {d.losses, t.losses};
+  const std::vector<std::map<std::string, int64_t>> bytes[2] = {d.bytes, t.bytes};
+  std::map<std::string, double> stats = t.stats;
+  const std::vector<float>& params = t.params;
   std::string problems;
   if (losses[1][0] != losses[0][0]) problems += " the first loss differs from the dense run's;";
-  bool finite = true;
-  for (double l : losses[1]) finite = finite && std::isfinite(l);
-  if (!finite || !(losses[1].back() < losses[1].front())) problems += " the loss did not fall (or is not finite);";
+  double worst = 0;
+  bool differs = false;
+  for (int s = 1; s < kSteps; s++) {
+    worst = dist_test::worst_of(worst, dist_test::rel_diff(losses[1][size_t(s)], losses[0][size_t(s)]));
+    differs = differs || losses[1][size_t(s)] != losses[0][size_t(s)];
+  }
+  if (!(worst < 0.02)) problems += fmt::format(" a loss {:.2g} from the dense run's (> 2%, or not finite);", worst);
+  if (!differs) problems += " the losses equal the dense run's (the compressor was not used);";
   // Replicas: every rank of a pure data-parallel world holds the same weights.
   if (cfg.tp == 1 && cfg.pp == 1) {
     std::vector<float> first = params;
@@ -154,8 +181,13 @@ int main(int argc, char** argv) {
   const dist_test::World mpi = dist_test::start_mpi(argc, argv);
   std::unique_ptr<Backend> be = dist_test::test_backend(argc, argv);
   int failures = 0;
+  // 2 ranks: ZeRO 0, 1 and 2 (ZeRO 0 and 2 on the guarded backend, whose every op is a few
+  // mprotect calls: the all-reduce and the reduce-scatter paths); 4 ranks: ZeRO 0, tp and pp.
+  const bool guarded = std::string(be->name()) == "cpu-guarded";
   std::vector<Config> configs;
   for (int zero : {0, 1, 2}) {
+    if ((mpi.size == 4 || guarded) && zero == 1) continue;
+    if (mpi.size == 4 && zero == 2) continue;
     Config c;
     c.dp = mpi.size, c.zero = zero;
     configs.push_back(c);
@@ -168,8 +200,9 @@ int main(int argc, char** argv) {
     configs.push_back(tp);
     configs.push_back(pp);
   }
+  std::map<std::string, Trace> dense_runs;
   for (const Config& cfg : configs)
-    for (const Case& c : cases()) failures += one(*be, mpi.rank, cfg, c);
+    for (const Case& c : cases()) failures += one(*be, mpi.rank, cfg, c, dense_runs);
   failures += zero3_refused(*be, mpi.size, mpi.rank);
   if (mpi.rank == 0) std::printf("%d failures (backend %s)\n", failures, be->name());
   MPI_Finalize();
