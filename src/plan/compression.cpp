@@ -27,6 +27,7 @@ struct Setting {
   const Device& d;
   Group g;
   bool reduce_scatter = false;
+  double overlap_s = 0;  // backward the dense reduction hides behind
 };
 
 double stream_rate(const Device& d) { return d.hbm_bw_gbs * 1e9 * d.bw_efficiency; }  // bytes/s
@@ -46,6 +47,7 @@ CompressionCost cost_at(const Setting& s, const Gradients& x, double density) {
   out.compressor = c.compressor;
   out.elements = n;
   dense(s, n + x.dense, &out.dense_bytes, &out.dense_s);
+  out.dense_s = std::max(0.0, out.dense_s - s.overlap_s);
   double passes = c.error_feedback || c.compressor == "dgc" ? 7 : 4;  // accumulate, residual norm, result copy, zero fill
   const double k = density * n;
   auto gather = [&](double elem_bytes, double count) {  // all-gather of `count` items per rank (+ the counts)
@@ -124,7 +126,7 @@ CompressionCost cost(const Setting& s, const Gradients& x) {
   if (!sparse) return out;
   // Bisection on the density: the cost grows with it (more pairs sent and scattered).
   auto excess = [&](double d) { const CompressionCost c = cost_at(s, x, d); return c.seconds() - c.dense_s; };
-  if (excess(1e-7) >= 0) out.break_even_density = 0.0;
+  if (excess(1e-7) >= 0 || out.dense_s <= 0) out.break_even_density = 0.0;
   else if (excess(1.0) < 0) out.break_even_density = 1.0;
   else {
     double lo = 1e-7, hi = 1.0;
@@ -140,7 +142,7 @@ CompressionCost cost(const Setting& s, const Gradients& x) {
 }  // namespace
 
 CompressionCost compression_cost(const ModelSpec& m, const MachineSpec& mach, const Device& d, const Plan& p,
-                                 int64_t pp_rank, bool reduce_scatter) {
+                                 int64_t pp_rank, bool reduce_scatter, double overlap_s) {
   EXA_CHECK(p.comm.active() && p.dp * p.cp > 1, "compression_cost: no compressor or no dp group");
   Gradients x;
   for (const EntryClass& e : entry_classes(m, p, pp_rank)) {
@@ -161,7 +163,7 @@ CompressionCost compression_cost(const ModelSpec& m, const MachineSpec& mach, co
     x.compressible += elems;
     x.pieces += double(e.count);
   }
-  const Setting s{p.comm, mach, d, group_on_machine(p.dp * p.cp, p.tp, mach.gpus_per_node), reduce_scatter};
+  const Setting s{p.comm, mach, d, group_on_machine(p.dp * p.cp, p.tp, mach.gpus_per_node), reduce_scatter, overlap_s};
   return cost(s, x);
 }
 
@@ -172,7 +174,7 @@ CompressionCost compression_cost_flat(const CommSpec& c, const MachineSpec& mach
   x.pieces = 1;
   const double side = std::sqrt(elements);
   x.matrices.push_back({1, side, side});
-  const Setting s{c, mach, d, group_on_machine(ranks, stride, mach.gpus_per_node), false};
+  const Setting s{c, mach, d, group_on_machine(ranks, stride, mach.gpus_per_node), false, 0.0};
   return cost(s, x);
 }
 
@@ -188,10 +190,12 @@ nlohmann::json to_json(const CompressionCost& c) {
 
 std::string to_lines(const CompressionCost& c) {
   std::string s = fmt::format("compression  {}: {:.4g} MB per rank per reduction instead of {:.4g} ({:.1f}x fewer); "
-                              "{:.4g} s (comm {:.4g} + compute {:.4g}) against {:.4g} s dense: {}\n",
+                              "{:.4g} s (comm {:.4g} + compute {:.4g}) against {:.4g} s dense (exposed): {}\n",
                               c.compressor, c.bytes / 1e6, c.dense_bytes / 1e6, c.bytes > 0 ? c.dense_bytes / c.bytes : 0.0,
                               c.seconds(), c.comm_s, c.compute_s, c.dense_s, c.pays() ? "pays" : "does not pay");
-  if (c.break_even_density)
+  if (c.break_even_density && *c.break_even_density <= 0)
+    s += "  break-even density: none (the selection and decoding alone cost more than the exposed dense reduction)\n";
+  else if (c.break_even_density)
     s += fmt::format("  break-even density {:.4g} (density {:.4g}: compression pays below the break-even)\n",
                      *c.break_even_density, c.density);
   return s;

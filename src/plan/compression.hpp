@@ -5,7 +5,9 @@
 // bound: passes over the gradients counted from the runtime's code, at the device's streaming
 // bandwidth; PowerSGD's GEMMs at its fp32 GEMM rate), and the break-even density below which a
 // sparsifier beats the dense fp32 reduction. The compressed exchange is not overlapped with
-// backward (the runtime runs it blocking); the dense one is compared as predict charges it.
+// backward (the runtime runs it blocking); the dense one is compared as predict charges it: its
+// time less the backward it overlaps (`overlap_s`), so where the dense reduction hides behind
+// backward, compression cannot pay.
 //
 // Bytes (per rank per reduction, P ranks, N_c compressible elements, k = density N_c, N_d dense):
 //   topk, dgc          all-gather: (P-1) (8 k + 4)           split_reduce: (P-1)/P 16 k + 4 P (P-1) + 4 (P-1)
@@ -36,7 +38,7 @@ struct CompressionCost {
   double bytes = 0;         // what the compressor sends per rank
   double comm_s = 0;        // its collectives
   double compute_s = 0;     // selection, error feedback, decompression, PowerSGD's GEMMs
-  double dense_s = 0;       // the dense fp32 reduction of the same gradients, not overlapped
+  double dense_s = 0;       // the dense fp32 reduction of the same gradients, exposed (less the overlap)
   // Sparsifiers: the density at which comm_s + compute_s = dense_s (compression pays below it);
   // 0 when it never pays, 1 when it pays at any density. None for powersgd and sign.
   std::optional<double> break_even_density;
@@ -45,9 +47,10 @@ struct CompressionCost {
 };
 
 // One reduction of pipeline rank `pp_rank`'s gradients over the plan's dp x cp replicas under its
-// [comm] compressor (p.comm.active(), dp x cp > 1); reduce_scatter: ZeRO 1/2's dense reference.
+// [comm] compressor (p.comm.active(), dp x cp > 1); reduce_scatter: ZeRO 1/2's dense reference;
+// overlap_s: the backward time the dense reduction would hide behind (predict's bwd_mb).
 CompressionCost compression_cost(const ModelSpec& m, const MachineSpec& mach, const Device& d, const Plan& p,
-                                 int64_t pp_rank, bool reduce_scatter);
+                                 int64_t pp_rank, bool reduce_scatter, double overlap_s);
 
 // The same model for `elements` compressible fp32 elements (no dense pieces) over a group of `ranks`
 // ranks placed `stride` apart: the collectives benchmark's predicted break-even (bench/comm).

@@ -209,7 +209,7 @@ Prediction predict_checked(const ModelSpec& m, const MachineSpec& mach, const De
     if (p.comm.active()) {
       // [comm]: compressed reductions (plan/compression.hpp), blocking, not overlapped; ZeRO 2 runs
       // one per micro-batch; ZeRO 1 and 2 all-gather the weights as usual.
-      out.compression = compression_cost(m, mach, d, p, slow, p.zero >= 1);
+      out.compression = compression_cost(m, mach, d, p, slow, p.zero >= 1, bwd_mb);
       b.dp_comm = (p.zero == 2 ? mbs : 1.0) * out.compression->seconds() +
                   (p.zero >= 1 ? best_all_gather_time(weights, g, mach) : 0.0);
     } else if (p.zero == 0) {

@@ -72,7 +72,7 @@ void fill_from_search(Job& job, int world, std::FILE* log) {
     EXA_CHECK(why.empty(), "{}: [parallel] the fields that are set cannot make a plan for {} ranks (unset ones at "
               "their smallest values): {}", job_origin(job, {"parallel.tp", "parallel.pp", "parallel.dp", "parallel.cp",
               "parallel.vp", "parallel.micro_batch", "parallel.global_batch", "parallel.layers_per_stage", "parallel.zero",
-              "train.optimizer"}), world, why);
+              "train.optimizer", "comm.compressor"}), world, why);
     EXA_FAIL("{}: [parallel] has \"auto\" fields, and the planner found no plan for {} ranks on the local machine "
              "that this runtime can run with the fields that are set ({} plans searched, {} fit: `exatrain plan` on "
              "the job with --set parallel.gpus={} shows why); set the degrees explicitly",

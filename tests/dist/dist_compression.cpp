@@ -47,7 +47,8 @@ int64_t dp_gradient_bytes(const std::map<std::string, int64_t>& bytes) {
 struct Case {
   std::string name;
   CommSpec comm;
-  double margin;  // compressed gradient bytes < margin x dense
+  double margin;          // compressed gradient bytes < margin x dense
+  std::string optimizer;  // "" = the job's (AdamW; DGC: plain SGD)
 };
 
 std::vector<Case> cases() {
@@ -104,16 +105,17 @@ Trace train(Backend& be, const Job& job) {
 }
 
 // The job of a case: DGC trains plain SGD (its momentum correction is the momentum).
-Job job_of(const Config& cfg, const CommSpec& comm) {
+Job job_of(const Config& cfg, const Case& c) {
   Job job = dist_test::job_for(cfg, kSteps);
-  job.train.comm = comm;
-  if (comm.compressor == "dgc") job.train.optimizer = "sgd", job.train.sgd.momentum = 0, job.train.lr = 0.05;
+  job.train.comm = c.comm;
+  if (c.comm.compressor == "dgc") job.train.optimizer = "sgd", job.train.sgd.momentum = 0, job.train.lr = 0.05;
+  if (!c.optimizer.empty()) job.train.optimizer = c.optimizer;
   return job;
 }
 
 // One configuration with one compressor against the dense run of the same optimizer (cached).
 int one(Backend& be, int rank, const Config& cfg, const Case& c, std::map<std::string, Trace>& dense_runs) {
-  const Job job = job_of(cfg, c.comm);
+  const Job job = job_of(cfg, c);
   Job dense = job;
   dense.train.comm = CommSpec{};
   const std::string key = cfg.name() + " " + dense.train.optimizer;
@@ -203,6 +205,14 @@ int main(int argc, char** argv) {
   std::map<std::string, Trace> dense_runs;
   for (const Config& cfg : configs)
     for (const Case& c : cases()) failures += one(*be, mpi.rank, cfg, c, dense_runs);
+  // An optimizer that needs whole tensors (Muon) takes the compressed sum under ZeRO 0 like any
+  // other (under ZeRO 1 the pair is refused: tests/job/comm_keys_test.cpp).
+  if (!guarded) {
+    Config z0;
+    z0.dp = mpi.size;
+    Case muon{"topk with muon", cases()[0].comm, 0.5, "muon"};
+    failures += one(*be, mpi.rank, z0, muon, dense_runs);
+  }
   failures += zero3_refused(*be, mpi.size, mpi.rank);
   if (mpi.rank == 0) std::printf("%d failures (backend %s)\n", failures, be->name());
   MPI_Finalize();
