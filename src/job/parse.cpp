@@ -525,7 +525,7 @@ void parse_optimizer_section(Section& s, TrainSpec& t) {
 const std::vector<std::pair<std::string, std::vector<std::string>>>& comm_keys() {
   static const std::vector<std::pair<std::string, std::vector<std::string>>> keys = [] {
     const std::vector<std::string> sparse = {"density", "warmup_steps", "warmup", "error_feedback", "scope",
-                                             "min_compress", "role_density"};
+                                             "min_compress", "role_density", "overlap_every"};
     auto with = [&](std::vector<std::string> extra, const std::string& without = "") {
       std::vector<std::string> k = sparse;
       k.insert(k.end(), extra.begin(), extra.end());
@@ -561,6 +561,7 @@ void parse_comm_values(Section& s, CommSpec& c) {
   s.get_int("block_size", c.block_size, 1, 1 << 20);
   s.get_int("min_compress", c.min_compress, 0, int64_t(1) << 40);
   s.get_float_below("momentum", c.momentum, 0, 1);
+  s.get_int("overlap_every", c.overlap_every, 0, 1000000);
   s.get_float_table("role_density", c.role_density, {"matrix", "embedding", "head", "norm", "bias"}, 0, 1);
   if (c.selection != "sample" && s.has("sample_fraction"))
     s.refuse("sample_fraction", "the fraction of elements DGC's sampled threshold reads, which needs [comm] "
@@ -808,6 +809,7 @@ static std::string comm_toml(const CommSpec& c) {
   if (takes("block_size")) out += line("block_size", c.block_size);
   if (takes("min_compress")) out += line("min_compress", c.min_compress);
   if (takes("momentum")) out += line("momentum", c.momentum);
+  if (takes("overlap_every")) out += line("overlap_every", c.overlap_every);
   if (!c.role_density.empty() && c.scope == "entry") {
     std::string t;
     for (const auto& [role, d] : c.role_density) t += fmt::format("{}{} = {}", t.empty() ? "" : ", ", role, toml_text(toml::value(d)));

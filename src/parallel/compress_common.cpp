@@ -107,6 +107,7 @@ std::unique_ptr<Reduction> CompressorBase::start(Group& dp, Backend& be, const B
     stats_.dense_warmup = dense_step() ? 1 : stats_.dense_warmup;
     return identity_.start(dp, be, b);
   }
+  gradient_overlap(be, b, st);
   float* acc = accumulate(dp, be, b, st);
   Scratch& s = scratch(be);
   float* sum = s.floats(kSum, len);
@@ -119,6 +120,32 @@ std::unique_ptr<Reduction> CompressorBase::start(Group& dp, Backend& be, const B
   if (ef_) st.residual_squares = be.sum_squares(st.residual.data(), len);
   write_result(dp, be, b, sum);
   return nullptr;
+}
+
+// The temporal hypothesis measured (large gradients stay where they are): the overlap of the raw
+// gradient's top-k sets (this rank's, before error feedback, every compressible piece at its
+// density) at steps N-1 and N, every N = overlap_every steps. The sent sets' overlap
+// (index_overlap) answers another question: with error feedback what was sent is cleared, so the
+// next selection favours what accumulated elsewhere.
+void CompressorBase::gradient_overlap(Backend& be, const BucketReduce& b, Bucket& st) {
+  const int64_t every = spec_.overlap_every;
+  const bool sparse = spec_.compressor == "topk" || spec_.compressor == "dgc" || spec_.compressor == "blocktopk" ||
+                      spec_.compressor == "temporal";
+  if (!sparse || every <= 0 || (step_ % every != 0 && (step_ + 1) % every != 0)) return;
+  if (st.gradient_step == step_) return;  // ZeRO 2: the step's first micro-batch
+  std::vector<int64_t> ks;
+  int64_t total = 0;
+  for (const Piece& p : st.plan.pieces) ks.push_back(p.dense ? 0 : k_of(p)), total += ks.back();
+  double unused = 0;
+  const SparsePairs set = select_topk(be, scratch(be), st.plan, b.data, ks, false, 0, 0, &unused);
+  if (st.gradient_step == step_ - 1 && step_ % every == 0 && st.gradient_k > 0) {
+    stats_.gradient_common += double(be.count_common(reinterpret_cast<const int32_t*>(st.gradient_topk.data()),
+                                                     st.gradient_k, set.idx, set.k));
+    stats_.gradient_previous += double(st.gradient_k);
+  }
+  if (st.gradient_topk.size() < total) st.gradient_topk = DeviceBuffer(be, std::max<int64_t>(total, 1), "gradient top-k");
+  if (set.k > 0) be.copy(st.gradient_topk.data(), set.idx, sizeof(int32_t) * size_t(set.k));
+  st.gradient_k = set.k, st.gradient_step = step_;
 }
 
 float* CompressorBase::accumulate(Group&, Backend& be, const BucketReduce& b, Bucket& st) {
@@ -169,6 +196,7 @@ std::map<std::string, double> CompressorBase::step_stats() const {
       {"dense_equivalent_bytes", stats_.dense_equivalent_bytes},
       {"warmup", stats_.dense_warmup}};
   if (stats_.overlap_previous > 0) out["index_overlap"] = stats_.overlap_common / stats_.overlap_previous;
+  if (stats_.gradient_previous > 0) out["gradient_overlap"] = stats_.gradient_common / stats_.gradient_previous;
   if (spec_.compressor == "temporal") out["refreshed"] = stats_.refreshed;
   if (spec_.selection == "sample") out["threshold_fallbacks"] = stats_.fallbacks;
   return out;

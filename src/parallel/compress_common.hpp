@@ -47,6 +47,7 @@ struct StepStats {
   double elements = 0;        // compressible elements reduced (every call: ZeRO 2 counts each micro-batch)
   double selected = 0;        // of them, what this rank sent (values, or their equivalent)
   double overlap_common = 0, overlap_previous = 0;  // |S_t ∩ S_prev| and |S_prev|, summed over buckets
+  double gradient_common = 0, gradient_previous = 0;  // the same for the raw gradient's top-k sets
   double refreshed = 0, fallbacks = 0, dense_warmup = 0;
   double dense_equivalent_bytes = 0;
 };
@@ -58,6 +59,8 @@ struct Bucket {
   int64_t serial = 0;            // creation order: seeds
   DeviceBuffer residual;         // [len] when error feedback is on
   double residual_squares = 0;   // after the latest reduction
+  DeviceBuffer gradient_topk;    // int32: the raw gradient's top-k set, recorded at gradient_step
+  int64_t gradient_k = 0, gradient_step = -1;
   struct Extra {
     virtual ~Extra() = default;
   };
@@ -99,6 +102,7 @@ class CompressorBase : public Compressor {
 
  private:
   bool dense_step() const { return spec_.warmup == "dense" && step_ <= spec_.warmup_steps; }
+  void gradient_overlap(Backend& be, const BucketReduce& b, Bucket& st);
   void reduce_dense_pieces(Group& dp, Backend& be, const Bucket& st, float* acc, float* sum);
   void write_result(Group& dp, Backend& be, const BucketReduce& b, const float* sum);
   std::map<std::tuple<uintptr_t, int64_t, int64_t, int>, Bucket> buckets_;

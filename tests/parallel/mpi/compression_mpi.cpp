@@ -257,7 +257,10 @@ TEST(CompressorsMpi, TopkWithErrorFeedbackEqualsTheEmulationStepByStep) {
   const int p = world();
   const int64_t n = 2000, k = 30;  // density 0.015 of 2000
   CommLedger ledger;
-  const auto got = run(spec_of("topk", 0.015), 4, n, nullptr, ReduceKind::all_reduce, &ledger);
+  CommSpec spec = spec_of("topk", 0.015);
+  spec.overlap_every = 2;  // the raw gradient's top-k sets of steps 3 and 4 compared at step 4
+  std::map<std::string, double> stats;
+  const auto got = run(spec, 4, n, nullptr, ReduceKind::all_reduce, &ledger, &stats);
   if (p == 1) return;  // the identity at dp 1 (CompressorsMpi.IdentityOnOneRank)
   Emulation emu(p, n);
   for (int t = 1; t <= 4; t++) {
@@ -265,6 +268,12 @@ TEST(CompressorsMpi, TopkWithErrorFeedbackEqualsTheEmulationStepByStep) {
     ASSERT_EQ(got[size_t(t - 1)], want) << "step " << t;
   }
   EXPECT_TRUE(same_on_every_rank(got.back()));
+  std::vector<float> g3(static_cast<size_t>(n)), g4(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; i++) g3[size_t(i)] = grad(world_rank(), i, 3), g4[size_t(i)] = grad(world_rank(), i, 4);
+  const std::vector<int32_t> s3 = host_topk(g3, 0, n, k), s4 = host_topk(g4, 0, n, k);
+  std::vector<int32_t> common;
+  std::set_intersection(s3.begin(), s3.end(), s4.begin(), s4.end(), std::back_inserter(common));
+  EXPECT_DOUBLE_EQ(stats["gradient_overlap"], double(common.size()) / double(k));
   // Tagged kinds: the count, the indices and the values of k pairs per rank, ring all-gather.
   EXPECT_EQ(ledger.bytes["dp_topk_all_gather"], 4 * (p - 1) + 8 * (p - 1) * k);
   EXPECT_EQ(ledger.bytes.count("dp_all_reduce"), 0u);
