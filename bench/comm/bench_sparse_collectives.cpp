@@ -97,9 +97,101 @@ double comm_break_even(CommSpec spec, const MachineSpec& m, const Device& d, dou
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+// One message size: the dense all-reduce, then every density's collectives (and the compressor).
+struct SizeBench {
+  Backend& be;
+  MpiGroup& g;
+  CommLedger& ledger;
+  const Options& o;
+  const MachineSpec& local;
+  const Device& device;
+  nlohmann::json& rows;
+  int64_t n = 0;
+  double dense_s = 0;
+  int64_t dense_bytes = 0;
+
+  void row(double d, const std::string& method, double s, int64_t bytes, double pred_s, double pred_be) {
+    if (g.rank() != 0) return;
+    std::printf("%-6d %10lld %8.4g %-13s %11.5f %8.3f %13lld %8.1f %11.5f %10.4g\n", g.size(), (long long)n, d,
+                method.c_str(), s, s / dense_s, (long long)bytes,
+                double(dense_bytes) / double(std::max<int64_t>(bytes, 1)), pred_s, pred_be);
+    rows.push_back({{"ranks", g.size()}, {"floats", n}, {"density", d}, {"method", method}, {"seconds", s},
+                    {"dense_seconds", dense_s}, {"bytes", bytes}, {"dense_bytes", dense_bytes},
+                    {"predicted_seconds", pred_s}, {"predicted_break_even", pred_be}});
+  }
+
+  void dense(DeviceBuffer& buf) {
+    be.fill(buf.data(), 1.0f, n);
+    dense_s = timed(g, ledger, o.reps, [&] { g.all_reduce_sum(buf.data(), n); }, &dense_bytes);
+    CommSpec spec;
+    spec.compressor = "topk";
+    row(1.0, "dense", dense_s, dense_bytes, plan::compression_cost_flat(spec, local, device, double(n), g.size(), 1).dense_s,
+        NAN);
+  }
+
+  // This rank's k pairs (one index per stratum of n / k, values in [-1, 1)) and a shared index set.
+  void collectives(double d, float* out) {
+    const int p = g.size(), me = g.rank();
+    const int64_t k = std::max<int64_t>(1, int64_t(std::llround(d * double(n))));
+    std::vector<int32_t> idx(static_cast<size_t>(k)), shared(static_cast<size_t>(k));
+    std::vector<float> val(static_cast<size_t>(k));
+    for (int64_t j = 0; j < k; j++) {
+      const int64_t lo = j * n / k, width = (j + 1) * n / k - lo;
+      const uint64_t r = splitmix64_mix(uint64_t(me) * 0x9e3779b97f4a7c15ull + uint64_t(j));
+      idx[size_t(j)] = int32_t(lo + int64_t(r % uint64_t(width)));
+      shared[size_t(j)] = int32_t(lo + int64_t(splitmix64_mix(uint64_t(j)) % uint64_t(width)));
+      val[size_t(j)] = float(double(r >> 11) / 4503599627370496.0 - 1.0);
+    }
+    DeviceBuffer di(be, k), dv(be, k), ds(be, k), dsv(be, k);
+    be.upload(di.data(), idx.data(), 4 * size_t(k));
+    be.upload(dv.data(), val.data(), 4 * size_t(k));
+    be.upload(ds.data(), shared.data(), 4 * size_t(k));
+    const SparsePairs mine{reinterpret_cast<const int32_t*>(di.data()), dv.data(), k};
+    Scratch scratch(be);
+    for (const char* collective : {"allgather", "split_reduce"}) {
+      CommSpec spec;
+      spec.compressor = "topk", spec.density = d, spec.collective = collective;
+      const plan::CompressionCost pred = plan::compression_cost_flat(spec, local, device, double(n), p, 1);
+      int64_t bytes = 0;
+      const double s = timed(g, ledger, o.reps, [&] {
+        if (std::string(collective) == "allgather") allgather_pairs_sum(g, be, mine, n, out, scratch);
+        else split_reduce_all(g, be, mine, n, (k + p - 1) / p, out, scratch);
+      }, &bytes);
+      row(d, collective, s, bytes, pred.comm_s, comm_break_even(spec, local, device, double(n), p));
+    }
+    int64_t bytes = 0;
+    const double s = timed(g, ledger, o.reps, [&] {
+      be.upload(dsv.data(), val.data(), 4 * size_t(k));  // the values are summed in place
+      shared_index_all_reduce(g, be, reinterpret_cast<const int32_t*>(ds.data()), dsv.data(), k, n, out);
+    }, &bytes);
+    CommSpec temporal;
+    temporal.compressor = "temporal", temporal.density = d, temporal.refresh_every = 1000000;
+    row(d, "shared_index", s, bytes, plan::compression_cost_flat(temporal, local, device, double(n), p, 1).comm_s, NAN);
+  }
+
+  // The topk compressor on a dense bucket of n: the gradient copied in, then start().
+  void end_to_end(double d) {
+    CommSpec spec;
+    spec.compressor = "topk", spec.density = d, spec.min_compress = 0, spec.overlap_every = 0;
+    std::shared_ptr<Compressor> c = make_compressor(spec, {1, 0, n});
+    DeviceBuffer grad(be, n, "gradient");
+    std::vector<float> h(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; i++) h[size_t(i)] = float(std::sin(0.001 * double(i) * (g.rank() + 1)));
+    int step = 0;
+    int64_t bytes = 0;
+    const double s = timed(g, ledger, o.reps, [&] {
+      be.upload(grad.data(), h.data(), 4 * size_t(n));
+      BucketReduce b;
+      b.begin = 0, b.end = n, b.n = n, b.data = b.out = grad.data();
+      c->begin_step(++step);
+      c->start(g, be, b);
+    }, &bytes);
+    const plan::CompressionCost pred = plan::compression_cost_flat(spec, local, device, double(n), g.size(), 1);
+    row(d, "topk_e2e", s, bytes, pred.seconds(), pred.break_even_density.value_or(NAN));
+  }
+};
+
+Options parse_options(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; i++) {
     const std::string a = argv[i];
@@ -112,98 +204,37 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr, "usage: bench_sparse_collectives [--sizes N,..] [--densities D,..] [--reps R] [--e2e] "
                            "[--e2e-max N] [--json FILE]\n");
-      return 2;
+      std::exit(2);
     }
   }
+  return o;
+}
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  const Options o = parse_options(argc, argv);
   std::unique_ptr<Backend> be = make_cpu_backend(1);
   CommLedger ledger;
   MpiGroup g(MPI_COMM_WORLD, "dp", &ledger, nullptr, be.get());
-  const int p = g.size(), me = g.rank();
   const MachineSpec local = find_cluster("local");
   const Device& device = find_device(local.device);
   nlohmann::json rows = nlohmann::json::array();
-  if (me == 0)
-    std::printf("# %d ranks on %s; median of %d reps of the slowest rank; bytes: rank 0's ledger\n"
-                "%-6s %10s %8s %-13s %11s %8s %13s %8s %11s %10s\n", p, "this machine", o.reps, "ranks", "floats",
-                "density", "method", "time_s", "x_dense", "bytes_rank0", "x_bytes", "pred_s", "pred_be");
+  if (g.rank() == 0)
+    std::printf("# %d ranks on this machine; median of %d reps of the slowest rank; bytes: rank 0's ledger\n"
+                "%-6s %10s %8s %-13s %11s %8s %13s %8s %11s %10s\n", g.size(), o.reps, "ranks", "floats", "density",
+                "method", "time_s", "x_dense", "bytes_rank0", "x_bytes", "pred_s", "pred_be");
   for (double nd : o.sizes) {
-    const int64_t n = int64_t(nd);
-    DeviceBuffer dense(*be, n, "dense"), out(*be, n, "out");
-    be->fill(dense.data(), 1.0f, n);
-    int64_t dense_bytes = 0;
-    const double dense_s = timed(g, ledger, o.reps, [&] { g.all_reduce_sum(dense.data(), n); }, &dense_bytes);
-    auto row = [&](double d, const std::string& method, double s, int64_t bytes, double pred_s, double pred_be) {
-      if (me != 0) return;
-      std::printf("%-6d %10lld %8.4g %-13s %11.5f %8.3f %13lld %8.1f %11.5f %10.4g\n", p, (long long)n, d,
-                  method.c_str(), s, s / dense_s, (long long)bytes, double(dense_bytes) / double(std::max<int64_t>(bytes, 1)),
-                  pred_s, pred_be);
-      rows.push_back({{"ranks", p}, {"floats", n}, {"density", d}, {"method", method}, {"seconds", s},
-                      {"dense_seconds", dense_s}, {"bytes", bytes}, {"dense_bytes", dense_bytes},
-                      {"predicted_seconds", pred_s}, {"predicted_break_even", pred_be}});
-    };
-    CommSpec dense_spec;
-    dense_spec.compressor = "topk";
-    const plan::CompressionCost dense_pred = plan::compression_cost_flat(dense_spec, local, device, nd, p, 1);
-    row(1.0, "dense", dense_s, dense_bytes, dense_pred.dense_s, NAN);
+    SizeBench b{*be, g, ledger, o, local, device, rows};
+    b.n = int64_t(nd);
+    DeviceBuffer dense(*be, b.n, "dense"), out(*be, b.n, "out");
+    b.dense(dense);
     for (double d : o.densities) {
-      const int64_t k = std::max<int64_t>(1, int64_t(std::llround(d * nd)));
-      // This rank's pairs: one index per stratum of n / k, values in [-1, 1).
-      std::vector<int32_t> idx(static_cast<size_t>(k)), shared(static_cast<size_t>(k));
-      std::vector<float> val(static_cast<size_t>(k));
-      for (int64_t j = 0; j < k; j++) {
-        const int64_t lo = j * n / k, width = (j + 1) * n / k - lo;
-        const uint64_t r = splitmix64_mix(uint64_t(me) * 0x9e3779b97f4a7c15ull + uint64_t(j));
-        idx[size_t(j)] = int32_t(lo + int64_t(r % uint64_t(width)));
-        shared[size_t(j)] = int32_t(lo + int64_t(splitmix64_mix(uint64_t(j)) % uint64_t(width)));
-        val[size_t(j)] = float(double(r >> 11) / 4503599627370496.0 - 1.0);
-      }
-      DeviceBuffer di(*be, k), dv(*be, k), ds(*be, k), dsv(*be, k);
-      be->upload(di.data(), idx.data(), 4 * size_t(k));
-      be->upload(dv.data(), val.data(), 4 * size_t(k));
-      be->upload(ds.data(), shared.data(), 4 * size_t(k));
-      const SparsePairs mine{reinterpret_cast<const int32_t*>(di.data()), dv.data(), k};
-      Scratch scratch(*be);
-      for (const char* collective : {"allgather", "split_reduce"}) {
-        CommSpec spec;
-        spec.compressor = "topk", spec.density = d, spec.collective = collective;
-        const plan::CompressionCost pred = plan::compression_cost_flat(spec, local, device, nd, p, 1);
-        int64_t bytes = 0;
-        const double s = timed(g, ledger, o.reps, [&] {
-          if (std::string(collective) == "allgather") allgather_pairs_sum(g, *be, mine, n, out.data(), scratch);
-          else split_reduce_all(g, *be, mine, n, (k + p - 1) / p, out.data(), scratch);
-        }, &bytes);
-        row(d, collective, s, bytes, pred.comm_s, comm_break_even(spec, local, device, nd, p));
-      }
-      int64_t bytes = 0;
-      const double s = timed(g, ledger, o.reps, [&] {
-        be->upload(dsv.data(), val.data(), 4 * size_t(k));  // the values are summed in place
-        shared_index_all_reduce(g, *be, reinterpret_cast<const int32_t*>(ds.data()), dsv.data(), k, n, out.data());
-      }, &bytes);
-      CommSpec temporal;
-      temporal.compressor = "temporal", temporal.density = d, temporal.refresh_every = 1000000;
-      row(d, "shared_index", s, bytes, plan::compression_cost_flat(temporal, local, device, nd, p, 1).comm_s, NAN);
-      if (o.e2e && nd <= o.e2e_max) {
-        CommSpec spec;
-        spec.compressor = "topk", spec.density = d, spec.min_compress = 0;
-        std::shared_ptr<Compressor> c = make_compressor(spec, {1, 0, n});
-        DeviceBuffer grad(*be, n, "gradient");
-        std::vector<float> h(static_cast<size_t>(n));
-        for (int64_t i = 0; i < n; i++) h[size_t(i)] = float(std::sin(0.001 * double(i) * (me + 1)));
-        int step = 0;
-        int64_t e2e_bytes = 0;
-        const double e2e = timed(g, ledger, o.reps, [&] {
-          be->upload(grad.data(), h.data(), 4 * size_t(n));
-          BucketReduce b;
-          b.begin = 0, b.end = n, b.n = n, b.data = b.out = grad.data();
-          c->begin_step(++step);
-          c->start(g, *be, b);
-        }, &e2e_bytes);
-        const plan::CompressionCost pred = plan::compression_cost_flat(spec, local, device, nd, p, 1);
-        row(d, "topk_e2e", e2e, e2e_bytes, pred.seconds(), pred.break_even_density.value_or(NAN));
-      }
+      b.collectives(d, out.data());
+      if (o.e2e && nd <= o.e2e_max) b.end_to_end(d);
     }
   }
-  if (me == 0 && !o.json.empty()) std::ofstream(o.json) << rows.dump(1) << "\n";
+  if (g.rank() == 0 && !o.json.empty()) std::ofstream(o.json) << rows.dump(1) << "\n";
   MPI_Finalize();
   return 0;
 }

@@ -41,7 +41,7 @@ micro_batch = 4
 """
 
 
-def train(steps, optimizer_lines, lr):
+def train(steps, lines, lr):
     return f"""[train]
 steps = {steps}
 lr = {lr}
@@ -51,7 +51,7 @@ eval_every = {max(1, steps // 6)}
 eval_batches = 16
 threads = 1
 log_every = {steps}
-{optimizer_lines}"""
+{lines}"""
 
 
 ADAM = ("", 1e-3)
@@ -75,6 +75,11 @@ RUNS = [
     ("topk 1% no EF", "dense adamw", ADAM, 'compressor = "topk"\ndensity = 0.01\nerror_feedback = false\n'),
     ("topk 0.1% no EF", "dense adamw", ADAM, 'compressor = "topk"\ndensity = 0.001\nerror_feedback = false\n'),
     ("topk 0.1% warm-up", "dense adamw", ADAM, 'compressor = "topk"\ndensity = 0.001\nwarmup_steps = 30\n'),
+    # What ships for Adam: 1-bit Adam's frozen variance after a dense warm-up, with error feedback.
+    ("topk 1% frozen v", "dense adamw", ADAM, 'compressor = "topk"\ndensity = 0.01\nwarmup_steps = 30\nadam_variance = "freeze"\n'),
+    ("topk 0.1% frozen v", "dense adamw", ADAM, 'compressor = "topk"\ndensity = 0.001\nwarmup_steps = 30\nadam_variance = "freeze"\n'),
+    ("temporal 1% frozen v", "dense adamw", ADAM, 'compressor = "temporal"\ndensity = 0.01\nrefresh_every = 10\nwarmup_steps = 30\nadam_variance = "freeze"\n'),
+    ("topk 0.1% split frozen v", "dense adamw", ADAM, 'compressor = "topk"\ndensity = 0.001\ncollective = "split_reduce"\nwarmup_steps = 30\nadam_variance = "freeze"\n'),
     # DGC needs plain SGD (its momentum correction is the momentum): its baseline is dense SGD.
     ("dense sgd", None, SGD, ""),
     ("topk 1% sgd", "dense sgd", SGD, 'compressor = "topk"\ndensity = 0.01\n'),
@@ -90,20 +95,25 @@ def dp_gradient_bytes(record):
 
 
 def run_one(args, name, opt, comm, run_dir):
-    job = MODEL + PARALLEL + train(args.steps, opt[0], opt[1]) + f'run_dir = "{run_dir}"\n'
+    job = MODEL + PARALLEL + train(args.steps, f'run_dir = "{run_dir}"\n' + opt[0], opt[1])
     if comm:
         job += "[comm]\n" + comm
     path = run_dir + ".toml"
-    with open(path, "w") as f:
-        f.write(job)
-    shutil.rmtree(run_dir, ignore_errors=True)
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1",
-               OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1")
-    t0 = time.time()
-    subprocess.run(["mpirun", "-np", "4", os.path.join(args.build, "exatrain"), "train", path], check=True, env=env,
-                   stdout=subprocess.DEVNULL)
-    wall = time.time() - t0
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    done = os.path.exists(path) and open(path).read() == job and os.path.exists(metrics) and any(
+        json.loads(l).get("step") == args.steps and "val_loss" in l for l in open(metrics))
+    wall = 0.0
+    if not (done and args.reuse):  # --reuse: a finished run of the same job is read, not rerun
+        with open(path, "w") as f:
+            f.write(job)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                   OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1",
+                   OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1")
+        t0 = time.time()
+        subprocess.run(["mpirun", "-np", "4", os.path.join(args.build, "exatrain"), "train", path], check=True,
+                       env=env, stdout=subprocess.DEVNULL)
+        wall = time.time() - t0
     records = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
     steps = [r for r in records if "loss" in r]
     vals = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
@@ -128,6 +138,7 @@ def main():
     ap.add_argument("--out", default="bench/comm/results")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--only", default="", help="comma-separated run names (default: all)")
+    ap.add_argument("--reuse", action="store_true", help="read a finished run of the same job instead of rerunning it")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     runs_dir = os.path.abspath(os.path.join(args.out, "runs"))

@@ -196,6 +196,8 @@ struct CommSpec {
   int64_t block_size = 256;         // blocktopk: elements per block
   int64_t min_compress = 1024;      // a piece of an entry with fewer elements is sent dense (norms, biases)
   double momentum = 0.9;            // dgc: momentum correction (the optimizer is SGD without momentum)
+  std::string adam_variance = "update";  // "freeze": AdamW's second moment frozen after warmup_steps
+                                         // (1-bit Adam's rule; docs/compression.md, "Under Adam")
   int64_t overlap_every = 10;       // sparsifiers: measure the overlap of the raw gradient's successive
                                     // top-k sets at every N-th step (and the one before); 0: never
   std::map<std::string, double> role_density;  // scope = "entry": density per ParamRole name

@@ -525,23 +525,23 @@ void parse_optimizer_section(Section& s, TrainSpec& t) {
 const std::vector<std::pair<std::string, std::vector<std::string>>>& comm_keys() {
   static const std::vector<std::pair<std::string, std::vector<std::string>>> keys = [] {
     const std::vector<std::string> sparse = {"density", "warmup_steps", "warmup", "error_feedback", "scope",
-                                             "min_compress", "role_density", "overlap_every"};
-    auto with = [&](std::vector<std::string> extra, const std::string& without = "") {
+                                             "min_compress", "role_density", "overlap_every", "adam_variance"};
+    auto with = [&](std::vector<std::string> extra, const std::vector<std::string>& without = {}) {
       std::vector<std::string> k = sparse;
       k.insert(k.end(), extra.begin(), extra.end());
-      k.erase(std::remove(k.begin(), k.end(), without), k.end());
+      for (const std::string& w : without) k.erase(std::remove(k.begin(), k.end(), w), k.end());
       return k;
     };
     return std::vector<std::pair<std::string, std::vector<std::string>>>{
         {"none", {}},
         {"topk", with({"selection", "sample_fraction", "collective"})},
-        // DGC always accumulates (its velocity is its error feedback); blocktopk's blocks tile the
-        // bucket whatever the entries (no dense pieces).
-        {"dgc", with({"selection", "sample_fraction", "collective", "momentum"}, "error_feedback")},
-        {"blocktopk", with({"block_size"}, "min_compress")},
+        // DGC always accumulates (its velocity is its error feedback) and trains SGD; blocktopk's
+        // blocks tile the bucket whatever the entries (no dense pieces).
+        {"dgc", with({"selection", "sample_fraction", "collective", "momentum"}, {"error_feedback", "adam_variance"})},
+        {"blocktopk", with({"block_size"}, {"min_compress"})},
         {"temporal", with({"selection", "sample_fraction", "collective", "refresh_every"})},
-        {"powersgd", {"rank", "warmup_steps", "error_feedback", "min_compress"}},
-        {"sign", {"warmup_steps", "error_feedback", "min_compress"}}};
+        {"powersgd", {"rank", "warmup_steps", "error_feedback", "min_compress", "adam_variance"}},
+        {"sign", {"warmup_steps", "error_feedback", "min_compress", "adam_variance"}}};
   }();
   return keys;
 }
@@ -562,6 +562,7 @@ void parse_comm_values(Section& s, CommSpec& c) {
   s.get_int("min_compress", c.min_compress, 0, int64_t(1) << 40);
   s.get_float_below("momentum", c.momentum, 0, 1);
   s.get_int("overlap_every", c.overlap_every, 0, 1000000);
+  if (int i = s.get_choice("adam_variance", {"update", "freeze"}); i >= 0) c.adam_variance = i == 0 ? "update" : "freeze";
   s.get_float_table("role_density", c.role_density, {"matrix", "embedding", "head", "norm", "bias"}, 0, 1);
   if (c.selection != "sample" && s.has("sample_fraction"))
     s.refuse("sample_fraction", "the fraction of elements DGC's sampled threshold reads, which needs [comm] "
@@ -588,8 +589,16 @@ void parse_comm_section(Section& s, Job& job, std::vector<std::string>& errors) 
                               own.empty() ? "which takes no other key" : "whose keys are " + own_text));
   parse_comm_values(s, c);
   s.report_unknown(all);
-  // DGC's momentum correction is the momentum (Lin et al. 2018, section 3.2): the optimizer must be plain SGD.
   const TrainSpec& t = job.train;
+  // 1-bit Adam's frozen variance (Tang et al. 2021): AdamW's, after the dense warm-up it measures v over.
+  if (c.adam_variance == "freeze" && (t.optimizer != "adamw" || c.warmup_steps == 0 || c.warmup != "dense"))
+    errors.push_back(fmt::format(
+        "{}: [comm] adam_variance = \"freeze\" with [train] optimizer = \"{}\" and [comm] warmup_steps = {}{}: the "
+        "second moment is frozen after the dense warm-up steps, which measure it (1-bit Adam); expected optimizer = "
+        "\"adamw\" and warmup_steps > 0 with warmup = \"dense\"",
+        job_origin(job, {"comm.adam_variance", "train.optimizer", "comm.warmup_steps", "comm.warmup"}), t.optimizer,
+        c.warmup_steps, c.warmup == "dense" ? "" : ", warmup = \"" + c.warmup + "\""));
+  // DGC's momentum correction is the momentum (Lin et al. 2018, section 3.2): the optimizer must be plain SGD.
   if (c.compressor == "dgc" && (t.optimizer != "sgd" || t.sgd.momentum != 0))
     errors.push_back(fmt::format(
         "{}: [comm] compressor = \"dgc\" with [train] optimizer = \"{}\"{}: DGC's momentum correction accumulates "
@@ -810,6 +819,7 @@ static std::string comm_toml(const CommSpec& c) {
   if (takes("min_compress")) out += line("min_compress", c.min_compress);
   if (takes("momentum")) out += line("momentum", c.momentum);
   if (takes("overlap_every")) out += line("overlap_every", c.overlap_every);
+  if (takes("adam_variance")) out += line("adam_variance", c.adam_variance);
   if (!c.role_density.empty() && c.scope == "entry") {
     std::string t;
     for (const auto& [role, d] : c.role_density) t += fmt::format("{}{} = {}", t.empty() ? "" : ", ", role, toml_text(toml::value(d)));

@@ -93,8 +93,11 @@ void Optimizer::step(const std::vector<ParamRegion>& regions, const OptimStep& c
 
 void adamw_part(Backend& be, const AdamWConfig& c, const EntryPart& e, float* m, float* v, const OptimStep& ctx) {
   const float bc1 = 1.0f - std::pow(c.beta1, float(ctx.step));
-  const float bc2 = 1.0f - std::pow(c.beta2, float(ctx.step));
-  be.adamw_update(e.params, e.grads, m, v, e.n, ctx.lr, c.beta1, c.beta2, c.eps, e.p.decay ? c.weight_decay : 0.0f,
+  // Frozen variance: beta2 = 1 leaves v exactly as it is (v = 1 v + 0 g^2), its correction that of the freeze.
+  const bool frozen = c.freeze_variance_after > 0 && ctx.step > c.freeze_variance_after;
+  const float beta2 = frozen ? 1.0f : c.beta2;
+  const float bc2 = 1.0f - std::pow(c.beta2, float(frozen ? c.freeze_variance_after : ctx.step));
+  be.adamw_update(e.params, e.grads, m, v, e.n, ctx.lr, c.beta1, beta2, c.eps, e.p.decay ? c.weight_decay : 0.0f,
                   bc1, bc2, ctx.grad_scale);
 }
 
@@ -124,7 +127,8 @@ std::unique_ptr<Optimizer> make_optimizer(Backend& backend, const TrainSpec& t) 
                                         t.mixed.first_order_steps);
   }
   const float wd = float(t.weight_decay);
-  const AdamWConfig adamw{float(t.beta1), float(t.beta2), float(t.eps), wd};
+  const AdamWConfig adamw{float(t.beta1), float(t.beta2), float(t.eps), wd,
+                          t.comm.adam_variance == "freeze" ? t.comm.warmup_steps : 0};
   if (t.optimizer == "adamw") return std::make_unique<AdamW>(backend, adamw);
   if (t.optimizer == "muon") {
     const MuonSpec& m = t.muon;

@@ -124,6 +124,11 @@ class Optimizer {
 // only on entries with decay = true.
 struct AdamWConfig {
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
+  // > 0: after this many steps the second moment v (and its bias correction) stays as it is, 1-bit
+  // Adam's frozen variance (Tang et al. 2021): the update becomes linear in the gradient, so the
+  // error-feedback-compressed gradients of [comm] (docs/compression.md, "Under Adam") move the
+  // weights as far as the dense ones. From [comm] adam_variance = "freeze" (after warmup_steps).
+  int64_t freeze_variance_after = 0;
 };
 
 class AdamW final : public Optimizer {

@@ -28,9 +28,11 @@
 // min_compress elements go dense (one all-reduce per bucket). The collectives run blocking in
 // start() (a sparse exchange has data-dependent sizes; the dense identity overlaps backward).
 // At dp 1 every compressor is the identity. Each reports its step figures (step_stats): elements,
-// values_sent, density, residual_norm, index_overlap (topk-family: |S_t ∩ S_t-1| / |S_t-1| of this
-// rank's successive sets; temporal: of the new set and the old at a refresh), refreshed,
-// threshold_fallbacks, dense_equivalent_bytes (what the fp32 collective of the same buckets sends).
+// density, residual_norm, index_overlap (topk-family: |S_t ∩ S_t-1| / |S_t-1| of this rank's
+// successive sent sets; temporal: of the new set and the old at a refresh), gradient_overlap (the
+// same for the raw gradient's top-k sets, before error feedback, every overlap_every steps),
+// refreshed, threshold_fallbacks, dense_equivalent_bytes (what the fp32 collective of the same
+// buckets sends).
 //
 // Owns: the compressors. May use: backend/, job/ (CommSpec), parallel/ (comm, compressor,
 // sparse_collectives).

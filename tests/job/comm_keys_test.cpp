@@ -76,7 +76,7 @@ TEST(JobComm, KeysTheCompressorDoesNotTakeAreRefused) {
                           "other key)")) << e;
   e = parse_error("[comm]\ncompressor = \"powersgd\"\ndensity = 0.01\nrefresh_every = 3\n");
   EXPECT_TRUE(contains(e, "[comm] density = 0.01: not a key of [comm] compressor = \"powersgd\" (whose keys are rank, "
-                          "warmup_steps, error_feedback, min_compress)")) << e;
+                          "warmup_steps, error_feedback, min_compress, adam_variance)")) << e;
   EXPECT_TRUE(contains(e, "[comm] refresh_every = 3: not a key")) << e;
   e = parse_error("[train]\noptimizer = \"sgd\"\n[optimizer]\nmomentum = 0\n[comm]\ncompressor = \"dgc\"\nerror_feedback = false\n");
   EXPECT_TRUE(contains(e, "[comm] error_feedback = false: not a key of [comm] compressor = \"dgc\"")) << e;
@@ -101,6 +101,20 @@ TEST(JobComm, DgcNeedsPlainSgdBecauseItsMomentumCorrectionIsTheMomentum) {
   e = parse_error("[train]\noptimizer = \"sgd\"\n[comm]\ncompressor = \"dgc\"\n");
   EXPECT_TRUE(contains(e, "with [train] optimizer = \"sgd\" and [optimizer] momentum = 0.9: DGC's")) << e;
   EXPECT_EQ(parse_error("[train]\noptimizer = \"sgd\"\n[optimizer]\nmomentum = 0\n[comm]\ncompressor = \"dgc\"\n"), "");
+}
+
+TEST(JobComm, FrozenAdamVarianceNeedsAdamWAndADenseWarmUp) {
+  const Job j = parse_job("[comm]\ncompressor = \"topk\"\nwarmup_steps = 20\nadam_variance = \"freeze\"\n", "job.toml");
+  EXPECT_EQ(j.train.comm.adam_variance, "freeze");
+  EXPECT_EQ(parse_job(job_to_toml(j), "roundtrip.toml").train.comm, j.train.comm);
+  std::string e = parse_error("[comm]\ncompressor = \"topk\"\nadam_variance = \"freeze\"\n");
+  EXPECT_TRUE(contains(e, "job.toml: [comm] adam_variance = \"freeze\" with [train] optimizer = \"adamw\" and [comm] "
+                          "warmup_steps = 0: the second moment is frozen after the dense warm-up steps, which measure it "
+                          "(1-bit Adam); expected optimizer = \"adamw\" and warmup_steps > 0 with warmup = \"dense\"")) << e;
+  e = parse_error("[train]\noptimizer = \"lion\"\n[comm]\ncompressor = \"sign\"\nwarmup_steps = 5\nadam_variance = \"freeze\"\n");
+  EXPECT_TRUE(contains(e, "with [train] optimizer = \"lion\" and [comm] warmup_steps = 5: the second moment")) << e;
+  e = parse_error("[comm]\ncompressor = \"topk\"\nadam_variance = \"fixed\"\n");
+  EXPECT_TRUE(contains(e, "[comm] adam_variance = \"fixed\": expected one of \"update\" \"freeze\"")) << e;
 }
 
 TEST(JobComm, ThePlanRefusesZero3AndZero1WithWholeTensorOptimizers) {
