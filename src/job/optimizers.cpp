@@ -24,6 +24,11 @@ OptimizerState optimizer_state(const TrainSpec& t) {
   // of an [m, n] matrix its factor and eigenbasis (2 m^2 + 2 n^2 per m n elements: 4 for a square
   // one, more for a tensor-parallel shard), counted like Shampoo's full blocks.
   if (o == "soap") return {6, 2, true};
+  // K-FAC (optim/kfac.hpp), counted like Shampoo's for square matrices (an [n, n] matrix's factor
+  // is n^2: 1 per element): the momentum, A and G, the step's statistics of both and its
+  // preconditioned gradient (scratch, but resident), and the eigenbases QA and QG on the gradient
+  // workers (a fraction grad_worker_fraction of the matrices under ZeRO 0); SGD's momentum elsewhere.
+  if (o == "kfac") return {6 + 2 * t.kfac.grad_worker_fraction, 1, true};
   if (o == "adafactor") {
     // Factored: a row and a column mean per 2-D entry (embeddings too), (m + n) / (m n) values
     // per element, counted as 0; the 1-D entries' full moments (norms, biases: under 0.1% of a

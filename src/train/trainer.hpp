@@ -37,6 +37,7 @@
 #include "parallel/compressor.hpp"
 #include "parallel/executor.hpp"
 #include "parallel/grad_sync.hpp"
+#include "parallel/optimizer_comm.hpp"
 #include "parallel/runtime.hpp"
 #include "parallel/trace.hpp"
 #include "plan/plan.hpp"
@@ -177,6 +178,7 @@ class Trainer {
   int64_t step_ = 0;
   std::vector<std::unique_ptr<Chunk>> chunks_;
   std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<parallel::GroupReplicaComm> optimizer_comm_;  // the optimizer's view of the replicas
   std::shared_ptr<parallel::Compressor> compressor_;
   std::unique_ptr<parallel::GradSync> sync_;
   std::unique_ptr<Event> unit_done_;      // recorded when a unit's gradients are final
