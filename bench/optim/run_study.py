@@ -3,14 +3,19 @@
 optimizer at one seed, then more seeds at each optimizer's best lr, on bench/optim/study.toml
 under `mpirun -np DP`; the target is AdamW's final validation loss at its best lr (mean over its
 seeds). Reports, per optimizer at its best lr: final validation loss (mean and range over seeds),
-steps and seconds to the target (the first evaluation at or below it), seconds per step, the
-optimizer's share of the step, and its state; writes results.json, table.md and one SVG chart
-(validation loss against steps and against seconds, every optimizer).
+steps to the target (the first evaluation at or below it) and their ratio to AdamW's, seconds to
+it, seconds per step and the optimizer's share, and its state; writes results.json, table.md and
+one SVG chart (the seeds' mean validation loss against steps and against seconds, every optimizer).
+
+Losses do not depend on the machine's load (every run is deterministic); seconds do. So the
+seconds come from a separate timing phase: every optimizer at its best lr for a few steps, in
+interleaved rounds (A B C ... A B C ...), medians, beside the host's sgemm rate and load average;
+seconds to the target = steps to it x that median s/step.
 
 Usage: bench/optim/run_study.py [--build build] [--out bench/optim/results] [--quick]
-  --quick: 2 optimizers, 2 lrs, 1 extra seed, 30 steps: checks the pipeline in about a minute.
-The full study (8 optimizers x 4 lrs + 2 seeds x 8, 400 steps at dp 2) is sized for about two
-hours on 2 cores.
+  --quick: AdamW, SOAP and K-FAC, 2 lrs, 1 extra seed, 30 steps: checks the pipeline in minutes.
+The full study (9 optimizers x 4 lrs + 2 seeds x 9, 400 steps at dp 2, then the timing) is sized
+for about two hours on 2 cores.
 """
 import argparse
 import json
@@ -31,14 +36,28 @@ GRIDS = {
     "muon": [3e-4, 1e-3, 3e-3, 1e-2],
     "shampoo": [3e-4, 1e-3, 3e-3, 1e-2],
     "soap": [3e-4, 1e-3, 3e-3, 1e-2],
+    "kfac": [0.1, 0.3, 1.0, 3.0],  # SGD's scale: K-FAC's update feeds SGD with momentum
 }
 # The matrix optimizers on the layers' matrices with AdamW elsewhere (optim/mixed.hpp), their
 # preconditioners refreshed every 10 steps from step 10.
 EXTRA = {
     "shampoo": ["optimizer.others=adamw", "optimizer.precondition_frequency=10", "optimizer.start_preconditioning_step=10"],
     "soap": ["optimizer.others=adamw", "optimizer.precondition_frequency=10"],
+    # K-FAC re-tuned on this benchmark (100-step trials at lr 1: damping 1e-2 over kfac-pytorch's 1e-3,
+    # factors every step and eigendecompositions every 10 for a 400-step run; docs/optimizers.md).
+    "kfac": ["optimizer.factor_update_steps=1", "optimizer.inv_update_steps=10", "optimizer.damping=0.01"],
 }
 SEEDS = [1, 2, 3]
+
+
+def train_cmd(args, optimizer, lr, seed, steps, run_dir):
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(args.dp),
+           os.path.join(args.build, "exatrain"), "train", args.job, "--plain",
+           "--set", f"train.optimizer={optimizer}", "--set", f"train.lr={lr}", "--set", f"train.seed={seed}",
+           "--set", f"train.steps={steps}", "--set", f"train.run_dir={run_dir}"]
+    for s in EXTRA.get(optimizer, []):
+        cmd += ["--set", s]
+    return cmd
 
 
 def run(args, optimizer, lr, seed):
@@ -48,14 +67,9 @@ def run(args, optimizer, lr, seed):
     metrics = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.exists(os.path.join(run_dir, "DONE")):
         subprocess.run(["rm", "-rf", run_dir], check=True)
-        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(args.dp),
-               os.path.join(args.build, "exatrain"), "train", args.job,
-               "--set", f"train.optimizer={optimizer}", "--set", f"train.lr={lr}", "--set", f"train.seed={seed}",
-               "--set", f"train.steps={args.steps}", "--set", f"train.run_dir={run_dir}"]
-        for s in EXTRA.get(optimizer, []):
-            cmd += ["--set", s]
         t0 = time.time()
-        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        r = subprocess.run(train_cmd(args, optimizer, lr, seed, args.steps, run_dir), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
         if r.returncode != 0:  # a diverged run (non-finite loss) counts as a failed lr, not a failed study
             print(f"  {name}: exit {r.returncode}: {r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ''}")
         print(f"  {name}: {time.time() - t0:.0f} s")
@@ -64,6 +78,42 @@ def run(args, optimizer, lr, seed):
     if not os.path.exists(metrics):
         return []
     return [json.loads(l) for l in open(metrics)]
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return (xs[n // 2] + xs[(n - 1) // 2]) / 2 if xs else math.nan
+
+
+def timing(args, best, rounds, steps):
+    """Seconds per step (and the optimizer's part of it, the slowest rank's) of each optimizer at its
+    best lr, measured side by side: `rounds` rounds, each running every optimizer once for `steps`
+    steps in turn, so that whatever else loads the machine falls on all of them alike. Per
+    optimizer: the median over its rounds of each round's median step after 5 warm-up steps."""
+    per = {o: ([], []) for o in best}
+    for k in range(rounds):
+        for o, lr in best.items():
+            run_dir = os.path.abspath(os.path.join(args.out, "timing", f"{o}-r{k}"))
+            subprocess.run(["rm", "-rf", run_dir], check=True)
+            subprocess.run(train_cmd(args, o, lr, SEEDS[0], steps, run_dir), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.STDOUT, check=True)
+            recs = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
+            recs = [r for r in recs if "loss" in r and r["step"] > 5]
+            per[o][0].append(median([r["seconds"] for r in recs]))
+            per[o][1].append(median([max(b["optimizer"] for b in r["breakdown_s_per_rank"]) for r in recs]))
+    return {o: (median(a), median(b)) for o, (a, b) in per.items()}
+
+
+def sgemm_gflops(threads):
+    """The host's float32 GEMM rate (numpy on Debian's OpenBLAS, 2048^3, best of 3) on `threads` threads."""
+    code = ("import numpy as np, time\n"
+            "a = np.random.rand(2048, 2048).astype(np.float32); b = a.copy(); a @ b\n"
+            "best = min((lambda t0: (a @ b, time.perf_counter() - t0)[1])(time.perf_counter()) for _ in range(3))\n"
+            "print(2 * 2048 ** 3 / best / 1e9)\n")
+    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+    out = subprocess.run(["/usr/bin/python3", "-c", code], env=env, stdout=subprocess.PIPE, text=True, check=True)
+    return float(out.stdout.strip())
 
 
 def summary(records):
@@ -118,6 +168,16 @@ def svg_chart(series, target, path):
     open(path, "w").write("\n".join(out) + "\n")
 
 
+def mean_curve(runs):
+    """The seeds' validation curves averaged at every evaluation step they all have: [(step, loss)]."""
+    curves = [r[0] for r in runs if r[0]]
+    if not curves:
+        return []
+    steps = sorted(set.intersection(*[{p[0] for p in c} for c in curves]))
+    at = [{st: l for st, _, l in c} for c in curves]
+    return [(st, sum(c[st] for c in at) / len(at)) for st in steps]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", default="build")
@@ -125,12 +185,14 @@ def main():
     ap.add_argument("--job", default="bench/optim/study.toml")
     ap.add_argument("--dp", type=int, default=2)
     ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--timing-rounds", type=int, default=3)
+    ap.add_argument("--timing-steps", type=int, default=40)
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()
     grids, seeds = GRIDS, SEEDS
     if a.quick:
-        grids = {o: GRIDS[o][1:3] for o in ("adamw", "soap")}
-        seeds, a.steps = SEEDS[:2], 30
+        grids = {o: GRIDS[o][1:3] for o in ("adamw", "soap", "kfac")}
+        seeds, a.steps, a.timing_rounds, a.timing_steps = SEEDS[:2], 30, 1, 10
     os.makedirs(a.out, exist_ok=True)
     results = {}
     for o, grid in grids.items():
@@ -142,39 +204,64 @@ def main():
         best = min(finals, key=finals.get)
         runs = [summary(run(a, o, best, s)) for s in seeds]
         results[o] = {"sweep": finals, "best_lr": best, "runs": runs}
+    print(f"timing: {a.timing_rounds} interleaved rounds of {a.timing_steps} steps per optimizer at its best lr")
+    host = {"sgemm_gflops_1_thread": sgemm_gflops(1), "sgemm_gflops_2_threads": sgemm_gflops(2),
+            "loadavg_before_timing": os.getloadavg()[0]}
+    timed = timing(a, {o: r["best_lr"] for o, r in results.items()}, a.timing_rounds, a.timing_steps)
+    host["loadavg_after_timing"] = os.getloadavg()[0]
+    for o, r in results.items():
+        r["timed_s_per_step"], r["timed_optimizer_s_per_step"] = timed[o]
+        r["mean_curve"] = mean_curve(r["runs"])
     adamw = [r[0][-1][2] for r in results["adamw"]["runs"] if r[0]]
     target = sum(adamw) / len(adamw)
-    table(results, target, a)
-    svg_chart({o: r["runs"][0][0] for o, r in results.items() if r["runs"][0][0]}, target,
-              os.path.join(a.out, "optimizers.svg"))
-    json.dump({"target": target, "steps": a.steps, "dp": a.dp,
+    table(results, target, a, host)
+    svg_chart({o: [(st, st * r["timed_s_per_step"], l) for st, l in r["mean_curve"]] for o, r in results.items()
+               if r["mean_curve"]}, target, os.path.join(a.out, "optimizers.svg"))
+    json.dump({"target": target, "steps": a.steps, "dp": a.dp, "host": host,
                "results": {o: {"sweep": {str(k): v for k, v in r["sweep"].items()}, "best_lr": r["best_lr"],
-                               "runs": r["runs"]} for o, r in results.items()}},
+                               "timed_s_per_step": r["timed_s_per_step"],
+                               "timed_optimizer_s_per_step": r["timed_optimizer_s_per_step"],
+                               "mean_curve": r["mean_curve"], "runs": r["runs"]} for o, r in results.items()}},
               open(os.path.join(a.out, "results.json"), "w"), indent=1)
     print(open(os.path.join(a.out, "table.md")).read())
     return 0
 
 
-def table(results, target, a):
-    """table.md: one row per optimizer at its best lr (steps and seconds to the target: seed means)."""
-    ad = results["adamw"]["runs"]
-    lines = [f"Target: AdamW's final validation loss at its best lr, {target:.4f} (mean of {len(ad)} seeds); "
-             f"{a.steps} steps at dp {a.dp}.", "",
-             "| optimizer | best lr | final val loss (mean, min–max) | steps to target | seconds to target | s/step "
-             "| optimizer s/step | state vs adamw (MiB, rank 0) |",
-             "|---|---|---|---|---|---|---|---|"]
-    ad_held = ad[0][3]
+def reached(r, target):
+    """Steps to the target per seed (None where a seed never reached it)."""
+    return [to_target(x[0], target)[0] for x in r["runs"]]
+
+
+def table(results, target, a, host):
+    """table.md: one row per optimizer at its best lr. Steps to the target: the mean over the seeds
+    that reached it; seconds to it: those steps times the side-by-side timed seconds per step."""
+    ad = results["adamw"]
+    ad_steps = [s for s in reached(ad, target) if s is not None]
+    ad_mean = sum(ad_steps) / len(ad_steps) if ad_steps else math.nan
+    lines = [f"Target: AdamW's final validation loss at its best lr, {target:.4f} (mean of {len(ad['runs'])} seeds); "
+             f"{a.steps} steps at dp {a.dp} (evaluations every 25 steps). Times: {a.timing_rounds} interleaved "
+             f"rounds of {a.timing_steps} steps per optimizer, medians; host sgemm {host['sgemm_gflops_1_thread']:.0f} "
+             f"GFLOP/s on 1 thread, {host['sgemm_gflops_2_threads']:.0f} on 2 (load average "
+             f"{host['loadavg_before_timing']:.1f} before the timing, {host['loadavg_after_timing']:.1f} after).", "",
+             "| optimizer | best lr | final val loss (mean, min–max) | steps to target (seeds) | steps vs adamw "
+             "| seconds to target | time vs adamw | s/step | optimizer s/step | state vs adamw (MiB, rank 0) | lr sweep (final val loss) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    ad_held = ad["runs"][0][3]
     for o, r in results.items():
         finals = [x[0][-1][2] for x in r["runs"] if x[0]] or [math.inf]
-        hits = [to_target(x[0], target) for x in r["runs"]]
-        st = [h[0] for h in hits if h[0] is not None]
-        sec = [h[1] for h in hits if h[1] is not None]
-        per = sum(x[1] for x in r["runs"]) / len(r["runs"])
-        opt = sum(x[2] for x in r["runs"]) / len(r["runs"])
-        reach = f"{sum(st) / len(st):.0f} ({len(st)}/{len(hits)} seeds)" if st else "not reached"
-        secs = f"{sum(sec) / len(sec):.1f}" if sec else "–"
+        st = [h for h in reached(r, target) if h is not None]
+        per = r["timed_s_per_step"]
+        if st:
+            mean = sum(st) / len(st)
+            steps = f"{mean:.0f} ({len(st)}/{len(r['runs'])})"
+            ratio, secs = f"{mean / ad_mean:.2f}", f"{mean * per:.1f}"
+            tratio = f"{mean * per / (ad_mean * ad['timed_s_per_step']):.2f}"
+        else:
+            steps, ratio, secs, tratio = "not reached", "–", "–", "–"
+        sweep = ", ".join(f"{lr:g}: {v:.3f}" for lr, v in r["sweep"].items())
         lines.append(f"| {o} | {r['best_lr']:g} | {sum(finals) / len(finals):.4f} ({min(finals):.4f}–{max(finals):.4f}) "
-                     f"| {reach} | {secs} | {per:.3f} | {opt:.4f} | {(r['runs'][0][3] - ad_held) / 2**20:+.2f} |")
+                     f"| {steps} | {ratio} | {secs} | {tratio} | {per:.3f} | {r['timed_optimizer_s_per_step']:.4f} "
+                     f"| {(r['runs'][0][3] - ad_held) / 2**20:+.2f} | {sweep} |")
     open(os.path.join(a.out, "table.md"), "w").write("\n".join(lines) + "\n")
 
 
