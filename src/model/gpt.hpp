@@ -13,7 +13,9 @@
 // (see gpt_layer.cpp); the tensor-parallel collectives are calls to ParallelHooks.
 //
 // Owns (room model/): the Gpt stage, its parameter layout with roles and units (layout.hpp), the
-// ParallelHooks it calls (parallel_hooks.hpp), the recomputation policy. No communication, no MPI.
+// ParallelHooks it calls (parallel_hooks.hpp), the LinearObserver it shows its layer matrices'
+// inputs and output gradients to (linear_observer.hpp), the recomputation policy. No
+// communication, no MPI.
 // May use: core/, job/, backend/.
 #pragma once
 #include <cstdint>

@@ -17,8 +17,9 @@
 // every replica), and is checkpointed by name as "<state>.<parameter>"; a tensor-parallel shard has
 // its own (train/checkpoint_io.cpp names it by its tp rank).
 //
-// Owns: the update rules and their state memory. May use: core/, job/, backend/ (the ops and
-// device memory), model/layout.hpp (ParamInfo).
+// Owns: the update rules and their state memory, and what an optimizer may ask of the other
+// replicas (replica_comm.hpp: implemented by parallel/). May use: core/, job/, backend/ (the ops
+// and device memory), model/layout.hpp (ParamInfo), model/linear_observer.hpp (K-FAC's statistics).
 #pragma once
 #include <cstdint>
 #include <memory>
