@@ -309,4 +309,18 @@ DistRun resumed_run(Backend& be, const Job& job, const std::string& checkpoint) 
   return r;
 }
 
+double worst_over_ranks(const std::vector<double>& a, const std::vector<double>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); i++) worst = worst_of(worst, rel_diff(a[i], b[i]));
+  double out = 0;
+  MPI_Allreduce(&worst, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return out;
+}
+
+int report(bool ok, const std::string& line, int rank) {
+  if (rank == 0) std::printf("%s %s\n", ok ? "OK  " : "FAIL", line.c_str());
+  std::fflush(stdout);
+  return ok ? 0 : 1;
+}
+
 }  // namespace dist_test

@@ -109,6 +109,11 @@ double rel_diff(double a, double b);
 // max(worst, x); +inf when either is NaN.
 double worst_of(double worst, double x);
 
+// The worst rel_diff of a[i] against b[i], the maximum over every rank (each rank has every loss).
+double worst_over_ranks(const std::vector<double>& a, const std::vector<double>& b);
+// Prints "OK   line" or "FAIL line" on rank 0; returns the failure count (0 or 1).
+int report(bool ok, const std::string& line, int rank);
+
 // The parameters of a model shard, downloaded (the arena is device memory).
 std::vector<float> host_params(const exatrain::Gpt& model);
 

@@ -31,6 +31,9 @@ using dist_test::Config;
 
 namespace {
 
+using dist_test::report;
+using dist_test::worst_over_ranks;
+
 constexpr int kSteps = 10, kHalf = 5;
 
 struct Case {
@@ -67,20 +70,6 @@ Job job_of(const Case& k, const Config& c) {
   j.train.soap.max_preconditioner_dim = 32;
   j.train.mixed.others = k.others, j.train.mixed.first_order_steps = k.first_order_steps;
   return j;
-}
-
-double worst_over_ranks(const std::vector<double>& a, const std::vector<double>& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); i++) worst = dist_test::worst_of(worst, dist_test::rel_diff(a[i], b[i]));
-  double out = 0;
-  MPI_Allreduce(&worst, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return out;
-}
-
-int report(bool ok, const std::string& line, int rank) {
-  if (rank == 0) std::printf("%s %s\n", ok ? "OK  " : "FAIL", line.c_str());
-  std::fflush(stdout);
-  return ok ? 0 : 1;
 }
 
 // A and C: every ZeRO stage at dp = world against the single-rank run, or refused.

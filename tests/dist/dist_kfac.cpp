@@ -39,6 +39,9 @@ using dist_test::Config;
 
 namespace {
 
+using dist_test::report;
+using dist_test::worst_over_ranks;
+
 constexpr int kSteps = 10, kHalf = 5;
 
 struct Kf {
@@ -57,20 +60,6 @@ Job kfac_job(const Kf& k) {
 }
 
 std::string name(const Kf& k) { return fmt::format("{} f={:g}", k.c.name(), k.fraction); }
-
-double worst_over_ranks(const std::vector<double>& a, const std::vector<double>& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); i++) worst = dist_test::worst_of(worst, dist_test::rel_diff(a[i], b[i]));
-  double out = 0;
-  MPI_Allreduce(&worst, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return out;
-}
-
-int report(bool ok, const std::string& line, int rank) {
-  if (rank == 0) std::printf("%s %s\n", ok ? "OK  " : "FAIL", line.c_str());
-  std::fflush(stdout);
-  return ok ? 0 : 1;
-}
 
 std::vector<double> losses_of(Backend& be, const Kf& k) {
   dist_test::DistRun r = dist_test::make_run(be, kfac_job(k));

@@ -33,6 +33,9 @@ using dist_test::Config;
 
 namespace {
 
+using dist_test::report;
+using dist_test::worst_over_ranks;
+
 constexpr int kSteps = 10, kHalf = 5;
 
 Job muon_job(const Config& c) {
@@ -41,26 +44,11 @@ Job muon_job(const Config& c) {
   return j;
 }
 
-// The worst relative loss difference over the ranks (every rank has every loss).
-double worst_over_ranks(const std::vector<double>& a, const std::vector<double>& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); i++) worst = dist_test::worst_of(worst, dist_test::rel_diff(a[i], b[i]));
-  double out = 0;
-  MPI_Allreduce(&worst, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return out;
-}
-
 std::vector<double> losses_of(Backend& be, const Config& c) {
   dist_test::DistRun r = dist_test::make_run(be, muon_job(c));
   std::vector<double> l;
   for (int s = 0; s < kSteps; s++) l.push_back(r.trainer->train_step().loss);
   return l;
-}
-
-int report(bool ok, const std::string& line, int rank) {
-  if (rank == 0) std::printf("%s %s\n", ok ? "OK  " : "FAIL", line.c_str());
-  std::fflush(stdout);
-  return ok ? 0 : 1;
 }
 
 std::string trace(const std::vector<double>& a) {
