@@ -137,6 +137,7 @@ void Kfac::fold_factors(const std::vector<const EntryPart*>& ms, const OptimStep
 // the result to its other gradient workers; every replica walks the matrices in the same order.
 void Kfac::refresh_eigen(const std::vector<const EntryPart*>& ms) {
   for (const EntryPart* e : ms) {
+    matrices_.at(&e->p).ready = -1;  // known again after this refresh
     if (!computes_inverse(e->p)) continue;
     float* const* s = e->entry_state;
     if (!be_.sym_eigh(s[kQA], s[kDA], s[kA], cols_of(e->p))) fallbacks_++;
@@ -160,26 +161,47 @@ void Kfac::refresh_eigen(const std::vector<const EntryPart*>& ms) {
   }
 }
 
-// P of every matrix this rank is a gradient worker of, into pgrad_; returns lr^2 <P, g> summed over
-// the matrices this rank is the inverse worker (or owner) of.
+// Eigenvectors are never 0 once decomposed (orthonormal columns): all 0 means none yet (the first
+// decomposition failed). Known after each refresh, or found from the (loaded) state once.
+bool Kfac::has_eigenbases(const EntryPart& e) {
+  Matrix& m = matrices_.at(&e.p);
+  if (m.ready < 0)
+    m.ready = be_.sum_squares(e.entry_state[kQA], cols_of(e.p) * cols_of(e.p)) > 0 &&
+              be_.sum_squares(e.entry_state[kQG], rows_of(e.p) * rows_of(e.p)) > 0;
+  return m.ready == 1;
+}
+
+// P of every matrix this rank is a gradient worker of, into pgrad_ (g itself for a matrix without
+// eigenbases yet); returns lr^2 <P, g> summed over the matrices this rank is the inverse worker
+// (or owner) of.
 double Kfac::precondition(const std::vector<const EntryPart*>& ms, const OptimStep& ctx) {
   double vg = 0;
   for (const EntryPart* e : ms) {
     if (!is_grad_worker(e->p)) continue;
-    const int64_t out = rows_of(e->p), in = cols_of(e->p);
-    float* const* s = e->entry_state;
     float* P = pgrad_.data() + matrix(e->p).p_off;
-    float* tmp = reserve_scratch(be_, tmp_, out * in, "kfac scratch");
-    // V = QG^T g QA [out, in];  V /= dG dA^T + damping;  P = QG V QA^T
-    be_.gemm(true, false, out, in, out, ctx.grad_scale, s[kQG], out, e->grads, in, 0.0f, tmp, in);
-    be_.gemm(false, false, out, in, in, 1.0f, tmp, in, s[kQA], in, 0.0f, P, in);
-    be_.eigen_damped_divide(P, s[kDG], s[kDA], out, in, cfg_.damping);
-    be_.gemm(false, false, out, in, out, 1.0f, s[kQG], out, P, in, 0.0f, tmp, in);
-    be_.gemm(false, true, out, in, in, 1.0f, tmp, in, s[kQA], in, 0.0f, P, in);
+    if (!has_eigenbases(*e)) {
+      be_.copy(P, e->grads, sizeof(float) * size_t(e->n));
+      be_.scale(P, ctx.grad_scale, e->n);
+    } else {
+      precondition_one(*e, P, ctx.grad_scale);
+    }
     if (cfg_.kl_clip > 0 && computes_inverse(e->p))
       vg += double(ctx.lr) * double(ctx.lr) * double(ctx.grad_scale) * be_.dot(P, e->grads, e->n);
   }
   return vg;
+}
+
+// P = QG [(QG^T g QA) / (dG dA^T + damping)] QA^T, g = grad_scale * the entry's gradient.
+void Kfac::precondition_one(const EntryPart& e, float* P, float grad_scale) {
+  const int64_t out = rows_of(e.p), in = cols_of(e.p);
+  float* const* s = e.entry_state;
+  float* tmp = reserve_scratch(be_, tmp_, out * in, "kfac scratch");
+  // V = QG^T g QA [out, in];  V /= dG dA^T + damping;  P = QG V QA^T
+  be_.gemm(true, false, out, in, out, grad_scale, s[kQG], out, e.grads, in, 0.0f, tmp, in);
+  be_.gemm(false, false, out, in, in, 1.0f, tmp, in, s[kQA], in, 0.0f, P, in);
+  be_.eigen_damped_divide(P, s[kDG], s[kDA], out, in, cfg_.damping);
+  be_.gemm(false, false, out, in, out, 1.0f, s[kQG], out, P, in, 0.0f, tmp, in);
+  be_.gemm(false, true, out, in, in, 1.0f, tmp, in, s[kQA], in, 0.0f, P, in);
 }
 
 // Replica r outside a matrix's gradient workers [first, first + g) receives its P from worker

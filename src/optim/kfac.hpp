@@ -17,8 +17,9 @@
 //                                                         KFACEigenLayer.preconditioned_grad)
 //   kl_clip > 0:  nu = min(1, sqrt(kl_clip / |sum over every matrix of the model of lr^2 <P, g>|))
 //   SGD (torch.optim.SGD): d = nu P + wd W;  buf = momentum buf + d;  W -= lr (nesterov ? d + momentum buf : buf)
-// Other entries: the same SGD with d = g + wd W. Before the first successful eigendecomposition
-// of a side its eigenvectors are 0, so P = 0: the matrix waits (momentum decays) rather than move.
+// Other entries: the same SGD with d = g + wd W. A failed eigendecomposition keeps the previous
+// eigenbasis (counted: fallbacks()); a matrix with none yet (its first failed) takes P = g, plain
+// SGD, until one succeeds.
 //
 // Distribution (KAISA). Every replica computes its micro-batches' statistics for every matrix of
 // its chunks and they are all-reduced over the replicas on factor steps ("dp_kfac_factors" bytes),
@@ -78,6 +79,7 @@ class Kfac final : public Optimizer, public LinearObserver {
   std::vector<EntryStateSpec> entry_states(const ParamInfo& p) const override;
   static bool preconditioned(const ParamInfo& p) { return p.role == ParamRole::matrix && p.shard_shape.size() == 2; }
   int64_t fallbacks() const override { return fallbacks_; }
+  int64_t scratch_bytes() const override { return bytes_of({&stats_, &pgrad_, &tmp_}); }
 
   void connect(const OptimizerTopology& topology) override;
   void begin_step(int64_t step) override;
@@ -106,14 +108,17 @@ class Kfac final : public Optimizer, public LinearObserver {
     int64_t rows = 0;              // rows observed this step on this rank
     int worker = 0;                // its inverse worker (replicated)
     int64_t p_off = -1;            // its P in pgrad_ this step (-1: not updated here)
+    int ready = -1;                // its eigenbases hold a decomposition: 1 yes, 0 no, -1 not known yet
   };
   const Matrix& matrix(const ParamInfo& p) const;
   bool is_grad_worker(const ParamInfo& p) const;  // holds its eigenbases and computes P
   bool computes_inverse(const ParamInfo& p) const;
+  bool has_eigenbases(const EntryPart& e);  // this gradient worker's eigenvectors are not all 0
   void assign_workers();
   void fold_factors(const std::vector<const EntryPart*>& ms, const OptimStep& ctx);
   void refresh_eigen(const std::vector<const EntryPart*>& ms);
   double precondition(const std::vector<const EntryPart*>& ms, const OptimStep& ctx);
+  void precondition_one(const EntryPart& e, float* P, float grad_scale);
   void share_preconditioned(const std::vector<const EntryPart*>& ms);
 
   KfacConfig cfg_;

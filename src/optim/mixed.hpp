@@ -34,6 +34,7 @@ class MixedOrder final : public Optimizer {
   // (when p is a matrix).
   std::vector<EntryStateSpec> entry_states(const ParamInfo& p) const override;
   int64_t fallbacks() const override { return matrix_->fallbacks(); }
+  int64_t scratch_bytes() const override { return matrix_->scratch_bytes() + first_->scratch_bytes(); }
   // Distribution and observation are the matrix optimizer's (K-FAC's); before the switch it is
   // told step <= 0 (nothing to observe).
   void connect(const OptimizerTopology& t) override { matrix_->connect(t); }

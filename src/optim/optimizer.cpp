@@ -127,6 +127,12 @@ void check_whole_entry(const char* optimizer, const EntryPart& e) {
             "must cut between entries (needs_whole_entries)", optimizer, e.p.name, e.first, e.first + e.n, e.p.numel);
 }
 
+int64_t bytes_of(std::initializer_list<const DeviceBuffer*> buffers) {
+  int64_t b = 0;
+  for (const DeviceBuffer* d : buffers) b += int64_t(sizeof(float)) * d->size();
+  return b;
+}
+
 float* reserve_scratch(Backend& be, DeviceBuffer& buf, int64_t n, const char* label) {
   if (buf.size() < n) buf = DeviceBuffer(be, n, label);
   return buf.data();

@@ -22,6 +22,7 @@
 // and device memory), model/layout.hpp (ParamInfo), model/linear_observer.hpp (K-FAC's statistics).
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -117,6 +118,9 @@ class Optimizer {
   // One update of every region; the regions are init_state's (their pointers may have moved).
   void step(const std::vector<ParamRegion>& regions, const OptimStep& ctx);
   int64_t state_bytes() const;
+  // Device memory the optimizer holds beyond its state between steps (scratch grown to the largest
+  // entry, K-FAC's statistics and preconditioned gradients): counted in the trainer's accounted bytes.
+  virtual int64_t scratch_bytes() const { return 0; }
   // Distribution (optimizers whose update needs other ranks; default: nothing to do). connect is
   // called once, before init_state; begin_step before the forward of every step, with the number
   // of the update that step ends with; the observer, when there is one, is shown every backward's
@@ -184,6 +188,8 @@ void adamw_part(Backend& be, const AdamWConfig& c, const EntryPart& part, float*
 // scratch buffer of at least n floats, grown and never shrunk.
 void check_whole_entry(const char* optimizer, const EntryPart& e);
 float* reserve_scratch(Backend& be, DeviceBuffer& buf, int64_t n, const char* label);
+// The bytes of these buffers (scratch_bytes).
+int64_t bytes_of(std::initializer_list<const DeviceBuffer*> buffers);
 
 // The job's optimizer ([train] optimizer and its hyper-parameters: "adamw" and "lamb" with
 // [train]'s beta1, beta2, eps; "sgd", "lion", "adafactor" (optim/first_order.hpp), "muon"

@@ -117,6 +117,20 @@ KfacBytes kfac_bytes(const ModelSpec& m, const Plan& p, int64_t pp_rank) {
   return b;
 }
 
+double kfac_factor_bytes(const ModelSpec& m, const Plan& p, int64_t pp_rank) {
+  if (p.optimizer != "kfac") return 0;
+  const double replicas = double(p.dp * p.cp);
+  const double owned = p.zero >= 1 ? 1 / replicas : 1.0;
+  const double eigen_share = p.zero >= 1 ? 1 / replicas : p.optimizer_knobs.grad_worker_fraction;
+  double floats = 0;
+  for (const EntryClass& e : entry_classes(m, p, pp_rank)) {
+    if (!e.layer_matrix) continue;
+    const double out = double(e.rows), in = double(e.cols), sq = in * in + out * out;
+    floats += double(e.count) * (sq * owned + (sq + in + out) * eigen_share + sq);
+  }
+  return 4 * floats;
+}
+
 namespace {
 
 // The optimizer that updates entry class e: a mixed order's first-order one off the layers' matrices.

@@ -69,6 +69,13 @@ struct KfacBytes {
   double all_reduce = 0, sent = 0;
 };
 KfacBytes kfac_bytes(const ModelSpec& m, const Plan& p, int64_t pp_rank);
+// K-FAC's fp32 memory of matrix side lengths on one replica of pipeline rank pp_rank (what
+// optim/kfac.hpp allocates): per layer matrix [out, in] the factors A, G (in^2 + out^2; under ZeRO
+// >= 1 only on the matrix's owner: 1/(dp·cp) of them), the eigenbases and eigenvalues
+// (in^2 + in + out^2 + out; on its gradient workers: grad_worker_fraction of the matrices under
+// ZeRO 0, the owner's share under ZeRO >= 1) and the step's statistics (in^2 + out^2, on every
+// replica). 0 for other optimizers.
+double kfac_factor_bytes(const ModelSpec& m, const Plan& p, int64_t pp_rank);
 // The matrix FLOPs of p.optimizer on one entry of class e (0 for the elementwise optimizers, for
 // 1-D entries and, for Muon, for the embeddings and head, which get AdamW).
 double entry_matrix_flops(const Plan& p, const EntryClass& e);

@@ -83,7 +83,7 @@ struct StepMetrics {
   double gflops = 0;           // this rank's achieved model GFLOP/s
   double mfu = 0;              // gflops / peak_gflops
   int64_t peak_rss_bytes = 0;
-  int64_t accounted_bytes = 0; // this rank's params + grads + optimizer state + activations
+  int64_t accounted_bytes = 0; // this rank's params + grads + optimizer state and scratch + activations
   // The planner's breakdown_s names: compute, tp_comm, pp_comm, pp_bubble, dp_comm, optimizer.
   std::map<std::string, double> breakdown_s;
   std::map<std::string, int64_t> bytes;  // this rank's ledger for the step (kind -> bytes sent)

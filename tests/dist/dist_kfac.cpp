@@ -2,8 +2,9 @@
 // 2 steps and eigendecompositions every 3 (steps 1, 3, 5, ... and 1, 4, 7, 10), KL clipping on:
 //   A. dp = world under ZeRO 0 with every gradient-worker split the world allows (fraction 1:
 //      COMM-OPT; 1/world: MEM-OPT; at 4 ranks 1/2: HYBRID-OPT, also with pp 2) and under ZeRO 1
-//      (one owner per matrix) has the 10 losses of the single-rank run (1e-5 relative); the
-//      single-rank run differs from SGD with the same momentum and lr, and from AdamW, by > 1e-3;
+//      (one owner per matrix) has the 10 losses of the single-rank run (1e-5 relative), as does the
+//      mixed order (AdamW for 3 steps, then K-FAC on the matrices); the single-rank run differs from
+//      SGD with the same momentum and lr, and from AdamW, by > 1e-3;
 //   B. the bytes: "dp_kfac_factors" is the ring all-reduce of every matrix's two statistics on
 //      factor steps only (each rank, exactly); summed over the ranks, "dp_kfac_eigen" is (g - 1)
 //      eigendecompositions per matrix on inverse steps and "dp_kfac_grad" is (world - g)
@@ -14,7 +15,8 @@
 //   D. exact resume: saved at step 5 at dp = world ZeRO 0 MEM-OPT (each matrix's eigenbases on one
 //      rank, saved by it) and resumed there: steps 6-10 and the final weights bit for bit;
 //      resumed at another layout (np 2: pp 2 at dp 1; np 4: dp2 x pp2 ZeRO 1) to 1e-5; resumed
-//      with the state zeroed: differs (> 1e-6);
+//      with the state zeroed: differs (> 1e-6); saved at COMM-OPT (every rank holds every eigenbasis)
+//      and resumed at MEM-OPT: each rank loads eigenbases another saved (1e-5);
 //   E. refused up front with the reason: ZeRO 2, a fraction under ZeRO 1, a fraction that does not
 //      give a whole divisor of the replicas.
 // Exits non-zero on any mismatch.
@@ -47,6 +49,7 @@ constexpr int kSteps = 10, kHalf = 5;
 struct Kf {
   Config c;
   double fraction = 1;
+  bool mixed = false;  // AdamW everywhere for 3 steps, then K-FAC on the matrices and AdamW elsewhere
 };
 
 Job kfac_job(const Kf& k) {
@@ -56,10 +59,11 @@ Job kfac_job(const Kf& k) {
   j.train.kfac.factor_update_steps = 2, j.train.kfac.inv_update_steps = 3;
   j.train.kfac.kl_clip = 1e-3;
   j.train.kfac.grad_worker_fraction = k.fraction;
+  if (k.mixed) j.train.lr = 3e-3, j.train.mixed.others = "adamw", j.train.mixed.first_order_steps = 3;
   return j;
 }
 
-std::string name(const Kf& k) { return fmt::format("{} f={:g}", k.c.name(), k.fraction); }
+std::string name(const Kf& k) { return fmt::format("{} f={:g}{}", k.c.name(), k.fraction, k.mixed ? " kfac+adamw@3" : ""); }
 
 std::vector<double> losses_of(Backend& be, const Kf& k) {
   dist_test::DistRun r = dist_test::make_run(be, kfac_job(k));
@@ -129,6 +133,13 @@ int equivalence(Backend& be, int world, int rank) {
     failures += report(d <= 1e-5, fmt::format("A: [{}] vs single rank: loss rel diff {:.2e} (tolerance 1e-5)", name(k), d),
                        rank);
   }
+  // The mixed order (optim/mixed.hpp) with K-FAC: its hooks reach K-FAC after the switch only.
+  const dist_test::Reference mixed = dist_test::run_single_rank(kfac_job({one, 1.0, true}));
+  for (const Kf& k : {Kf{base, 1.0 / world, true}, Kf{z1, 1.0, true}}) {
+    const double d = worst_over_ranks(losses_of(be, k), mixed.losses);
+    failures += report(d <= 1e-5, fmt::format("A: [{}] vs single rank: loss rel diff {:.2e} (tolerance 1e-5)", name(k), d),
+                       rank);
+  }
   failures += bytes_check(be, {base, 1.0 / world}, world, rank);
   failures += bytes_check(be, {base, 1.0}, world, rank);
   return failures;
@@ -155,6 +166,20 @@ int tensor_parallel(Backend& be, int world, int rank) {
                                               tp2.name(), e), rank);
   }
   return failures;
+}
+
+// A checkpoint of COMM-OPT (every rank holds every eigenbasis; each saved by its inverse worker)
+// resumed at MEM-OPT on the same ranks: each rank loads the eigenbases another rank saved.
+int resume_across_fractions(Backend& be, int world, const std::string& dir, int rank) {
+  Kf save{Config{}, 1.0}, load{Config{}, 1.0 / world};
+  save.c.dp = load.c.dp = world, save.c.micro_batches = load.c.micro_batches = 8 / world;
+  const dist_test::SavedRun a = dist_test::run_saving_at(be, kfac_job(save), kSteps, kHalf, dir);
+  dist_test::DistRun b = dist_test::resumed_run(be, kfac_job(load), a.checkpoint);
+  std::vector<double> got(a.losses.begin(), a.losses.begin() + kHalf);
+  for (int s = kHalf; s < kSteps; s++) got.push_back(b.trainer->train_step().loss);
+  const double d = worst_over_ranks(got, a.losses);
+  return report(d <= 1e-5, fmt::format("D: saved at [{}], resumed at [{}]: steps 6-10 loss rel diff {:.2e} (tolerance "
+                                       "1e-5)", name(save), name(load), d), rank);
 }
 
 int resume(Backend& be, int world, const std::string& dir, int rank) {
@@ -226,6 +251,7 @@ int main(int argc, char** argv) {
   int failures = equivalence(*be, mpi.size, mpi.rank);
   failures += tensor_parallel(*be, mpi.size, mpi.rank);
   failures += resume(*be, mpi.size, root + "/kfac", mpi.rank);
+  failures += resume_across_fractions(*be, mpi.size, root + "/kfac-fractions", mpi.rank);
   failures += refusals(*be, mpi.size, mpi.rank);
   MPI_Barrier(MPI_COMM_WORLD);
   if (mpi.rank == 0) std::filesystem::remove_all(root);

@@ -1,10 +1,13 @@
 // The model's LinearObserver (model/linear_observer.hpp) shows every layer matrix's input and
 // output gradient: for each matrix entry, sum over the micro-batches and rows of dy^T x must be
 // exactly what backward accumulated in its gradient (dW = dy^T x for y = x W^T), which pins x, dy,
-// their strides and the entry they are reported for. Fused q/k/v and gate/up, recomputation.
+// their strides and the entry they are reported for. Fused q/k/v and gate/up, recomputation, and
+// tensor parallelism (in-process ranks, with and without sequence parallelism): each rank's shard
+// of a matrix gets its own shard's rows and columns (K-FAC's per-shard factors).
 #include <gtest/gtest.h>
 
 #include <map>
+#include <thread>
 
 #include "model/gpt.hpp"
 #include "model_util.hpp"
@@ -38,6 +41,29 @@ class Recorder final : public LinearObserver {
  private:
   Backend& be_;
 };
+
+// Worst |sum dy^T x - gradient| over the layer matrices of g, relative to each one's largest
+// gradient element; every matrix must have been reported `calls` times.
+double worst_mismatch(Gpt& g, Backend& be, Recorder& rec, int calls, std::string* problems) {
+  const std::vector<float> grads = host_copy(be, g.grads(), g.num_params());
+  double worst_rel = 0;
+  for (const ParamInfo& p : g.layout().entries()) {
+    if (p.role != ParamRole::matrix) {
+      if (rec.calls.count(&p)) *problems += p.name + " is no layer matrix; ";
+      continue;
+    }
+    if (rec.calls[&p] != calls) *problems += p.name + " reported " + std::to_string(rec.calls[&p]) + " times; ";
+    const std::vector<double>& s = rec.sums[&p];
+    double worst = 0, scale = 0;
+    for (int64_t k = 0; k < p.numel && size_t(k) < s.size(); k++) {
+      worst = std::max(worst, std::abs(s[size_t(k)] - double(grads[size_t(p.offset + k)])));
+      scale = std::max(scale, std::abs(double(grads[size_t(p.offset + k)])));
+    }
+    if (!(scale > 0)) *problems += p.name + " has no gradient; ";
+    worst_rel = std::max(worst_rel, worst / scale);
+  }
+  return worst_rel;
+}
 
 void check_observer(const ModelSpec& m, Recompute rc) {
   auto be = make_cpu_backend(2, 0);
@@ -83,6 +109,41 @@ void check_observer(const ModelSpec& m, Recompute rc) {
 TEST(LinearObserver, InputsAndOutputGradientsGiveEachMatrixGradient) {
   check_observer(tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4), Recompute::none);
   check_observer(tiny_model(Activation::swiglu, Norm::rmsnorm, Position::rope, 2), Recompute::full);
+}
+
+TEST(LinearObserver, EachTensorParallelShardSeesItsOwnRowsAndColumns) {
+  for (bool sp : {false, true}) {
+    const ModelSpec m = tiny_model(Activation::swiglu, Norm::rmsnorm, Position::rope, 2);
+    const int tp = 2;
+    InProcessHooks::Shared shared(tp);
+    std::vector<double> worst(static_cast<size_t>(tp), 1.0);
+    std::vector<std::string> found(static_cast<size_t>(tp));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < tp; r++)
+      threads.emplace_back([&, r] {
+        auto be = make_cpu_backend(1, 0);
+        InProcessHooks hooks(shared, r);
+        GptOptions o;
+        o.model = m;
+        o.micro_batch = 2;
+        o.tp = {r, tp, sp};
+        Gpt g(*be, o, &hooks);
+        g.init_weights(5);
+        Recorder rec(*be);
+        g.set_linear_observer(&rec);
+        g.zero_grad();
+        auto tok = random_tokens(size_t(2 * m.seq_len), m.vocab, 11);
+        auto tgt = random_tokens(size_t(2 * m.seq_len), m.vocab, 21);
+        g.forward(tok.data(), nullptr, tgt.data());
+        g.backward(nullptr, 1.0f);
+        worst[size_t(r)] = worst_mismatch(g, *be, rec, 1, &found[size_t(r)]);
+      });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < tp; r++) {
+      EXPECT_EQ(found[size_t(r)], "") << "rank " << r << (sp ? " (sp)" : "");
+      EXPECT_LT(worst[size_t(r)], 1e-4) << "rank " << r << (sp ? " (sp)" : "");
+    }
+  }
 }
 
 TEST(LinearObserver, NotCalledWhenNotObserving) {
