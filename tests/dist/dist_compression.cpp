@@ -36,11 +36,12 @@ bool all_ok(bool ok) {
   return all == 1;
 }
 
-// The step's gradient bytes over dp: every dp kind but ZeRO's weight all-gather.
+// The step's gradient bytes over dp: every dp kind but ZeRO's weight all-gather and K-FAC's own
+// exchanges (dp_kfac_factors, _eigen, _grad: the optimizer's, the same with or without [comm]).
 int64_t dp_gradient_bytes(const std::map<std::string, int64_t>& bytes) {
   int64_t b = 0;
   for (const auto& [kind, n] : bytes)
-    if (kind.rfind("dp_", 0) == 0 && kind != "dp_all_gather") b += n;
+    if (kind.rfind("dp_", 0) == 0 && kind != "dp_all_gather" && kind.rfind("dp_kfac_", 0) != 0) b += n;
   return b;
 }
 
@@ -205,13 +206,16 @@ int main(int argc, char** argv) {
   std::map<std::string, Trace> dense_runs;
   for (const Config& cfg : configs)
     for (const Case& c : cases()) failures += one(*be, mpi.rank, cfg, c, dense_runs);
-  // An optimizer that needs whole tensors (Muon) takes the compressed sum under ZeRO 0 like any
-  // other (under ZeRO 1 the pair is refused: tests/job/comm_keys_test.cpp).
+  // The optimizers that need whole tensors (Muon; K-FAC, whose factors come from the layers'
+  // inputs and output gradients, not from the reduction) take the compressed sum under ZeRO 0 like
+  // any other (under ZeRO 1 the pair is refused: tests/job/comm_keys_test.cpp).
   if (!guarded) {
     Config z0;
     z0.dp = mpi.size;
-    Case muon{"topk with muon", cases()[0].comm, 0.5, "muon"};
-    failures += one(*be, mpi.rank, z0, muon, dense_runs);
+    for (const char* optimizer : {"muon", "kfac"}) {
+      Case c{fmt::format("topk with {}", optimizer), cases()[0].comm, 0.5, optimizer};
+      failures += one(*be, mpi.rank, z0, c, dense_runs);
+    }
   }
   failures += zero3_refused(*be, mpi.size, mpi.rank);
   if (mpi.rank == 0) std::printf("%d failures (backend %s)\n", failures, be->name());

@@ -136,4 +136,9 @@ TEST(JobComm, ThePlanRefusesZero3AndZero1WithWholeTensorOptimizers) {
   EXPECT_EQ(problem("zero = 0\n[train]\noptimizer = \"muon\"\n[comm]\ncompressor = \"powersgd\"\n"), "");
   EXPECT_EQ(problem("zero = 2\n[comm]\ncompressor = \"sign\"\n"), "");
   EXPECT_EQ(problem("zero = 1\n[comm]\ncompressor = \"temporal\"\n"), "");
+  // K-FAC gives every layer one owner under ZeRO 1 (KAISA's MEM-OPT): refused with a compressor;
+  // under ZeRO 0 it takes the compressed sum (tests/dist/dist_compression.cpp trains it).
+  e = problem("zero = 1\n[train]\noptimizer = \"kfac\"\n[comm]\ncompressor = \"topk\"\n");
+  EXPECT_TRUE(contains(e, "[comm] compressor = \"topk\" with [parallel] zero = 1 and [train] optimizer = \"kfac\"")) << e;
+  EXPECT_EQ(problem("zero = 0\n[train]\noptimizer = \"kfac\"\n[comm]\ncompressor = \"topk\"\n"), "");
 }
