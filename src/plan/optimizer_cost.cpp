@@ -1,5 +1,7 @@
 #include "plan/optimizer_cost.hpp"
 
+#include "plan/compute.hpp"
+
 #include <algorithm>
 
 #include "job/model_shapes.hpp"
@@ -139,17 +141,15 @@ OptimizerCost optimizer_step_cost(const ModelSpec& m, const Plan& p, const Devic
   // a mixed-precision run; Shampoo's and SOAP's factors and bases are fp32 (Distributed Shampoo,
   // SOAP's reference implementation).
   const bool bf16_matrices = p.optimizer == "muon" && p.precision != Precision::fp32;
-  const double peak = 1e12 * d.peak_tflops(bf16_matrices ? Precision::bf16 : Precision::fp32);
-  const double dim_half = d.gemm_dim_half.value_or(c.dim_half);
+  const Precision matrices = bf16_matrices ? Precision::bf16 : Precision::fp32;
   const int64_t block = p.optimizer == "shampoo" ? p.optimizer_knobs.max_preconditioner_dim : INT64_MAX;
   double bytes = 0, matrix_s = 0, flops = 0, largest_bytes = 0, largest_s = 0, largest_flops = 0;
   for (const EntryClass& e : entry_classes(m, p, pp_rank)) {
     const double entry_bytes = elementwise_bytes_per_element(p, e, c) * double(e.rows) * double(e.cols);
     const double entry_flops = entry_matrix_flops(p, e);
-    // The GEMM efficiency of predict.cpp's layers with the entry's (or block's) short side as the
-    // thin dimension: gemm_efficiency / (1 + dim_half / short side).
+    // At the GEMM rate (plan/compute.hpp) of a square GEMM of the entry's (or block's) short side.
     const double short_side = double(std::min({e.rows, e.cols, block}));
-    const double entry_s = entry_flops > 0 ? entry_flops / (peak * d.gemm_efficiency / (1 + dim_half / short_side)) : 0;
+    const double entry_s = entry_flops > 0 ? entry_flops / gemm_rate(d, matrices, {short_side, short_side, short_side}, c) : 0;
     bytes += double(e.count) * entry_bytes;
     flops += double(e.count) * entry_flops;
     matrix_s += double(e.count) * entry_s;
