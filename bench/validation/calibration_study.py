@@ -15,9 +15,10 @@ import csv, json, os, random, re, statistics, subprocess, sys, tempfile
 
 exe = sys.argv[1]
 root = os.path.dirname(os.path.abspath(__file__))
-args = [a for a in sys.argv[2:] if not a.startswith("--")]
-src_csv = args[0] if args else os.path.join(root, "published_runs.csv")
 draws = int(sys.argv[sys.argv.index("--draws") + 1]) if "--draws" in sys.argv else 20
+FIT = ["--fit", sys.argv[sys.argv.index("--fit") + 1]] if "--fit" in sys.argv else []
+args = [a for i, a in enumerate(sys.argv[2:], 2) if not a.startswith("--") and sys.argv[i - 1] not in ("--draws", "--fit")]
+src_csv = args[0] if args else os.path.join(root, "published_runs.csv")
 
 rows = list(csv.reader(open(src_csv)))
 header, body = rows[0], rows[1:]
@@ -56,7 +57,7 @@ for (source, device), idx in sorted(clusters.items()):
         rest_csv = write("rest.csv", rest)
         before.append(mape_on(rest_csv, base))
         cal = os.path.join(tmp, "cal.toml")
-        out = subprocess.run([exe, "calibrate", write("three.csv", three), "--out", cal] + base,
+        out = subprocess.run([exe, "calibrate", write("three.csv", three), "--out", cal] + base + FIT,
                              capture_output=True, text=True)
         if out.returncode != 0:
             after.append(float("nan"))

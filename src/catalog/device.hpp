@@ -57,7 +57,8 @@ struct Device {
   // A device capped below its thermal design power clocks lower under load: its compute rates
   // scale by (power_limit_w / tdp_w)^(1/3) (dynamic power ~ f V^2 with V ~ f). 0: not capped.
   double tdp_w = 0, power_limit_w = 0;
-  double power_clock_factor() const;
+  double power_clock_factor() const { return power_factor; }
+  double power_factor = 1;  // (power_limit_w / tdp_w)^(1/3), set when the catalog is read
 
   double peak_tflops(Precision p) const;
 };

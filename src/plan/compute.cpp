@@ -132,17 +132,11 @@ AttentionTime unfused_attention_time(const ModelSpec& m, const Plan& p, const De
   return a;
 }
 
-// torchtitan's op-level selective checkpointing keeps the outputs of every other matmul (in the
-// order q, k, v, o, gate, up, down of a Llama layer: it recomputes k, o and up; of a GELU layer
-// with a fused QKV: o and fc2) and of attention, and recomputes every element-wise op.
-double op_recompute_gemm_share(const ModelSpec& m, const Plan& p, const std::vector<Linear>& ls) {
-  const double tp = double(p.tp), h = double(m.hidden), f = double(m.ffn_hidden);
-  const double kv_local = m.kv_heads >= p.tp ? double(kv_dim(m)) / tp : double(m.head_dim());
-  double all = 0;
-  for (const Linear& l : ls) all += l.N * l.K;
-  const double again = m.activation == Activation::swiglu ? kv_local * h + h * h / tp + f / tp * h
-                                                          : ls[1].N * ls[1].K + ls[3].N * ls[3].K;
-  return again / all;
+// torchtitan's op-level checkpointing keeps the outputs of every second matmul and of attention
+// and recomputes the rest and every element-wise op (plan/flops.hpp): the recomputed share of the
+// layer's forward GEMM FLOPs.
+double op_recompute_gemm_share(const ModelSpec& m) {
+  return op_recompute_gemm_flops_per_token(m) / layer_gemm_flops_per_token(m);
 }
 
 }  // namespace
@@ -153,7 +147,14 @@ double gemm_shape_efficiency(const Device& d, const Gemm& g, const Calibration&)
     const double width = g.tokens_in_k ? std::min(g.M, g.N) : std::min(g.N, g.K);
     return 1 / (1 + d.gemm_dim_half.value_or(0) / width) / (1 + d.gemm_tokens_half.value_or(0) / tokens);
   }
-  return tile_factor(d, g.M, g.N, g.K, g.batch) / tile_factor(d, d.gemm_best_m, d.gemm_best_n, d.gemm_best_k, 1);
+  // The factor at the measured shape, per device (the search asks for it a million times).
+  thread_local const Device* last = nullptr;
+  thread_local double last_units = 0, reference = 1;
+  if (last != &d || last_units != d.compute_units) {
+    last = &d, last_units = d.compute_units;
+    reference = tile_factor(d, d.gemm_best_m, d.gemm_best_n, d.gemm_best_k, 1);
+  }
+  return tile_factor(d, g.M, g.N, g.K, g.batch) / reference;
 }
 
 double gemm_seconds(const Device& d, Precision precision, const Gemm& g, const Calibration& c) {
@@ -167,6 +168,10 @@ double gemm_seconds(const Device& d, Precision precision, const Gemm& g, const C
 }
 
 std::string kernel_problem(const Plan& p, const Device& d) {
+  if (p.precision == Precision::fp8 && p.fp8_recipe == Fp8Recipe::rowwise)
+    return fmt::format("[train] fp8_recipe = \"rowwise\": the catalog has no rate of rowwise-scaled fp8 GEMMs for "
+                       "device {} (torchao runs them in a kernel of its own, not cuBLAS's; in torchtitan's published "
+                       "H100 runs they were no faster than bf16); expected \"delayed\" or \"tensorwise\"", d.name);
   if (!p.flash_attention()) return "";
   const std::optional<double>& eff = p.attention == Attention::flash3   ? d.flash3_efficiency
                                      : p.attention == Attention::flash1 ? d.flash1_efficiency
@@ -212,7 +217,7 @@ LayerTime layer_time(const ModelSpec& m, const Plan& p, const Device& d, const C
   }
   if (p.recompute == Recompute::selective) lt.recompute = attn.fwd, lt.attention += attn.fwd;
   if (p.recompute == Recompute::op) {
-    const double again = op_recompute_gemm_share(m, p, ls) * lt.linear_fwd;
+    const double again = op_recompute_gemm_share(m) * lt.linear_fwd;
     lt.recompute = again + ew + casts;
     lt.linear += again, lt.elementwise += ew, lt.casts += casts;
   }

@@ -52,8 +52,8 @@ double head_time(const ModelSpec& m, const Plan& p, const Device& d, const Calib
 // The embedding lookup's forward and backward of one micro-batch on the first rank.
 double embedding_time(const ModelSpec& m, const Plan& p, const Device& d);
 
-// Why the plan's kernels cannot run on the device, or "": a fused attention kernel the catalog has
-// no figure for on it (flash3 off Hopper, flash2 on a V100).
+// Why the plan's kernels cannot be modelled on the device, or "": a fused attention kernel the
+// catalog has no figure for on it (flash3 off Hopper, flash2 on a V100), rowwise-scaled fp8.
 std::string kernel_problem(const Plan& p, const Device& d);
 
 // The fraction of the counted s x s attention square a causal kernel executes: (s + b) / (2 s) for

@@ -79,6 +79,7 @@ SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const Paral
   {
     Plan kernels;
     kernels.set_kernels(train);
+    kernels.precision = train.precision;
     if (const std::string e = kernel_problem(kernels, dev); !e.empty()) throw Error(e);
   }
   EXA_CHECK(headroom >= 0 && headroom < 1, "memory headroom {} must be in [0, 1)", headroom);

@@ -4,7 +4,7 @@
 // cluster `local`. What it measures, each the fastest of a few repetitions (the machine may be
 // shared):
 //   * GEMM rates over the shapes plans use: the twelve GEMMs of a transformer layer at hidden 256
-//     and 512, tp 1/2/4 and 128..1024 tokens, through the engine's backend; the planner's smooth
+//     and 512, tp 1 and 4 and 128, 512, 1024 tokens, through the engine's backend; the planner's smooth
 //     shape model (gemm_efficiency, gemm_dim_half, gemm_tokens_half) fitted in log space with the
 //     largest rate as the peak;
 //   * the backend's attention forward + backward, as the efficiency of its executed FLOPs
@@ -27,7 +27,7 @@
 namespace exatrain::profile {
 
 struct ProfileOptions {
-  int reps = 5;        // repetitions per measurement (the fastest is kept)
+  int reps = 3;        // repetitions per measurement (the fastest is kept), in each of 2 rounds
   bool quick = false;  // fewer shapes and repetitions (tests)
 };
 

@@ -9,7 +9,9 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK"
 CSV=$ROOT/bench/validation/published_runs.csv
 # The header and three MosaicML A100-80GB rows.
-{ head -1 "$CSV"; grep 'A100-80GB (1600 Gbps' "$CSV" | grep amp_bf16 | head -3; } > three.csv
+# (awk, not `grep | head`: under pipefail a writer cut off by its reader's exit fails the script.)
+rows() { awk -v n="$1" -v pat="$2" 'NR == 1 || ($0 ~ pat && /amp_bf16/ && k++ < n)' "$CSV"; }
+rows 3 'A100-80GB \\(1600 Gbps' > three.csv
 "$EXE" calibrate three.csv --out cal.toml > out.txt
 grep -q '^\[device.a100-80g\]' cal.toml
 grep -q '^sustained = ' cal.toml
@@ -32,19 +34,21 @@ recompute = "none"
 [train]
 precision = "bf16"
 JOB
-"$EXE" predict a100.toml --calibration cal.toml | grep -q '^step '
-"$EXE" validate --in-sample --calibration cal.toml | grep -q '^held_out_mape_pct=- '
+"$EXE" predict a100.toml --calibration cal.toml > predict.txt
+grep -q '^step ' predict.txt
+"$EXE" validate --in-sample --calibration cal.toml > validate.txt
+grep -q '^held_out_mape_pct=- ' validate.txt
 sed 's/selene/eos/' a100.toml > h100.toml
 if "$EXE" predict h100.toml --calibration cal.toml 2> err.txt; then echo "another device's calibration accepted"; exit 1; fi
 grep -q 'calibrates a100-80g, but this job runs on h100-sxm' err.txt
 # Runs of two devices, and an input that is neither a run nor a CSV.
-{ head -1 "$CSV"; grep 'A100-80GB (1600 Gbps' "$CSV" | grep amp_bf16 | head -2; grep 'H100-80GB' "$CSV" | head -1; } > mixed.csv
+{ rows 2 'A100-80GB \\(1600 Gbps'; awk '/H100-80GB/ && k++ < 1' "$CSV"; } > mixed.csv
 if "$EXE" calibrate mixed.csv --out x.toml 2> err.txt; then echo "mixed devices accepted"; exit 1; fi
 grep -q 'ran on 2 devices' err.txt
 if "$EXE" calibrate no-such-run --out x.toml 2> err.txt; then echo "missing input accepted"; exit 1; fi
 grep -q 'no-such-run: neither a run directory' err.txt
 # An explicit --fit the runs cannot determine.
-{ head -1 "$CSV"; grep 'A100-80GB (1600 Gbps' "$CSV" | grep amp_bf16 | head -1; } > one.csv
+rows 1 'A100-80GB \\(1600 Gbps' > one.csv
 if "$EXE" calibrate one.csv --fit sustained,network,bw_efficiency --out x.toml 2> err.txt; then echo "undetermined fit accepted"; exit 1; fi
 grep -q '1 run cannot determine 3 constants' err.txt
 echo "calibrate end to end: OK"
