@@ -131,6 +131,7 @@ class Backend {
   virtual void bias_backward(float* dbias, const float* dout, int64_t N, int64_t O) = 0;  // dbias[O] += sum_n dout[N,O]
   // sum of squares in double, fixed summation order independent of the thread count.
   virtual double sum_squares(const float* x, int64_t n) = 0;
+  virtual double dot(const float* a, const float* b, int64_t n) = 0;  // sum a[i] b[i], in double
   // bfloat16 storage (the upper 16 bits of a float): f32 -> bf16 rounds to nearest even (NaN
   // stays NaN), bf16 -> f32 is exact.
   virtual void f32_to_bf16(uint16_t* dst, const float* src, int64_t n) = 0;
@@ -267,6 +268,15 @@ class Backend {
   // that axis unchanged). SOAP's second moment follows its basis's sorted columns.
   virtual void permute_matrix(float* a, int64_t rows, int64_t cols, const int64_t* row_order,
                               const int64_t* col_order) = 0;
+  // K-FAC's eigendecomposition of a factor A [n, n], symmetric positive semi-definite (kfac-pytorch's
+  // torch.linalg.eigh followed by clamp(min=0)): Q [n, n] with A's eigenvectors in its columns, d [n]
+  // its eigenvalues ascending and clamped at 0 (negative ones are rounding), in double (LAPACK
+  // dsyevd). Returns false, leaving Q and d untouched, when that fails or is not finite.
+  virtual bool sym_eigh(float* Q, float* d, const float* A, int64_t n) = 0;
+  // K-FAC's preconditioning in the factors' eigenbasis: V [rows, cols],
+  //   V[i, j] /= dg[i] * da[j] + damping      (dg [rows], da [cols]: the factors' eigenvalues).
+  virtual void eigen_damped_divide(float* V, const float* dg, const float* da, int64_t rows, int64_t cols,
+                                   float damping) = 0;
 
   // ---- instrumentation -----------------------------------------------------------------------
   // Seconds and floating-point operations spent in gemm / gemm_strided_batched since reset.

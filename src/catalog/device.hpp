@@ -38,8 +38,8 @@ struct Device {
   bool measured = false;
   // Optional per-device GEMM shape constants (devices.toml keys gemm_dim_half and
   // gemm_tokens_half): efficiency falls as gemm_efficiency / (1 + dim_half / (h/tp)) /
-  // (1 + tokens_half / tokens). Unset = the global calibration (plan::Calibration), fitted to GPU
-  // tiles; a CPU's BLAS reaches its rate on far smaller shapes.
+  // (1 + tokens_half / tokens). Set on the CPU devices `exatrain profile` measured (a CPU's BLAS
+  // reaches its rate on far smaller shapes); unset, a GPU has the tile model below.
   std::optional<double> gemm_dim_half, gemm_tokens_half;
   // The GEMM tile model of a GPU (plan/compute.hpp; absent on devices with the smooth model):
   // compute units (SMs, CUs), the output tile of its large-GEMM kernels, the fixed cost per tile in

@@ -159,7 +159,22 @@ struct SoapSpec {
   bool operator==(const SoapSpec&) const = default;
 };
 
-// [optimizer] keys of the matrix optimizers (muon, shampoo, soap) that make them mixed-order
+// [optimizer] keys of train.optimizer = "kfac" (optim/kfac.hpp): K-FAC as in KAISA, SGD with
+// momentum on the preconditioned matrices and on the rest (weight decay: [train] weight_decay as
+// torch.optim.SGD's L2). Defaults: kfac-pytorch's (KAISA's code) KFAC preconditioner.
+struct KfacSpec {
+  double momentum = 0.9;              // SGD momentum (KAISA's experiments)
+  bool nesterov = false;
+  double damping = 0.001;             // Tikhonov damping added to the factors' eigenvalue products
+  double factor_decay = 0.95;         // EMA of the Kronecker factors
+  int64_t factor_update_steps = 10;   // steps between factor updates (kfac-pytorch: factor_update_freq)
+  int64_t inv_update_steps = 100;     // steps between eigendecompositions (inv_update_freq)
+  double kl_clip = 0.001;             // KL clipping of the update; 0: off
+  double grad_worker_fraction = 1.0;  // of the dp replicas computing each layer's P (ZeRO 0; 1: COMM-OPT)
+  bool operator==(const KfacSpec&) const = default;
+};
+
+// [optimizer] keys of the matrix optimizers (muon, shampoo, soap, kfac) that make them mixed-order
 // (optim/mixed.hpp): `others` gives the layers' 2-D matrices to the matrix optimizer and every
 // other entry to a first-order one (with its defaults, and [train]'s beta1, beta2, eps for adamw
 // and lamb); `first_order_steps` runs that one on every entry for so many steps first.
@@ -174,7 +189,7 @@ struct MixedSpec {
 
 // The optimizers that can be mixed with a first-order one (MixedSpec), and those first-order ones.
 inline const std::vector<std::string>& matrix_optimizer_names() {
-  static const std::vector<std::string> names = {"muon", "shampoo", "soap"};
+  static const std::vector<std::string> names = {"muon", "shampoo", "soap", "kfac"};
   return names;
 }
 inline const std::vector<std::string>& first_order_optimizer_names() {
@@ -184,7 +199,8 @@ inline const std::vector<std::string>& first_order_optimizer_names() {
 
 // The optimizers of train.optimizer, in the order of [train] optimizer's documented choices.
 inline const std::vector<std::string>& optimizer_names() {
-  static const std::vector<std::string> names = {"adamw", "sgd", "lamb", "lion", "adafactor", "muon", "shampoo", "soap"};
+  static const std::vector<std::string> names = {"adamw", "sgd", "lamb", "lion", "adafactor", "muon", "shampoo", "soap",
+                                                 "kfac"};
   return names;
 }
 
@@ -231,7 +247,8 @@ struct TrainSpec {
   AdafactorSpec adafactor;      // ... "adafactor"
   ShampooSpec shampoo;          // ... "shampoo"
   SoapSpec soap;                // ... "soap"
-  MixedSpec mixed;              // ... "muon", "shampoo", "soap": mixed with a first-order optimizer
+  KfacSpec kfac;                // ... "kfac"
+  MixedSpec mixed;              // ... "muon", "shampoo", "soap", "kfac": mixed with a first-order optimizer
   bool operator==(const TrainSpec&) const = default;
 };
 

@@ -24,6 +24,11 @@ OptimizerState optimizer_state(const TrainSpec& t) {
   // of an [m, n] matrix its factor and eigenbasis (2 m^2 + 2 n^2 per m n elements: 4 for a square
   // one, more for a tensor-parallel shard), counted like Shampoo's full blocks.
   if (o == "soap") return {6, 2, true};
+  // K-FAC (optim/kfac.hpp), per element: the momentum and the step's preconditioned gradient P
+  // (scratch, but resident) on the matrices, SGD's momentum elsewhere. Its factors, eigenbases and
+  // statistics have the matrices' side lengths, not their elements: plan/optimizer_cost.cpp's
+  // kfac_factor_bytes counts them exactly, and plan/memory.cpp adds them.
+  if (o == "kfac") return {2, 1, true};
   if (o == "adafactor") {
     // Factored: a row and a column mean per 2-D entry (embeddings too), (m + n) / (m n) values
     // per element, counted as 0; the 1-D entries' full moments (norms, biases: under 0.1% of a

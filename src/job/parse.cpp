@@ -131,6 +131,18 @@ class Section {
     if (!(x >= lo && x < hi)) return bad(key, want);
     out = x;
   }
+  // A number in (lo, hi]: lo itself is impossible (a damping of 0 divides by a zero eigenvalue).
+  void get_float_above(const std::string& key, double& out, double lo, double hi) {
+    const toml::value* v = take(key);
+    if (!v) return;
+    const std::string want = fmt::format("a number in ({}, {}]", lo, hi);
+    double x;
+    if (v->is_floating()) x = v->as_floating();
+    else if (v->is_integer()) x = static_cast<double>(v->as_integer());
+    else return bad(key, want);
+    if (!(x > lo && x <= hi)) return bad(key, want);
+    out = x;
+  }
   void get_opt_float(const std::string& key, std::optional<double>& out, double lo, double hi) {
     if (!has(key)) return;
     double x = 0;
@@ -403,7 +415,9 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& optimizer_k
       {"adafactor", {"beta1", "decay_rate", "eps1", "clip_threshold", "factored"}},
       {"shampoo", {"factor_decay", "epsilon", "max_preconditioner_dim", "precondition_frequency",
                    "start_preconditioning_step", "others", "first_order_steps"}},
-      {"soap", {"factor_decay", "max_preconditioner_dim", "precondition_frequency", "others", "first_order_steps"}}};
+      {"soap", {"factor_decay", "max_preconditioner_dim", "precondition_frequency", "others", "first_order_steps"}},
+      {"kfac", {"momentum", "nesterov", "damping", "factor_decay", "factor_update_steps", "inv_update_steps", "kl_clip",
+                "grad_worker_fraction", "others", "first_order_steps"}}};
   return keys;
 }
 
@@ -418,11 +432,13 @@ std::string optimizers_with_key(const std::string& key) {
 
 // Whether [train] beta1, beta2 and eps reach an Adam of the job's optimizer: AdamW, LAMB, Shampoo's
 // grafting Adam, SOAP's Adam, the AdamW Muon runs off the matrices, a mixed order's adamw or lamb.
-// SGD, Lion and Adafactor have none (their moments are [optimizer] keys): the keys are refused.
+// SGD, Lion, Adafactor and K-FAC (SGD) have none (their moments are [optimizer] keys): the keys are refused.
 bool uses_train_betas(const TrainSpec& t) {
   const std::string& o = t.optimizer;
   if (o == "sgd" || o == "lion" || o == "adafactor") return false;
-  if (o == "muon" && t.mixed.active()) return t.mixed.first_order() == "adamw" || t.mixed.first_order() == "lamb";
+  if ((o == "muon" || o == "kfac") && t.mixed.active())
+    return t.mixed.first_order() == "adamw" || t.mixed.first_order() == "lamb";
+  if (o == "kfac") return false;  // SGD everywhere
   return true;  // adamw, lamb, shampoo, soap (their own Adam), muon (AdamW off the matrices)
 }
 
@@ -431,6 +447,21 @@ void parse_mixed_values(Section& s, TrainSpec& t) {
   const std::vector<std::string>& firsts = first_order_optimizer_names();
   if (int i = s.get_choice("others", firsts); i >= 0) t.mixed.others = firsts[size_t(i)];
   s.get_int("first_order_steps", t.mixed.first_order_steps, 0, int64_t(1) << 40);
+}
+
+// kfac-pytorch's checks (KFACPreconditioner): damping > 0, factor_decay in (0, 1], intervals >= 1,
+// kl_clip >= 0 (0: off here), a fraction of the replicas in (0, 1] (plan_problem checks it against dp).
+void parse_kfac_values(Section& s, KfacSpec& k) {
+  s.get_float_below("momentum", k.momentum, 0, 1);
+  s.get_bool("nesterov", k.nesterov);
+  if (k.nesterov && k.momentum == 0 && s.has("nesterov"))
+    s.refuse("nesterov", "Nesterov momentum needs momentum > 0, and [optimizer] momentum is 0");
+  s.get_float_above("damping", k.damping, 0, 1e6);
+  s.get_float_above("factor_decay", k.factor_decay, 0, 1);
+  s.get_int("factor_update_steps", k.factor_update_steps, 1, int64_t(1) << 40);
+  s.get_int("inv_update_steps", k.inv_update_steps, 1, int64_t(1) << 40);
+  s.get_float("kl_clip", k.kl_clip, 0, 1e6);
+  s.get_float_above("grad_worker_fraction", k.grad_worker_fraction, 0, 1);
 }
 
 void parse_optimizer_values(Section& s, TrainSpec& t) {
@@ -464,6 +495,8 @@ void parse_optimizer_values(Section& s, TrainSpec& t) {
     s.get_int("max_preconditioner_dim", h.max_preconditioner_dim, 1, 8192);
     s.get_int("precondition_frequency", h.precondition_frequency, 1, int64_t(1) << 40);
     s.get_int("start_preconditioning_step", h.start_preconditioning_step, 1, int64_t(1) << 40);
+  } else if (t.optimizer == "kfac") {
+    parse_kfac_values(s, t.kfac);
   } else if (t.optimizer == "soap") {
     SoapSpec& h = t.soap;
     s.get_float_below("factor_decay", h.factor_decay, 0, 1);  // 1: the factors would never see a gradient
@@ -748,6 +781,11 @@ std::string job_to_toml(const Job& job) {
            line("max_preconditioner_dim", t.shampoo.max_preconditioner_dim) +
            line("precondition_frequency", t.shampoo.precondition_frequency) +
            line("start_preconditioning_step", t.shampoo.start_preconditioning_step);
+  if (t.optimizer == "kfac")
+    out += "\n[optimizer]\n" + line("momentum", t.kfac.momentum) + line("nesterov", t.kfac.nesterov) +
+           line("damping", t.kfac.damping) + line("factor_decay", t.kfac.factor_decay) +
+           line("factor_update_steps", t.kfac.factor_update_steps) + line("inv_update_steps", t.kfac.inv_update_steps) +
+           line("kl_clip", t.kfac.kl_clip) + line("grad_worker_fraction", t.kfac.grad_worker_fraction);
   if (t.optimizer == "soap")
     out += "\n[optimizer]\n" + line("factor_decay", t.soap.factor_decay) +
            line("max_preconditioner_dim", t.soap.max_preconditioner_dim) +

@@ -116,30 +116,39 @@ void Gpt::build_layout() {
     LayerOffsets o;
     o.ln1_w = add(p + "ln_1.weight", R::norm, l, {C}, -1, 0, 0, 0, 1.0f);
     if (ln) o.ln1_b = add(p + "ln_1.bias", R::norm, l, {C}, -1, 0, 0, 0, 0.0f);
+    o.q = layout_.entries().size();
     o.qkv_w = add(p + "attn.q_proj.weight", R::matrix, l, {H * D, C}, 0, Hq_ * D, r * Hq_ * D, std0, 0);
+    o.k = layout_.entries().size();
     add(p + "attn.k_proj.weight", R::matrix, l, {KV * D, C}, 0, Hkv_ * D, r * Hkv_ * D, std0, 0);
+    o.v = layout_.entries().size();
     add(p + "attn.v_proj.weight", R::matrix, l, {KV * D, C}, 0, Hkv_ * D, r * Hkv_ * D, std0, 0);
     if (bias) {
       o.qkv_b = add(p + "attn.q_proj.bias", R::bias, l, {H * D}, 0, Hq_ * D, r * Hq_ * D, 0, 0);
       add(p + "attn.k_proj.bias", R::bias, l, {KV * D}, 0, Hkv_ * D, r * Hkv_ * D, 0, 0);
       add(p + "attn.v_proj.bias", R::bias, l, {KV * D}, 0, Hkv_ * D, r * Hkv_ * D, 0, 0);
     }
+    o.o = layout_.entries().size();
     o.o_w = add(p + "attn.o_proj.weight", R::matrix, l, {C, H * D}, 1, Hq_ * D, r * Hq_ * D, std_res, 0);
     if (bias) o.o_b = add(p + "attn.o_proj.bias", R::bias, l, {C}, -1, 0, 0, 0, 0);
     o.ln2_w = add(p + "ln_2.weight", R::norm, l, {C}, -1, 0, 0, 0, 1.0f);
     if (ln) o.ln2_b = add(p + "ln_2.bias", R::norm, l, {C}, -1, 0, 0, 0, 0.0f);
     if (m.activation == Activation::gelu) {
+      o.fc1 = layout_.entries().size();
       o.fc1_w = add(p + "mlp.fc1.weight", R::matrix, l, {F, C}, 0, F_, r * F_, std0, 0);
       if (bias) o.fc1_b = add(p + "mlp.fc1.bias", R::bias, l, {F}, 0, F_, r * F_, 0, 0);
+      o.fc2 = layout_.entries().size();
       o.fc2_w = add(p + "mlp.fc2.weight", R::matrix, l, {C, F}, 1, F_, r * F_, std_res, 0);
       if (bias) o.fc2_b = add(p + "mlp.fc2.bias", R::bias, l, {C}, -1, 0, 0, 0, 0);
     } else {
+      o.fc1 = layout_.entries().size();
       o.fc1_w = add(p + "mlp.gate_proj.weight", R::matrix, l, {F, C}, 0, F_, r * F_, std0, 0);
+      o.up = layout_.entries().size();
       add(p + "mlp.up_proj.weight", R::matrix, l, {F, C}, 0, F_, r * F_, std0, 0);
       if (bias) {
         o.fc1_b = add(p + "mlp.gate_proj.bias", R::bias, l, {F}, 0, F_, r * F_, 0, 0);
         add(p + "mlp.up_proj.bias", R::bias, l, {F}, 0, F_, r * F_, 0, 0);
       }
+      o.fc2 = layout_.entries().size();
       o.fc2_w = add(p + "mlp.down_proj.weight", R::matrix, l, {C, F}, 1, F_, r * F_, std_res, 0);
       if (bias) o.fc2_b = add(p + "mlp.down_proj.bias", R::bias, l, {C}, -1, 0, 0, 0, 0);
     }

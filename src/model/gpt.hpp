@@ -13,7 +13,9 @@
 // (see gpt_layer.cpp); the tensor-parallel collectives are calls to ParallelHooks.
 //
 // Owns (room model/): the Gpt stage, its parameter layout with roles and units (layout.hpp), the
-// ParallelHooks it calls (parallel_hooks.hpp), the recomputation policy. No communication, no MPI.
+// ParallelHooks it calls (parallel_hooks.hpp), the LinearObserver it shows its layer matrices'
+// inputs and output gradients to (linear_observer.hpp), the recomputation policy. No
+// communication, no MPI.
 // May use: core/, job/, backend/.
 #pragma once
 #include <cstdint>
@@ -23,6 +25,7 @@
 #include "backend/backend.hpp"
 #include "job/job.hpp"
 #include "model/layout.hpp"
+#include "model/linear_observer.hpp"
 #include "model/parallel_hooks.hpp"
 #include "model/recompute_policy.hpp"
 
@@ -75,6 +78,9 @@ class Gpt {
   float* grads() { return grads_; }                        // device arena [num_params]
   void init_weights(uint64_t seed);                        // seeded, split-independent
   void zero_grad();
+  // Shows every backward's layer matrices' inputs and output gradients to `o` (null: nobody);
+  // model/linear_observer.hpp. K-FAC's factors come from here.
+  void set_linear_observer(LinearObserver* o) { observer_ = o; }
 
   // ---- stage forward / backward --------------------------------------------------------------
   // tokens, targets: host arrays [B*T]; input: device [B,T,C] when !has_embedding.
@@ -122,6 +128,8 @@ class Gpt {
   float* alloc_act(int64_t n);
   void layer_forward(int64_t l, const float* x, float* out, Acts& a);
   void layer_backward(int64_t l, const float* x, const float* dout, float* dx, Acts& a);
+  // The observer's call for layout entry `entry` (x [N, in] stride ldx, dy [N, out] stride ldy).
+  void observe(size_t entry, const float* x, int64_t ldx, const float* dy, int64_t ldy);
   Acts& acts_for(Slot& s, int64_t l);
 
   Backend& be_;
@@ -129,6 +137,7 @@ class Gpt {
   RecomputePolicy recompute_;  // {opt_.recompute}
   NoParallelHooks no_hooks_;
   ParallelHooks* hooks_;
+  LinearObserver* observer_ = nullptr;
   // shapes
   int64_t B_, T_, C_, L_, first_, Hq_, Hkv_, D_, F_, vocab_start_, vocab_local_;
   bool sp_ = false;  // sequence parallel

@@ -13,6 +13,9 @@ struct Gpt::LayerOffsets {
   int64_t ln2_w = -1, ln2_b = -1;
   int64_t fc1_w = -1, fc1_b = -1;  // gelu: [F, C], [F]; swiglu: fused gate|up [2F, C], [2F]
   int64_t fc2_w = -1, fc2_b = -1;  // [C, F], [C]
+  // The layer's matrices as layout entries (indices into layout().entries()), for a LinearObserver:
+  // q, k, v, o; fc1 and fc2 (gelu) or gate, up and down (swiglu: up in `up`).
+  size_t q = 0, k = 0, v = 0, o = 0, fc1 = 0, up = 0, fc2 = 0;
 };
 
 // Activations of one layer saved by forward for backward (N = B*T).

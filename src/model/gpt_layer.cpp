@@ -69,11 +69,14 @@ void Gpt::layer_backward(int64_t l, const float* x, const float* dout, float* dx
   // dW_2[C, F] += dout^T[C, N] @ fc_act[N, F];  dfc_act[N, F] = dout[N, C] @ W_2[C, F]
   be_.gemm(true, false, C, F_, N, 1.0f, dout_full, C, a.fc_act, F_, 1.0f, G + o.fc2_w, F_);
   be_.gemm(false, false, N, F_, C, 1.0f, dout_full, C, P + o.fc2_w, F_, 0.0f, dfc_act_, F_);
+  observe(o.fc2, a.fc_act, F_, dout_full, C);
   if (m.activation == Activation::gelu)
     be_.gelu_backward(dfc_, a.fc, dfc_act_, N * F_);
   else
     be_.swiglu_backward(dfc_, a.fc, dfc_act_, N, F_);
   if (o.fc1_b >= 0) be_.bias_backward(G + o.fc1_b, dfc_, N, FC);
+  observe(o.fc1, a.ln2, C, dfc_, FC);  // gelu: fc1; swiglu: gate (columns [0, F) of dfc) and up
+  if (m.activation == Activation::swiglu) observe(o.up, a.ln2, C, dfc_ + F_, FC);
   // dW_1[FC, C] += dfc^T[FC, N] @ ln2[N, C];  dln2[N, C] = dfc[N, FC] @ W_1[FC, C]
   be_.gemm(true, false, FC, C, N, 1.0f, dfc_, FC, a.ln2, C, 1.0f, G + o.fc1_w, C);
   be_.gemm(false, false, N, C, FC, 1.0f, dfc_, FC, P + o.fc1_w, C, 0.0f, dln_, C);
@@ -88,10 +91,14 @@ void Gpt::layer_backward(int64_t l, const float* x, const float* dout, float* dx
   // dW_o[C, HD] += dmid^T[C, N] @ att[N, HD];  datt[N, HD] = dmid[N, C] @ W_o[C, HD]
   be_.gemm(true, false, C, HD, N, 1.0f, dmid_full, C, a.att, HD, 1.0f, G + o.o_w, HD);
   be_.gemm(false, false, N, HD, C, 1.0f, dmid_full, C, P + o.o_w, HD, 0.0f, datt_, HD);
+  observe(o.o, a.att, HD, dmid_full, C);
   be_.attention_backward(dqkv_, datt_, a.qkv, a.probs, B_, T_, Hq_, Hkv_, D_);
   if (m.position == Position::rope)  // gradient w.r.t. the pre-rotation q and k
     be_.rope(dqkv_, B_, T_, QKV, Hq_ + Hkv_, D_, float(m.rope_theta), true);
   if (o.qkv_b >= 0) be_.bias_backward(G + o.qkv_b, dqkv_, N, QKV);
+  observe(o.q, a.ln1, C, dqkv_, QKV);  // q, k, v: their columns of the fused dqkv
+  observe(o.k, a.ln1, C, dqkv_ + Hq_ * D_, QKV);
+  observe(o.v, a.ln1, C, dqkv_ + (Hq_ + Hkv_) * D_, QKV);
   // dW_qkv[QKV, C] += dqkv^T @ ln1;  dln1[N, C] = dqkv[N, QKV] @ W_qkv[QKV, C]
   be_.gemm(true, false, QKV, C, N, 1.0f, dqkv_, QKV, a.ln1, C, 1.0f, G + o.qkv_w, C);
   be_.gemm(false, false, N, C, QKV, 1.0f, dqkv_, QKV, P + o.qkv_w, C, 0.0f, dln_, C);
@@ -99,6 +106,11 @@ void Gpt::layer_backward(int64_t l, const float* x, const float* dout, float* dx
   // dx = dmid (residual) + norm_1 backward
   be_.copy(dx, dmid_, sizeof(float) * size_t(Ns * C));
   norm_backward(dx, o.ln1_w, o.ln1_b, dln1, x, a.ln1_mean, a.ln1_rstd);
+}
+
+void Gpt::observe(size_t entry, const float* x, int64_t ldx, const float* dy, int64_t ldy) {
+  if (observer_ && observer_->observing())
+    observer_->linear_backward(layout_.entries()[entry], x, ldx, dy, ldy, B_ * T_);
 }
 
 }  // namespace exatrain

@@ -62,6 +62,7 @@ class Lamb final : public Optimizer {
   const char* name() const override { return "lamb"; }
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
   bool needs_whole_entries() const override { return true; }
+  int64_t scratch_bytes() const override { return bytes_of({&scratch_}); }
 
  protected:
   void update(const EntryPart& part, const OptimStep& ctx) override;
@@ -90,6 +91,7 @@ class Adafactor final : public Optimizer {
   std::vector<EntryStateSpec> entry_states(const ParamInfo& p) const override;
   bool needs_whole_entries() const override { return true; }
   bool factored(const ParamInfo& p) const { return cfg_.factored && p.shard_shape.size() == 2; }
+  int64_t scratch_bytes() const override { return bytes_of({&scratch_}); }
 
  protected:
   void update(const EntryPart& part, const OptimStep& ctx) override;

@@ -28,6 +28,28 @@ std::vector<EntryStateSpec> MixedOrder::entry_states(const ParamInfo& p) const {
   return specs;
 }
 
+bool MixedOrder::holds_entry_state(const ParamInfo& p, size_t spec) const {
+  const size_t k = first_order_states(p);
+  return spec < k || matrix_->holds_entry_state(p, spec - k);
+}
+
+int MixedOrder::entry_state_saver(const ParamInfo& p, size_t spec) const {
+  const size_t k = first_order_states(p);
+  return spec < k ? -1 : matrix_->entry_state_saver(p, spec - k);
+}
+
+// After the switch, the matrix optimizer's work across its entries (the matrices, with its own
+// entry states and step count).
+void MixedOrder::prepare_step(const std::vector<EntryPart>& parts, const OptimStep& ctx) {
+  if (ctx.step <= first_order_steps_) return;
+  std::vector<EntryPart> mine;
+  for (const EntryPart& e : parts)
+    if (is_matrix(e.p)) mine.push_back({e.p, e.first, e.n, e.params, e.grads, nullptr, e.entry_state + first_order_states(e.p)});
+  OptimStep own = ctx;
+  own.step = ctx.step - first_order_steps_;
+  matrix_->prepare_step(mine, own);
+}
+
 // The first-order optimizer gets its per-element states as the entry's first entry states (laid
 // out like the part: it is the whole entry) and its own entry states after them.
 void MixedOrder::update(const EntryPart& e, const OptimStep& ctx) {

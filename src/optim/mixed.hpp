@@ -1,4 +1,4 @@
-// A mixed-order optimizer: a matrix optimizer (Muon, Shampoo, SOAP) on the layers' 2-D matrices
+// A mixed-order optimizer: a matrix optimizer (Muon, Shampoo, SOAP, K-FAC) on the layers' 2-D matrices
 // (ParamRole::matrix) and a first-order one (AdamW, LAMB, SGD, Lion, Adafactor) on every other
 // entry (embeddings, head, norms, biases), optionally after `first_order_steps` steps in which the
 // first-order one updates every entry (a schedule: first order to start, second order after).
@@ -12,7 +12,7 @@
 // step first_order_steps + 1: its bias corrections and refresh intervals start there); the
 // first-order state of the matrices is kept (and checkpointed) but no longer updated.
 //
-// Owns: the routing of entries and steps to the two. May use: core/, job/, backend/,
+// Owns: the routing of entries, steps and entry states to the two. May use: core/, job/, backend/,
 // model/layout.hpp, optim/optimizer.hpp.
 #pragma once
 #include <memory>
@@ -34,9 +34,18 @@ class MixedOrder final : public Optimizer {
   // (when p is a matrix).
   std::vector<EntryStateSpec> entry_states(const ParamInfo& p) const override;
   int64_t fallbacks() const override { return matrix_->fallbacks(); }
+  int64_t scratch_bytes() const override { return matrix_->scratch_bytes() + first_->scratch_bytes(); }
+  // Distribution and observation are the matrix optimizer's (K-FAC's); before the switch it is
+  // told step <= 0 (nothing to observe).
+  void connect(const OptimizerTopology& t) override { matrix_->connect(t); }
+  void begin_step(int64_t step) override { matrix_->begin_step(step - first_order_steps_); }
+  LinearObserver* linear_observer() override { return matrix_->linear_observer(); }
+  bool holds_entry_state(const ParamInfo& p, size_t spec) const override;
+  int entry_state_saver(const ParamInfo& p, size_t spec) const override;
   static bool is_matrix(const ParamInfo& p) { return p.role == ParamRole::matrix && p.shard_shape.size() == 2; }
 
  protected:
+  void prepare_step(const std::vector<EntryPart>& parts, const OptimStep& ctx) override;
   void update(const EntryPart& part, const OptimStep& ctx) override;
 
  private:

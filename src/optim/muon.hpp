@@ -48,6 +48,7 @@ class Muon final : public Optimizer {
   // Whether entry p gets Muon (a 2-D matrix of a layer) rather than AdamW.
   static bool orthogonalised(const ParamInfo& p);
   // The update's scale for a shard of m rows and n columns.
+  int64_t scratch_bytes() const override { return bytes_of({&x_, &y_, &a_, &b_}); }
   float scale(int64_t m, int64_t n) const;
 
  protected:

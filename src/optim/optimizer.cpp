@@ -5,6 +5,7 @@
 
 #include "core/check.hpp"
 #include "optim/first_order.hpp"
+#include "optim/kfac.hpp"
 #include "optim/mixed.hpp"
 #include "optim/muon.hpp"
 #include "optim/shampoo.hpp"
@@ -35,8 +36,9 @@ void Optimizer::init_state(const std::vector<ParamRegion>& regions) {
   }
 }
 
-// The entry states of every entry that region r holds whole (zeroed); an entry with entry states
-// that the region cuts is a sharding that ignored needs_whole_entries.
+// The entry states this rank holds (holds_entry_state) of every entry that region r holds whole
+// (zeroed); an entry with entry states that the region cuts is a sharding that ignored
+// needs_whole_entries.
 void Optimizer::init_entry_states(size_t region, const ParamRegion& r) {
   for (const ParamInfo& p : r.layout->entries()) {
     if (p.offset + p.numel <= r.begin || p.offset >= r.end) continue;
@@ -46,9 +48,10 @@ void Optimizer::init_entry_states(size_t region, const ParamRegion& r) {
               "optimizer {}: region {} holds arena elements [{}, {}) of {} (elements [{}, {})), whose state \"{}\" "
               "needs the whole entry: the sharding must cut between entries (needs_whole_entries)", name(), region,
               r.begin, r.end, p.name, p.offset, p.offset + p.numel, specs[0].name);
-    for (const EntryStateSpec& spec : specs) {
-      EntryStateTensor t{r.layout, &p, spec, nullptr};
-      entry_buffers_.emplace_back(be_, t.numel(), ("optimizer entry state " + spec.name).c_str());
+    for (size_t i = 0; i < specs.size(); i++) {
+      if (!holds_entry_state(p, i)) continue;
+      EntryStateTensor t{r.layout, &p, specs[i], nullptr, i, specs.size()};
+      entry_buffers_.emplace_back(be_, t.numel(), ("optimizer entry state " + specs[i].name).c_str());
       t.data = entry_buffers_.back().data();
       if (t.data) be_.zero(t.data, sizeof(float) * size_t(t.numel()));
       entry_tensors_.push_back(std::move(t));
@@ -67,11 +70,15 @@ int64_t Optimizer::state_bytes() const {
 }
 
 // Every region entry by entry: the part of each layout entry inside it, in arena order, with the
-// entry's entry states when the region holds it whole (init_entry_states made them in this order).
-void Optimizer::step(const std::vector<ParamRegion>& regions, const OptimStep& ctx) {
+// entry's entry states when the region holds it whole (init_entry_states made them in this order;
+// null where this rank holds none). Pointers into part_state_'s vectors stay valid as it grows.
+void Optimizer::collect_parts(const std::vector<ParamRegion>& regions) {
   EXA_CHECK(regions.size() == state_.size(), "optimizer {}: {} regions, state for {}", name(), regions.size(),
             state_.size());
-  std::vector<float*> st(state_names().size()), est;
+  const size_t states = state_names().size();
+  struct Where { const ParamInfo* p; int64_t first, n; float* params; const float* grads; };
+  std::vector<Where> where;
+  part_state_.clear();
   for (size_t r = 0; r < regions.size(); r++) {
     const ParamRegion& reg = regions[r];
     const std::vector<ParamInfo>& entries = reg.layout->entries();
@@ -82,13 +89,30 @@ void Optimizer::step(const std::vector<ParamRegion>& regions, const OptimStep& c
       const int64_t lo = std::max(reg.begin, it->offset), hi = std::min(reg.end, it->offset + it->numel);
       if (lo >= hi) continue;
       const int64_t k = lo - reg.begin;  // position in the region
-      for (size_t s = 0; s < st.size(); s++) st[s] = state_[r][s].data() + k;
-      est.clear();
-      for (; next < region_first_tensor_[r + 1] && entry_tensors_[next].entry == &*it; next++)
-        est.push_back(entry_tensors_[next].data);
-      update({*it, lo - it->offset, hi - lo, reg.params + k, reg.grads + k, st.data(), est.data()}, ctx);
+      std::vector<float*> ptrs(states);
+      for (size_t s = 0; s < states; s++) ptrs[s] = state_[r][s].data() + k;
+      for (; next < region_first_tensor_[r + 1] && entry_tensors_[next].entry == &*it; next++) {
+        const EntryStateTensor& t = entry_tensors_[next];
+        ptrs.resize(states + t.of, nullptr);  // no-op after the first of the entry
+        ptrs[states + t.index] = t.data;
+      }
+      where.push_back({&*it, lo - it->offset, hi - lo, reg.params + k, reg.grads + k});
+      part_state_.push_back(std::move(ptrs));
     }
   }
+  parts_.clear();
+  for (size_t i = 0; i < where.size(); i++) {
+    const Where& w = where[i];
+    float* const* st = part_state_[i].data();
+    parts_.push_back({*w.p, w.first, w.n, w.params, w.grads, st, part_state_[i].size() > states ? st + states : nullptr});
+  }
+}
+
+// The parts of every region (collect_parts), the work across them (prepare_step), then each update.
+void Optimizer::step(const std::vector<ParamRegion>& regions, const OptimStep& ctx) {
+  collect_parts(regions);
+  prepare_step(parts_, ctx);
+  for (const EntryPart& e : parts_) update(e, ctx);
 }
 
 void adamw_part(Backend& be, const AdamWConfig& c, const EntryPart& e, float* m, float* v, const OptimStep& ctx) {
@@ -101,6 +125,12 @@ void adamw_part(Backend& be, const AdamWConfig& c, const EntryPart& e, float* m,
 void check_whole_entry(const char* optimizer, const EntryPart& e) {
   EXA_CHECK(e.first == 0 && e.n == e.p.numel, "{}: {} is cut by its region (elements [{}, {}) of {}): the sharding "
             "must cut between entries (needs_whole_entries)", optimizer, e.p.name, e.first, e.first + e.n, e.p.numel);
+}
+
+int64_t bytes_of(std::initializer_list<const DeviceBuffer*> buffers) {
+  int64_t b = 0;
+  for (const DeviceBuffer* d : buffers) b += int64_t(sizeof(float)) * d->size();
+  return b;
 }
 
 float* reserve_scratch(Backend& be, DeviceBuffer& buf, int64_t n, const char* label) {
@@ -116,7 +146,7 @@ std::unique_ptr<Optimizer> make_optimizer(Backend& backend, const TrainSpec& t) 
     EXA_CHECK(std::find(ms.begin(), ms.end(), t.optimizer) != ms.end() &&
                   std::find(fs.begin(), fs.end(), t.mixed.first_order()) != fs.end(),
               "train.optimizer = \"{}\" with [optimizer] others = \"{}\": a mixed order needs one of muon, shampoo, "
-              "soap and a first-order one of adamw, lamb, sgd, lion, adafactor", t.optimizer, t.mixed.first_order());
+              "soap, kfac and a first-order one of adamw, lamb, sgd, lion, adafactor", t.optimizer, t.mixed.first_order());
     TrainSpec matrix = t, first = t;
     matrix.mixed = first.mixed = MixedSpec{};
     first.optimizer = t.mixed.first_order();
@@ -150,7 +180,13 @@ std::unique_ptr<Optimizer> make_optimizer(Backend& backend, const TrainSpec& t) 
     return std::make_unique<Soap>(backend, SoapConfig{float(h.factor_decay), h.max_preconditioner_dim,
                                                       h.precondition_frequency, adamw});
   }
-  EXA_FAIL("train.optimizer = \"{}\": expected one of adamw, sgd, lamb, lion, adafactor, muon, shampoo, soap",
+  if (t.optimizer == "kfac") {
+    const KfacSpec& k = t.kfac;
+    return std::make_unique<Kfac>(backend, KfacConfig{float(k.momentum), k.nesterov, wd, float(k.damping),
+                                                      float(k.factor_decay), k.factor_update_steps, k.inv_update_steps,
+                                                      float(k.kl_clip), k.grad_worker_fraction});
+  }
+  EXA_FAIL("train.optimizer = \"{}\": expected one of adamw, sgd, lamb, lion, adafactor, muon, shampoo, soap, kfac",
            t.optimizer);
 }
 

@@ -17,10 +17,12 @@
 // every replica), and is checkpointed by name as "<state>.<parameter>"; a tensor-parallel shard has
 // its own (train/checkpoint_io.cpp names it by its tp rank).
 //
-// Owns: the update rules and their state memory. May use: core/, job/, backend/ (the ops and
-// device memory), model/layout.hpp (ParamInfo).
+// Owns: the update rules and their state memory, and what an optimizer may ask of the other
+// replicas (replica_comm.hpp: implemented by parallel/). May use: core/, job/, backend/ (the ops
+// and device memory), model/layout.hpp (ParamInfo), model/linear_observer.hpp (K-FAC's statistics).
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +30,8 @@
 #include "backend/backend.hpp"
 #include "job/job.hpp"
 #include "model/layout.hpp"
+#include "model/linear_observer.hpp"
+#include "optim/replica_comm.hpp"
 
 namespace exatrain {
 
@@ -52,6 +56,8 @@ struct EntryStateTensor {
   const ParamInfo* entry = nullptr;
   EntryStateSpec spec;
   float* data = nullptr;                // device [product of spec.shape]
+  size_t index = 0;                     // spec's place in entry_states(*entry)
+  size_t of = 0;                        // entry_states(*entry).size()
   int64_t numel() const;
 };
 
@@ -63,7 +69,18 @@ struct EntryPart {
   const float* grads = nullptr;        // device [n]
   float* const* state = nullptr;       // [state_names().size()]: each device [n], at element first
   float* const* entry_state = nullptr; // [entry_states(p).size()]: whole-entry tensors; only when
-                                       // the part is the whole entry (first == 0, n == p.numel)
+                                       // the part is the whole entry (first == 0, n == p.numel);
+                                       // null for one this rank does not hold (holds_entry_state)
+};
+
+// Where this rank's optimizer runs, told once by the GradSync strategy before init_state (a
+// distributed optimizer, K-FAC, assigns its work to the replicas from it).
+struct OptimizerTopology {
+  ReplicaComm* comm = nullptr;             // the replicas of this rank's chunks (never null)
+  std::vector<const ParamLayout*> chunks;  // this rank's model chunks, in order
+  // true: every replica updates every entry (ZeRO 0); false: each entry has one owner among the
+  // replicas, whose regions hold it (ZeRO 1 cut between entries; at dp 1, the one rank).
+  bool replicated = true;
 };
 
 struct OptimStep {
@@ -101,6 +118,23 @@ class Optimizer {
   // One update of every region; the regions are init_state's (their pointers may have moved).
   void step(const std::vector<ParamRegion>& regions, const OptimStep& ctx);
   int64_t state_bytes() const;
+  // Device memory the optimizer holds beyond its state between steps (scratch grown to the largest
+  // entry, K-FAC's statistics and preconditioned gradients): counted in the trainer's accounted bytes.
+  virtual int64_t scratch_bytes() const { return 0; }
+  // Distribution (optimizers whose update needs other ranks; default: nothing to do). connect is
+  // called once, before init_state; begin_step before the forward of every step, with the number
+  // of the update that step ends with; the observer, when there is one, is shown every backward's
+  // layer matrices (the trainer hands it to the model: Gpt::set_linear_observer).
+  virtual void connect(const OptimizerTopology& topology) {}
+  virtual void begin_step(int64_t step) {}
+  virtual LinearObserver* linear_observer() { return nullptr; }
+  // Whether this rank keeps entry state `spec` (an index into entry_states(p)) of an entry it
+  // updates (default: all of them), and which replica saves it in checkpoints (-1: the rank that
+  // saves the entry's parameters, train/checkpoint_io.cpp). K-FAC keeps a layer's eigenbases only
+  // on its gradient workers, saved by the one that computes them.
+  virtual bool holds_entry_state(const ParamInfo& p, size_t spec) const { return true; }
+  virtual int entry_state_saver(const ParamInfo& p, size_t spec) const { return -1; }
+
   // Preconditioner computations (a Shampoo block's root, a SOAP side's basis) that failed (the
   // eigendecomposition, or a non-finite result) and kept the previous one, since construction;
   // 0 for the optimizers without any.
@@ -108,12 +142,18 @@ class Optimizer {
 
  protected:
   friend class MixedOrder;  // routes entries to the update() of the two it composes
+  // Before the step's updates, with every part it will update (in region and arena order): the
+  // work that spans entries (K-FAC: factor reductions, eigendecompositions, a global clip).
+  virtual void prepare_step(const std::vector<EntryPart>& parts, const OptimStep& ctx) {}
   // Updates one entry's part (EntryPart).
   virtual void update(const EntryPart& part, const OptimStep& ctx) = 0;
   Backend& be_;
 
  private:
   void init_entry_states(size_t region, const ParamRegion& r);
+  void collect_parts(const std::vector<ParamRegion>& regions);  // into parts_
+  std::vector<EntryPart> parts_;                  // the step's parts (collect_parts)
+  std::vector<std::vector<float*>> part_state_;   // [part]: its state pointers, then its entry states
   std::vector<std::vector<DeviceBuffer>> state_;  // [region][state]
   std::vector<EntryStateTensor> entry_tensors_;   // region by region, entries in arena order
   std::vector<DeviceBuffer> entry_buffers_;       // entry_tensors_[i].data's memory
@@ -148,6 +188,8 @@ void adamw_part(Backend& be, const AdamWConfig& c, const EntryPart& part, float*
 // scratch buffer of at least n floats, grown and never shrunk.
 void check_whole_entry(const char* optimizer, const EntryPart& e);
 float* reserve_scratch(Backend& be, DeviceBuffer& buf, int64_t n, const char* label);
+// The bytes of these buffers (scratch_bytes).
+int64_t bytes_of(std::initializer_list<const DeviceBuffer*> buffers);
 
 // The job's optimizer ([train] optimizer and its hyper-parameters: "adamw" and "lamb" with
 // [train]'s beta1, beta2, eps; "sgd", "lion", "adafactor" (optim/first_order.hpp), "muon"

@@ -46,6 +46,7 @@ class Shampoo final : public Optimizer {
   std::vector<EntryStateSpec> entry_states(const ParamInfo& p) const override;
   static bool preconditioned(const ParamInfo& p) { return p.shard_shape.size() == 2; }
   int64_t fallbacks() const override { return fallbacks_; }
+  int64_t scratch_bytes() const override { return bytes_of({&adam_, &mhat_, &dir_, &tmp_}); }
 
   // One block of an [m, n] entry: rows [r0, r0 + mb), columns [c0, c0 + nb), and where its L and
   // R start in the concatenated factor tensors.

@@ -45,6 +45,7 @@ class Soap final : public Optimizer {
   // 2-D entry "soap_GG_L", "soap_Q_L" [m, m] and "soap_GG_R", "soap_Q_R" [n, n].
   std::vector<EntryStateSpec> entry_states(const ParamInfo& p) const override;
   int64_t fallbacks() const override { return fallbacks_; }
+  int64_t scratch_bytes() const override { return bytes_of({&g_, &proj_, &dir_, &tmp_}); }
 
  protected:
   void update(const EntryPart& part, const OptimStep& ctx) override;

@@ -53,6 +53,16 @@ ArenaPolicy arena_policy(int zero) {
   return a;
 }
 
+void GradSync::init_optimizer(const std::vector<ParamRegion>& regions, bool replicated) {
+  static LocalReplicaComm one;
+  OptimizerTopology t;
+  t.comm = s_.optimizer_comm ? s_.optimizer_comm : &one;
+  for (const SyncChunk& ch : s_.chunks) t.chunks.push_back(&ch.model->layout());
+  t.replicated = replicated;
+  s_.optimizer->connect(t);
+  s_.optimizer->init_state(regions);
+}
+
 std::unique_ptr<GradSync> make_grad_sync(int zero, GradSyncSetup setup) {
   EXA_CHECK(setup.be && setup.dp && setup.compressor && setup.optimizer, "make_grad_sync: incomplete setup");
   const bool whole = setup.optimizer->needs_whole_entries();

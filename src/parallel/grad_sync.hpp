@@ -62,6 +62,8 @@ struct GradSyncSetup {
   Group* dp = nullptr;  // the replica group
   Compressor* compressor = nullptr;
   Optimizer* optimizer = nullptr;
+  // The optimizer's view of the replicas (parallel/optimizer_comm.hpp); null: a world of one.
+  ReplicaComm* optimizer_comm = nullptr;
   std::vector<SyncChunk> chunks;
   int64_t bucket_floats = 1 << 18;  // gradient bucket (ZeRO 0 and 2)
   int buckets_in_flight = 2;        // ZeRO 2: reduce-scatters in flight at once
@@ -115,6 +117,9 @@ class GradSync {
   // Slices of `state` over chunk c's whole arena [0, n) at data, saver on the ranges `saved`.
   static void add_arena_slices(std::vector<StateSlice>& out, int c, int state, float* data, int64_t n,
                                const std::vector<Range>& saved);
+  // The optimizer connected to the replicas (Optimizer::connect: replicated = every replica
+  // updates every entry, as ZeRO 0; else each entry has one owner), then its state for `regions`.
+  void init_optimizer(const std::vector<ParamRegion>& regions, bool replicated);
   Backend& be() const { return *s_.be; }
   Group& dp() const { return *s_.dp; }
   GradSyncSetup s_;

@@ -21,7 +21,7 @@ class Zero0Sync final : public GradSync {
                                                             std::vector<int64_t>{}, 2, &g.layout()));
       regions_.push_back({&g.layout(), 0, n, g.params(), g.grads()});
     }
-    s_.optimizer->init_state(regions_);
+    init_optimizer(regions_, /*replicated=*/true);
   }
   const char* name() const override { return "ZeRO 0"; }
 

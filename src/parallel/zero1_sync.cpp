@@ -32,7 +32,7 @@ class Zero1Sync final : public GradSync {
                           sh.grads.data() + (sh.own.begin - sh.zl.range(r).begin)});
       shards_.push_back(std::move(sh));
     }
-    s_.optimizer->init_state(regions_);
+    init_optimizer(regions_, /*replicated=*/false);
   }
   const char* name() const override { return "ZeRO 1"; }
 

@@ -41,7 +41,7 @@ class Zero2Sync final : public GradSync {
       }
       chunks_.push_back(std::move(k));
     }
-    s_.optimizer->init_state(regions_);
+    init_optimizer(regions_, /*replicated=*/false);
   }
   const char* name() const override { return "ZeRO 2"; }
 

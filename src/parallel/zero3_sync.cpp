@@ -27,7 +27,7 @@ class Zero3Sync final : public GradSync {
         regions_.push_back({&s_.chunks[c].model->layout(), seg.range.offset + own.begin, seg.range.offset + own.end,
                             seg.param.data(), seg.grad.data()});
       }
-    s_.optimizer->init_state(regions_);
+    init_optimizer(regions_, /*replicated=*/false);
     // Every segment starts released (its pages returned to the OS, its partial pages NaN).
     for (size_t c = 0; c < chunks_.size(); c++)
       for (size_t i = 0; i < chunks_[c].segments.size(); i++) release_segment(int(c), int(i));

@@ -4,6 +4,7 @@
 
 #include "job/model_shapes.hpp"
 #include "plan/flops.hpp"
+#include "plan/optimizer_cost.hpp"
 
 namespace exatrain::plan {
 
@@ -104,7 +105,7 @@ Memory memory_of_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, bool w
   const OptimizerState& os = p.optimizer_state;
   double optimizer = b.optimizer * n - 4.0 * ((2 - os.per_matrix_element) * matrix +
                                               (2 - os.per_other_element) * (n - matrix));
-  mem.optimizer = p.zero >= 1 ? optimizer / shards : optimizer;
+  mem.optimizer = (p.zero >= 1 ? optimizer / shards : optimizer) + kfac_factor_bytes(m, p, pp_rank);
   double elem = double(element_bytes(p.precision));
   double tokens = double(p.micro_batch) * double(m.seq_len) / double(p.cp);
   int64_t layers = layers_on_rank(m, p, pp_rank);

@@ -94,6 +94,45 @@ double soap_flops(int64_t m, int64_t n, int64_t max_dim, int64_t frequency) {
   return s;
 }
 
+KfacFlops kfac_flops(int64_t m, int64_t n, double tokens, int64_t factor_update_steps, int64_t inv_update_steps) {
+  const double M = double(m), N = double(n);
+  return {2 * tokens * (N * N + M * M) / double(factor_update_steps),
+          kEigenFlops * (N * N * N + M * M * M) / double(inv_update_steps), 4 * (M * M * N + M * N * N)};
+}
+
+KfacBytes kfac_bytes(const ModelSpec& m, const Plan& p, int64_t pp_rank) {
+  const double replicas = double(p.dp * p.cp);
+  if (p.optimizer != "kfac" || replicas == 1) return {};
+  const Plan::OptimizerKnobs& k = p.optimizer_knobs;
+  double stats = 0, eigen = 0, numel = 0;
+  for (const EntryClass& e : entry_classes(m, p, pp_rank)) {
+    if (!e.layer_matrix) continue;
+    const double out = double(e.rows), in = double(e.cols), c = double(e.count);
+    stats += c * (in * in + out * out), eigen += c * (in * in + in + out * out + out), numel += c * out * in;
+  }
+  KfacBytes b;
+  b.all_reduce = 4 * stats / double(k.factor_update_steps);
+  if (p.zero == 0) {
+    const double g = k.grad_worker_fraction * replicas;
+    b.sent = 4 * ((g - 1) * eigen / double(k.inv_update_steps) + (replicas - g) * numel) / replicas;
+  }
+  return b;
+}
+
+double kfac_factor_bytes(const ModelSpec& m, const Plan& p, int64_t pp_rank) {
+  if (p.optimizer != "kfac") return 0;
+  const double replicas = double(p.dp * p.cp);
+  const double owned = p.zero >= 1 ? 1 / replicas : 1.0;
+  const double eigen_share = p.zero >= 1 ? 1 / replicas : p.optimizer_knobs.grad_worker_fraction;
+  double floats = 0;
+  for (const EntryClass& e : entry_classes(m, p, pp_rank)) {
+    if (!e.layer_matrix) continue;
+    const double out = double(e.rows), in = double(e.cols), sq = in * in + out * out;
+    floats += double(e.count) * (sq * owned + (sq + in + out) * eigen_share + sq);
+  }
+  return 4 * floats;
+}
+
 namespace {
 
 // The optimizer that updates entry class e: a mixed order's first-order one off the layers' matrices.
@@ -122,6 +161,7 @@ double elementwise_bytes_per_element(const Plan& p, const EntryClass& e, const C
   if (o == "sgd" || o == "lion") return adamw - 8;                   // one buffer
   if (o == "lamb") return adamw + 8;                                 // the norms' pass over w and r
   if (o == "muon") return e.layer_matrix ? adamw - 8 : adamw;        // momentum; AdamW elsewhere
+  if (o == "kfac") return e.layer_matrix ? adamw : adamw - 8;        // SGD's buffer; P written and read back
   if (o == "adafactor") {
     // Its fp32 values per element (the first moment, an unfactored second moment), and a second
     // pass over the gradient: the factored means first, then the update and its RMS clipping.
@@ -133,6 +173,38 @@ double elementwise_bytes_per_element(const Plan& p, const EntryClass& e, const C
   if (o == "shampoo" || o == "soap") return e.two_d ? adamw + 8 : adamw;
   return adamw;
 }
+
+namespace {
+
+// K-FAC's matrix work on the slowest replica (optim/kfac.hpp): every replica computes the statistics
+// of its own tokens; each matrix's eigendecompositions are done once, by its inverse worker (spread
+// over the replicas, at least the largest matrix's on one); its preconditioning by its
+// grad_worker_fraction of the replicas under ZeRO 0, by its owner under ZeRO >= 1. At the fp32
+// GEMM rate (plan/compute.hpp) of a square GEMM of the matrix's short side, as the other matrix optimizers.
+OptimizerCost kfac_matrix_cost(const ModelSpec& m, const Plan& p, const Device& d, const Calibration& c,
+                               int64_t pp_rank) {
+  const double replicas = double(p.dp * p.cp), tokens = double(p.global_batch) * double(m.seq_len) / replicas;
+  const Plan::OptimizerKnobs& k = p.optimizer_knobs;
+  double stats = 0, eigen = 0, pre = 0, largest_eigen = 0, largest_pre = 0, flops = 0;
+  for (const EntryClass& e : entry_classes(m, p, pp_rank)) {
+    if (!e.layer_matrix) continue;
+    const double short_side = double(std::min(e.rows, e.cols));
+    const double rate = gemm_rate(d, Precision::fp32, {short_side, short_side, short_side}, c);
+    const KfacFlops f = kfac_flops(e.rows, e.cols, tokens, k.factor_update_steps, k.inv_update_steps);
+    stats += double(e.count) * f.statistics / rate;
+    eigen += double(e.count) * f.eigen / rate, largest_eigen = std::max(largest_eigen, f.eigen / rate);
+    pre += double(e.count) * f.precondition / rate, largest_pre = std::max(largest_pre, f.precondition / rate);
+    flops += double(e.count) * (f.statistics + f.eigen + f.precondition);
+  }
+  const double spread_eigen = std::max(eigen / replicas, std::min(eigen, largest_eigen));
+  const double spread_pre = p.zero == 0 ? pre * k.grad_worker_fraction : std::max(pre / replicas, std::min(pre, largest_pre));
+  OptimizerCost out;
+  out.matrix_s = stats + spread_eigen + spread_pre;
+  out.matrix_flops = flops * out.matrix_s / std::max(stats + eigen + pre, 1e-300);  // this replica's share
+  return out;
+}
+
+}  // namespace
 
 OptimizerCost optimizer_step_cost(const ModelSpec& m, const Plan& p, const Device& d, const Calibration& c,
                                   int64_t pp_rank) {
@@ -168,6 +240,10 @@ OptimizerCost optimizer_step_cost(const ModelSpec& m, const Plan& p, const Devic
   } else {
     out = {std::max(bytes / replicas, largest_bytes) / bw, std::max(matrix_s / replicas, largest_s),
            std::max(flops / replicas, largest_flops)};
+  }
+  if (p.optimizer == "kfac") {  // its matrix work is distributed its own way (above)
+    const OptimizerCost k = kfac_matrix_cost(m, p, d, c, pp_rank);
+    out.matrix_s = k.matrix_s, out.matrix_flops = k.matrix_flops;
   }
   return out;
 }

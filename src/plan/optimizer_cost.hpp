@@ -1,7 +1,7 @@
 // The optimizer step's time on one rank, per [train] optimizer: the elementwise bytes its update
 // streams through HBM (memory bound) and the matrix FLOPs of Muon's Newton-Schulz, Shampoo's factor
-// updates, eigendecompositions and preconditioning and SOAP's factors, eigenbases and rotations
-// (GEMM bound), counted per parameter entry of the rank's shard (the entries of model/layout.hpp,
+// updates, eigendecompositions and preconditioning, SOAP's factors, eigenbases and rotations and
+// K-FAC's statistics, eigendecompositions and preconditioning (GEMM bound), counted per parameter entry of the rank's shard (the entries of model/layout.hpp,
 // at the shard shapes of plan/memory.cpp), and how ZeRO spreads that work over the dp·cp replicas.
 // The formulas and their sources: docs/optimizers.md, "What the planner counts".
 //
@@ -51,6 +51,31 @@ std::vector<EntryClass> entry_classes(const ModelSpec& m, const Plan& p, int64_t
 double muon_flops(int64_t m, int64_t n, int64_t ns_steps);
 double shampoo_flops(int64_t m, int64_t n, int64_t block, int64_t frequency);
 double soap_flops(int64_t m, int64_t n, int64_t max_dim, int64_t frequency);
+// K-FAC (optim/kfac.hpp) on one layer matrix [m = out, n = in] with `tokens` rows (tokens) per
+// replica and step: its statistics S_A += x^T x, S_G += dy^T dy (2 tokens (n^2 + m^2)) every
+// factor_update_steps, the eigendecompositions of both factors (9 (n^3 + m^3), as Shampoo's count)
+// every inv_update_steps, and the preconditioning QG^T g QA, QG V QA^T (4 (m^2 n + m n^2)) every step.
+struct KfacFlops {
+  double statistics = 0, eigen = 0, precondition = 0;
+};
+KfacFlops kfac_flops(int64_t m, int64_t n, double tokens, int64_t factor_update_steps, int64_t inv_update_steps);
+// K-FAC's communication per step (amortised over its intervals) on one replica of pipeline rank
+// pp_rank: the statistics' all-reduce over the dp·cp replicas (the buffer's bytes: every matrix's
+// in^2 + out^2 floats, every factor_update_steps) and the bytes it sends point to point: under
+// ZeRO 0 with g = grad_worker_fraction·replicas gradient workers, each matrix's eigenbases to the
+// g - 1 others every inv_update_steps and its P to the replicas - g others every step, spread
+// evenly over the replicas (KAISA's assignment). ZeRO >= 1 sends nothing point to point.
+struct KfacBytes {
+  double all_reduce = 0, sent = 0;
+};
+KfacBytes kfac_bytes(const ModelSpec& m, const Plan& p, int64_t pp_rank);
+// K-FAC's fp32 memory of matrix side lengths on one replica of pipeline rank pp_rank (what
+// optim/kfac.hpp allocates): per layer matrix [out, in] the factors A, G (in^2 + out^2; under ZeRO
+// >= 1 only on the matrix's owner: 1/(dp·cp) of them), the eigenbases and eigenvalues
+// (in^2 + in + out^2 + out; on its gradient workers: grad_worker_fraction of the matrices under
+// ZeRO 0, the owner's share under ZeRO >= 1) and the step's statistics (in^2 + out^2, on every
+// replica). 0 for other optimizers.
+double kfac_factor_bytes(const ModelSpec& m, const Plan& p, int64_t pp_rank);
 // The matrix FLOPs of p.optimizer on one entry of class e (0 for the elementwise optimizers, for
 // 1-D entries and, for Muon, for the embeddings and head, which get AdamW).
 double entry_matrix_flops(const Plan& p, const EntryClass& e);
@@ -62,7 +87,8 @@ double elementwise_bytes_per_element(const Plan& p, const EntryClass& e, const C
 struct OptimizerCost {
   double elementwise_s = 0, matrix_s = 0;  // on the slowest replica of the rank's stage
   double matrix_flops = 0;                 // of that replica, per step
-  double seconds() const { return elementwise_s + matrix_s; }
+  double comm_s = 0;                       // the optimizer's own communication (K-FAC's; predict.cpp adds it)
+  double seconds() const { return elementwise_s + matrix_s + comm_s; }
 };
 // The optimizer step of pipeline rank `pp_rank` on device d, distributed as stated above.
 OptimizerCost optimizer_step_cost(const ModelSpec& m, const Plan& p, const Device& d, const Calibration& c,

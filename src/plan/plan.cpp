@@ -1,5 +1,6 @@
 #include "plan/plan.hpp"
 
+#include <cmath>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -110,6 +111,7 @@ struct Rules {
   bool stages();
   bool optimizer();
   bool framework();
+  bool kfac_workers();
 };
 
 bool Rules::degrees() {
@@ -295,11 +297,39 @@ bool Rules::stages() {
   return false;
 }
 
+// K-FAC's gradient workers (optim/kfac.hpp): under ZeRO 0, grad_worker_fraction of the dp·cp replicas
+// per layer, a whole divisor of them (KAISA's groups of equal size); under ZeRO >= 1 each layer has
+// one owner (KAISA's MEM-OPT by construction), so a fraction other than 1 has no meaning there.
+// (Over one replica there is nothing to distribute.)
+bool Rules::kfac_workers() {
+  const double f = p.optimizer_knobs.grad_worker_fraction;
+  const int64_t replicas = p.dp * p.cp;
+  const std::vector<std::string> keys = {"optimizer.grad_worker_fraction", "parallel.zero", "parallel.dp"};
+  if (replicas == 1) return false;  // one replica: nothing to distribute, any fraction is that one
+  if (p.zero >= 1 && f != 1)
+    return fail(keys, fmt::format("grad_worker_fraction = {} with zero = {}: under ZeRO >= 1 every layer has one owner "
+                                  "among the dp = {} replicas; expected grad_worker_fraction = 1 or zero = 0", f,
+                                  p.zero, replicas),
+                fmt::format("[optimizer] grad_worker_fraction = {} with [parallel] zero = {}: K-FAC under ZeRO >= 1 "
+                            "gives every layer one owner among the {} replicas (KAISA's MEM-OPT), so the fraction "
+                            "has no meaning; set zero = 0 to choose it, or leave it at 1", f, p.zero, replicas));
+  const double g = f * double(replicas);
+  const int64_t gi = std::llround(g);
+  if (p.zero == 0 && (gi < 1 || std::fabs(g - double(gi)) > 1e-9 * double(replicas) || replicas % gi != 0))
+    return fail(keys, fmt::format("grad_worker_fraction = {} x dp = {} = {:g} gradient workers per layer: expected a "
+                                  "whole number that divides {}", f, replicas, g, replicas),
+                fmt::format("[optimizer] grad_worker_fraction = {} x {} replicas = {:g} gradient workers per layer: "
+                            "K-FAC's groups must be a whole number of replicas that divides {} (e.g. {:g})", f,
+                            replicas, g, replicas, 1.0 / double(replicas)));
+  return false;
+}
+
 // Muon orthogonalises every matrix whole on the one rank that owns it (optim/muon.hpp), LAMB's
 // trust ratio and Adafactor's factored moment are over whole entries (optim/first_order.hpp); ZeRO
 // 2 and 3 keep gradients in bucket and unit shards that cut entries across the dp·cp replicas
 // (parallel/grad_sync.cpp asserts the same for an optimizer that needs whole entries).
 bool Rules::optimizer() {
+  if (p.optimizer == "kfac" && kfac_workers()) return true;
   if (!p.optimizer_state.whole_entries || p.zero < 2 || p.dp * p.cp == 1) return false;
   const std::string at = p.cp > 1 ? fmt::format("dp = {} x cp = {}", p.dp, p.cp) : fmt::format("dp = {}", p.dp);
   return fail({"parallel.zero", "train.optimizer", "parallel.cp"},

@@ -40,6 +40,10 @@ struct Plan {
     // layers' matrices; "" when the matrix optimizer has them all. Costed after the switch
     // (first_order_steps is a transient).
     std::string others;
+    // K-FAC's intervals (factor statistics, eigendecompositions) and its gradient workers per
+    // layer as a fraction of the dp·cp replicas (optim/kfac.hpp).
+    int64_t factor_update_steps = 10, inv_update_steps = 100;
+    double grad_worker_fraction = 1;
     bool operator==(const OptimizerKnobs&) const = default;
   };
   OptimizerKnobs optimizer_knobs;
@@ -87,6 +91,9 @@ struct Plan {
       optimizer_knobs.max_preconditioner_dim = t.soap.max_preconditioner_dim;
       optimizer_knobs.precondition_frequency = t.soap.precondition_frequency;
     }
+    optimizer_knobs.factor_update_steps = t.kfac.factor_update_steps;
+    optimizer_knobs.inv_update_steps = t.kfac.inv_update_steps;
+    optimizer_knobs.grad_worker_fraction = t.kfac.grad_worker_fraction;
     optimizer_knobs.others = t.mixed.active() ? t.mixed.first_order() : "";
   }
   // [train] fp8_recipe and attention (what set_optimizer is to [train] optimizer).

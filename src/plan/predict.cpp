@@ -317,6 +317,10 @@ Prediction predict_checked(const ModelSpec& m, const MachineSpec& mach_in, const
   // ---- optimizer step: elementwise (memory bound) and matrix work (GEMM bound) of the same
   // pipeline rank as dp_comm, over the replicas as ZeRO splits it (plan/optimizer_cost.hpp) ----
   out.optimizer_step = optimizer_step_cost(m, p, d, c, slow);
+  if (const KfacBytes kb = kfac_bytes(m, p, slow); kb.all_reduce > 0) {  // K-FAC's own traffic over the replicas
+    const Group g = group_on_machine(p.dp * p.cp, p.tp, mach.gpus_per_node);
+    out.optimizer_step.comm_s = best_all_reduce_time(kb.all_reduce, g, mach) + p2p_time(kb.sent, g.size == g.per_node, mach);
+  }
   b.optimizer = out.optimizer_step.seconds();
 
   out.step_time_s = b.sum();
@@ -390,10 +394,11 @@ nlohmann::json to_json(const Prediction& pr) {
   const Prediction::ComputeParts& cp = pr.compute_parts;
   j["compute_s"] = {{"linear", cp.linear}, {"attention", cp.attention}, {"elementwise", cp.elementwise},
                     {"fp8_casts", cp.casts}, {"lm_head", cp.head}, {"embedding", cp.embedding}};
-  // breakdown_s.optimizer = elementwise_s + matrix_s.
+  // breakdown_s.optimizer = elementwise_s + matrix_s + comm_s (K-FAC's own communication).
   j["optimizer_step"] = {{"optimizer", p.optimizer},
                          {"elementwise_s", pr.optimizer_step.elementwise_s},
                          {"matrix_s", pr.optimizer_step.matrix_s},
+                         {"comm_s", pr.optimizer_step.comm_s},
                          {"matrix_tflop_per_gpu", pr.optimizer_step.matrix_flops / 1e12}};
   return j;
 }
@@ -423,8 +428,10 @@ std::string to_table(const Prediction& pr, const ModelSpec& m) {
   row("dp_comm", b.dp_comm);
   row("optimizer", b.optimizer);
   if (pr.optimizer_step.matrix_s > 0)  // what the matrix optimizers add to the elementwise update
-    s += fmt::format("    ({}: elementwise {:.4f} s + matrix {:.4f} s, {:.4g} TFLOP per GPU)\n", pr.plan.optimizer,
-                     pr.optimizer_step.elementwise_s, pr.optimizer_step.matrix_s, pr.optimizer_step.matrix_flops / 1e12);
+    s += fmt::format("    ({}: elementwise {:.4f} s + matrix {:.4f} s{}, {:.4g} TFLOP per GPU)\n", pr.plan.optimizer,
+                     pr.optimizer_step.elementwise_s, pr.optimizer_step.matrix_s,
+                     pr.optimizer_step.comm_s > 0 ? fmt::format(" + communication {:.4f} s", pr.optimizer_step.comm_s) : "",
+                     pr.optimizer_step.matrix_flops / 1e12);
   row("other", b.other);
   s += fmt::format("memory per GPU (pipeline rank {}, GiB)  {}\n", mem.pp_rank,
                    pr.fits ? "fits" : "DOES NOT FIT");

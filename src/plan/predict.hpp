@@ -53,7 +53,7 @@ struct Calibration {
   // its family's.
   std::map<std::string, DeviceConstants> devices;
 
-  // Sets one constant by name: a global one ("dim_half=64") or a device's / family's
+  // Sets one constant by name: a global one ("fp8_relative=0.95") or a device's / family's
   // ("h100-sxm.sustained=0.8", "a100.sustained=0.9"); throws Error naming the known constants.
   void set(const std::string& assignment);
   void set(const std::string& name, double value);

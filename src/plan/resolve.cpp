@@ -38,7 +38,7 @@ bool has_auto(const ParallelSpec& p) {
 const Prediction* best_runnable(const Job& job, const SearchResult& res) {
   for (const auto& c : res.top) {
     Plan p = c.plan;
-    p.set_optimizer(job.train);  // the search plans for AdamW; the job's optimizer has its own rules
+    p.set_optimizer(job.train);  // (the search's plans carry it already; Purpose::train adds the runtime's rules)
     if (!plan_problem(job.model, p, Purpose::train)) return &c;
   }
   return nullptr;
@@ -65,7 +65,7 @@ void fill_from_search(Job& job, int world, std::FILE* log) {
   fixed.gpus = world;
   if (!fixed.cp) fixed.cp = 1;
   const MachineSpec local = parse_job("[machine]\npreset = \"local\"\n", "local machine", {}).machine;
-  const SearchResult res = search_plans(job.model, local, fixed, job.train.precision, 200);
+  const SearchResult res = search_plans(job.model, local, fixed, job.train, 200);  // ranked with its optimizer's cost
   const Prediction* best = best_runnable(job, res);
   if (!best) {
     const std::string why = why_no_plan(job, fixed);

@@ -73,10 +73,14 @@ int chunk_of(Trainer& t, const ParamLayout* layout) {
 }
 
 // The saver of an entry's entry states: the rank that saves the entry's parameters (its first
-// element) and, over tp, the one saves_entry names. Under ZeRO 0 every replica holds the state
+// element) and, over tp, the one saves_entry names, unless the optimizer names one. Under ZeRO 0 every replica holds the state
 // and one saves it; under ZeRO 1 with shards cut between entries the owner does.
 bool saves_entry_state(Trainer& t, const std::vector<StateSlice>& slices, const EntryStateTensor& e) {
   if (!t.saves_entry(*e.entry)) return false;
+  // An optimizer may name the replica that saves a state it keeps on some replicas only (K-FAC's
+  // eigenbases, on a layer's gradient workers: its inverse worker saves them).
+  if (const int saver = t.optimizer().entry_state_saver(*e.entry, e.index); saver >= 0)
+    return t.runtime().dp().rank() == saver;
   const int c = chunk_of(t, e.layout);
   for (const StateSlice& s : slices)
     if (s.state < 0 && s.chunk == c && s.saver && s.begin <= e.entry->offset && e.entry->offset < s.end) return true;

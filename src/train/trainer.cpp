@@ -76,8 +76,11 @@ Trainer::Trainer(Backend& backend, parallel::ParallelRuntime& rt, const TrainerO
   optimizer_ = opt_.optimizer ? opt_.optimizer(be_) : make_optimizer(be_, opt_.train);
   compressor_ = opt_.compressor ? opt_.compressor : std::make_shared<parallel::IdentityCompressor>();
   build_chunks();
+  for (auto& ch : chunks_) ch->model->set_linear_observer(optimizer_->linear_observer());  // K-FAC's factors
+  optimizer_comm_ = std::make_unique<parallel::GroupReplicaComm>(rt_.dp(), rt_.world(), rt_.ledger());
   parallel::GradSyncSetup s;
   s.be = &be_, s.dp = &rt_.dp(), s.compressor = compressor_.get(), s.optimizer = optimizer_.get();
+  s.optimizer_comm = optimizer_comm_.get();
   const bool tied = opt_.model.tie_embeddings && p.pp * p.vp > 1;
   for (auto& ch : chunks_) s.chunks.push_back(parallel::chunk_view(*ch->model, rt_.mesh().coord.tp, tied));
   s.bucket_floats = opt_.bucket_floats;
@@ -141,7 +144,7 @@ int64_t Trainer::params_on_rank() const {
 }
 
 int64_t Trainer::accounted_bytes() const {
-  int64_t b = optimizer_->state_bytes();
+  int64_t b = optimizer_->state_bytes() + optimizer_->scratch_bytes();
   for (const auto& ch : chunks_) {
     const ModelMemory m = ch->model->memory();
     b += m.params + m.grads + m.activations;
@@ -244,6 +247,7 @@ StepMetrics Trainer::train_step() {
   const double t0 = omp_get_wtime();
   rt_.ledger().reset();
   sync_->begin_step();
+  optimizer_->begin_step(step_ + 1);
   for (auto& ch : chunks_) ch->backward_count = 0;
   // Every rank reads its replica's m micro-batches (all pipeline ranks alike, to stay in step).
   const int64_t n = B_ * T_;

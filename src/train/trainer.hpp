@@ -37,6 +37,7 @@
 #include "parallel/compressor.hpp"
 #include "parallel/executor.hpp"
 #include "parallel/grad_sync.hpp"
+#include "parallel/optimizer_comm.hpp"
 #include "parallel/runtime.hpp"
 #include "parallel/trace.hpp"
 #include "plan/plan.hpp"
@@ -82,7 +83,7 @@ struct StepMetrics {
   double gflops = 0;           // this rank's achieved model GFLOP/s
   double mfu = 0;              // gflops / peak_gflops
   int64_t peak_rss_bytes = 0;
-  int64_t accounted_bytes = 0; // this rank's params + grads + optimizer state + activations
+  int64_t accounted_bytes = 0; // this rank's params + grads + optimizer state and scratch + activations
   // The planner's breakdown_s names: compute, tp_comm, pp_comm, pp_bubble, dp_comm, optimizer.
   std::map<std::string, double> breakdown_s;
   std::map<std::string, int64_t> bytes;  // this rank's ledger for the step (kind -> bytes sent)
@@ -177,6 +178,7 @@ class Trainer {
   int64_t step_ = 0;
   std::vector<std::unique_ptr<Chunk>> chunks_;
   std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<parallel::GroupReplicaComm> optimizer_comm_;  // the optimizer's view of the replicas
   std::shared_ptr<parallel::Compressor> compressor_;
   std::unique_ptr<parallel::GradSync> sync_;
   std::unique_ptr<Event> unit_done_;      // recorded when a unit's gradients are final

@@ -42,7 +42,7 @@ printf '%s\n' "$out" | grep -qE '^shampoo +tp=1 pp=1 dp=8 cp=1 vp=1 zero=1 ' && 
 # Every optimizer of [train] optimizer, in their documented order.
 out=$("$EXA" plan job.toml --compare-optimizers 2>&1) || fail "plan --compare-optimizers: $out"
 names=$(printf '%s\n' "$out" | awk 'NR > 1 && NF > 3 && $2 ~ /^tp=/ {print $1}' | tr '\n' ' ')
-[ "$names" = "adamw sgd lamb lion adafactor muon shampoo soap " ] && ok "--compare-optimizers lists all" \
+[ "$names" = "adamw sgd lamb lion adafactor muon shampoo soap kfac " ] && ok "--compare-optimizers lists all" \
   || fail "--compare-optimizers rows: '$names' in: $out"
 
 # JSON: one object per optimizer with its best plan (the contract's object) and the columns.
@@ -64,7 +64,7 @@ PY
 
 # A bad name: the value, and the choices.
 out=$("$EXA" plan job.toml --optimizers adamw,adam 2>&1); rc=$?
-[ $rc = 1 ] && [[ "$out" == *'--optimizers adamw,adam: "adam" is not an optimizer; expected a comma-separated list of adamw, sgd, lamb, lion, adafactor, muon, shampoo, soap'* ]] \
+[ $rc = 1 ] && [[ "$out" == *'--optimizers adamw,adam: "adam" is not an optimizer; expected a comma-separated list of adamw, sgd, lamb, lion, adafactor, muon, shampoo, soap, kfac'* ]] \
   && ok "bad --optimizers" || fail "bad --optimizers: exit $rc: $out"
 
 # No plan fits: the row says so.

@@ -84,10 +84,7 @@ int main(int argc, char** argv) {
   const dist_test::Reference ref = dist_test::run_single_rank(dist_test::job_for(tp_pp, steps));
 
   // A directory every rank sees (every rank writes its slices of the checkpoint, and reads them).
-  char tmpl[] = "/tmp/exatrain-dist-ckpt-XXXXXX";
-  std::string root;
-  if (rank == 0) root = mkdtemp(tmpl);
-  broadcast_from_rank0(root, MPI_COMM_WORLD, nullptr, "MPI_Bcast (test directory)");
+  const std::string root = dist_test::shared_temp_dir("dist-ckpt");
 
   // Every case saves at step 5 and resumes to step 10; "single" is the single-rank Trainer (on
   // rank 0), whose checkpoints are the same format: interchangeable with the distributed ones.

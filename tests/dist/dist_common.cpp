@@ -309,4 +309,40 @@ DistRun resumed_run(Backend& be, const Job& job, const std::string& checkpoint) 
   return r;
 }
 
+double worst_over_ranks(const std::vector<double>& a, const std::vector<double>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); i++) worst = worst_of(worst, rel_diff(a[i], b[i]));
+  double out = 0;
+  MPI_Allreduce(&worst, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return out;
+}
+
+std::string shared_temp_dir(const std::string& name) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::string root;
+  if (rank == 0) {
+    std::string tmpl = fmt::format("/tmp/exatrain-{}-XXXXXX", name);
+    EXA_CHECK(mkdtemp(tmpl.data()) != nullptr, "mkdtemp({}) failed", tmpl);
+    root = tmpl;
+  }
+  broadcast_from_rank0(root, MPI_COMM_WORLD, nullptr, "MPI_Bcast (test directory)");
+  return root;
+}
+
+std::string refusal(Backend& backend, const Job& job) {
+  try {
+    make_run(backend, job);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+int report(bool ok, const std::string& line, int rank) {
+  if (rank == 0) std::printf("%s %s\n", ok ? "OK  " : "FAIL", line.c_str());
+  std::fflush(stdout);
+  return ok ? 0 : 1;
+}
+
 }  // namespace dist_test

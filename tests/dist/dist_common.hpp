@@ -109,6 +109,18 @@ double rel_diff(double a, double b);
 // max(worst, x); +inf when either is NaN.
 double worst_of(double worst, double x);
 
+// The worst rel_diff of a[i] against b[i], the maximum over every rank (each rank has every loss).
+double worst_over_ranks(const std::vector<double>& a, const std::vector<double>& b);
+// Prints "OK   line" or "FAIL line" on rank 0; returns the failure count (0 or 1).
+int report(bool ok, const std::string& line, int rank);
+
+// A fresh directory /tmp/exatrain-<name>-XXXXXX made by rank 0, its path on every rank (every rank
+// writes its slices of a checkpoint there, and reads them). The caller removes it on rank 0.
+std::string shared_temp_dir(const std::string& name);
+
+// The message of the error that building `job`'s run threw; "" when it was not refused.
+std::string refusal(exatrain::Backend& backend, const exatrain::Job& job);
+
 // The parameters of a model shard, downloaded (the arena is device memory).
 std::vector<float> host_params(const exatrain::Gpt& model);
 

@@ -92,10 +92,7 @@ double resumed_diff(Backend& be, const Config& c, const std::string& saved, cons
 int main(int argc, char** argv) {
   const dist_test::World mpi = dist_test::start_mpi(argc, argv);
   std::unique_ptr<Backend> be = dist_test::test_backend(argc, argv);
-  char tmpl[] = "/tmp/exatrain-dist-entry-XXXXXX";
-  std::string root;
-  if (mpi.rank == 0) root = mkdtemp(tmpl);
-  broadcast_from_rank0(root, MPI_COMM_WORLD, nullptr, "MPI_Bcast (test directory)");
+  const std::string root = dist_test::shared_temp_dir("dist-entry");
 
   Config dp4;  // global batch 4 = 1 x 1 micro-batch x dp 4
   dp4.dp = 4, dp4.micro_batches = 1, dp4.zero = 1;

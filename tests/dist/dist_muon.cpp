@@ -33,6 +33,9 @@ using dist_test::Config;
 
 namespace {
 
+using dist_test::report;
+using dist_test::worst_over_ranks;
+
 constexpr int kSteps = 10, kHalf = 5;
 
 Job muon_job(const Config& c) {
@@ -41,26 +44,11 @@ Job muon_job(const Config& c) {
   return j;
 }
 
-// The worst relative loss difference over the ranks (every rank has every loss).
-double worst_over_ranks(const std::vector<double>& a, const std::vector<double>& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); i++) worst = dist_test::worst_of(worst, dist_test::rel_diff(a[i], b[i]));
-  double out = 0;
-  MPI_Allreduce(&worst, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return out;
-}
-
 std::vector<double> losses_of(Backend& be, const Config& c) {
   dist_test::DistRun r = dist_test::make_run(be, muon_job(c));
   std::vector<double> l;
   for (int s = 0; s < kSteps; s++) l.push_back(r.trainer->train_step().loss);
   return l;
-}
-
-int report(bool ok, const std::string& line, int rank) {
-  if (rank == 0) std::printf("%s %s\n", ok ? "OK  " : "FAIL", line.c_str());
-  std::fflush(stdout);
-  return ok ? 0 : 1;
 }
 
 std::string trace(const std::vector<double>& a) {
@@ -162,12 +150,7 @@ int zero23_refused(Backend& be, int world, int rank) {
   for (int zero : {2, 3}) {
     Config c;
     c.dp = world, c.zero = zero, c.micro_batches = 8 / world;
-    std::string err;
-    try {
-      dist_test::make_run(be, muon_job(c));
-    } catch (const Error& e) {
-      err = e.what();
-    }
+    const std::string err = dist_test::refusal(be, muon_job(c));
     const bool ok = err.find(fmt::format("[parallel] zero = {} with [train] optimizer = \"muon\"", zero)) !=
                         std::string::npos && err.find("expected zero = 0 or 1") != std::string::npos;
     failures += report(ok, fmt::format("D: [{}] refused: {}", c.name(), err.empty() ? "(not refused)" : err), rank);
@@ -181,10 +164,7 @@ int main(int argc, char** argv) {
   const dist_test::World mpi = dist_test::start_mpi(argc, argv);
   std::unique_ptr<Backend> be = dist_test::test_backend(argc, argv);
   EXA_CHECK(mpi.size == 2 || mpi.size == 4, "dist_muon runs on 2 or 4 ranks, not {}", mpi.size);
-  char tmpl[] = "/tmp/exatrain-dist-muon-XXXXXX";
-  std::string root;
-  if (mpi.rank == 0) root = mkdtemp(tmpl);
-  broadcast_from_rank0(root, MPI_COMM_WORLD, nullptr, "MPI_Bcast (test directory)");
+  const std::string root = dist_test::shared_temp_dir("dist-muon");
 
   int failures = equivalence(*be, mpi.size, mpi.rank) + tensor_parallel(*be, mpi.size, mpi.rank);
   Config save, other;

@@ -50,8 +50,8 @@ TEST(JobOptimizer, UnknownKeyIsNamed) {
 
 TEST(JobOptimizer, KeyOfAnotherOptimizerIsRefused) {
   std::string e = parse_error("[optimizer]\nmomentum = 0.9\n");  // optimizer = "adamw" (the default)
-  EXPECT_TRUE(contains(e, "job.toml: [optimizer] momentum = 0.9: a key of train.optimizer = \"muon\" or \"sgd\", "
-                          "but train.optimizer is \"adamw\" (whose keys are [train] beta1, beta2, eps and "
+  EXPECT_TRUE(contains(e, "job.toml: [optimizer] momentum = 0.9: a key of train.optimizer = \"muon\" or \"sgd\" or "
+                          "\"kfac\", but train.optimizer is \"adamw\" (whose keys are [train] beta1, beta2, eps and "
                           "weight_decay)")) << e;
   e = parse_error("[train]\noptimizer = \"sgd\"\n[optimizer]\nbeta2 = 0.9\nns_steps = 3\n");
   EXPECT_TRUE(contains(e, "job.toml: [optimizer] beta2 = 0.9: a key of train.optimizer = \"lion\", but "
@@ -173,8 +173,44 @@ TEST(JobOptimizer, SoapDefaultsKeysAndRoundTrip) {
   EXPECT_TRUE(contains(e, "a key of train.optimizer = \"shampoo\", but train.optimizer is \"soap\"")) << e;
 }
 
+TEST(JobOptimizer, KfacDefaultsKeysAndRoundTrip) {
+  EXPECT_EQ(parse_job("[train]\noptimizer = \"kfac\"\n", "job.toml").train.kfac, KfacSpec{});
+  EXPECT_DOUBLE_EQ(KfacSpec{}.damping, 0.001);  // kfac-pytorch's KFAC defaults
+  EXPECT_DOUBLE_EQ(KfacSpec{}.factor_decay, 0.95);
+  EXPECT_EQ(KfacSpec{}.factor_update_steps, 10);
+  EXPECT_EQ(KfacSpec{}.inv_update_steps, 100);
+  EXPECT_DOUBLE_EQ(KfacSpec{}.kl_clip, 0.001);
+  EXPECT_DOUBLE_EQ(KfacSpec{}.grad_worker_fraction, 1.0);
+  const char* text = "[train]\noptimizer = \"kfac\"\n[optimizer]\nmomentum = 0.8\nnesterov = true\ndamping = 0.01\n"
+                     "factor_decay = 0.9\nfactor_update_steps = 2\ninv_update_steps = 20\nkl_clip = 0\n"
+                     "grad_worker_fraction = 0.25\nothers = \"adamw\"\n";
+  const Job a = parse_job(text, "job.toml");
+  EXPECT_EQ(a.train.kfac, (KfacSpec{0.8, true, 0.01, 0.9, 2, 20, 0.0, 0.25}));
+  EXPECT_EQ(a.train.mixed.others, "adamw");
+  EXPECT_EQ(parse_job(job_to_toml(a), "roundtrip.toml").train, a.train);
+  auto kfac = [](const std::string& kv) { return "[train]\noptimizer = \"kfac\"\n[optimizer]\n" + kv + "\n"; };
+  const std::pair<const char*, const char*> bad[] = {
+      {"damping = 0", "[optimizer] damping = 0: expected a number in (0, 1000000]"},
+      {"momentum = 1.0", "[optimizer] momentum = 1.0: expected a number in [0, 1)"},
+      {"factor_decay = 0.0", "[optimizer] factor_decay = 0.0: expected a number in (0, 1]"},
+      {"factor_update_steps = 0", "[optimizer] factor_update_steps = 0: expected an integer in [1, "},
+      {"inv_update_steps = 0", "[optimizer] inv_update_steps = 0: expected an integer in [1, "},
+      {"kl_clip = -1.0", "[optimizer] kl_clip = -1.0: expected a number in [0, 1000000]"},
+      {"grad_worker_fraction = 0", "[optimizer] grad_worker_fraction = 0: expected a number in (0, 1]"},
+      {"grad_worker_fraction = 1.5", "[optimizer] grad_worker_fraction = 1.5: expected a number in (0, 1]"},
+      {"momentum = 0\nnesterov = true", "[optimizer] nesterov = true: Nesterov momentum needs momentum > 0"},
+      {"ns_steps = 5", "[optimizer] ns_steps = 5: a key of train.optimizer = \"muon\", but train.optimizer is \"kfac\""}};
+  for (const auto& [kv, want] : bad) {
+    const std::string e = parse_error(kfac(kv));
+    EXPECT_TRUE(contains(e, std::string("job.toml: ") + want)) << kv << ": " << e;
+  }
+  // K-FAC keeps no Adam: [train] beta1 is refused unless a mixed order gives the rest to AdamW.
+  EXPECT_TRUE(contains(parse_error("[train]\noptimizer = \"kfac\"\nbeta1 = 0.8\n"), "[train] beta1 = 0.8")) << "";
+  EXPECT_NO_THROW(parse_job("[train]\noptimizer = \"kfac\"\nbeta1 = 0.8\n[optimizer]\nothers = \"adamw\"\n", "job.toml"));
+}
+
 TEST(JobOptimizer, MixedOrderKeysOfTheMatrixOptimizers) {
-  for (const char* m : {"muon", "shampoo", "soap"}) {
+  for (const char* m : {"muon", "shampoo", "soap", "kfac"}) {
     const Job a = parse_job(fmt::format("[train]\noptimizer = \"{}\"\n[optimizer]\nothers = \"lion\"\n"
                                         "first_order_steps = 100\n", m), "job.toml");
     EXPECT_EQ(a.train.mixed, (MixedSpec{"lion", 100})) << m;
@@ -193,7 +229,7 @@ TEST(JobOptimizer, MixedOrderKeysOfTheMatrixOptimizers) {
   e = parse_error("[train]\noptimizer = \"muon\"\n[optimizer]\nfirst_order_steps = -1\n");
   EXPECT_TRUE(contains(e, "job.toml: [optimizer] first_order_steps = -1: expected an integer in [0, ")) << e;
   e = parse_error("[train]\noptimizer = \"adamw\"\n[optimizer]\nothers = \"sgd\"\n");
-  EXPECT_TRUE(contains(e, "a key of train.optimizer = \"muon\" or \"shampoo\" or \"soap\", but train.optimizer is "
+  EXPECT_TRUE(contains(e, "a key of train.optimizer = \"muon\" or \"shampoo\" or \"soap\" or \"kfac\", but train.optimizer is "
                           "\"adamw\"")) << e;
 }
 

@@ -186,55 +186,6 @@ TEST(Gpt, ActivationSlotsHoldSeveralMicroBatchesInFlight) {
   }
 }
 
-// In-process tensor parallelism: each rank runs in its own thread; a collective copies every
-// rank's buffer into a shared slot, waits, and combines the slots in rank order.
-class InProcessHooks final : public ParallelHooks {
- public:
-  struct Shared {
-    explicit Shared(int n) : size(n), sync(n), slots(size_t(n)) {}
-    int size;
-    std::barrier<> sync;
-    std::vector<std::vector<float>> slots;
-  };
-  InProcessHooks(Shared& s, int rank) : s_(s), rank_(rank) {}
-  void input_grad_allreduce(float* g, int64_t n) override { reduce(g, n, false); }
-  void partial_sum_allreduce(float* d, int64_t n) override { reduce(d, n, false); }
-  void vocab_max_allreduce(float* d, int64_t n) override { reduce(d, n, true); }
-  void vocab_sum_allreduce(float* d, int64_t n) override { reduce(d, n, false); }
-  void sp_all_gather(const float* local, float* full, int64_t n) override {
-    s_.slots[size_t(rank_)].assign(local, local + n);
-    s_.sync.arrive_and_wait();
-    for (int r = 0; r < s_.size; r++)
-      std::copy(s_.slots[size_t(r)].begin(), s_.slots[size_t(r)].end(), full + r * n);
-    s_.sync.arrive_and_wait();
-  }
-  void sp_reduce_scatter(const float* full, float* local, int64_t n) override {
-    s_.slots[size_t(rank_)].assign(full, full + n * s_.size);
-    s_.sync.arrive_and_wait();
-    for (int64_t i = 0; i < n; i++) {
-      float acc = s_.slots[0][size_t(rank_ * n + i)];
-      for (int r = 1; r < s_.size; r++) acc += s_.slots[size_t(r)][size_t(rank_ * n + i)];
-      local[i] = acc;
-    }
-    s_.sync.arrive_and_wait();
-  }
-
- private:
-  void reduce(float* data, int64_t n, bool max) {
-    s_.slots[size_t(rank_)].assign(data, data + n);
-    s_.sync.arrive_and_wait();
-    for (int64_t i = 0; i < n; i++) {
-      float acc = s_.slots[0][size_t(i)];
-      for (int r = 1; r < s_.size; r++)
-        acc = max ? std::max(acc, s_.slots[size_t(r)][size_t(i)]) : acc + s_.slots[size_t(r)][size_t(i)];
-      data[i] = acc;
-    }
-    s_.sync.arrive_and_wait();  // nobody refills a slot before every rank has read it
-  }
-  Shared& s_;
-  int rank_;
-};
-
 // Runs tp ranks in threads and compares loss, logits and every gradient with tp = 1. Under
 // sequence parallelism, gradients flagged sp_partial_grad are summed over ranks first (what
 // the runtime's all-reduce does).

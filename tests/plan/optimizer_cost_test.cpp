@@ -193,3 +193,56 @@ TEST(OptimizerCost, AMixedOrderCostsTheFirstOrderOptimizerOffTheMatrices) {
   EXPECT_DOUBLE_EQ(a.matrix_flops, matrix_only);
   EXPECT_LT(a.matrix_flops, b.matrix_flops);
 }
+
+// K-FAC (optim/kfac.hpp) on a [4, 8] matrix (out 4, in 8) with 16 tokens, factors every 2 steps,
+// eigendecompositions every 5: statistics 2 * 16 * (64 + 16) / 2 = 1280, eigen 9 (512 + 64) / 5 =
+// 1036.8, preconditioning 4 (16 * 8 + 4 * 64) = 1536.
+TEST(OptimizerCost, KfacFlopsAndBytesByHand) {
+  const KfacFlops f = kfac_flops(4, 8, 16, 2, 5);
+  EXPECT_DOUBLE_EQ(f.statistics, 1280);
+  EXPECT_DOUBLE_EQ(f.eigen, 1036.8);
+  EXPECT_DOUBLE_EQ(f.precondition, 1536);
+  // GPT-2 small at dp 4: per layer q, k, v, o [768, 768], fc1 [3072, 768], fc2 [768, 3072]:
+  // statistics 4 * 2 * 768^2 + 2 * (768^2 + 3072^2) floats, every 10 steps (the default).
+  const ModelSpec m;
+  Plan p = gpt2_plan("kfac", 4, 0);
+  const double stats = 12 * (8.0 * 768 * 768 + 2.0 * (768.0 * 768 + 3072.0 * 3072));
+  EXPECT_DOUBLE_EQ(kfac_bytes(m, p, 0).all_reduce, 4 * stats / 10);
+  // COMM-OPT (fraction 1): each eigenbasis to the 3 other replicas every 100 steps (the default),
+  // per matrix in^2 + in + out^2 + out floats; spread over the 4 replicas.
+  const double eigen = 12 * (4 * 2 * (768.0 * 768 + 768) + 2 * (768.0 * 768 + 768 + 3072.0 * 3072 + 3072));
+  EXPECT_DOUBLE_EQ(kfac_bytes(m, p, 0).sent, 4 * 3 * eigen / 100 / 4);
+  TrainSpec t;
+  t.optimizer = "kfac";
+  t.kfac.grad_worker_fraction = 0.25;  // MEM-OPT: P to the 3 others every step
+  p.set_optimizer(t);
+  const double numel = 12 * (4.0 * 768 * 768 + 2.0 * 768 * 3072);
+  EXPECT_DOUBLE_EQ(kfac_bytes(m, p, 0).sent, 4 * 3 * numel / 4);
+  EXPECT_DOUBLE_EQ(kfac_bytes(m, gpt2_plan("kfac", 4, 1), 0).sent, 0);  // ZeRO 1: the all-gather is ZeRO's
+  EXPECT_DOUBLE_EQ(kfac_bytes(m, gpt2_plan("adamw", 4, 0), 0).all_reduce, 0);
+}
+
+// K-FAC's matrix work per replica: the statistics on every replica, the eigendecompositions spread
+// over them, the preconditioning on grad_worker_fraction of them (ZeRO 0) or the owner (ZeRO 1);
+// predict adds its communication to the optimizer term.
+TEST(OptimizerCost, KfacSpreadsItsWorkAsItsWorkersDo) {
+  const ModelSpec m;
+  const Device& d = find_device("a100-80g");
+  const Calibration& c = default_calibration();
+  const OptimizerCost one = optimizer_step_cost(m, gpt2_plan("kfac", 1, 0), d, c, 0);
+  Plan comm = gpt2_plan("kfac", 4, 0), mem = comm;
+  TrainSpec t;
+  t.optimizer = "kfac";
+  t.kfac.grad_worker_fraction = 0.25;
+  mem.set_optimizer(t);
+  const OptimizerCost c4 = optimizer_step_cost(m, comm, d, c, 0), m4 = optimizer_step_cost(m, mem, d, c, 0);
+  EXPECT_GT(one.matrix_s, 0);
+  EXPECT_LT(c4.matrix_s, one.matrix_s);  // the eigendecompositions are spread
+  EXPECT_LT(m4.matrix_s, c4.matrix_s);   // and so is the preconditioning at MEM-OPT
+  const MachineSpec mach = find_cluster("selene");
+  const Prediction pc = predict(m, mach, comm, c), pm = predict(m, mach, mem, c);
+  EXPECT_GT(pc.optimizer_step.comm_s, 0);
+  EXPECT_GT(pm.optimizer_step.comm_s, pc.optimizer_step.comm_s);  // P moves every step at MEM-OPT
+  EXPECT_DOUBLE_EQ(pc.breakdown.optimizer, pc.optimizer_step.elementwise_s + pc.optimizer_step.matrix_s +
+                                               pc.optimizer_step.comm_s);
+}

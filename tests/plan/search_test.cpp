@@ -102,7 +102,7 @@ TEST(Search, ListedStagesFixVpOrFailWithTheEquation) {
 // The optimizer's sharding rule is a plan rule: predict and plan refuse what train would.
 TEST(PlanRules, WholeEntryOptimizersRefuseZeroStagesThatCutEntries) {
   ModelSpec m = gpt(12, 768, 12, 1024);
-  for (const char* o : {"muon", "lamb", "adafactor", "shampoo"}) {
+  for (const char* o : {"muon", "lamb", "adafactor", "shampoo", "kfac"}) {
     Plan p;
     TrainSpec t;
     t.optimizer = o;
@@ -128,6 +128,32 @@ TEST(PlanRules, WholeEntryOptimizersRefuseZeroStagesThatCutEntries) {
     p.gpus = 4; p.dp = 4; p.global_batch = 16; p.zero = 3;
     EXPECT_EQ(plan_error(m, p), "") << o;
   }
+}
+
+// K-FAC's gradient workers: a whole divisor of the dp x cp replicas under ZeRO 0; only 1 under ZeRO 1.
+TEST(PlanRules, KfacGradWorkerFractionDividesTheReplicas) {
+  ModelSpec m = gpt(12, 768, 12, 1024);
+  Plan p;
+  TrainSpec t;
+  t.optimizer = "kfac";
+  auto with = [&](double f, int64_t dp, int64_t zero) {
+    t.kfac.grad_worker_fraction = f;
+    p.set_optimizer(t);
+    p.gpus = dp, p.dp = dp, p.global_batch = 4 * dp, p.zero = zero;
+    return plan_error(m, p);
+  };
+  EXPECT_EQ(with(1.0, 8, 0), "");
+  EXPECT_EQ(with(0.125, 8, 0), "");  // MEM-OPT
+  EXPECT_EQ(with(0.5, 8, 0), "");    // HYBRID-OPT: groups of 4
+  EXPECT_EQ(with(0.3, 8, 0), "grad_worker_fraction = 0.3 x dp = 8 = 2.4 gradient workers per layer: expected a whole "
+                             "number that divides 8");
+  EXPECT_EQ(with(0.375, 8, 0), "grad_worker_fraction = 0.375 x dp = 8 = 3 gradient workers per layer: expected a whole "
+                               "number that divides 8");
+  EXPECT_EQ(with(1.0, 8, 1), "");
+  EXPECT_EQ(with(0.5, 8, 1), "grad_worker_fraction = 0.5 with zero = 1: under ZeRO >= 1 every layer has one owner "
+                             "among the dp = 8 replicas; expected grad_worker_fraction = 1 or zero = 0");
+  EXPECT_EQ(with(0.5, 1, 1), "");  // one replica: nothing to distribute
+  EXPECT_EQ(with(0.5, 1, 0), "");
 }
 
 TEST(PlanRules, ErrorsPrintTheEquation) {

@@ -135,6 +135,32 @@ TEST(Trainer, FirstOrderOptimizersLearnAndHoldThePlannersState) {
   }
 }
 
+// K-FAC learns the phrase stream, and what it holds (its entry states and its scratch: the step's
+// statistics, P and one matrix-sized buffer, which the planner does not count) is the planner's
+// prediction (plan/memory.cpp with kfac_factor_bytes) for these non-square matrices.
+TEST(Trainer, KfacLearnsAndItsMemoryIsThePlannersPrediction) {
+  OneRank one(2);
+  InMemoryTokenStream data(phrase_stream());
+  TrainerOptions o = options();
+  o.train.optimizer = "kfac";
+  o.train.lr = 0.3;
+  o.train.kfac.factor_update_steps = 1, o.train.kfac.inv_update_steps = 5;
+  Trainer tr(*one.be, *one.rt, o, data);
+  StepMetrics first = tr.train_step(), last;
+  for (int i = 1; i < 60; i++) last = tr.train_step();
+  EXPECT_LT(last.loss, 0.5 * first.loss) << "start " << first.loss;
+  EXPECT_EQ(last.optimizer_fallbacks, 0);
+  plan::Plan p = o.plan;
+  p.precision = Precision::fp32;
+  p.set_optimizer(o.train);
+  const double predicted = plan::memory_per_device(o.model, p, find_device("a100-80g")).optimizer;
+  int64_t largest = 0;
+  for (const ParamInfo& e : tr.model().layout().entries())
+    if (e.role == ParamRole::matrix) largest = std::max(largest, e.numel);
+  const Optimizer& opt = tr.optimizer();
+  EXPECT_DOUBLE_EQ(double(opt.state_bytes() + opt.scratch_bytes() - int64_t(sizeof(float)) * largest), predicted);
+}
+
 TEST(Trainer, SameSeedGivesBitIdenticalLosses) {
   OneRank one(2, 0);
   std::vector<double> runs[2];

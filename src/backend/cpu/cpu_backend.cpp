@@ -214,23 +214,31 @@ void CpuBackend::bias_backward(float* dbias, const float* dout, int64_t N, int64
   }
 }
 
-double CpuBackend::sum_squares(const float* x, int64_t n) {
-  // Fixed-size chunks summed in index order: the result does not depend on the thread count.
+namespace {
+
+// sum_i a[i] b[i] in double over fixed-size chunks summed in index order: the result does not
+// depend on the thread count.
+double chunked_dot(const float* a, const float* b, int64_t n, int64_t min_work) {
   const int64_t chunk = 1 << 14;
   const int64_t chunks = (n + chunk - 1) / chunk;
   std::vector<double> partial(size_t(std::max<int64_t>(chunks, 1)), 0.0);
-#pragma omp parallel for schedule(static) if (n >= min_work_)
+#pragma omp parallel for schedule(static) if (n >= min_work)
   for (int64_t c = 0; c < chunks; c++) {
     int64_t i0 = c * chunk, i1 = std::min(n, i0 + chunk);
     double s = 0;
 #pragma omp simd reduction(+ : s)
-    for (int64_t i = i0; i < i1; i++) s += double(x[i]) * double(x[i]);
+    for (int64_t i = i0; i < i1; i++) s += double(a[i]) * double(b[i]);
     partial[size_t(c)] = s;
   }
   double total = 0;
   for (double p : partial) total += p;
   return total;
 }
+
+}  // namespace
+
+double CpuBackend::sum_squares(const float* x, int64_t n) { return chunked_dot(x, x, n, min_work_); }
+double CpuBackend::dot(const float* a, const float* b, int64_t n) { return chunked_dot(a, b, n, min_work_); }
 
 void CpuBackend::f32_to_bf16(uint16_t* dst, const float* src, int64_t n) {
 #pragma omp parallel for schedule(static) if (n >= min_work_)

@@ -45,6 +45,7 @@ class CpuBackend final : public Backend {
   void add_bias(float* out, const float* bias, int64_t N, int64_t O) override;
   void bias_backward(float* dbias, const float* dout, int64_t N, int64_t O) override;
   double sum_squares(const float* x, int64_t n) override;
+  double dot(const float* a, const float* b, int64_t n) override;
   void f32_to_bf16(uint16_t* dst, const float* src, int64_t n) override;
   void bf16_to_f32(float* dst, const uint16_t* src, int64_t n) override;
 
@@ -106,6 +107,8 @@ class CpuBackend final : public Backend {
   bool sym_eigenbasis(float* Q, const float* A, int64_t n) override;
   bool power_qr_refresh(float* Q, const float* A, int64_t n, int64_t* order) override;
   void permute_matrix(float* a, int64_t rows, int64_t cols, const int64_t* row_order, const int64_t* col_order) override;
+  bool sym_eigh(float* Q, float* d, const float* A, int64_t n) override;
+  void eigen_damped_divide(float* V, const float* dg, const float* da, int64_t rows, int64_t cols, float damping) override;
 
  private:
   int threads_;

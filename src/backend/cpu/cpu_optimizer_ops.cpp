@@ -207,4 +207,23 @@ void CpuBackend::permute_matrix(float* a, int64_t rows, int64_t cols, const int6
   }
 }
 
+// dsyevd's eigenvalues (ascending) clamped at 0, and its eigenvectors, as kfac-pytorch's
+// torch.linalg.eigh + clamp.
+bool CpuBackend::sym_eigh(float* Q, float* d, const float* A, int64_t n) {
+  std::vector<double> q, w;
+  if (!eigh(q, w, A, n)) return false;
+  for (double& x : w) x = std::max(x, 0.0);
+  std::vector<float> qf(q.size());
+  if (!store_finite(qf.data(), q) || !store_finite(d, w)) return false;
+  std::copy(qf.begin(), qf.end(), Q);
+  return true;
+}
+
+void CpuBackend::eigen_damped_divide(float* V, const float* dg, const float* da, int64_t rows, int64_t cols,
+                                     float damping) {
+#pragma omp parallel for schedule(static) if (rows * cols >= min_work_)
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < cols; j++) V[i * cols + j] /= dg[i] * da[j] + damping;
+}
+
 }  // namespace exatrain

@@ -133,6 +133,10 @@ class GuardedCpuBackend final : public Backend {
     OpScope s("bias_backward", {span(dbias, O), span(dout, N * O)});
     cpu_.bias_backward(dbias, dout, N, O);
   }
+  double dot(const float* a, const float* b, int64_t n) override {
+    OpScope s("dot", {span(a, n), span(b, n)});
+    return cpu_.dot(a, b, n);
+  }
   double sum_squares(const float* x, int64_t n) override {
     OpScope s("sum_squares", {span(x, n)});
     return cpu_.sum_squares(x, n);
@@ -301,6 +305,15 @@ class GuardedCpuBackend final : public Backend {
   bool sym_eigenbasis(float* Q, const float* A, int64_t n) override {
     OpScope s("sym_eigenbasis", {span(Q, n * n), span(A, n * n)});
     return cpu_.sym_eigenbasis(Q, A, n);
+  }
+  bool sym_eigh(float* Q, float* d, const float* A, int64_t n) override {
+    OpScope s("sym_eigh", {span(Q, n * n), span(d, n), span(A, n * n)});
+    return cpu_.sym_eigh(Q, d, A, n);
+  }
+  void eigen_damped_divide(float* V, const float* dg, const float* da, int64_t rows, int64_t cols,
+                           float damping) override {
+    OpScope s("eigen_damped_divide", {span(V, rows * cols), span(dg, rows), span(da, cols)});
+    cpu_.eigen_damped_divide(V, dg, da, rows, cols, damping);
   }
   bool power_qr_refresh(float* Q, const float* A, int64_t n, int64_t* order) override {
     OpScope s("power_qr_refresh", {span(Q, n * n), span(A, n * n)});
