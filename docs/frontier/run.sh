@@ -32,10 +32,9 @@ for model in gpt3-22b gpt3-175b gpt3-1t; do
     done
   done
 done
-# Single plans quoted in docs/frontier.md's text: the winners of the previous version of the page
-# (before ZeRO-2 paid its reduce-scatter per micro-batch) re-predicted, and 1T on the whole machine
-# with tensor parallelism kept inside a node (tp = 8), as the Frontier study does; then two of the
-# zero = 2 plans above with their time breakdown.
+# Single plans quoted in docs/frontier.md's text: the Frontier study's own layouts (ZeRO-1, full
+# activation recomputation: 175B at TP 4 x PP 16, 1T at TP 8 x PP 64 and TP 4 x PP 128) on 128 nodes,
+# and the previous version of the page's 1T whole-machine winner (ZeRO-2, tp 8 x pp 16) re-predicted.
 quoted() {  # quoted MODEL NODES SETTINGS...
   model=$1; nodes=$2; shift 2
   gpus=$((nodes * 8))
@@ -47,9 +46,7 @@ quoted() {  # quoted MODEL NODES SETTINGS...
   "$EXE" plan "$D/$model.toml" --top 1 --set parallel.gpus=$gpus --set parallel.global_batch=$gbs \
     --set machine.node_mtbf_hours=50000 $sets | sed -n '4p;9,17p'
 }
-quoted gpt3-175b 128 tp=4 pp=4 cp=2 vp=24 zero=2 micro_batch=3 recompute=none
-quoted gpt3-1t 384 tp=8 pp=16 cp=1 vp=8 zero=2 micro_batch=1 recompute=none
+quoted gpt3-175b 128 tp=4 pp=16 zero=1 recompute=full
+quoted gpt3-1t 128 tp=8 pp=64 zero=1 recompute=full
+quoted gpt3-1t 128 tp=4 pp=128 zero=1 recompute=full
 quoted gpt3-1t 9408 tp=8 pp=16 cp=1 vp=8 zero=2 micro_batch=1 recompute=none
-quoted gpt3-1t 9408 tp=8 zero=1
-quoted gpt3-1t 384 tp=32 pp=4 vp=16 zero=2 micro_batch=4 recompute=none
-quoted gpt3-22b 9408 tp=12 pp=2 vp=12 zero=2 micro_batch=3 recompute=none

@@ -1,6 +1,7 @@
 #include "catalog/device.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
@@ -8,6 +9,7 @@
 #include <toml.hpp>
 
 #include "core/check.hpp"
+#include "core/profile_cache.hpp"
 
 namespace exatrain {
 
@@ -48,29 +50,62 @@ std::optional<double> optional_non_negative(const toml::value& table, const std:
   return x;
 }
 
+// One [NAME] table of devices.toml (or of a profile) as a Device.
+Device device_from_table(const std::string& name, const toml::value& t, const std::string& file) {
+  EXA_CHECK(t.is_table(), "{}: '{}' must be a table [{}]", file, name, name);
+  Device d;
+  d.name = name;
+  if (t.contains("description")) d.description = t.at("description").as_string();
+  d.family = t.contains("family") ? std::string(t.at("family").as_string()) : name;
+  d.peak_tflops_fp32 = positive(t, file, name, "peak_tflops_fp32");
+  d.peak_tflops_fp16 = positive(t, file, name, "peak_tflops_fp16");
+  d.peak_tflops_bf16 = positive(t, file, name, "peak_tflops_bf16");
+  d.peak_tflops_fp8 = positive(t, file, name, "peak_tflops_fp8");
+  d.hbm_gib = positive(t, file, name, "hbm_gib");
+  d.hbm_bw_gbs = positive(t, file, name, "hbm_bw_gbs");
+  d.gemm_efficiency = positive(t, file, name, "gemm_efficiency");
+  d.bw_efficiency = positive(t, file, name, "bw_efficiency");
+  if (t.contains("sustained")) d.sustained = positive(t, file, name, "sustained");
+  if (t.contains("measured")) d.measured = t.at("measured").as_boolean();
+  d.gemm_dim_half = optional_non_negative(t, file, name, "gemm_dim_half");
+  d.gemm_tokens_half = optional_non_negative(t, file, name, "gemm_tokens_half");
+  if (t.contains("compute_units")) {
+    d.compute_units = positive(t, file, name, "compute_units");
+    d.gemm_tile_m = positive(t, file, name, "gemm_tile_m");
+    d.gemm_tile_n = positive(t, file, name, "gemm_tile_n");
+    d.gemm_k_overhead = positive(t, file, name, "gemm_k_overhead");
+    d.gemm_best_m = positive(t, file, name, "gemm_best_m");
+    d.gemm_best_n = positive(t, file, name, "gemm_best_n");
+    d.gemm_best_k = positive(t, file, name, "gemm_best_k");
+  }
+  if (t.contains("gemm_efficiency_fp8")) d.gemm_efficiency_fp8 = positive(t, file, name, "gemm_efficiency_fp8");
+  if (t.contains("flash1_efficiency")) d.flash1_efficiency = positive(t, file, name, "flash1_efficiency");
+  if (t.contains("flash2_efficiency")) d.flash2_efficiency = positive(t, file, name, "flash2_efficiency");
+  if (t.contains("flash3_efficiency")) d.flash3_efficiency = positive(t, file, name, "flash3_efficiency");
+  if (t.contains("tdp_w")) d.tdp_w = positive(t, file, name, "tdp_w");
+  if (t.contains("power_limit_w")) d.power_limit_w = positive(t, file, name, "power_limit_w");
+  if (d.tdp_w > 0 && d.power_limit_w > 0 && d.power_limit_w < d.tdp_w) d.power_factor = std::cbrt(d.power_limit_w / d.tdp_w);
+  EXA_CHECK(d.gemm_efficiency <= 1 && d.bw_efficiency <= 1 && d.sustained <= 1,
+            "{}: [{}] efficiencies must be <= 1", file, name);
+  return d;
+}
+
 std::vector<Device> read_devices() {
   std::string file = catalog_dir() + "/devices.toml";
   EXA_CHECK(std::filesystem::exists(file), "device catalog {} not found", file);
   toml::value root = toml::parse(file);
   std::vector<Device> devices;
-  for (const auto& [name, t] : root.as_table()) {
-    EXA_CHECK(t.is_table(), "{}: '{}' must be a table [{}]", file, name, name);
-    Device d;
-    d.name = name;
-    if (t.contains("description")) d.description = t.at("description").as_string();
-    d.peak_tflops_fp32 = positive(t, file, name, "peak_tflops_fp32");
-    d.peak_tflops_fp16 = positive(t, file, name, "peak_tflops_fp16");
-    d.peak_tflops_bf16 = positive(t, file, name, "peak_tflops_bf16");
-    d.peak_tflops_fp8 = positive(t, file, name, "peak_tflops_fp8");
-    d.hbm_gib = positive(t, file, name, "hbm_gib");
-    d.hbm_bw_gbs = positive(t, file, name, "hbm_bw_gbs");
-    d.gemm_efficiency = positive(t, file, name, "gemm_efficiency");
-    d.bw_efficiency = positive(t, file, name, "bw_efficiency");
-    d.gemm_dim_half = optional_non_negative(t, file, name, "gemm_dim_half");
-    d.gemm_tokens_half = optional_non_negative(t, file, name, "gemm_tokens_half");
-    EXA_CHECK(d.gemm_efficiency <= 1 && d.bw_efficiency <= 1,
-              "{}: [{}] efficiencies must be <= 1", file, name);
-    devices.push_back(d);
+  for (const auto& [name, t] : root.as_table()) devices.push_back(device_from_table(name, t, file));
+  // This machine's devices as `exatrain profile` measured them replace the shipped entries.
+  if (const std::optional<std::string> profile = active_profile()) {
+    toml::value prof = toml::parse(*profile);
+    for (const auto& [name, t] : prof.as_table()) {
+      if (name == "profile" || name == "machine") continue;
+      Device d = device_from_table(name, t, *profile);
+      auto it = std::find_if(devices.begin(), devices.end(), [&](const Device& x) { return x.name == name; });
+      if (it != devices.end()) *it = d;
+      else devices.push_back(d);
+    }
   }
   std::sort(devices.begin(), devices.end(),
             [](const Device& a, const Device& b) { return a.name < b.name; });
@@ -128,6 +163,17 @@ MachineSpec find_cluster(const std::string& name) {
   spec.storage_bw_gbs = positive(m, file, "machine", "storage_bw_gbs");
   if (m.contains("node_mtbf_hours"))
     spec.node_mtbf_hours = positive(m, file, "machine", "node_mtbf_hours");
+  // The `local` cluster as `exatrain profile` measured it (under mpirun: its collectives).
+  if (name == "local")
+    if (const std::optional<std::string> profile = active_profile()) {
+      const toml::value prof = toml::parse(*profile);
+      if (prof.contains("machine")) {
+        const toml::value& pm = prof.at("machine");
+        if (pm.contains("intra_node_bw_gbs")) spec.intra_node_bw_gbs = positive(pm, *profile, "machine", "intra_node_bw_gbs");
+        if (pm.contains("intra_node_latency_us"))
+          spec.intra_node_latency_us = positive(pm, *profile, "machine", "intra_node_latency_us");
+      }
+    }
   return spec;
 }
 

@@ -3,7 +3,7 @@
 //
 // Owns (room cli/): the subcommands' arguments and output, job_plan.hpp (a job's [parallel] as the
 // planner's Plan for predict and check). May use: every room (core/, job/, catalog/, plan/,
-// backend/, model/, optim/, parallel/, data/, checkpoint/, report/, train/).
+// backend/, model/, optim/, parallel/, data/, checkpoint/, report/, profile/, train/).
 #pragma once
 #include <CLI/CLI.hpp>
 
@@ -22,4 +22,6 @@ void add_predict_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_pipeline_command(CLI::App& app);
 void add_sweep_command(CLI::App& app);
+void add_profile_command(CLI::App& app);
+void add_calibrate_command(CLI::App& app);
 }  // namespace exatrain::cli

@@ -15,8 +15,7 @@ namespace exatrain::cli {
 plan::Plan resolved_plan_of(const Job& job, const std::string& path) {
   plan::Plan p;
   try {
-    p = plan::resolve_plan(job.parallel, job.train.precision);
-    p.set_optimizer(job.train);
+    p = plan::resolve_plan(job);
   } catch (const Error& e) {  // name the job file; drop the internal (src/...:line) suffix
     std::string msg = e.what();
     auto k = msg.rfind(" (");

@@ -24,6 +24,8 @@ int main(int argc, char** argv) {
   exatrain::cli::add_plan_command(app);
   exatrain::cli::add_pipeline_command(app);
   exatrain::cli::add_sweep_command(app);
+  exatrain::cli::add_profile_command(app);
+  exatrain::cli::add_calibrate_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -12,6 +12,7 @@
 #include "cli/job_plan.hpp"
 #include "core/check.hpp"
 #include "job/parse.hpp"
+#include "plan/calibrate.hpp"
 #include "plan/predict.hpp"
 #include "plan/search.hpp"
 
@@ -112,8 +113,15 @@ void add_plan_command(CLI::App& app) {
                   "compare optimizers: the search once per optimizer of this comma-separated list "
                   "(e.g. adamw,muon,shampoo,soap), one row each: per-step time and memory only");
   cmd->add_flag("--compare-optimizers", *compare, "the same for every optimizer of [train] optimizer");
-  cmd->callback([path, sets, json, top, headroom, svg, optimizers, compare] {
+  auto calibration = std::make_shared<std::string>();
+  cmd->add_option("--calibration", *calibration, "a calibration file of `exatrain calibrate` (this machine's constants)");
+  cmd->callback([path, sets, json, top, headroom, svg, optimizers, compare, calibration] {
     Job job = load_job(*path, *sets, check_job_catalog);
+    plan::Calibration cal = plan::default_calibration();
+    if (!calibration->empty()) {
+      plan::check_calibration_device(*calibration, job.machine.device);
+      cal = plan::load_calibration(*calibration);
+    }
     {
       plan::Plan probe;
       probe.gpus = job.parallel.gpus;
@@ -122,15 +130,14 @@ void add_plan_command(CLI::App& app) {
     if (*compare || !optimizers->empty()) {
       if (!svg->empty()) throw Error("--svg draws one optimizer's plans: leave it out with --optimizers");
       const std::vector<std::string> names = *compare ? optimizer_names() : optimizer_list(*optimizers);
-      const auto rows = plan::compare_optimizers(job.model, job.machine, job.parallel, job.train, names, 1,
-                                                 plan::default_calibration(), *headroom);
+      const auto rows = plan::compare_optimizers(job.model, job.machine, job.parallel, job.train, names, 1, cal,
+                                                 *headroom);
       if (*json) fmt::print("{}\n", comparison_json(rows).dump(2));
       else print_comparison(rows);
       return;
     }
     plan::SearchResult res =
-        plan::search_plans(job.model, job.machine, job.parallel, job.train, *top,
-                           plan::default_calibration(), *headroom);
+        plan::search_plans(job.model, job.machine, job.parallel, job.train, *top, cal, *headroom);
     if (res.searched == 0)
       throw Error(fmt::format(
           "{}: no valid plan for gpus = {} and global_batch = {}: every split gpus = tp * pp * "

@@ -8,6 +8,7 @@
 #include "cli/job_plan.hpp"
 #include "core/check.hpp"
 #include "job/parse.hpp"
+#include "plan/calibrate.hpp"
 #include "plan/comm.hpp"
 #include "plan/predict.hpp"
 
@@ -24,7 +25,9 @@ void add_predict_command(CLI::App& app) {
   cmd->add_option("--rank-bytes", *rank,
                   "print the exact bytes this rank sends per step per collective kind (JSON; the "
                   "convention is in src/plan/comm.hpp) instead of the prediction");
-  cmd->callback([path, sets, json, rank] {
+  auto calibration = std::make_shared<std::string>();
+  cmd->add_option("--calibration", *calibration, "a calibration file of `exatrain calibrate` (this machine's constants)");
+  cmd->callback([path, sets, json, rank, calibration] {
     Job job = load_job(*path, *sets, check_job_catalog);
     const plan::Plan p = resolved_plan_of(job, *path);
     if (*rank >= 0) {
@@ -36,12 +39,24 @@ void add_predict_command(CLI::App& app) {
       return;
     }
     plan::check_machine_for_plan(job.machine, p, *path);
-    plan::Prediction pred = plan::predict(job.model, job.machine, p);
+    plan::Calibration cal = plan::default_calibration();
+    if (!calibration->empty()) {
+      plan::check_calibration_device(*calibration, job.machine.device);
+      cal = plan::load_calibration(*calibration);
+    }
+    plan::Prediction pred = plan::predict(job.model, job.machine, p, cal);
+    const std::vector<std::string> notes = plan::plan_notes(job, p);
     if (!std::isfinite(pred.step_time_s))
       throw Error(fmt::format("{}: predicted step time is {} (check the [machine] and device "
                               "figures: a bandwidth or peak of 0?)", *path, pred.step_time_s));
-    if (*json) fmt::print("{}\n", plan::to_json(pred).dump(2));
-    else fmt::print("{}", plan::to_table(pred, job.model));
+    if (*json) {
+      nlohmann::json j = plan::to_json(pred);
+      j["notes"] = notes;
+      fmt::print("{}\n", j.dump(2));
+    } else {
+      fmt::print("{}", plan::to_table(pred, job.model));
+      for (const auto& n : notes) fmt::print("note: {}\n", n);
+    }
   });
 }
 }  // namespace exatrain::cli

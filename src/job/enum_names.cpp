@@ -9,6 +9,7 @@ const char* to_string(Recompute r) {
     case Recompute::none: return "none";
     case Recompute::selective: return "selective";
     case Recompute::full: return "full";
+    case Recompute::op: return "op";
   }
   return "?";
 }
@@ -19,6 +20,23 @@ const char* to_string(Precision p) {
     case Precision::fp16: return "fp16";
     case Precision::bf16: return "bf16";
     case Precision::fp8: return "fp8";
+  }
+  return "?";
+}
+const char* to_string(Fp8Recipe r) {
+  switch (r) {
+    case Fp8Recipe::delayed: return "delayed";
+    case Fp8Recipe::tensorwise: return "tensorwise";
+    case Fp8Recipe::rowwise: return "rowwise";
+  }
+  return "?";
+}
+const char* to_string(Attention a) {
+  switch (a) {
+    case Attention::flash2: return "flash2";
+    case Attention::flash1: return "flash1";
+    case Attention::flash3: return "flash3";
+    case Attention::unfused: return "unfused";
   }
   return "?";
 }

@@ -18,9 +18,22 @@ namespace exatrain {
 enum class Activation { gelu, swiglu };
 enum class Norm { layernorm, rmsnorm };
 enum class Position { learned, rope };
-enum class Recompute { none, selective, full };
+// op: torchtitan's op-level selective checkpointing (selective_ac_option = "op"): the outputs of
+// every other matmul and of attention are kept, the rest recomputed (planned, not run here).
+enum class Recompute { none, selective, full, op };
 enum class Schedule { gpipe, one_f_one_b };  // 1f1b is interleaved when vp > 1
 enum class Precision { fp32, fp16, bf16, fp8 };
+// How fp8 runs scale their GEMM inputs ([train] fp8_recipe): Transformer Engine's delayed scaling
+// (amax history, casts fused into the producing kernels), torchao's dynamic tensorwise scaling
+// (an amax pass, then a cast, per operand), torchao's rowwise scaling (per-row scales: a scaled
+// GEMM kernel of its own).
+enum class Fp8Recipe { delayed, tensorwise, rowwise };
+// The attention kernel ([train] attention): FlashAttention-2-class fused kernels (flash-attn 2,
+// PyTorch SDPA's flash backend), FlashAttention-1-class ones (flash-attn 1, the Triton
+// FlashAttention kernel), Hopper's FlashAttention-3-class kernels (flash-attn 3, cuDNN fused
+// attention as Transformer Engine runs it), or the unfused batched GEMMs and softmax of frameworks
+// before FlashAttention (2022).
+enum class Attention { flash2, flash1, flash3, unfused };
 
 // [model]
 struct ModelSpec {
@@ -74,6 +87,15 @@ struct ParallelSpec {
   // `train` on several ranks: a rank inside one collective for longer than this reports
   // "rank r waits in op k of group g" and aborts the job (parallel/watchdog.hpp); 0 = off.
   double watchdog_timeout_s = 300;
+  // What the framework overlaps, where frameworks differ (docs/job-file.md gives each default's
+  // source): the data-parallel gradient reduction with the backward (Megatron
+  // --overlap-grad-reduce; DDP, FSDP, DeepSpeed ZeRO-3, NeMo and this runtime do), the ZeRO
+  // parameter all-gather with the next step's forward (--overlap-param-gather: Megatron's default
+  // off), the tensor-parallel all-gathers and reduce-scatters with the GEMMs (--tp-comm-overlap,
+  // torchtitan's async TP: off unless asked).
+  bool overlap_grad_reduce = true;
+  bool overlap_param_gather = false;
+  bool tp_comm_overlap = false;
   bool operator==(const ParallelSpec&) const = default;
 };
 
@@ -250,6 +272,10 @@ struct TrainSpec {
   // The compute backend: "cpu" (OpenBLAS + OpenMP) or "cpu-guarded" (the same with device memory
   // the host cannot touch outside an op: the proof of the device boundary, for tests).
   std::string backend = "cpu";
+  // Kernels the planner's time model assumes (docs/job-file.md): the fp8 scaling recipe (fp8 runs)
+  // and the attention kernel.
+  Fp8Recipe fp8_recipe = Fp8Recipe::delayed;
+  Attention attention = Attention::flash2;
   MuonSpec muon;                // [optimizer] when optimizer = "muon"
   SgdSpec sgd;                  // ... "sgd"
   LionSpec lion;                // ... "lion"
@@ -284,5 +310,7 @@ const char* to_string(Position);
 const char* to_string(Recompute);
 const char* to_string(Schedule);
 const char* to_string(Precision);
+const char* to_string(Fp8Recipe);
+const char* to_string(Attention);
 
 }  // namespace exatrain

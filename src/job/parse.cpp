@@ -6,6 +6,8 @@
 // TOML writer so that parse(write(job)) == job.
 #include "job/parse.hpp"
 
+#include "core/profile_cache.hpp"
+
 #include <algorithm>
 #include <deque>
 #include <filesystem>
@@ -334,6 +336,10 @@ void apply_preset(Section& sec, Documents& docs, const std::string& dir, const s
     return;
   }
   put_preset_section(sec, docs, path, rel, errors);
+  // This machine as `exatrain profile` measured it (core/profile_cache.hpp), over the shipped figures.
+  if (dir == "catalog/clusters" && name == "local")
+    if (const std::optional<std::string> profile = active_profile())
+      put_preset_section(sec, docs, *profile, "local profile " + *profile, errors);
 }
 
 // Splits "section.key=value" and parses value as TOML (falling back to a plain word, which must
@@ -720,8 +726,8 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     s.get_int_or_auto("micro_batch", p.micro_batch, 1, big);
     s.get_int("global_batch", p.global_batch, 1, big);
     if (s.has("recompute")) {
-      int i = s.get_choice("recompute", {"none", "selective", "full", "auto"});
-      if (i >= 0 && i < 3) p.recompute = Recompute(i);
+      int i = s.get_choice("recompute", {"none", "selective", "full", "op", "auto"});
+      if (i >= 0 && i < 4) p.recompute = Recompute(i);
     }
     s.get_bool_or_auto("seq_parallel", p.seq_parallel);
     if (s.has("schedule")) {
@@ -730,8 +736,12 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     }
     s.get_int_list("layers_per_stage", p.layers_per_stage, 0, 100000);
     s.get_float("watchdog_timeout_s", p.watchdog_timeout_s, 0, 1e9);
+    s.get_bool("overlap_grad_reduce", p.overlap_grad_reduce);
+    s.get_bool("overlap_param_gather", p.overlap_param_gather);
+    s.get_bool("tp_comm_overlap", p.tp_comm_overlap);
     s.report_unknown({"gpus", "tp", "pp", "dp", "cp", "vp", "zero", "micro_batch", "global_batch",
-                      "recompute", "seq_parallel", "schedule", "layers_per_stage", "watchdog_timeout_s"});
+                      "recompute", "seq_parallel", "schedule", "layers_per_stage", "watchdog_timeout_s",
+                      "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"});
   }
   // [train]
   {
@@ -759,13 +769,15 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     s.get_int("threads", t.threads, 0, 4096);
     if (int i = s.get_choice("nan_policy", {"stop", "skip"}); i >= 0) t.nan_policy = i == 0 ? "stop" : "skip";
     if (int i = s.get_choice("backend", {"cpu", "cpu-guarded"}); i >= 0) t.backend = i == 0 ? "cpu" : "cpu-guarded";
+    if (int i = s.get_choice("fp8_recipe", {"delayed", "tensorwise", "rowwise"}); i >= 0) t.fp8_recipe = Fp8Recipe(i);
+    if (int i = s.get_choice("attention", {"flash2", "flash1", "flash3", "unfused"}); i >= 0) t.attention = Attention(i);
     if (t.min_lr > t.lr)
       errors.push_back(fmt::format("{}: [train] min_lr = {} is above lr = {} (the cosine schedule decays "
                                    "from lr down to min_lr)", job_origin(job, {"train.min_lr", "train.lr"}), t.min_lr, t.lr));
     s.report_unknown({"precision", "optimizer", "steps", "seed", "lr", "min_lr", "warmup_steps",
                       "weight_decay", "beta1", "beta2", "eps", "grad_clip", "data", "run_dir",
                       "checkpoint_every", "keep_checkpoints", "eval_every", "eval_batches", "log_every",
-                      "threads", "nan_policy", "backend"});
+                      "threads", "nan_policy", "backend", "fp8_recipe", "attention"});
     parse_optimizer_section(sections.at("optimizer"), t);
     if (!uses_train_betas(t))
       for (const char* k : {"beta1", "beta2", "eps"})
@@ -888,7 +900,8 @@ std::string job_to_toml(const Job& job) {
     for (int64_t n : p.layers_per_stage) a.push_back(toml::value(n));
     out += fmt::format("layers_per_stage = {}\n", toml_text(toml::value(a)));
   }
-  out += line("watchdog_timeout_s", p.watchdog_timeout_s);
+  out += line("watchdog_timeout_s", p.watchdog_timeout_s) + line("overlap_grad_reduce", p.overlap_grad_reduce) +
+         line("overlap_param_gather", p.overlap_param_gather) + line("tp_comm_overlap", p.tp_comm_overlap);
   out += "\n[train]\n";
   out += line("precision", to_string(t.precision)) + line("optimizer", t.optimizer) + line("steps", t.steps) +
          line("seed", int64_t(t.seed)) + line("lr", t.lr) + line("min_lr", t.min_lr) +
@@ -898,7 +911,8 @@ std::string job_to_toml(const Job& job) {
          line("run_dir", t.run_dir) + line("checkpoint_every", t.checkpoint_every) +
          line("keep_checkpoints", t.keep_checkpoints) + line("eval_every", t.eval_every) +
          line("eval_batches", t.eval_batches) + line("log_every", t.log_every) + line("threads", t.threads) +
-         line("nan_policy", t.nan_policy) + line("backend", t.backend);
+         line("nan_policy", t.nan_policy) + line("backend", t.backend) + line("fp8_recipe", to_string(t.fp8_recipe)) +
+         line("attention", to_string(t.attention));
   if (t.optimizer == "muon")
     out += "\n[optimizer]\n" + line("momentum", t.muon.momentum) + line("nesterov", t.muon.nesterov) +
            line("ns_steps", t.muon.ns_steps) + line("scale", t.muon.scale);

@@ -25,6 +25,12 @@ double layer_attention_flops_per_token(const ModelSpec& m) {
   return 4.0 * double(m.seq_len) * double(m.hidden);
 }
 
+double op_recompute_gemm_flops_per_token(const ModelSpec& m) {
+  // q, k, v, o, gate, up, down (SwiGLU) or qkv, o, fc1, fc2 (GELU, fused QKV): every second kept.
+  const double h = double(m.hidden), kv = double(kv_dim(m)), f = double(m.ffn_hidden);
+  return m.activation == Activation::swiglu ? 2 * (h * kv + h * h + h * f) : 2 * (h * h + f * h);
+}
+
 double logits_flops_per_token(const ModelSpec& m) {
   return 2.0 * double(m.hidden) * double(m.vocab);
 }
@@ -45,6 +51,7 @@ double recompute_flops_per_step(const ModelSpec& m, int64_t global_batch, Recomp
     case Recompute::selective: return tokens * m.layers * layer_attention_flops_per_token(m);
     case Recompute::full:
       return tokens * m.layers * (layer_gemm_flops_per_token(m) + layer_attention_flops_per_token(m));
+    case Recompute::op: return tokens * m.layers * op_recompute_gemm_flops_per_token(m);
   }
   return 0;
 }

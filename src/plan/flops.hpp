@@ -24,6 +24,9 @@ int64_t norm_parameters(const ModelSpec& m);  // one norm: weight (+ bias for la
 double layer_gemm_flops_per_token(const ModelSpec& m);       // QKV, out-proj, MLP matmuls
 double layer_attention_flops_per_token(const ModelSpec& m);  // QK^T and attn@V: 4*s*h
 double logits_flops_per_token(const ModelSpec& m);           // LM head: 2*h*V
+// What torchtitan's op-level checkpointing (Recompute::op) re-runs per token of a layer: every
+// second matmul in the order q, k, v, o, gate, up, down (k, o, up; GELU with a fused QKV: o, fc2).
+double op_recompute_gemm_flops_per_token(const ModelSpec& m);
 
 // Forward FLOPs per token of the whole model.
 double forward_flops_per_token(const ModelSpec& m);
@@ -31,7 +34,7 @@ double forward_flops_per_token(const ModelSpec& m);
 // Model FLOPs of one optimizer step (forward + backward, no recomputation).
 double model_flops_per_step(const ModelSpec& m, int64_t global_batch);
 // What recomputation re-executes per step: full = one more forward of every layer; selective =
-// the attention core (QK^T, softmax, attn@V) of every layer; none = 0.
+// the attention core (QK^T, softmax, attn@V) of every layer; op = every second matmul; none = 0.
 double recompute_flops_per_step(const ModelSpec& m, int64_t global_batch, Recompute r);
 // Hardware FLOPs = model FLOPs + recomputation.
 double hardware_flops_per_step(const ModelSpec& m, int64_t global_batch, Recompute r);

@@ -55,16 +55,22 @@ double activation_bytes_per_layer(const ModelSpec& m, const Plan& p, Recompute r
   double h = m.hidden, kv = double(kv_dim(m)), f = m.ffn_hidden, tp = p.tp;
   double scale = p.precision == Precision::fp32 ? 2.0 : 1.0;  // formulas assume 2-byte values
   if (r == Recompute::full) return scale * 2 * h * t / (p.seq_parallel ? tp : 1);
+  const double kv_local = m.kv_heads >= p.tp ? kv / tp : double(m.head_dim());
+  // torchtitan's op-level checkpointing keeps the layer input, the outputs of the kept matmuls
+  // (q, v, the MLP's first: plan/compute.cpp) and of attention: 2 (h + h/tp + kv + h/tp + f/tp)
+  // bytes per token, the h-sized input split only with sequence parallelism.
+  if (r == Recompute::op)
+    return scale * 2 * t * (h / (p.seq_parallel ? tp : 1) + 2 * h / tp + kv_local + f / tp);
   // GPT-style models (GELU) train with dropout: a 1-byte mask after attention and after the
   // MLP (2h of the 10h) and on the attention probabilities (as of the 5as). Llama-style models
   // (SwiGLU) use no dropout.
-  bool dropout = m.activation == Activation::gelu;
+  bool dropout = p.dropout.value_or(m.activation == Activation::gelu);
   double replicated = dropout ? 10 * h : 8 * h;
   double mlp_split = m.activation == Activation::swiglu ? 8 * f : 4 * f;
   double split = 4 * h + 4 * kv + mlp_split;
   double per_token = (p.seq_parallel ? replicated / tp : replicated) + split / tp;
   double scores = 0;
-  if (r == Recompute::none && !p.flash_attention)
+  if (r == Recompute::none && !p.flash_attention())
     scores = (dropout ? 5.0 : 2.0) * m.heads * double(m.seq_len) / tp;  // softmax out (+ mask, dropout out)
   return scale * t * (per_token + scores);
 }
@@ -79,10 +85,14 @@ double microbatches_in_flight(const Plan& p) {
 
 namespace {
 
-Memory memory_of_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, bool with_activations) {
+Memory memory_of_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, bool with_activations,
+                      double fragmentation = kFragmentation) {
   Memory mem;
   mem.pp_rank = pp_rank;
   BytesPerParam b = bytes_per_param(p.precision);
+  if (p.grads_16bit && p.precision != Precision::fp32) b.grads = 2;
+  // DeepSpeed's BF16Optimizer keeps the backward's bf16 .grad besides its fp32 accumulation.
+  if (p.grads_twice) b.grads += 2;
   double n = double(parameters_on_rank(m, p, pp_rank));
   double shards = double(p.dp * p.cp);  // ZeRO shards over every replica of these weights
   mem.params = b.weights * (p.zero >= 3 ? n / shards : n);
@@ -110,32 +120,37 @@ Memory memory_of_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, bool w
     if (p.schedule != Schedule::gpipe && p.vp == 1)
       inflight = std::min<double>(double(p.micro_batches()), double(p.pp - pp_rank));
     double act = inflight * layers * activation_bytes_per_layer(m, p, p.recompute);
-    // Full recomputation rebuilds one layer's complete activations during its backward.
-    if (p.recompute == Recompute::full)
-      act += activation_bytes_per_layer(m, p, Recompute::none) -
-             activation_bytes_per_layer(m, p, Recompute::full);
-    // Selective recomputation rebuilds one layer's attention scores (non-fused attention).
-    if (pp_rank == p.pp - 1)  // fp32 logits and their gradient for one micro-batch
-      act += 2.0 * 4.0 * tokens * double((m.vocab + p.tp - 1) / p.tp);
+    // Full and op-level recomputation rebuild one layer's complete activations during its backward.
+    if (p.recompute == Recompute::full || p.recompute == Recompute::op)
+      act += activation_bytes_per_layer(m, p, Recompute::none) - activation_bytes_per_layer(m, p, p.recompute);
+    // The backward of a layer holds the gradients of its activations while it runs: one more
+    // layer's worth of the activations it saves (the caching allocator keeps that space).
+    act += activation_bytes_per_layer(m, p, Recompute::none);
+    // Cross entropy over one micro-batch's logits (this tp rank's vocabulary slice): fused (Megatron's
+    // vocabulary-parallel kernel: the 16-bit logits, an fp32 copy exponentiated and turned into the
+    // gradient in place, 6 bytes per logit, plus the 16-bit gradient, 8) or eager PyTorch (16-bit
+    // logits, the saved fp32 log-softmax, its fp32 gradient and the 16-bit gradient: 12).
+    if (pp_rank == p.pp - 1)
+      act += (p.fused_kernels ? 8.0 : 12.0) * tokens * double((m.vocab + p.tp - 1) / p.tp);
     if (pp_rank == 0)  // embedding output kept for its backward
       act += inflight * elem * tokens * double(m.hidden) / (p.seq_parallel ? p.tp : 1);
     mem.activations = act;
   }
   double sum = mem.params + mem.grads + mem.optimizer + mem.activations + buffers;
-  mem.buffers = buffers + kFragmentation * sum;
+  mem.buffers = buffers + fragmentation * sum;
   mem.total = mem.params + mem.grads + mem.optimizer + mem.activations + mem.buffers;
   return mem;
 }
 
 }  // namespace
 
-Memory memory_per_device(const ModelSpec& m, const Plan& p, const Device& d) {
+Memory memory_per_device(const ModelSpec& m, const Plan& p, const Device& d, double fragmentation) {
   // Candidates for the most loaded rank: the first (embedding, most micro-batches in flight),
   // the last (LM head) and, among the middle ranks, the first one of each distinct layer count
   // (in-flight micro-batches only fall with the rank).
-  Memory worst = memory_of_rank(m, p, 0, true);
+  Memory worst = memory_of_rank(m, p, 0, true, fragmentation);
   auto consider = [&](int64_t r) {
-    Memory mem = memory_of_rank(m, p, r, true);
+    Memory mem = memory_of_rank(m, p, r, true, fragmentation);
     if (mem.total > worst.total) worst = mem;
   };
   if (p.pp > 1) consider(p.pp - 1);

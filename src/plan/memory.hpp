@@ -11,6 +11,12 @@
 
 namespace exatrain::plan {
 
+// Allowances (docs/planner.md): a runtime reserve for the CUDA/HIP context, BLAS and collective
+// workspaces (stated), and the fraction of everything else the caching allocator reserves beyond
+// what is allocated (fitted by `exatrain validate` to measured peaks: plan::Calibration).
+constexpr double kRuntimeReserveBytes = 1.0 * (1 << 30);
+constexpr double kFragmentation = 0.23;  // = plan::Calibration::fragmentation
+
 // Exact parameter count held by the rank at (pp_rank, tp_rank): the floats of the runtime model's
 // arena (Gpt::layout().total(), summed over the rank's virtual stages; tests/plan/params_test.cpp
 // checks it over a grid of models and splits). Megatron's tensor sharding: column-parallel QKV and
@@ -47,13 +53,10 @@ struct Memory {
 };
 
 // Memory of the most loaded rank (max over pipeline ranks).
-Memory memory_per_device(const ModelSpec& m, const Plan& p, const Device& d);
+// `fragmentation`: the caching allocator's reserved-but-unused share (plan::Calibration).
+Memory memory_per_device(const ModelSpec& m, const Plan& p, const Device& d, double fragmentation = kFragmentation);
 // A lower bound on the most loaded rank's memory that needs no activations (for pruning).
 double static_memory_lower_bound(const ModelSpec& m, const Plan& p);
 
-// Stated allowances (docs/planner.md): a runtime reserve for the CUDA/HIP context, BLAS and
-// collective workspaces, and the fraction of everything else lost to allocator fragmentation.
-constexpr double kRuntimeReserveBytes = 1.0 * (1 << 30);
-constexpr double kFragmentation = 0.05;
 
 }  // namespace exatrain::plan

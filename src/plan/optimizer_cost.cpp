@@ -1,5 +1,7 @@
 #include "plan/optimizer_cost.hpp"
 
+#include "plan/compute.hpp"
+
 #include <algorithm>
 
 #include "job/model_shapes.hpp"
@@ -178,16 +180,16 @@ namespace {
 // of its own tokens; each matrix's eigendecompositions are done once, by its inverse worker (spread
 // over the replicas, at least the largest matrix's on one); its preconditioning by its
 // grad_worker_fraction of the replicas under ZeRO 0, by its owner under ZeRO >= 1. At the fp32
-// GEMM rate with the matrix's short side as the thin dimension (as the other matrix optimizers).
+// GEMM rate (plan/compute.hpp) of a square GEMM of the matrix's short side, as the other matrix optimizers.
 OptimizerCost kfac_matrix_cost(const ModelSpec& m, const Plan& p, const Device& d, const Calibration& c,
                                int64_t pp_rank) {
   const double replicas = double(p.dp * p.cp), tokens = double(p.global_batch) * double(m.seq_len) / replicas;
   const Plan::OptimizerKnobs& k = p.optimizer_knobs;
-  const double peak = 1e12 * d.peak_tflops(Precision::fp32), dim_half = d.gemm_dim_half.value_or(c.dim_half);
   double stats = 0, eigen = 0, pre = 0, largest_eigen = 0, largest_pre = 0, flops = 0;
   for (const EntryClass& e : entry_classes(m, p, pp_rank)) {
     if (!e.layer_matrix) continue;
-    const double rate = peak * d.gemm_efficiency / (1 + dim_half / double(std::min(e.rows, e.cols)));
+    const double short_side = double(std::min(e.rows, e.cols));
+    const double rate = gemm_rate(d, Precision::fp32, {short_side, short_side, short_side}, c);
     const KfacFlops f = kfac_flops(e.rows, e.cols, tokens, k.factor_update_steps, k.inv_update_steps);
     stats += double(e.count) * f.statistics / rate;
     eigen += double(e.count) * f.eigen / rate, largest_eigen = std::max(largest_eigen, f.eigen / rate);
@@ -211,17 +213,15 @@ OptimizerCost optimizer_step_cost(const ModelSpec& m, const Plan& p, const Devic
   // a mixed-precision run; Shampoo's and SOAP's factors and bases are fp32 (Distributed Shampoo,
   // SOAP's reference implementation).
   const bool bf16_matrices = p.optimizer == "muon" && p.precision != Precision::fp32;
-  const double peak = 1e12 * d.peak_tflops(bf16_matrices ? Precision::bf16 : Precision::fp32);
-  const double dim_half = d.gemm_dim_half.value_or(c.dim_half);
+  const Precision matrices = bf16_matrices ? Precision::bf16 : Precision::fp32;
   const int64_t block = p.optimizer == "shampoo" ? p.optimizer_knobs.max_preconditioner_dim : INT64_MAX;
   double bytes = 0, matrix_s = 0, flops = 0, largest_bytes = 0, largest_s = 0, largest_flops = 0;
   for (const EntryClass& e : entry_classes(m, p, pp_rank)) {
     const double entry_bytes = elementwise_bytes_per_element(p, e, c) * double(e.rows) * double(e.cols);
     const double entry_flops = entry_matrix_flops(p, e);
-    // The GEMM efficiency of predict.cpp's layers with the entry's (or block's) short side as the
-    // thin dimension: gemm_efficiency / (1 + dim_half / short side).
+    // At the GEMM rate (plan/compute.hpp) of a square GEMM of the entry's (or block's) short side.
     const double short_side = double(std::min({e.rows, e.cols, block}));
-    const double entry_s = entry_flops > 0 ? entry_flops / (peak * d.gemm_efficiency / (1 + dim_half / short_side)) : 0;
+    const double entry_s = entry_flops > 0 ? entry_flops / gemm_rate(d, matrices, {short_side, short_side, short_side}, c) : 0;
     bytes += double(e.count) * entry_bytes;
     flops += double(e.count) * entry_flops;
     matrix_s += double(e.count) * entry_s;

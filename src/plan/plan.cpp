@@ -38,11 +38,51 @@ Plan resolve_plan(const ParallelSpec& par, Precision precision) {
   p.zero = need(par.zero, "zero");
   p.micro_batch = need(par.micro_batch, "micro_batch");
   p.recompute = need(par.recompute, "recompute");
-  p.seq_parallel = par.seq_parallel.value_or(false);
+  // Sequence parallelism splits the tensor-parallel region's sequence: without tp it has nothing
+  // to split (Megatron sets it false at tp = 1; plan_notes says so).
+  p.seq_parallel = par.seq_parallel.value_or(false) && p.tp > 1;
   p.schedule = par.schedule.value_or(Schedule::one_f_one_b);
   p.layers_per_stage = par.layers_per_stage;
   p.precision = precision;
+  p.overlap_grad_reduce = par.overlap_grad_reduce;
+  p.overlap_param_gather = par.overlap_param_gather;
+  p.tp_comm_overlap = par.tp_comm_overlap && p.tp > 1;
   return p;
+}
+
+Plan resolve_plan(const Job& job) {
+  Plan p = resolve_plan(job.parallel, job.train.precision);
+  p.set_optimizer(job.train);
+  p.set_kernels(job.train);
+  return p;
+}
+
+std::vector<std::string> plan_notes(const Job& job, const Plan& p) {
+  std::vector<std::string> notes;
+  auto set = [&](const char* key) { return job.origins.count(key) > 0; };
+  const ParallelSpec& par = job.parallel;
+  if (set("parallel.seq_parallel") && par.seq_parallel.value_or(false) && p.tp == 1)
+    notes.push_back("seq_parallel = true has no effect at tp = 1 (sequence parallelism splits the tensor-parallel "
+                    "region; Megatron and NeMo turn it off there too): planned without it");
+  if (set("parallel.tp_comm_overlap") && par.tp_comm_overlap && p.tp == 1)
+    notes.push_back("tp_comm_overlap = true has no effect at tp = 1 (no tensor-parallel communication; NeMo turns "
+                    "it off there too)");
+  if (set("parallel.zero") && p.zero > 0 && p.dp * p.cp == 1)
+    notes.push_back(fmt::format("zero = {} has no effect with dp * cp = 1 (nothing to shard over; Megatron's "
+                                "distributed optimizer at dp = 1 is the plain one)", p.zero));
+  if (set("parallel.overlap_param_gather") && par.overlap_param_gather && p.zero == 3)
+    notes.push_back("overlap_param_gather = true has no effect under ZeRO 3 (it gathers each layer's parameters "
+                    "before its use and prefetches the next layer's anyway)");
+  if (set("parallel.overlap_param_gather") && par.overlap_param_gather && p.zero > 0 && p.dp * p.cp == 1)
+    notes.push_back("overlap_param_gather = true has no effect with dp * cp = 1 (no parameter all-gather)");
+  if (set("parallel.overlap_grad_reduce") && par.overlap_grad_reduce && p.dp * p.cp == 1)
+    notes.push_back("overlap_grad_reduce = true has no effect with dp * cp = 1 (no gradient reduction)");
+  if (set("train.fp8_recipe") && p.precision != Precision::fp8)
+    notes.push_back(fmt::format("fp8_recipe = \"{}\" has no effect at precision = \"{}\" (only fp8 runs scale "
+                                "their GEMM inputs)", to_string(p.fp8_recipe), to_string(p.precision)));
+  if (set("parallel.schedule") && p.schedule == Schedule::gpipe && p.pp == 1)
+    notes.push_back("schedule = \"gpipe\" has no effect at pp = 1 (no pipeline)");
+  return notes;
 }
 
 namespace {
@@ -70,6 +110,7 @@ struct Rules {
   bool pipeline();
   bool stages();
   bool optimizer();
+  bool framework();
   bool kfac_workers();
   bool compression();
 };
@@ -115,6 +156,10 @@ bool Rules::sizes() {
 // What the planner models and this runtime does not run (yet): refused for `train` only.
 bool Rules::runtime() {
   if (purpose != Purpose::train) return false;
+  if (p.recompute == Recompute::op)
+    return fail({"parallel.recompute"}, "recompute = \"op\" (op-level selective checkpointing) is planned but not run",
+                "[parallel] recompute = \"op\": op-level selective checkpointing is planned but not run by the trainer "
+                "(expected \"none\", \"selective\" or \"full\")");
   if (p.cp != 1)
     return fail({"parallel.cp"}, fmt::format("cp = {}: context parallelism is planned but not run", p.cp),
                 fmt::format("[parallel] cp = {}: context parallelism is planned but not run by the trainer "
@@ -203,9 +248,22 @@ bool Rules::pipeline() {
   if (p.vp > 1 && mb % p.pp != 0)
     return fail(keys, fmt::format("the interleaved schedule needs micro-batches % pp = 0: {} % {} = {}", mb, p.pp,
                                   mb % p.pp));
-  if (p.seq_parallel && p.tp == 1)
-    return fail({"parallel.seq_parallel", "parallel.tp"},
-                "seq_parallel = true needs tp > 1 (it splits the tensor-parallel region's sequence)");
+  return false;
+}
+
+// Framework behaviours the model cannot represent as asked: refused with the reason.
+bool Rules::framework() {
+  if (p.tp_comm_overlap && p.tp > 1 && !p.seq_parallel)
+    return fail({"parallel.tp_comm_overlap", "parallel.seq_parallel", "parallel.tp"},
+                fmt::format("tp_comm_overlap = true at tp = {} needs seq_parallel = true: the overlap splits the "
+                            "sequence-parallel all-gathers and reduce-scatters into chunks that run under the "
+                            "GEMMs (Megatron asserts the same); without sequence parallelism the tensor-parallel "
+                            "all-reduces are not overlapped", p.tp));
+  if (p.overlap_param_gather && p.zero == 0 && p.dp * p.cp > 1)
+    return fail({"parallel.overlap_param_gather", "parallel.zero"},
+                "overlap_param_gather = true needs zero >= 1: the all-gather it overlaps with the next forward is "
+                "the distributed optimizer's (ZeRO 1/2) parameter gather, which zero = 0 does not do (Megatron's "
+                "--overlap-param-gather requires --use-distributed-optimizer)");
   return false;
 }
 
@@ -315,7 +373,7 @@ bool Rules::compression() {
 std::optional<PlanProblem> plan_problem(const ModelSpec& model, const Plan& plan, Purpose purpose) {
   Rules r{model, plan, purpose, std::nullopt};
   (void)(r.degrees() || r.sizes() || r.runtime() || r.shapes() || r.runtime_shapes() || r.batches() || r.pipeline() || r.stages() ||
-               r.optimizer() || r.compression());
+               r.optimizer() || r.compression() || r.framework());
   return r.found;
 }
 

@@ -53,10 +53,34 @@ struct Plan {
   // Explicit layers per virtual stage (size pp * vp, stage s = chunk * pp + pp_rank, as the
   // runtime); empty = the cost-balanced default split (plan/stages.hpp), the runtime's too.
   std::vector<int64_t> layers_per_stage;
-  // Fused (flash) attention: the s x s score matrix is never stored nor streamed through HBM.
-  // Not a job-file key; true for every current framework (Megatron-LM, NeMo, torchtitan,
-  // llm-foundry). Validation turns it off for runs made before FlashAttention (2022).
-  bool flash_attention = true;
+  // Framework behaviours and kernels ([parallel] overlap_*, [train] fp8_recipe and attention;
+  // job/job.hpp): what the time and memory models assume the framework does.
+  bool overlap_grad_reduce = true, overlap_param_gather = false, tp_comm_overlap = false;
+  Fp8Recipe fp8_recipe = Fp8Recipe::delayed;
+  // Fused (flash) attention never stores nor streams the s x s scores through HBM; unfused
+  // (frameworks before FlashAttention, 2022) does. Validation picks it by the run's date.
+  Attention attention = Attention::flash2;
+  // How the framework holds gradients in memory beyond the model's fp32 buffers: DeepSpeed's
+  // BF16Optimizer keeps the bf16 .grad the backward writes as well as its fp32 accumulation
+  // buffer (2 bytes per parameter more). Not a job key: validation sets it for the runs that
+  // name that optimizer.
+  bool grads_twice = false;
+  // Element-wise kernels: fused (Megatron's bias-GELU and bias-dropout-add, TE, torch.compile) or
+  // one kernel per op (PyTorch eager); plan/compute.cpp counts each one's bytes.
+  bool fused_kernels = true;
+  // Gradients accumulated and data-parallel-reduced in 16 bits instead of fp32: Megatron's fp16
+  // path (accumulate_allreduce_grads_in_fp32 is forced only for bf16), DeepSpeed's fp16 ZeRO, FSDP's
+  // PURE mixed precision. Not a job key: validation sets it per source; the default (fp32) is what
+  // Megatron's bf16 runs, FSDP's default policy and this runtime do.
+  bool grads_16bit = false;
+  // Pipeline sends across nodes with tp > 1: Megatron's scatter/gather (each tp rank sends 1/tp of
+  // the replicated activation, the receiving node all-gathers it; Narayanan et al. SC21 Sec. 4.1),
+  // or every tp rank the whole tensor (DeepSpeed's pipeline engine). Not a job key: validation
+  // sets it for the runs on DeepSpeed's engine.
+  bool pp_scatter_gather = true;
+  // Dropout in the layers (a 1-byte mask after attention and after the MLP); unset: GELU models
+  // have it (GPT-2/3 style), SwiGLU models do not. Not a job key: validation sets it per source.
+  std::optional<bool> dropout;
 
   int64_t micro_batches() const { return global_batch / (dp * micro_batch); }
   // optimizer and optimizer_state from the job's [train] optimizer (and [optimizer] keys).
@@ -76,12 +100,27 @@ struct Plan {
     optimizer_knobs.others = t.mixed.active() ? t.mixed.first_order() : "";
     comm = t.comm;
   }
+  // [train] fp8_recipe and attention (what set_optimizer is to [train] optimizer).
+  void set_kernels(const TrainSpec& t) {
+    fp8_recipe = t.fp8_recipe;
+    attention = t.attention;
+  }
   bool interleaved() const { return vp > 1; }
+  bool flash_attention() const { return attention != Attention::unfused; }
 };
 
 // The Plan of a Job whose [parallel] is fully resolved; throws an Error naming the first field
-// still `auto`.
+// still `auto`. seq_parallel at tp = 1 is a no-op (Megatron turns it off; plan_notes says so).
 Plan resolve_plan(const ParallelSpec& parallel, Precision precision);
+// The same with the job's optimizer (set_optimizer) and kernels (set_kernels).
+Plan resolve_plan(const Job& job);
+
+// Settings of the job that have no effect on this plan, as the frameworks accept them (a
+// published configuration may carry them), one line each for `predict`, `plan`, `check` and
+// `train` to print: seq_parallel or tp_comm_overlap at tp = 1 (Megatron and NeMo turn them off),
+// ZeRO without data-parallel replicas, overlap_param_gather under ZeRO 3 (it gathers per layer
+// anyway), fp8_recipe without fp8, schedule = "gpipe" without a pipeline. Only keys the job sets.
+std::vector<std::string> plan_notes(const Job& job, const Plan& plan);
 
 // THE rules a plan must satisfy on a model, in one place: `predict`, `plan` (and its search) and
 // `train` all call plan_problem. Purpose::train adds what the planner models but this runtime does

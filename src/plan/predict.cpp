@@ -7,7 +7,9 @@
 #include <fmt/ranges.h>
 
 #include "core/check.hpp"
+#include "job/model_shapes.hpp"
 #include "plan/comm.hpp"
+#include "plan/compute.hpp"
 #include "plan/flops.hpp"
 #include "plan/io.hpp"
 #include "plan/pipeline.hpp"
@@ -19,23 +21,110 @@ const Calibration& default_calibration() {
   return cal;
 }
 
+namespace {
+// The global constants by name (one table: set, get and the names agree).
+std::vector<std::pair<const char*, double*>> global_table(Calibration& c) {
+  return {{"optimizer_bytes_per_param", &c.optimizer_bytes_per_param}, {"fp8_relative", &c.fp8_relative},
+          {"attention_relative", &c.attention_relative},
+          {"fragmentation", &c.fragmentation}};
+}
+std::optional<double> DeviceConstants::*device_field(const std::string& name) {
+  if (name == "sustained") return &DeviceConstants::sustained;
+  if (name == "bw_efficiency") return &DeviceConstants::bw_efficiency;
+  if (name == "network") return &DeviceConstants::network;
+  return nullptr;
+}
+std::string known_constants() {
+  std::string known;
+  for (const auto& n : global_constant_names()) known += (known.empty() ? "" : ", ") + n;
+  for (const auto& n : device_constant_names()) known += ", DEVICE." + n;
+  return known;
+}
+// The catalog's value of a device constant for `key` (a device name, or a family: its first
+// device). Error when no device has that name or family.
+double catalog_value(const std::string& key, const std::string& constant) {
+  for (const Device& d : all_devices())
+    if (d.name == key || d.family == key) {
+      if (constant == "sustained") return d.sustained;
+      if (constant == "bw_efficiency") return d.bw_efficiency;
+      return 1.0;  // network
+    }
+  EXA_FAIL("calibration constant '{}.{}': no device or device family '{}' in the catalog", key, constant, key);
+}
+}  // namespace
+
+const std::vector<std::string>& global_constant_names() {
+  static const std::vector<std::string> names = [] {
+    Calibration c;
+    std::vector<std::string> out;
+    for (auto& [n, ptr] : global_table(c)) out.push_back(n);
+    return out;
+  }();
+  return names;
+}
+const std::vector<std::string>& device_constant_names() {
+  static const std::vector<std::string> names = {"sustained", "bw_efficiency", "network"};
+  return names;
+}
+
 void Calibration::set(const std::string& a) {
   auto eq = a.find('=');
   EXA_CHECK(eq != std::string::npos, "calibration override '{}': expected name=value", a);
-  std::string name = a.substr(0, eq);
-  double v = std::stod(a.substr(eq + 1));
-  std::pair<const char*, double*> all[] = {
-      {"dim_half", &dim_half},         {"tokens_half", &tokens_half},
-      {"flash_relative", &flash_relative},
-      {"unfused_relative", &unfused_relative}, {"elementwise_h", &elementwise_h},
-      {"elementwise_f", &elementwise_f}, {"score_passes", &score_passes},
-      {"optimizer_bytes_per_param", &optimizer_bytes_per_param}, {"fp8_relative", &fp8_relative}};
-  std::string known;
-  for (auto& [n, ptr] : all) {
-    if (name == n) { *ptr = v; return; }
-    known += std::string(known.empty() ? "" : ", ") + n;
+  double v = 0;
+  try {
+    size_t used = 0;
+    v = std::stod(a.substr(eq + 1), &used);
+    EXA_CHECK(used == a.size() - eq - 1, "");
+  } catch (...) {
+    EXA_FAIL("calibration override '{}': the value is not a number", a);
   }
-  EXA_FAIL("unknown calibration constant '{}': known are {}", name, known);
+  set(a.substr(0, eq), v);
+}
+
+void Calibration::set(const std::string& name, double v) {
+  EXA_CHECK(std::isfinite(v) && v > 0, "calibration constant {} = {}: expected a positive number", name, v);
+  for (auto& [n, ptr] : global_table(*this))
+    if (name == n) { *ptr = v; return; }
+  const auto dot = name.rfind('.');
+  if (dot != std::string::npos && device_field(name.substr(dot + 1))) {
+    const std::string key = name.substr(0, dot), constant = name.substr(dot + 1);
+    catalog_value(key, constant);  // the device or family exists
+    EXA_CHECK(constant == "network" || v <= 1, "calibration constant {} = {}: a fraction, expected <= 1", name, v);
+    devices[key].*device_field(constant) = v;
+    return;
+  }
+  EXA_FAIL("unknown calibration constant '{}': known are {}", name, known_constants());
+}
+
+double Calibration::get(const std::string& name) const {
+  Calibration copy = *this;
+  for (auto& [n, ptr] : global_table(copy))
+    if (name == n) return *ptr;
+  const auto dot = name.rfind('.');
+  EXA_CHECK(dot != std::string::npos && device_field(name.substr(dot + 1)), "unknown calibration constant '{}': known "
+            "are {}", name, known_constants());
+  const std::string key = name.substr(0, dot), constant = name.substr(dot + 1);
+  if (auto it = devices.find(key); it != devices.end())
+    if (const auto& v = it->second.*device_field(constant)) return *v;
+  return catalog_value(key, constant);
+}
+
+Device Calibration::tuned(const Device& d) const {
+  Device out = d;
+  for (const std::string* key : {&d.family, &d.name}) {  // the device's own entry last: it wins
+    auto it = devices.find(*key);
+    if (it == devices.end()) continue;
+    if (it->second.sustained) out.sustained = *it->second.sustained;
+    if (it->second.bw_efficiency) out.bw_efficiency = *it->second.bw_efficiency;
+  }
+  return out;
+}
+
+double Calibration::network(const Device& d) const {
+  double n = 1;
+  for (const std::string* key : {&d.family, &d.name})
+    if (auto it = devices.find(*key); it != devices.end() && it->second.network) n = *it->second.network;
+  return n;
 }
 
 void check_machine_for_plan(const MachineSpec& mach, const Plan& p, const std::string& source) {
@@ -59,52 +148,118 @@ namespace {
 
 constexpr double kGiB = double(1 << 30);
 
-// The GEMM shape constants: the device's own (devices.toml, e.g. a CPU whose BLAS reaches its rate
-// on far smaller shapes than GPU tiles) or the global calibration.
-double dim_half(const Device& d, const Calibration& c) { return d.gemm_dim_half.value_or(c.dim_half); }
-double tokens_half(const Device& d, const Calibration& c) { return d.gemm_tokens_half.value_or(c.tokens_half); }
+double tokens_per_micro_batch(const ModelSpec& m, const Plan& p) {
+  return double(p.micro_batch) * double(m.seq_len) / double(p.cp);
+}
 
-// Seconds of one transformer layer for one micro-batch on one rank.
-struct LayerTime {
-  double fwd = 0, bwd = 0, recompute = 0;  // compute incl. memory-bound work
-  double attention_fwd = 0;                // part of fwd: the attention core (overlaps cp)
-  double total() const { return fwd + bwd + recompute; }
-};
+// Tensor parallel: per layer per micro-batch 2 all-reduces forward and 2 backward (sequence
+// parallel: 2 all-gathers + 2 reduce-scatters each way), the recompute forward's again; the
+// embedding's and the LM head's all-reduce. Exposed (Megatron runs them on the critical path)
+// unless tp_comm_overlap: then each all-gather / reduce-scatter runs in tp chunks under the GEMM
+// that consumes / produces it (Megatron's userbuffers, torchtitan's async TP), and what shows is
+// the excess of communication over the pass's linear-layer GEMMs plus the first chunk of each.
+double tp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, const LayerTime& lt,
+                    double layers) {
+  if (p.tp == 1) return 0;
+  const Group g = group_on_machine(p.tp, 1, mach.gpus_per_node);
+  const double act = double(element_bytes(p.precision)) * tokens_per_micro_batch(m, p) * double(m.hidden);
+  const double pass = p.seq_parallel ? 2 * (best_all_gather_time(act, g, mach) + best_reduce_scatter_time(act, g, mach))
+                                     : 2 * best_all_reduce_time(act, g, mach);
+  const double ends = 2 * best_all_reduce_time(act, g, mach);
+  const double mbs = double(p.micro_batches());
+  const double fwd_passes = p.recompute == Recompute::full ? 2 : 1;
+  if (!p.tp_comm_overlap) return mbs * (layers * pass * (fwd_passes + 1) + ends);
+  auto exposed = [&](double gemm) { return std::max(0.0, pass - gemm) + pass / double(p.tp); };
+  return mbs * (layers * (fwd_passes * exposed(lt.linear_fwd) + exposed(lt.linear_bwd)) + ends);
+}
 
-LayerTime layer_time(const ModelSpec& m, const Plan& p, const Device& d, const Calibration& c) {
-  double tokens = double(p.micro_batch) * double(m.seq_len) / double(p.cp);
-  double tp = double(p.tp);
-  // FP8 applies to the linear layers only; attention and everything else run in bf16.
-  bool fp8 = p.precision == Precision::fp8;
-  double peak = d.peak_tflops(fp8 ? Precision::bf16 : p.precision) * 1e12;
-  double gemm_peak = fp8 ? d.peak_tflops_fp8 * 1e12 * c.fp8_relative : peak;
-  double bw = d.hbm_bw_gbs * 1e9 * d.bw_efficiency;
-  double elem = double(element_bytes(p.precision));
-  double shard_h = double(m.hidden) / tp;
-  double eff = d.gemm_efficiency / (1 + dim_half(d, c) / shard_h) / (1 + tokens_half(d, c) / tokens);
+// Context parallel: ring exchange of K,V, overlapped with the attention core.
+double cp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, const LayerTime& lt, double layers) {
+  if (p.cp == 1) return 0;
+  const Group g = group_on_machine(p.cp, p.tp, mach.gpus_per_node);
+  const double kv_local = double(m.kv_heads >= p.tp ? kv_dim(m) / p.tp : m.head_dim());
+  const double msg = double(element_bytes(p.precision)) * 2 * tokens_per_micro_batch(m, p) * kv_local;
+  const double step = p2p_time(msg, g.per_node == g.size, mach);
+  const double fwd = double(p.cp - 1) * std::max(0.0, step - lt.attention_fwd / double(p.cp));
+  const double passes = p.recompute == Recompute::full ? 4 : 3;  // fwd, bwd = 2 sends (+ recompute)
+  return double(p.micro_batches()) * layers * passes * fwd;
+}
 
-  double gemm = layer_gemm_flops_per_token(m) * tokens / tp / (gemm_peak * eff);
-  // Attention core: with cp each rank's queries attend to the whole sequence (s / cp of it
-  // locally per step), so its FLOPs per local token stay 4*s*h.
-  double attn_flops = layer_attention_flops_per_token(m) * tokens / tp;
-  double attn = p.flash_attention
-                    ? attn_flops / (peak * eff * c.flash_relative)
-                    : attn_flops / (peak * eff * c.unfused_relative);
-  double ew_elems = (c.elementwise_h * m.hidden + c.elementwise_f * m.ffn_hidden) / tp;
-  if (!p.seq_parallel && p.tp > 1)  // norms, dropout, residual run replicated on every tp rank
-    ew_elems += 8.0 * m.hidden * (1 - 1 / tp);
-  double ew = ew_elems * tokens * elem / bw;
-  double scores = 0;
-  if (!p.flash_attention)
-    scores = c.score_passes * double(m.heads) / tp * double(m.seq_len) * tokens * elem / bw;
+// Pipeline point-to-point: 2 (m vp + pp - 1) messages of t h elements on the critical path.
+double pp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach) {
+  if (p.pp == 1) return 0;
+  const int64_t G = mach.gpus_per_node;
+  const double msg = double(element_bytes(p.precision)) * tokens_per_micro_batch(m, p) * double(m.hidden);
+  const bool same_node = p.tp * p.cp * p.dp < G;
+  double t = p2p_time(msg, same_node, mach);
+  // Megatron's scatter/gather optimisation (SC21 Sec. 4.1): across nodes each tp rank sends
+  // 1/tp of the (replicated) activation, and the receiving node all-gathers it over NVLink.
+  if (!same_node && p.tp > 1 && !p.seq_parallel && p.pp_scatter_gather)
+    t = p2p_time(msg / double(p.tp), false, mach) + best_all_gather_time(msg, group_on_machine(p.tp, 1, G), mach);
+  if (!same_node && p.tp > 1 && p.seq_parallel) t = p2p_time(msg / double(p.tp), false, mach);
+  double total = 2 * (double(p.micro_batches()) * double(p.vp) + double(p.pp) - 1) * t;
+  // Tied embeddings: once per step the first and the last stage add their copies' gradients (this
+  // tp rank's vocabulary rows, the gradient precision; ZeRO 2/3 only the rank's 1/(dp cp) share),
+  // an exchange between two ranks pp - 1 stages apart, after the backward.
+  if (m.tie_embeddings) {
+    const double rows = double(vocab_slice(m.vocab, p.tp, 0).rows) * double(m.hidden);
+    const double bytes = (p.grads_16bit ? 2.0 : 4.0) * rows / double(p.zero >= 2 ? p.dp * p.cp : 1);
+    total += p2p_time(bytes, (p.pp - 1) * p.tp * p.cp * p.dp < G, mach);
+  }
+  return total;
+}
 
-  LayerTime t;
-  t.attention_fwd = attn + scores;
-  t.fwd = gemm + attn + ew + scores;
-  t.bwd = 2 * gemm + 2 * attn + 2 * ew + 2 * scores;
-  if (p.recompute == Recompute::full) t.recompute = t.fwd;
-  if (p.recompute == Recompute::selective) t.recompute = attn + scores;
-  return t;
+// ZeRO-3 (DeepSpeed stage 3, FSDP): per micro-batch, every layer's parameters are all-gathered
+// before its forward, all-gathered again before its backward (which also serves full
+// recomputation: it runs right before the backward of that layer) and its gradients
+// reduce-scattered after it. Each is a ring over the replicas (NCCL runs all-gather and
+// reduce-scatter as rings only), so each pays (p-1) alpha: at dp in the thousands the latency
+// alone is milliseconds per collective, per layer, per micro-batch. Prefetching (DeepSpeed's
+// prefetch bucket, FSDP's forward/backward prefetch) overlaps the next layer's gather with this
+// layer's compute, and the previous layer's reduce-scatter with this layer's backward; what it
+// cannot hide: the first gather of each pass, the last reduce-scatter, and any per-layer excess of
+// communication over compute. The embedding and head parameters are gathered like a layer.
+double zero3_time(const Plan& p, const MachineSpec& mach, const Group& g, const LayerTime& lt, double layers,
+                  double weights, double grads) {
+  const double per = std::max(1.0, layers);
+  const double ag = ring_all_gather_time(weights / per, g, mach);
+  const double rs = ring_all_gather_time(grads / per, g, mach);  // same ring pass, fp32
+  const double exposed_fwd = ag + (layers - 1) * std::max(0.0, ag - lt.fwd);
+  const double exposed_bwd = ag + rs + (layers - 1) * std::max(0.0, ag + rs - lt.bwd - lt.recompute);
+  return double(p.micro_batches()) * (exposed_fwd + exposed_bwd);
+}
+
+// ZeRO 1 and 2's all-gather of the updated 16-bit weights over the replicas; with
+// overlap_param_gather (Megatron's --overlap-param-gather) it hides behind the next forward.
+double param_gather_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, const LayerTime& lt,
+                         int64_t rank, double layers) {
+  const Group g = group_on_machine(p.dp * p.cp, p.tp, mach.gpus_per_node);
+  const double ag = best_all_gather_time(double(element_bytes(p.precision)) * double(parameters_on_rank(m, p, rank)), g, mach);
+  return p.overlap_param_gather ? std::max(0.0, ag - layers * lt.fwd) : ag;
+}
+
+// Data parallel over the dp*cp replicas. Gradients are reduced in fp32 (4 bytes) whatever the
+// training precision: Megatron-LM forces --accumulate-allreduce-grads-in-fp32 for bf16 (and its
+// main_grad buffers are fp32), FSDP's mixed-precision policies in torchtitan and llm-foundry reduce
+// in fp32; memory.cpp counts the same fp32 gradients. ZeRO's parameter all-gathers move 16-bit
+// weights. With overlap_grad_reduce the reduction of the last micro-batch's gradients runs under
+// its backward (bucket by bucket); without it, after. ZeRO-1 (Megatron's distributed optimizer)
+// reduce-scatters once per step; ZeRO-2 (DeepSpeed stage 2) keeps only its shard, so it
+// reduce-scatters every micro-batch's gradients; both all-gather the updated weights, under the
+// next step's first forward with overlap_param_gather.
+double dp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, const LayerTime& lt, int64_t rank,
+                    double layers) {
+  const int64_t replicas = p.dp * p.cp;
+  if (replicas == 1) return 0;
+  const Group g = group_on_machine(replicas, p.tp, mach.gpus_per_node);
+  const double n = double(parameters_on_rank(m, p, rank));
+  const double grads = (p.grads_16bit ? 2.0 : 4.0) * n, weights = double(element_bytes(p.precision)) * n;
+  if (p.zero == 3) return zero3_time(p, mach, g, lt, layers, weights, grads);
+  const double bwd_mb = layers * (lt.bwd + lt.recompute);  // what a micro-batch's reduction overlaps
+  auto reduce = [&](double t) { return p.overlap_grad_reduce ? std::max(0.0, t - bwd_mb) : t; };
+  if (p.zero == 0) return reduce(best_all_reduce_time(grads, g, mach));
+  const double rs = best_reduce_scatter_time(grads, g, mach);
+  return (p.zero == 2 ? double(p.micro_batches()) : 1.0) * reduce(rs) + param_gather_time(m, p, mach, lt, rank, layers);
 }
 
 }  // namespace
@@ -122,29 +277,31 @@ std::string plan_summary(const Plan& p) {
 Prediction predict(const ModelSpec& m, const MachineSpec& mach, const Plan& p,
                    const Calibration& c) {
   check_plan(m, p);
-  const Device& d = find_device(mach.device);
-  return predict_checked(m, mach, d, p, memory_per_device(m, p, d), c);
+  const Device d = c.tuned(find_device(mach.device));
+  if (const std::string e = kernel_problem(p, d); !e.empty()) throw Error(e);
+  return predict_checked(m, mach, d, p, memory_per_device(m, p, d, c.fragmentation), c);
 }
 
-Prediction predict_checked(const ModelSpec& m, const MachineSpec& mach, const Device& d,
+Prediction predict_checked(const ModelSpec& m, const MachineSpec& mach_in, const Device& d,
                            const Plan& p, const Memory& memory, const Calibration& c) {
+  // A calibration's network constant scales the collective bandwidths of this device's machine.
+  const double network = c.network(d);
+  MachineSpec scaled;
+  if (network != 1) {
+    scaled = mach_in;
+    scaled.intra_node_bw_gbs *= network;
+    scaled.inter_node_bw_gbs *= network;
+  }
+  const MachineSpec& mach = network != 1 ? scaled : mach_in;
   Prediction out;
   out.plan = p;
   out.device = d.name;
-  const double tokens = double(p.micro_batch) * double(m.seq_len) / double(p.cp);
-  const double elem = double(element_bytes(p.precision));
   const double peak = d.peak_tflops(p.precision) * 1e12;
-  const double bw = d.hbm_bw_gbs * 1e9 * d.bw_efficiency;
   const double mbs = double(p.micro_batches());
-  const int64_t G = mach.gpus_per_node;
 
-  // ---- compute per micro-batch on each pipeline rank ----
-  LayerTime lt = layer_time(m, p, d, c);
-  double eff_head = d.gemm_efficiency / (1 + tokens_half(d, c) / tokens);
-  double head_peak = d.peak_tflops(p.precision == Precision::fp8 ? Precision::bf16 : p.precision) * 1e12;
-  double head = 3 * logits_flops_per_token(m) * tokens / p.tp / (head_peak * eff_head) +
-                3 * 3 * 4.0 * tokens * double(m.vocab) / p.tp / bw;  // fp32 softmax passes
-  double embed = 3 * elem * tokens * m.hidden / bw;
+  // ---- compute per micro-batch on each pipeline rank (plan/compute.hpp) ----
+  const LayerTime lt = layer_time(m, p, d, c);
+  const double head = head_time(m, p, d, c), embed = embedding_time(m, p, d);
   std::vector<int64_t> layers = layers_per_rank(m, p);
   std::vector<double> rank_time(p.pp);
   for (int64_t r = 0; r < p.pp; ++r) {
@@ -156,99 +313,29 @@ Prediction predict_checked(const ModelSpec& m, const MachineSpec& mach, const De
   double slow_layers = double(layers[slow]);
   Breakdown& b = out.breakdown;
   b.compute = mbs * rank_time[slow];
+  out.compute_parts = {mbs * slow_layers * lt.linear, mbs * slow_layers * lt.attention,
+                       mbs * slow_layers * lt.elementwise, mbs * slow_layers * lt.casts,
+                       slow == p.pp - 1 ? mbs * head : 0, slow == 0 ? mbs * embed : 0};
   b.pp_bubble = bubble_time(rank_time, p.vp);
-
-  // ---- tensor parallel (exposed: Megatron runs these on the critical path) ----
-  if (p.tp > 1) {
-    Group g = group_on_machine(p.tp, 1, G);
-    double act = elem * tokens * m.hidden;
-    double passes = p.recompute == Recompute::full ? 3 : 2;  // fwd, bwd (+ recompute fwd)
-    double per_layer = p.seq_parallel
-                           ? 2 * passes * (best_all_gather_time(act, g, mach) +
-                                           best_reduce_scatter_time(act, g, mach))
-                           : 2 * passes * best_all_reduce_time(act, g, mach);
-    b.tp_comm = mbs * (slow_layers * per_layer + 2 * best_all_reduce_time(act, g, mach));
-  }
-  // ---- context parallel: ring exchange of K,V overlapped with the attention core ----
-  if (p.cp > 1) {
-    Group g = group_on_machine(p.cp, p.tp, G);
-    double kv_local = double(m.kv_heads >= p.tp ? kv_dim(m) / p.tp : m.head_dim());
-    double msg = elem * 2 * tokens * kv_local;
-    bool same = g.per_node == g.size;
-    double step = p2p_time(msg, same, mach);
-    double fwd = double(p.cp - 1) * std::max(0.0, step - lt.attention_fwd / double(p.cp));
-    double passes = p.recompute == Recompute::full ? 4 : 3;  // fwd, bwd = 2 sends (+ recompute)
-    b.cp_comm = mbs * slow_layers * passes * fwd;
-  }
-  // ---- pipeline point-to-point ----
-  if (p.pp > 1) {
-    int64_t stride = p.tp * p.cp * p.dp;
-    double msg = elem * tokens * m.hidden;
-    bool same_node = stride < G;
-    double t = p2p_time(msg, same_node, mach);
-    // Megatron's scatter/gather optimisation (SC21 Sec. 4.1): across nodes each tp rank sends
-    // 1/tp of the (replicated) activation, and the receiving node all-gathers it over NVLink.
-    if (!same_node && p.tp > 1 && !p.seq_parallel)
-      t = p2p_time(msg / p.tp, false, mach) +
-          best_all_gather_time(msg, group_on_machine(p.tp, 1, G), mach);
-    if (!same_node && p.tp > 1 && p.seq_parallel) t = p2p_time(msg / p.tp, false, mach);
-    b.pp_comm = 2 * (mbs * p.vp + p.pp - 1) * t;
-  }
-  // ---- data parallel: gradients (and ZeRO gathers) ----
-  int64_t replicas = p.dp * p.cp;
-  double n_params = double(parameters_on_rank(m, p, slow));
-  if (replicas > 1) {
-    Group g = group_on_machine(replicas, p.tp, G);
-    // Gradients are reduced in fp32 (4 bytes) whatever the training precision: Megatron-LM forces
-    // --accumulate-allreduce-grads-in-fp32 for bf16 (and its main_grad buffers are fp32), FSDP's
-    // mixed-precision policies in torchtitan and llm-foundry reduce in fp32; memory.cpp counts the
-    // same fp32 gradients. ZeRO's parameter all-gathers move 16-bit weights.
-    double grads = 4.0 * n_params;
-    double weights = elem * n_params;
-    double bwd_mb = slow_layers * (lt.bwd + lt.recompute);  // what the last backward overlaps
-    if (p.comm.active()) {
-      // [comm]: compressed reductions (plan/compression.hpp), blocking, not overlapped; ZeRO 2 runs
-      // one per micro-batch; ZeRO 1 and 2 all-gather the weights as usual.
-      out.compression = compression_cost(m, mach, d, p, slow, p.zero >= 1, bwd_mb);
-      b.dp_comm = (p.zero == 2 ? mbs : 1.0) * out.compression->seconds() +
-                  (p.zero >= 1 ? best_all_gather_time(weights, g, mach) : 0.0);
-    } else if (p.zero == 0) {
-      b.dp_comm = std::max(0.0, best_all_reduce_time(grads, g, mach) - bwd_mb);
-    } else if (p.zero == 1) {
-      // One reduce-scatter per step, overlapped with the last micro-batch's backward.
-      b.dp_comm = std::max(0.0, best_reduce_scatter_time(grads, g, mach) - bwd_mb) +
-                  best_all_gather_time(weights, g, mach);
-    } else if (p.zero == 2) {
-      // Every micro-batch's gradients are reduce-scattered (the shard is all a rank keeps), each
-      // overlapped with that micro-batch's backward: m times the exposed part.
-      b.dp_comm = mbs * std::max(0.0, best_reduce_scatter_time(grads, g, mach) - bwd_mb) +
-                  best_all_gather_time(weights, g, mach);
-    } else {
-      // ZeRO-3 (DeepSpeed stage 3, FSDP): per micro-batch, every layer's parameters are
-      // all-gathered before its forward, all-gathered again before its backward (which also
-      // serves full recomputation: it runs right before the backward of that layer) and its
-      // gradients reduce-scattered after it. Each is a ring over the replicas (NCCL runs
-      // all-gather and reduce-scatter as rings only), so each pays (p-1) alpha: at dp in the
-      // thousands the latency alone is milliseconds per collective, per layer, per micro-batch.
-      // Prefetching (DeepSpeed's prefetch bucket, FSDP's forward/backward prefetch) overlaps the
-      // next layer's gather with this layer's compute, and the previous layer's reduce-scatter with
-      // this layer's backward; what it cannot hide: the first gather of each pass, the last
-      // reduce-scatter, and any per-layer excess of communication over compute. The embedding and
-      // head parameters are gathered like a layer (included in the per-layer share below).
-      double layers_here = std::max(1.0, slow_layers);
-      double ag = ring_all_gather_time(weights / layers_here, g, mach);
-      double rs = ring_all_gather_time(grads / layers_here, g, mach);  // same ring pass, fp32
-      double fwd_layer = lt.fwd, bwd_layer = lt.bwd + lt.recompute;
-      double exposed_fwd = ag + (slow_layers - 1) * std::max(0.0, ag - fwd_layer);
-      double exposed_bwd = ag + rs + (slow_layers - 1) * std::max(0.0, ag + rs - bwd_layer);
-      b.dp_comm = mbs * (exposed_fwd + exposed_bwd);
-    }
+  b.tp_comm = tp_comm_time(m, p, mach, lt, slow_layers);
+  b.cp_comm = cp_comm_time(m, p, mach, lt, slow_layers);
+  b.pp_comm = pp_comm_time(m, p, mach);
+  if (p.comm.active() && p.dp * p.cp > 1) {
+    // [comm]: compressed reductions (plan/compression.hpp), blocking; the dense reduction they are
+    // compared with hides behind the backward as dp_comm_time's does. ZeRO 2 runs one per
+    // micro-batch; ZeRO 1 and 2 all-gather the weights as usual.
+    const double overlap = p.overlap_grad_reduce ? slow_layers * (lt.bwd + lt.recompute) : 0.0;
+    out.compression = compression_cost(m, mach, d, p, slow, p.zero >= 1, overlap);
+    b.dp_comm = (p.zero == 2 ? mbs : 1.0) * out.compression->seconds() +
+                (p.zero >= 1 ? param_gather_time(m, p, mach, lt, slow, slow_layers) : 0.0);
+  } else {
+    b.dp_comm = dp_comm_time(m, p, mach, lt, slow, slow_layers);
   }
   // ---- optimizer step: elementwise (memory bound) and matrix work (GEMM bound) of the same
   // pipeline rank as dp_comm, over the replicas as ZeRO splits it (plan/optimizer_cost.hpp) ----
   out.optimizer_step = optimizer_step_cost(m, p, d, c, slow);
   if (const KfacBytes kb = kfac_bytes(m, p, slow); kb.all_reduce > 0) {  // K-FAC's own traffic over the replicas
-    const Group g = group_on_machine(replicas, p.tp, G);
+    const Group g = group_on_machine(p.dp * p.cp, p.tp, mach.gpus_per_node);
     out.optimizer_step.comm_s = best_all_reduce_time(kb.all_reduce, g, mach) + p2p_time(kb.sent, g.size == g.per_node, mach);
   }
   b.optimizer = out.optimizer_step.seconds();
@@ -270,6 +357,7 @@ Prediction predict_checked(const ModelSpec& m, const MachineSpec& mach, const De
   out.parameters = double(total_parameters(m));
   out.bubble_fraction = bubble_fraction(p);
   out.checkpoint_write_s = checkpoint_write_seconds(out.parameters, p.precision, mach);
+  const int64_t G = mach.gpus_per_node;
   int64_t nodes = (p.gpus + G - 1) / G;
   out.checkpoint_interval_s = young_daly_interval_seconds(out.checkpoint_write_s, nodes, mach);
   return out;
@@ -319,6 +407,10 @@ nlohmann::json to_json(const Prediction& pr) {
   j["checkpoint_write_s"] = pr.checkpoint_write_s;
   j["checkpoint_interval_s"] =
       pr.checkpoint_interval_s ? json(*pr.checkpoint_interval_s) : json(nullptr);
+  // breakdown_s.compute by kind (plan/compute.hpp).
+  const Prediction::ComputeParts& cp = pr.compute_parts;
+  j["compute_s"] = {{"linear", cp.linear}, {"attention", cp.attention}, {"elementwise", cp.elementwise},
+                    {"fp8_casts", cp.casts}, {"lm_head", cp.head}, {"embedding", cp.embedding}};
   // breakdown_s.optimizer = elementwise_s + matrix_s + comm_s (K-FAC's own communication).
   j["optimizer_step"] = {{"optimizer", p.optimizer},
                          {"elementwise_s", pr.optimizer_step.elementwise_s},

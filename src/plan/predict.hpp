@@ -1,8 +1,10 @@
 // The performance and memory model of one resolved plan: assembles flops, memory, comm, pipeline
 // and io into the JSON object of ../shared/contracts/job-file.md.
 #pragma once
+#include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -15,36 +17,58 @@
 
 namespace exatrain::plan {
 
+// Per device (or device family) constants a fit may move: the values of catalog/devices.toml
+// unless set here. `exatrain validate` fits `sustained` per family (leave-one-source-out too);
+// `exatrain calibrate` fits them for one device from a user's runs and writes them to a
+// calibration file (plan/fit.hpp, docs/planner.md "Calibration").
+struct DeviceConstants {
+  // Fraction of the device's measured compute rates (GEMM, attention: catalog data) sustained in
+  // training: clocks under sustained power and the gaps between kernels.
+  std::optional<double> sustained;
+  // Fraction of the HBM bandwidth element-wise kernels reach.
+  std::optional<double> bw_efficiency;
+  // Multiplier on the collective bandwidths of plan/comm.hpp (1 = the cluster's link figures at
+  // kBusEfficiency): what the machine's collectives reach of the model's.
+  std::optional<double> network;
+  bool operator==(const DeviceConstants&) const = default;
+};
+
 // Global constants of the time model, each documented in docs/planner.md. Per-device constants
-// (gemm_efficiency, bw_efficiency) live in catalog/devices.toml.
+// live in catalog/devices.toml (and `devices` below overrides them).
 struct Calibration {
-  // GEMM efficiency falls for thin shapes: eff = gemm_efficiency / (1 + dim_half / (h/tp)) /
-  // (1 + tokens_half / tokens). Tile-quantisation scale of 128x256 CUTLASS/hipBLASLt tiles. A
-  // device with its own gemm_dim_half / gemm_tokens_half (devices.toml) uses those instead.
-  double dim_half = 69;
-  double tokens_half = 340;
-  // Fused (flash) attention: its time is the counted attention FLOPs (4*s*h per token, the full
-  // s x s square) at this fraction of the GEMM efficiency. One constant, not two: the kernel's own
-  // efficiency and the share of the square a causal kernel executes (~half) enter only as their
-  // ratio, so only the ratio is identifiable (it was 0.45 / 0.65 = 0.69 as two fitted constants).
-  double flash_relative = 0.69;
-  // Unfused attention runs QK^T and attn@V as batched GEMMs at this relative efficiency.
-  double unfused_relative = 0.47;
-  // Element-wise traffic per token per layer, forward, in elements: norms, residual adds, bias,
-  // dropout and activation function (12 h + 2 f when nothing is fused; see docs).
-  double elementwise_h = 19, elementwise_f = 4.7;
-  // Unfused attention streams the a x s scores per token: softmax and dropout read/write.
-  double score_passes = 4.8;
   // AdamW update: bytes streamed per locally updated parameter (mixed precision); the other
   // optimizers' elementwise bytes are counted from it (plan/optimizer_cost.hpp).
   double optimizer_bytes_per_param = 32;
-  // FP8 runs: linear layers reach this fraction of the bf16-relative GEMM efficiency on the
-  // fp8 peak (scaling, casts and amax reductions around each GEMM); attention stays bf16.
-  double fp8_relative = 0.82;
+  // FP8 runs: linear layers' GEMMs reach this fraction of the device's 16-bit gemm_efficiency on
+  // the fp8 peak (the casts and amax passes around them are counted separately, plan/compute.hpp);
+  // attention stays 16-bit. Fitted (no measured fp8 GEMM ceiling in the catalog's sources).
+  double fp8_relative = 0.978;
+  // Fused attention kernels in training reach this fraction of their catalog figure (the kernel
+  // papers' headline utilisation, catalog/devices.toml): causal masking's diagonal blocks, position
+  // biases (ALiBi), head dimensions and sequence lengths off the papers' best case. Fitted.
+  double attention_relative = 0.879;
+  // Memory: the share the caching allocator reserves beyond what is allocated (fragmentation,
+  // cached blocks of freed transients), on everything counted. Fitted to measured peaks.
+  double fragmentation = 0.23;
+  // By device name or family (catalog/devices.toml `family`); a device's own entry wins over
+  // its family's.
+  std::map<std::string, DeviceConstants> devices;
 
-  // Overrides one constant by name ("dim_half=64"); throws Error naming the known constants.
+  // Sets one constant by name: a global one ("fp8_relative=0.95") or a device's / family's
+  // ("h100-sxm.sustained=0.8", "a100.sustained=0.9"); throws Error naming the known constants.
   void set(const std::string& assignment);
+  void set(const std::string& name, double value);
+  // The value `name` has for predictions (a device constant: the override, else the catalog's
+  // value of that device or of the first device of that family).
+  double get(const std::string& name) const;
+  // The device with this calibration's constants applied.
+  Device tuned(const Device& d) const;
+  // The multiplier on collective bandwidths for this device (1 unless set).
+  double network(const Device& d) const;
 };
+// The names of the global constants, and of the constants a device carries ("sustained", ...).
+const std::vector<std::string>& global_constant_names();
+const std::vector<std::string>& device_constant_names();
 const Calibration& default_calibration();
 
 // The machine figures this plan's time model divides by must be positive: intra_node_bw_gbs
@@ -74,6 +98,10 @@ struct Prediction {
   double bubble_fraction = 0;
   double checkpoint_write_s = 0;
   std::optional<double> checkpoint_interval_s;
+  // breakdown.compute split by kind (plan/compute.hpp): linear-layer GEMMs, attention core,
+  // element-wise kernels, fp8 casts, LM head, embedding (the slowest pipeline rank's, per step).
+  struct ComputeParts { double linear = 0, attention = 0, elementwise = 0, casts = 0, head = 0, embedding = 0; };
+  ComputeParts compute_parts;
   // breakdown.optimizer split into its elementwise and matrix parts (plan/optimizer_cost.hpp).
   OptimizerCost optimizer_step;
   // [comm] compressor: one compressed reduction of the slowest rank's gradients (plan/compression.hpp).
@@ -83,8 +111,8 @@ struct Prediction {
 // Predict one plan. Checks the plan first (Error with the failing equation).
 Prediction predict(const ModelSpec& m, const MachineSpec& mach, const Plan& p,
                    const Calibration& cal = default_calibration());
-// The same for a plan already checked, on a looked-up device, with its memory already computed
-// (the search's inner loop).
+// The same for a plan already checked, on a looked-up device (cal.tuned: with the calibration's
+// device constants), with its memory already computed (the search's inner loop).
 Prediction predict_checked(const ModelSpec& m, const MachineSpec& mach, const Device& d,
                            const Plan& p, const Memory& memory, const Calibration& cal);
 

@@ -1,5 +1,7 @@
 #include "plan/search.hpp"
 
+#include "plan/compute.hpp"
+
 #include <algorithm>
 #include <array>
 #include <map>
@@ -73,7 +75,13 @@ SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const Paral
                         const TrainSpec& train, int top_k, const Calibration& cal, bool prune,
                         double headroom) {
   auto start = std::chrono::steady_clock::now();
-  const Device& dev = find_device(mach.device);
+  const Device dev = cal.tuned(find_device(mach.device));
+  {
+    Plan kernels;
+    kernels.set_kernels(train);
+    kernels.precision = train.precision;
+    if (const std::string e = kernel_problem(kernels, dev); !e.empty()) throw Error(e);
+  }
   EXA_CHECK(headroom >= 0 && headroom < 1, "memory headroom {} must be in [0, 1)", headroom);
   // A plan must leave `headroom` of the device free: the memory model's error (docs/planner.md)
   // is a few GiB either way, and a plan right at the limit is an out-of-memory run in waiting.
@@ -127,11 +135,18 @@ SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const Paral
           base.gpus = G; base.tp = tp; base.cp = cp; base.pp = pp; base.dp = dp; base.zero = zero;
           base.global_batch = B; base.precision = train.precision;
           base.set_optimizer(train);  // its state, its ZeRO rule (plan_error) and its step cost
+          base.set_kernels(train);
+          // The job's framework behaviours, as no-ops where they have nothing to act on (plan_notes).
+          base.overlap_grad_reduce = f.overlap_grad_reduce;
+          base.overlap_param_gather = f.overlap_param_gather && zero > 0;
+          base.tp_comm_overlap = f.tp_comm_overlap && tp > 1;
           base.layers_per_stage = stages;
           std::vector<int64_t> mbs = choices(f.micro_batch, divisors(B / dp));
-          std::vector<bool> sps = f.seq_parallel ? std::vector<bool>{*f.seq_parallel}
-                                                 : tp > 1 ? std::vector<bool>{false, true}
-                                                          : std::vector<bool>{false};
+          // seq_parallel = true at tp = 1 is a no-op (resolve_plan): plan it as false there.
+          std::vector<bool> sps = tp == 1                           ? std::vector<bool>{false}
+                                  : f.seq_parallel                  ? std::vector<bool>{*f.seq_parallel}
+                                  : base.tp_comm_overlap            ? std::vector<bool>{true}
+                                                                    : std::vector<bool>{false, true};
           for (int64_t vp : vps) {
             // Per vp: the default split (so the end ranks' layers) may differ between vps.
             bool static_fits = true;
@@ -157,7 +172,7 @@ SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const Paral
                     ++res.searched;
                     if (prune && (!static_fits || mb_overflow)) continue;
                     ++res.evaluated;
-                    Memory mem = memory_per_device(m, p, dev);
+                    Memory mem = memory_per_device(m, p, dev, cal.fragmentation);
                     if (mem.total > capacity) {
                       mb_overflow = true;  // memory grows with micro_batch
                       continue;

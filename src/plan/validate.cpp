@@ -4,7 +4,9 @@
 #include <cmath>
 #include <filesystem>
 #include <numeric>
+#include <set>
 #include <sstream>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -12,6 +14,7 @@
 #include "catalog/device.hpp"
 #include "core/check.hpp"
 #include "core/fileio.hpp"
+#include "plan/fit.hpp"
 #include "plan/flops.hpp"
 
 namespace exatrain::plan {
@@ -56,6 +59,10 @@ std::vector<CsvRow> read_csv(const std::string& path) {
 }
 
 namespace {
+
+// The global constants of plan::Calibration that validation fits besides each family's
+// `sustained` (docs/planner.md "Calibrated constants").
+const char* const kFittedGlobals[] = {"fp8_relative", "attention_relative"};
 
 bool has(const std::string& s, const std::string& what) {
   std::string a = s, b = what;
@@ -102,6 +109,60 @@ std::string cell(const CsvRow& row, const std::string& key) {
 std::string source_key(const std::string& source) {
   std::string s = source.substr(0, source.find(' '));
   return s;
+}
+
+// What each source's framework does where frameworks differ (plan/plan.hpp's framework fields),
+// from the framework's documented behaviour at the time and what the row's notes state; "" or why
+// the row cannot be modelled.
+//  - Megatron-LM 2021-22 (SC21, Korthikanti, MT-NLG) and Megatron-DeepSpeed (BLOOM): unfused
+//    attention with the fused scale-mask-softmax, fused element-wise kernels (bias-GELU,
+//    bias-dropout-add), the data-parallel gradient reduction after the backward (Megatron's local
+//    DDP all-reduces after the last micro-batch; DeepSpeed's pipeline engine reduces at the end of
+//    its schedule), DeepSpeed's BF16Optimizer keeping bf16 and fp32 gradients.
+//  - llm-foundry (MPT): FlashAttention-2/Triton attention, PyTorch eager element-wise ops, no
+//    dropout (the MPT yamls set every pdrop to 0), FSDP (reduction overlapped), TE's delayed fp8.
+//  - torchtitan (Llama 3): SDPA's flash backend, eager or torch.compile (stated), its "selective"
+//    checkpointing is the op-level one (selective_ac_option = "op" in its Llama 3 configs),
+//    torchao's float8 (tensorwise unless "rowwise" is stated), async TP where stated.
+//  - Megatron-Core / NeMo: the overlap flags the notes state.
+std::string framework_of(const std::string& source, const std::string& prec, const std::string& notes,
+                         const std::string& rec, Plan& p) {
+  for (const char* old : {"Narayanan", "Korthikanti", "Smith", "bigscience-workshop/bigscience", "Zhang"})
+    if (source == old) {
+      p.attention = Attention::unfused;
+      p.overlap_grad_reduce = false;
+    }
+  if (has(prec, "BF16Optimizer")) p.grads_twice = true;
+  if (source == "bigscience-workshop/bigscience") p.pp_scatter_gather = false;  // DeepSpeed's pipeline engine
+  // Megatron's and DeepSpeed's fp16 paths accumulate and reduce fp16 gradients (Megatron forces
+  // fp32 accumulation for bf16 only).
+  if (p.precision == Precision::fp16) p.grads_16bit = true;
+  if (has(source, "mosaicml")) {
+    p.fused_kernels = false;
+    p.dropout = false;
+    // llm-foundry's benchmark script before 2024 ran attn_impl "triton" with FSDP's PURE mixed
+    // precision (bf16 gradients) and passed precision "bf16"; the 2024 one "flash" (flash-attn 2)
+    // with "amp_" precisions and the DEFAULT policy (fp32 reduction): the row's notes say which.
+    if (has(notes, "MP mode PURE")) {
+      p.attention = Attention::flash1;
+      p.grads_16bit = true;
+    }
+  }
+  if (has(source, "torchtitan")) {
+    p.fused_kernels = has(prec, "compile") || has(notes, "compile");
+    p.tp_comm_overlap = p.tp > 1 && (has(prec, "AsyncTP") || has(notes, "async TP") || has(notes, "AsyncTP"));
+    if (has(prec, "rowwise")) p.fp8_recipe = Fp8Recipe::rowwise;
+    else if (p.precision == Precision::fp8) p.fp8_recipe = Fp8Recipe::tensorwise;
+    if (p.recompute == Recompute::selective) p.recompute = Recompute::op;
+    (void)rec;
+  }
+  if (has(notes, "--overlap-grad-reduce")) p.overlap_grad_reduce = true;
+  if (has(notes, "--overlap-param-gather") && p.zero > 0) p.overlap_param_gather = true;
+  if (has(notes, "--tp-comm-overlap") && p.tp > 1 && p.seq_parallel) p.tp_comm_overlap = true;
+  if (p.precision == Precision::fp8 && p.fp8_recipe == Fp8Recipe::rowwise)
+    return "float8 rowwise: no measured rate of rowwise-scaled fp8 GEMMs in the catalog (torchao runs them "
+           "in a kernel of their own, not cuBLAS's)";
+  return "";
 }
 
 }  // namespace
@@ -230,9 +291,7 @@ RunCase case_from_row(const CsvRow& row, int index) {
   else if (has(prec, "bf16")) p.precision = Precision::bf16;
   else if (has(prec, "16")) p.precision = Precision::fp16;
   else return skip(fmt::format("precision '{}' not understood", prec));
-  // Software before FlashAttention (mid 2022) stored and streamed the attention scores.
-  for (const char* old : {"Narayanan", "Korthikanti", "Smith", "bigscience-workshop/bigscience", "Zhang"})
-    if (rc.source == old) p.flash_attention = false;
+  if (auto why = framework_of(rc.source, prec, notes, rec, p); !why.empty()) return skip(why);
   std::string err = plan_error(m, p);
   if (!err.empty()) return skip("plan as stated is invalid: " + err);
 
@@ -303,117 +362,318 @@ double spearman(const std::vector<double>& a, const std::vector<double>& b) {
   return cov / std::sqrt(va * vb);
 }
 
-ValidationReport validate_runs(const std::string& csv_path, const Calibration& cal) {
-  ValidationReport rep;
-  std::vector<CsvRow> rows = read_csv(csv_path);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    RunCase rc = case_from_row(rows[i], int(i) + 1);
-    if (!rc.skip_reason.empty()) { rep.skipped.push_back(rc); continue; }
-    if (rc.measured_memory_gib || rc.measured_oom) {
-      Prediction pr = predict(rc.model, rc.machine, rc.plan, cal);
-      rep.memory.push_back({rc, pr.memory.total / double(1 << 30), pr.fits});
-    }
-    if (rc.memory_only) continue;
-    CaseResult res;
-    res.run = rc;
-    res.predicted_step_s = predict(rc.model, rc.machine, rc.plan, cal).step_time_s;
-    res.error = (res.predicted_step_s - rc.measured_step_s) / rc.measured_step_s;
-    rep.results.push_back(res);
+std::vector<std::string> validation_fit_constants(const std::vector<RunCase>& cases) {
+  std::vector<std::string> out;
+  for (const RunCase& rc : cases) {
+    if (!rc.skip_reason.empty() || rc.memory_only) continue;
+    const std::string name = find_device(rc.machine.device).family + ".sustained";
+    if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
   }
-  int with_value = 0;
-  for (const MemoryResult& mr : rep.memory) {
-    if (mr.run.measured_oom) {
-      ++rep.oom_rows;
-      if (!mr.predicted_fits) ++rep.oom_predicted;
-    } else if (mr.run.measured_memory_gib) {
-      rep.memory_mape_pct += 100 * std::fabs(mr.predicted_gib / *mr.run.measured_memory_gib - 1);
-      ++with_value;
+  std::sort(out.begin(), out.end());
+  for (const char* g : kFittedGlobals) out.push_back(g);
+  return out;
+}
+
+namespace {
+
+MeasuredRun measured_run(const RunCase& rc) {
+  return {rc.source, fmt::format("row {}", rc.row), rc.model, rc.machine, rc.plan, rc.measured_step_s};
+}
+
+std::string constants_text(const Calibration& cal, const std::vector<std::string>& names) {
+  std::string s;
+  for (const auto& n : names) s += fmt::format("{}{}={:.4g}", s.empty() ? "" : " ", n, cal.get(n));
+  return s;
+}
+
+// Leave-one-source-out: for each source, the constants refitted on the other sources (from the
+// shipped values) predict its rows. A family whose rows all come from the held-out source keeps
+// its shipped value (nothing else can determine it) and the fold says so.
+void hold_out_each_source(ValidationReport& rep, const std::vector<RunCase>& cases, const Calibration& cal) {
+  rep.fitted = validation_fit_constants(cases);
+  std::vector<MeasuredRun> all;
+  for (const CaseResult& r : rep.results) all.push_back(measured_run(r.run));
+  const FitResult everything = fit_constants(all, cal, rep.fitted);
+  rep.all_data_fit = everything.cal;
+  rep.all_data_fit_pct = everything.objective_pct;
+  for (SourceStats& st : rep.sources) {
+    std::vector<MeasuredRun> rest;
+    std::vector<size_t> held;
+    for (size_t i = 0; i < rep.results.size(); ++i) {
+      if (rep.results[i].run.source == st.source) held.push_back(i);
+      else rest.push_back(all[i]);
+    }
+    std::vector<std::string> fit;  // only constants the rest of the rows can see
+    for (const std::string& c : rep.fitted) {
+      const bool device_constant = c.ends_with(".sustained");
+      const std::string family = c.substr(0, c.rfind('.'));
+      if (!device_constant || std::any_of(rest.begin(), rest.end(), [&](const MeasuredRun& r) {
+            return find_device(r.machine.device).family == family;
+          }))
+        fit.push_back(c);
+    }
+    const Calibration fold = rest.empty() ? cal : fit_constants(rest, cal, fit).cal;
+    st.held_out_constants = constants_text(fold, fit);
+    if (fit.size() < rep.fitted.size()) st.held_out_constants += " (others as shipped: no other source has them)";
+    std::vector<MeasuredRun> mine;
+    for (size_t i : held) mine.push_back(all[i]);
+    const std::vector<double> pred = predict_runs(mine, fold);
+    for (size_t j = 0; j < held.size(); ++j) {
+      CaseResult& r = rep.results[held[j]];
+      r.held_out_step_s = pred[j];
+      r.held_out_error = (pred[j] - r.run.measured_step_s) / r.run.measured_step_s;
     }
   }
-  if (with_value) rep.memory_mape_pct /= with_value;
-  std::map<std::string, std::vector<double>> by_source;
-  double sum = 0;
+}
+
+void summarise(ValidationReport& rep, bool held_out) {
+  std::map<std::string, SourceStats> by_source;
+  double sum = 0, sum_held = 0;
   for (const CaseResult& r : rep.results) {
-    by_source[r.run.source].push_back(r.error);
-    sum += std::fabs(r.error);
+    SourceStats& s = by_source[r.run.source];
+    s.source = r.run.source;
+    ++s.rows;
+    s.mape_pct += 100 * std::fabs(r.error), s.bias_pct += 100 * r.error;
+    s.held_out_mape_pct += 100 * std::fabs(r.held_out_error), s.held_out_bias_pct += 100 * r.held_out_error;
+    sum += std::fabs(r.error), sum_held += std::fabs(r.held_out_error);
   }
-  rep.mape_pct = rep.results.empty() ? 0 : 100 * sum / double(rep.results.size());
-  for (const auto& [src, errs] : by_source) {
-    SourceStats s;
-    s.source = src;
-    s.rows = int(errs.size());
-    for (double e : errs) { s.mape_pct += 100 * std::fabs(e); s.bias_pct += 100 * e; }
-    s.mape_pct /= s.rows;
-    s.bias_pct /= s.rows;
-    rep.sources.push_back(s);
+  const double n = double(std::max<size_t>(1, rep.results.size()));
+  rep.mape_pct = 100 * sum / n;
+  rep.held_out_mape_pct = held_out ? 100 * sum_held / n : 0;
+  rep.worst_held_out_pct = 0;
+  for (auto& [name, s] : by_source) {
+    for (double* v : {&s.mape_pct, &s.bias_pct, &s.held_out_mape_pct, &s.held_out_bias_pct}) *v /= s.rows;
+    // Keep the fold's constants when the stats are recomputed.
+    for (const SourceStats& old : rep.sources)
+      if (old.source == name) s.held_out_constants = old.held_out_constants;
+    rep.worst_held_out_pct = std::max(rep.worst_held_out_pct, s.held_out_mape_pct);
   }
+  rep.sources.clear();
+  for (auto& [name, s] : by_source) rep.sources.push_back(s);
   // Ranking: within runs of one model (layers x hidden) on one GPU count and device (any
   // sequence length, batch or plan), order by throughput (tokens/s), measured vs predicted.
   std::map<std::string, std::vector<const CaseResult*>> groups;
   for (const CaseResult& r : rep.results) {
     const auto& m = r.run.model;
-    std::string key = fmt::format("{} {}x{} on {} {}", r.run.source, m.layers, m.hidden,
-                                  r.run.plan.gpus, r.run.machine.device);
-    groups[key].push_back(&r);
+    groups[fmt::format("{} {}x{} on {} {}", r.run.source, m.layers, m.hidden, r.run.plan.gpus, r.run.machine.device)]
+        .push_back(&r);
   }
-  double rho_sum = 0;
+  rep.groups.clear();
+  double rho_sum = 0, held_sum = 0;
   for (const auto& [key, members] : groups) {
     if (members.size() < 2) continue;
-    std::vector<double> meas, pred;
+    std::vector<double> meas, pred, held;
     for (const CaseResult* r : members) {
-      double tokens = double(r->run.plan.global_batch) * r->run.model.seq_len;
+      const double tokens = double(r->run.plan.global_batch) * r->run.model.seq_len;
       meas.push_back(tokens / r->run.measured_step_s);
       pred.push_back(tokens / r->predicted_step_s);
+      held.push_back(held_out ? tokens / r->held_out_step_s : 0);
     }
-    GroupRank g{key, int(members.size()), spearman(meas, pred)};
-    rho_sum += g.rho;
+    GroupRank g{key, int(members.size()), spearman(meas, pred), held_out ? spearman(meas, held) : 0};
+    rho_sum += g.rho, held_sum += g.held_out_rho;
     rep.groups.push_back(g);
   }
-  rep.mean_rho = rep.groups.empty() ? 0 : rho_sum / double(rep.groups.size());
+  const double ng = double(std::max<size_t>(1, rep.groups.size()));
+  rep.mean_rho = rho_sum / ng;
+  rep.held_out_rho = held_sum / ng;
+}
+
+MemoryStats memory_stats(const std::vector<MemoryResult>& rows, bool held_out) {
+  MemoryStats st;
+  double sum = 0;
+  for (const MemoryResult& mr : rows) {
+    const double gib = held_out ? mr.held_out_gib : mr.predicted_gib;
+    const bool fits = held_out ? mr.held_out_fits : mr.predicted_fits;
+    if (mr.run.measured_oom) {
+      ++st.oom_rows;
+      if (!fits) ++st.oom_predicted;
+    } else if (mr.run.measured_memory_gib) {
+      const double err = std::fabs(gib / *mr.run.measured_memory_gib - 1);
+      sum += 100 * err;
+      ++st.points;
+      if (err <= 0.15) ++st.within_15;
+      ++st.fit_rows;
+      if (fits) ++st.fit_predicted;
+    }
+  }
+  st.mape_pct = st.points ? sum / st.points : 0;
+  return st;
+}
+
+// The memory of a row with the given fragmentation (GiB, fits).
+std::pair<double, bool> memory_with(const RunCase& rc, double fragmentation) {
+  const Device& d = find_device(rc.machine.device);
+  const Memory mem = memory_per_device(rc.model, rc.plan, d, fragmentation);
+  return {mem.total / double(1 << 30), mem.total <= d.hbm_gib * double(1 << 30)};
+}
+
+// The fragmentation that minimises the MAPE over measured peaks (a scan of [0, 0.6] in steps of
+// 0.005: one constant, and the memory model is cheap).
+double fit_fragmentation(const std::vector<const MemoryResult*>& rows, double fallback) {
+  double best = fallback, best_mape = 1e300;
+  for (int i = 1; i <= 120; ++i) {
+    const double f = 0.005 * i;
+    double sum = 0;
+    int n = 0;
+    for (const MemoryResult* mr : rows)
+      if (mr->run.measured_memory_gib) sum += std::fabs(memory_with(mr->run, f).first / *mr->run.measured_memory_gib - 1), ++n;
+    if (n && sum < best_mape) best_mape = sum, best = f;
+  }
+  return best;
+}
+
+// Leave-one-source-out for memory: each source's rows with the fragmentation fitted on the other
+// sources' measured peaks (the shipped value when no other source has one).
+void hold_out_memory(ValidationReport& rep, const Calibration& cal) {
+  std::set<std::string> sources;
+  for (const MemoryResult& mr : rep.memory) sources.insert(mr.run.source);
+  for (const std::string& s : sources) {
+    std::vector<const MemoryResult*> rest;
+    for (const MemoryResult& mr : rep.memory)
+      if (mr.run.source != s) rest.push_back(&mr);
+    const bool any = std::any_of(rest.begin(), rest.end(), [](const MemoryResult* m) { return bool(m->run.measured_memory_gib); });
+    const double f = any ? fit_fragmentation(rest, cal.fragmentation) : cal.fragmentation;
+    rep.memory_folds.push_back(fmt::format("{}: fragmentation={:.3f}{}", s, f, any ? "" : " (as shipped: no other source)"));
+    for (MemoryResult& mr : rep.memory)
+      if (mr.run.source == s) std::tie(mr.held_out_gib, mr.held_out_fits) = memory_with(mr.run, f);
+  }
+  std::vector<const MemoryResult*> all;
+  for (const MemoryResult& mr : rep.memory) all.push_back(&mr);
+  rep.memory_folds.push_back(fmt::format("(all sources): fragmentation={:.3f} (shipped {:.3f})",
+                                         fit_fragmentation(all, cal.fragmentation), cal.fragmentation));
+  rep.memory_held_out = memory_stats(rep.memory, true);
+}
+
+}  // namespace
+
+ValidationReport validate_runs(const std::string& csv_path, const Calibration& cal, const ValidateOptions& options) {
+  ValidationReport rep;
+  std::vector<CsvRow> rows = read_csv(csv_path);
+  std::vector<RunCase> cases;
+  for (size_t i = 0; i < rows.size(); ++i) cases.push_back(case_from_row(rows[i], int(i) + 1));
+  for (const RunCase& rc : cases) {
+    if (!rc.skip_reason.empty()) { rep.skipped.push_back(rc); continue; }
+    const Prediction pr = predict(rc.model, rc.machine, rc.plan, cal);
+    if (rc.measured_memory_gib || rc.measured_oom)
+      rep.memory.push_back({rc, pr.memory.total / double(1 << 30), pr.fits, pr.memory.total / double(1 << 30), pr.fits});
+    if (rc.memory_only) continue;
+    CaseResult res;
+    res.run = rc;
+    res.predicted_step_s = pr.step_time_s;
+    res.error = (res.predicted_step_s - rc.measured_step_s) / rc.measured_step_s;
+    rep.results.push_back(res);
+  }
+  rep.memory_stats = memory_stats(rep.memory, false);
+  summarise(rep, false);
+  if (options.held_out && !rep.results.empty()) {
+    hold_out_each_source(rep, cases, cal);
+    summarise(rep, true);
+  }
+  if (options.held_out && !rep.memory.empty()) hold_out_memory(rep, cal);
   return rep;
 }
 
 std::string format_report(const ValidationReport& rep, bool per_row) {
   std::string s;
+  const bool held = !rep.fitted.empty();
   if (per_row) {
-    s += fmt::format("{:>4} {:<30} {:<28} {:<58} {:>10} {:>10} {:>7}\n", "row", "source", "model",
-                     "plan", "measured", "predicted", "err%");
+    s += fmt::format("{:>4} {:<30} {:<28} {:<58} {:>10} {:>10} {:>7} {:>8}\n", "row", "source", "model", "plan",
+                     "measured", "predicted", "err%", "held-out%");
     for (const CaseResult& r : rep.results)
-      s += fmt::format("{:>4} {:<30.30} {:<28.28} {:<58.58} {:>10.4g} {:>10.4g} {:>+7.1f}\n",
-                       r.run.row, r.run.source, r.run.model_name, plan_summary(r.run.plan),
-                       r.run.measured_step_s, r.predicted_step_s, 100 * r.error);
+      s += fmt::format("{:>4} {:<30.30} {:<28.28} {:<58.58} {:>10.4g} {:>10.4g} {:>+7.1f} {:>+8.1f}\n", r.run.row,
+                       r.run.source, r.run.model_name, plan_summary(r.run.plan), r.run.measured_step_s,
+                       r.predicted_step_s, 100 * r.error, 100 * r.held_out_error);
     for (const CaseResult& r : rep.results)
-      if (!r.run.assumption.empty())
-        s += fmt::format("{:>4} assumption: {}\n", r.run.row, r.run.assumption);
+      if (!r.run.assumption.empty()) s += fmt::format("{:>4} assumption: {}\n", r.run.row, r.run.assumption);
     s += "skipped rows:\n";
     for (const RunCase& rc : rep.skipped)
-      s += fmt::format("{:>4} {:<30.30} {:<28.28} {}\n", rc.row, rc.source, rc.model_name,
-                       rc.skip_reason);
-  }
-  if (per_row) {
+      s += fmt::format("{:>4} {:<30.30} {:<28.28} {}\n", rc.row, rc.source, rc.model_name, rc.skip_reason);
     s += "memory per GPU (most loaded rank), GiB:\n";
     for (const MemoryResult& mr : rep.memory)
-      s += fmt::format("{:>4} {:<28.28} {:<58.58} measured {:>6} predicted {:>6.1f}{}\n",
-                       mr.run.row, mr.run.model_name, plan_summary(mr.run.plan),
-                       mr.run.measured_oom ? std::string("OOM")
-                                           : fmt::format("{:.1f}", *mr.run.measured_memory_gib),
+      s += fmt::format("{:>4} {:<28.28} {:<58.58} measured {:>6} predicted {:>6.1f}{}\n", mr.run.row,
+                       mr.run.model_name, plan_summary(mr.run.plan),
+                       mr.run.measured_oom ? std::string("OOM") : fmt::format("{:.1f}", *mr.run.measured_memory_gib),
                        mr.predicted_gib, mr.predicted_fits ? "" : " (does not fit)");
+    s += "ranking within groups (Spearman rho of tokens/s, groups of >= 2 runs; in-sample, held out):\n";
+    for (const GroupRank& g : rep.groups)
+      s += fmt::format("  {:<64} n={:<3} rho={:+.2f} {:+.2f}\n", g.group, g.rows, g.rho, g.held_out_rho);
   }
-  s += fmt::format("{:<32} {:>5} {:>9} {:>9}\n", "source", "rows", "MAPE%", "bias%");
+  s += fmt::format("step time, {} rows{}:\n", rep.results.size(),
+                   held ? "; held out = predicted with the constants fitted on the OTHER sources" : "");
+  s += fmt::format("  {:<32} {:>5} {:>11} {:>8} {:>13} {:>8}\n", "source", "rows", "in-sample%", "bias%",
+                   "held-out%", "bias%");
   for (const SourceStats& st : rep.sources)
-    s += fmt::format("{:<32} {:>5} {:>9.1f} {:>+9.1f}\n", st.source, st.rows, st.mape_pct,
-                     st.bias_pct);
-  s += fmt::format("ranking within groups (Spearman rho of tokens/s, groups of >= 2 runs):\n");
-  for (const GroupRank& g : rep.groups)
-    s += fmt::format("  {:<64} n={:<3} rho={:+.2f}\n", g.group, g.rows, g.rho);
-  s += fmt::format("mean rho={:.2f} over {} groups; {} rows skipped (missing cells)\n",
-                   rep.mean_rho, rep.groups.size(), rep.skipped.size());
-  s += fmt::format("memory: {} rows with a measured peak, MAPE {:.1f}%; {} of {} out-of-memory "
-                   "runs predicted not to fit\n",
-                   rep.memory.size() - rep.oom_rows, rep.memory_mape_pct, rep.oom_predicted,
-                   rep.oom_rows);
-  s += fmt::format("mape_pct={:.2f} rows={}\n", rep.mape_pct, rep.results.size());
+    s += fmt::format("  {:<32} {:>5} {:>11.1f} {:>+8.1f} {:>13} {:>8}\n", st.source, st.rows, st.mape_pct,
+                     st.bias_pct, held ? fmt::format("{:.1f}", st.held_out_mape_pct) : "-",
+                     held ? fmt::format("{:+.1f}", st.held_out_bias_pct) : "-");
+  s += fmt::format("  {:<32} {:>5} {:>11.1f} {:>8} {:>13} {:>8}\n", "all rows", rep.results.size(), rep.mape_pct, "",
+                   held ? fmt::format("{:.1f}", rep.held_out_mape_pct) : "-", "");
+  if (held) {
+    s += "  constants refitted for each held-out source (fitted on the others):\n";
+    for (const SourceStats& st : rep.sources) s += fmt::format("    {:<30} {}\n", st.source, st.held_out_constants);
+    s += fmt::format("    {:<30} {} (objective {:.2f}%; the shipped values: {})\n", "(all sources)",
+                     constants_text(rep.all_data_fit, rep.fitted), rep.all_data_fit_pct,
+                     constants_text(default_calibration(), rep.fitted));
+  }
+  s += fmt::format("ranking: mean Spearman rho of tokens/s within {} groups (one model on one GPU count): in-sample "
+                   "{:.2f}{}\n", rep.groups.size(), rep.mean_rho,
+                   held ? fmt::format(", held out {:.2f}", rep.held_out_rho) : "");
+  auto memory_line = [&](const char* what, const MemoryStats& m) {
+    s += fmt::format("  {:<10} MAPE {:.1f}% over {} measured peaks ({} within 15%); out-of-memory runs called: {} of {}; "
+                     "runs that ran called fitting: {} of {}\n",
+                     what, m.mape_pct, m.points, m.within_15, m.oom_predicted, m.oom_rows, m.fit_predicted, m.fit_rows);
+  };
+  s += "memory per GPU (most loaded rank):\n";
+  memory_line("in-sample", rep.memory_stats);
+  if (!rep.memory_folds.empty()) {
+    memory_line("held out", rep.memory_held_out);
+    for (const auto& f : rep.memory_folds) s += fmt::format("    {}\n", f);
+  }
+  s += fmt::format("{} rows skipped (missing cells; --rows lists them)\n", rep.skipped.size());
+  s += fmt::format("held_out_mape_pct={} worst_source_pct={} in_sample_mape_pct={:.2f} rows={}\n",
+                   held ? fmt::format("{:.2f}", rep.held_out_mape_pct) : "-",
+                   held ? fmt::format("{:.2f}", rep.worst_held_out_pct) : "-", rep.mape_pct, rep.results.size());
   return s;
+}
+
+nlohmann::json report_json(const ValidationReport& rep, const Calibration& cal) {
+  using nlohmann::json;
+  json rows = json::array();
+  for (const CaseResult& r : rep.results) {
+    const Prediction pr = predict(r.run.model, r.run.machine, r.run.plan, cal);
+    json j = to_json(pr);
+    j["row"] = r.run.row;
+    j["source"] = r.run.source;
+    j["model_name"] = r.run.model_name;
+    j["measured_step_s"] = r.run.measured_step_s;
+    j["measured_basis"] = r.run.measured_basis;
+    j["held_out_step_s"] = r.held_out_step_s;
+    j["error"] = r.error;
+    j["held_out_error"] = r.held_out_error;
+    if (!r.run.assumption.empty()) j["assumption"] = r.run.assumption;
+    rows.push_back(j);
+  }
+  json skipped = json::array();
+  for (const RunCase& rc : rep.skipped) skipped.push_back({{"row", rc.row}, {"source", rc.source}, {"reason", rc.skip_reason}});
+  json sources = json::array();
+  for (const SourceStats& s : rep.sources)
+    sources.push_back({{"source", s.source}, {"rows", s.rows}, {"mape_pct", s.mape_pct}, {"bias_pct", s.bias_pct},
+                       {"held_out_mape_pct", s.held_out_mape_pct}, {"held_out_bias_pct", s.held_out_bias_pct},
+                       {"held_out_constants", s.held_out_constants}});
+  json memory = json::array();
+  for (const MemoryResult& m : rep.memory)
+    memory.push_back({{"row", m.run.row}, {"measured_gib", m.run.measured_memory_gib ? json(*m.run.measured_memory_gib) : json(nullptr)},
+                      {"measured_oom", m.run.measured_oom}, {"predicted_gib", m.predicted_gib}, {"predicted_fits", m.predicted_fits},
+                      {"held_out_gib", m.held_out_gib}, {"held_out_fits", m.held_out_fits}});
+  return {{"rows", rows}, {"skipped", skipped}, {"sources", sources}, {"memory", memory},
+          {"mape_pct", rep.mape_pct}, {"held_out_mape_pct", rep.held_out_mape_pct},
+          {"worst_held_out_pct", rep.worst_held_out_pct}, {"mean_rho", rep.mean_rho},
+          {"held_out_rho", rep.held_out_rho}, {"memory_mape_pct", rep.memory_stats.mape_pct},
+          {"memory_within_15", rep.memory_stats.within_15}, {"memory_points", rep.memory_stats.points},
+          {"oom_rows", rep.memory_stats.oom_rows}, {"oom_predicted", rep.memory_stats.oom_predicted},
+          {"memory_held_out_mape_pct", rep.memory_held_out.mape_pct},
+          {"memory_held_out_within_15", rep.memory_held_out.within_15},
+          {"oom_held_out_predicted", rep.memory_held_out.oom_predicted}};
 }
 
 }  // namespace exatrain::plan

@@ -41,32 +41,67 @@ struct CaseResult {
   RunCase run;
   double predicted_step_s = 0;
   double error = 0;  // (predicted - measured) / measured
+  // Predicted by the constants fitted WITHOUT this row's source (leave-one-source-out).
+  double held_out_step_s = 0;
+  double held_out_error = 0;
 };
 
-struct SourceStats { std::string source; int rows = 0; double mape_pct = 0, bias_pct = 0; };
-struct GroupRank { std::string group; int rows = 0; double rho = 0; };
+struct SourceStats {
+  std::string source;
+  int rows = 0;
+  double mape_pct = 0, bias_pct = 0;                    // in-sample (the shipped constants)
+  double held_out_mape_pct = 0, held_out_bias_pct = 0;  // fitted on the other sources
+  std::string held_out_constants;                       // "a100.sustained=0.84 ..." of that fit
+};
+struct GroupRank { std::string group; int rows = 0; double rho = 0, held_out_rho = 0; };
 
 struct MemoryResult {
   RunCase run;
   double predicted_gib = 0;
   bool predicted_fits = true;
+  // With the fragmentation fitted on the other sources' measured peaks.
+  double held_out_gib = 0;
+  bool held_out_fits = true;
+};
+// Memory figures over the rows with a measured peak or an out-of-memory failure.
+struct MemoryStats {
+  double mape_pct = 0;
+  int points = 0, within_15 = 0;  // rows with a measured peak; of them predicted within 15%
+  int oom_rows = 0, oom_predicted = 0;  // out-of-memory runs; of them predicted not to fit
+  int fit_rows = 0, fit_predicted = 0;  // runs that ran; of them predicted to fit
 };
 
 struct ValidationReport {
   std::vector<CaseResult> results;
   std::vector<MemoryResult> memory;
-  double memory_mape_pct = 0;
-  int oom_rows = 0, oom_predicted = 0;
+  MemoryStats memory_stats, memory_held_out;
+  std::vector<std::string> memory_folds;  // "source: fragmentation=x (fitted on the others)"
   std::vector<RunCase> skipped;
   std::vector<SourceStats> sources;
   std::vector<GroupRank> groups;
-  double mape_pct = 0;
-  double mean_rho = 0;
+  double mape_pct = 0, held_out_mape_pct = 0;  // over all rows
+  double worst_held_out_pct = 0;                // the worst source, held out
+  double mean_rho = 0, held_out_rho = 0;
+  std::vector<std::string> fitted;  // the constants refitted for each held-out source
+  Calibration all_data_fit;         // the same fit on every source (what the catalog should hold)
+  double all_data_fit_pct = 0;      // its objective (mean of the sources' MAPE)
 };
 
+// The constants `validate` fits (each fold of leave-one-source-out, and the all-data fit the
+// catalog holds): one `sustained` per device family with rows, and the model's global fitted
+// constants (docs/planner.md "Calibrated constants").
+std::vector<std::string> validation_fit_constants(const std::vector<RunCase>& cases);
+
+struct ValidateOptions {
+  bool held_out = true;  // run leave-one-source-out (and the all-data fit)
+};
 ValidationReport validate_runs(const std::string& csv_path,
-                               const Calibration& cal = default_calibration());
+                               const Calibration& cal = default_calibration(),
+                               const ValidateOptions& options = {});
 std::string format_report(const ValidationReport& rep, bool per_row);
+// Every row as JSON: the inputs, measured and predicted (in-sample and held out) step, the
+// breakdown; the skipped rows with their reasons; the summary figures.
+nlohmann::json report_json(const ValidationReport& rep, const Calibration& cal);
 
 // Spearman's rank correlation (average ranks for ties).
 double spearman(const std::vector<double>& a, const std::vector<double>& b);

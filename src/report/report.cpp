@@ -26,7 +26,44 @@ double median(std::vector<double> v) {
 }
 bool is_step(const nlohmann::json& r) { return r.contains("step") && r.contains("loss"); }
 bool is_eval(const nlohmann::json& r) { return r.contains("step") && r.contains("val_loss"); }
+
+// A run's job.toml with the trainer's defaults for what it leaves open (docs/job-file.md), as the
+// planner's plan.
+std::pair<Job, plan::Plan> job_and_plan(const std::string& run_dir) {
+  Job job = load_job(run_dir + "/job.toml");
+  ParallelSpec& p = job.parallel;
+  for (auto* d : {&p.tp, &p.pp, &p.cp, &p.vp, &p.micro_batch}) if (!*d) *d = 1;
+  if (!p.dp) p.dp = p.gpus / (*p.tp * *p.pp * *p.cp);
+  if (!p.zero) p.zero = 0;
+  if (!p.recompute) p.recompute = Recompute::none;
+  if (!p.seq_parallel) p.seq_parallel = false;
+  if (!p.schedule) p.schedule = Schedule::one_f_one_b;
+  plan::Plan resolved = plan::resolve_plan(job);
+  return {job, resolved};
+}
+
+// Seconds per step over the steps after the first (which includes warm-up).
+std::vector<double> step_seconds(const std::vector<nlohmann::json>& records) {
+  std::vector<double> out;
+  int64_t n = 0;
+  for (const auto& r : records)
+    if (is_step(r) && n++ > 0 && r.contains("seconds")) out.push_back(r["seconds"].get<double>());
+  return out;
+}
 }  // namespace
+
+plan::MeasuredRun measured_run(const std::string& run_dir) {
+  const std::vector<double> steps = step_seconds(read_metrics(run_dir + "/metrics.jsonl"));
+  EXA_CHECK(!steps.empty(), "{}/metrics.jsonl has no timed training step after the first (expected lines with \"step\", "
+            "\"loss\" and \"seconds\"; the first step is warm-up and not used)", run_dir);
+  auto [job, p] = job_and_plan(run_dir);
+  plan::check_machine_for_plan(job.machine, p, run_dir + "/job.toml");
+  plan::MeasuredRun r;
+  r.group = r.label = run_dir;
+  r.model = job.model, r.machine = job.machine, r.plan = p;
+  r.step_s = median(steps);
+  return r;
+}
 
 RunSummary summarize(const std::vector<nlohmann::json>& records) {
   RunSummary s;
@@ -73,17 +110,7 @@ std::string measured_vs_predicted(const std::vector<nlohmann::json>& records, co
   plan::Prediction pred;
   std::string why;
   try {
-    Job job = load_job(run_dir + "/job.toml");
-    // The trainer's defaults for what the job leaves open (docs/job-file.md).
-    ParallelSpec& p = job.parallel;
-    for (auto* d : {&p.tp, &p.pp, &p.cp, &p.vp, &p.micro_batch}) if (!*d) *d = 1;
-    if (!p.dp) p.dp = p.gpus / (*p.tp * *p.pp * *p.cp);
-    if (!p.zero) p.zero = 0;
-    if (!p.recompute) p.recompute = Recompute::none;
-    if (!p.seq_parallel) p.seq_parallel = false;
-    if (!p.schedule) p.schedule = Schedule::one_f_one_b;
-    plan::Plan resolved = plan::resolve_plan(p, job.train.precision);
-    resolved.set_optimizer(job.train);
+    auto [job, resolved] = job_and_plan(run_dir);
     // A machine that cannot carry this plan's traffic (e.g. no [machine] in the job: bandwidth 0)
     // gives no prediction, with the reason, rather than an infinite one.
     plan::check_machine_for_plan(job.machine, resolved, run_dir + "/job.toml");

@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "plan/fit.hpp"
+
 namespace exatrain::report {
 
 struct RunSummary {
@@ -32,6 +34,11 @@ RunSummary write_report(const std::string& run_dir);
 // breakdown_s (distributed runs record every rank's; the slowest rank's is shown). Returns a
 // text table; a job the planner cannot predict says why instead.
 std::string measured_vs_predicted(const std::vector<nlohmann::json>& records, const std::string& run_dir);
+
+// The run as a measured step for `exatrain calibrate` (plan/fit.hpp): its job.toml resolved as the
+// trainer ran it and the median seconds per step after the first. Error naming the file when the
+// run has no timed step or its job cannot be planned.
+plan::MeasuredRun measured_run(const std::string& run_dir);
 
 // The one-screen text a person reads after a run.
 std::string format_summary(const RunSummary& s, const std::string& run_dir);

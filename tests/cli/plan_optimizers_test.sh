@@ -68,7 +68,7 @@ out=$("$EXA" plan job.toml --optimizers adamw,adam 2>&1); rc=$?
   && ok "bad --optimizers" || fail "bad --optimizers: exit $rc: $out"
 
 # No plan fits: the row says so.
-out=$("$EXA" plan job.toml --optimizers adamw --set machine.device=v100 --set model.preset=gpt3-175b 2>&1) \
+out=$("$EXA" plan job.toml --optimizers adamw --set machine.device=v100 --set train.attention=unfused --set model.preset=gpt3-175b 2>&1) \
   || fail "no fit: $out"
 printf '%s\n' "$out" | grep -qE '^adamw +no plan fits \([0-9]+ valid plans searched\) .* no$' && ok "a row that does not fit" \
   || fail "no-fit row: $out"

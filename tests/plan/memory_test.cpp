@@ -18,7 +18,7 @@ ModelSpec gpt3_175b() {
 Plan tp_plan(int64_t tp, bool sp, int64_t mb) {
   Plan p;
   p.tp = tp; p.pp = 1; p.dp = 1; p.gpus = tp; p.micro_batch = mb; p.global_batch = mb;
-  p.seq_parallel = sp; p.flash_attention = false; p.precision = Precision::bf16;
+  p.seq_parallel = sp; p.attention = Attention::unfused; p.precision = Precision::bf16;
   return p;
 }
 }  // namespace
@@ -46,7 +46,7 @@ TEST(Memory, KorthikantiActivationsPerLayer) {
 TEST(Memory, FlashAttentionDropsTheScoreTerm) {
   ModelSpec m = gpt3_175b();
   Plan p = tp_plan(1, false, 1);
-  p.flash_attention = true;
+  p.attention = Attention::flash2;
   EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, p, Recompute::none), 2048.0 * 12288 * 34);
 }
 
@@ -75,9 +75,10 @@ TEST(Memory, HandComputedGpt2SingleDevice) {
   double t = 8 * 1024.0, h = 768;
   double layer_inputs = 12 * 2 * t * h;                       // 12 layers x 2 sbh
   double working_layer = t * h * 34 - 2 * t * h;              // one layer rebuilt (flash)
-  double logits = 2 * 4 * t * 50257;                          // fp32 logits + gradient
+  double gradients = t * h * 34;                              // the backward's activation gradients
+  double logits = 8 * t * 50257;                              // fused cross entropy: 16-bit + fp32
   double embedding = 2 * t * h;                               // embedding output
-  EXPECT_DOUBLE_EQ(mem.activations, layer_inputs + working_layer + logits + embedding);
+  EXPECT_DOUBLE_EQ(mem.activations, layer_inputs + working_layer + gradients + logits + embedding);
   double rest = mem.params + mem.grads + mem.optimizer + mem.activations + kRuntimeReserveBytes;
   EXPECT_DOUBLE_EQ(mem.buffers, kRuntimeReserveBytes + kFragmentation * rest);
   EXPECT_DOUBLE_EQ(mem.total, rest + kFragmentation * rest);

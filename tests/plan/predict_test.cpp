@@ -173,22 +173,97 @@ TEST(Predict, ZeroTwoPaysTheExposedReduceScatterPerMicroBatch) {
   EXPECT_NEAR(z2 - ag, double(p.micro_batches()) * (z1 - ag), 1e-9 * z2);
 }
 
-TEST(Predict, DeviceShapeConstantsReplaceTheGlobalOnes) {
-  // cpu-local has its own gemm_dim_half / gemm_tokens_half (devices.toml, measured): the global
-  // calibration's shape constants (fitted to GPU tiles) do not move its prediction; a GPU device
-  // without them follows the global constants.
-  ModelSpec m;
-  m.layers = 4, m.hidden = 256, m.heads = 8, m.kv_heads = 8, m.ffn_hidden = 1024, m.seq_len = 128, m.vocab = 4096;
-  Plan p;
-  p.micro_batch = 2, p.global_batch = 8, p.precision = Precision::fp32;
+TEST(Predict, DeviceConstantsOfACalibration) {
+  // A calibration's device constants (plan::Calibration::devices, by device or family) move only
+  // that device's prediction: sustained scales its compute, network its collectives.
+  Job job = parse_job(kJob, "job.toml");
+  const Plan p = resolve_plan(job.parallel, job.train.precision);
+  const Prediction base = predict(job.model, job.machine, p);
+  Calibration slower = default_calibration();
+  slower.set("a100.sustained=" + std::to_string(find_device("a100-80g").sustained / 2));
+  const Prediction half = predict(job.model, job.machine, p, slower);
+  EXPECT_GT(half.breakdown.compute, 1.8 * base.breakdown.compute);  // element-wise work does not slow down
+  EXPECT_LT(half.breakdown.compute, 2.0 * base.breakdown.compute + 1e-12);
+  EXPECT_DOUBLE_EQ(half.breakdown.tp_comm, base.breakdown.tp_comm);
+  Calibration net = default_calibration();
+  net.set("a100-80g.network=0.5");
+  const Prediction slow_net = predict(job.model, job.machine, p, net);
+  EXPECT_DOUBLE_EQ(slow_net.breakdown.compute, base.breakdown.compute);
+  EXPECT_GT(slow_net.breakdown.tp_comm, 1.5 * base.breakdown.tp_comm);
+  // Another device's constants change nothing here.
   Calibration other = default_calibration();
-  other.set("dim_half=500");
-  other.set("tokens_half=5000");
-  MachineSpec local = find_cluster("local");
-  ASSERT_TRUE(find_device("cpu-local").gemm_dim_half.has_value());
-  ASSERT_TRUE(find_device("cpu-local").gemm_tokens_half.has_value());
-  EXPECT_DOUBLE_EQ(predict(m, local, p, other).breakdown.compute, predict(m, local, p).breakdown.compute);
-  MachineSpec gpu = find_cluster("selene");
-  ASSERT_FALSE(find_device(gpu.device).gemm_dim_half.has_value());
-  EXPECT_GT(predict(m, gpu, p, other).breakdown.compute, 2 * predict(m, gpu, p).breakdown.compute);
+  other.set("hopper.sustained=0.1");
+  EXPECT_DOUBLE_EQ(predict(job.model, job.machine, p, other).step_time_s, base.step_time_s);
+  // Names are checked: an unknown constant, device or a fraction above 1 is refused.
+  Calibration c;
+  EXPECT_THROW(c.set("a100.speed=0.5"), Error);
+  EXPECT_THROW(c.set("b200.sustained=0.5"), Error);
+  EXPECT_THROW(c.set("a100.sustained=1.5"), Error);
+  EXPECT_THROW(c.set("fp8_relative=abc"), Error);
+}
+
+TEST(Predict, FrameworkOverlapsHideCommunication) {
+  // [parallel] overlap_grad_reduce hides the gradient reduction under the last backward; without
+  // it the whole reduction is exposed. tp_comm_overlap hides the sequence-parallel collectives
+  // under the GEMMs, down to the first chunk of each.
+  Job job = parse_job(kJob, "job.toml", {"parallel.pp=1", "parallel.vp=1", "parallel.dp=8", "parallel.zero=0",
+                                         "parallel.global_batch=64"});
+  Plan p = resolve_plan(job);
+  p.overlap_grad_reduce = true;
+  const double hidden = predict(job.model, job.machine, p).breakdown.dp_comm;
+  p.overlap_grad_reduce = false;
+  const double exposed = predict(job.model, job.machine, p).breakdown.dp_comm;
+  EXPECT_GT(exposed, 0);
+  EXPECT_LT(hidden, exposed);
+  const Group g = group_on_machine(8, 8, job.machine.gpus_per_node);
+  EXPECT_NEAR(exposed, best_all_reduce_time(4.0 * double(parameters_on_rank(job.model, p, 0)), g, job.machine),
+              1e-9 * exposed);
+  p.tp_comm_overlap = false;
+  const double tp_exposed = predict(job.model, job.machine, p).breakdown.tp_comm;
+  p.tp_comm_overlap = true;
+  const double tp_hidden = predict(job.model, job.machine, p).breakdown.tp_comm;
+  EXPECT_LT(tp_hidden, 0.5 * tp_exposed);
+  EXPECT_GT(tp_hidden, tp_exposed / double(p.tp) / 4);  // the first chunks stay exposed
+}
+
+TEST(Predict, SeqParallelAtTpOneIsANoOpWithANote) {
+  // Megatron and NeMo accept sequence_parallel = true at tp = 1 and turn it off: so does the
+  // planner, and says so; other settings without effect likewise.
+  Job job = parse_job(kJob, "job.toml", {"parallel.tp=1", "parallel.pp=1", "parallel.vp=1", "parallel.dp=64",
+                                         "parallel.seq_parallel=true", "parallel.tp_comm_overlap=true",
+                                         "model.preset=gpt3-1.3b"});
+  const Plan p = resolve_plan(job);
+  EXPECT_FALSE(p.seq_parallel);
+  EXPECT_FALSE(p.tp_comm_overlap);
+  EXPECT_EQ(plan_error(job.model, p), "");
+  const std::vector<std::string> notes = plan_notes(job, p);
+  ASSERT_EQ(notes.size(), 2u);
+  EXPECT_NE(notes[0].find("seq_parallel = true has no effect at tp = 1"), std::string::npos) << notes[0];
+  EXPECT_NE(notes[1].find("tp_comm_overlap = true has no effect at tp = 1"), std::string::npos) << notes[1];
+  // The same plan with seq_parallel = false predicts the same.
+  Job plain = parse_job(kJob, "job.toml", {"parallel.tp=1", "parallel.pp=1", "parallel.vp=1", "parallel.dp=64",
+                                           "parallel.seq_parallel=false", "model.preset=gpt3-1.3b"});
+  EXPECT_DOUBLE_EQ(predict(job.model, job.machine, p).step_time_s,
+                   predict(plain.model, plain.machine, resolve_plan(plain)).step_time_s);
+  EXPECT_TRUE(plan_notes(plain, resolve_plan(plain)).empty());
+}
+
+TEST(Predict, WhatCannotBeModelledIsRefusedWithTheReason) {
+  // tp_comm_overlap at tp > 1 overlaps sequence-parallel collectives: without them, refused;
+  // overlap_param_gather needs ZeRO's parameter gather; flash3 kernels exist on Hopper only.
+  Job job = parse_job(kJob, "job.toml", {"parallel.seq_parallel=false", "parallel.tp_comm_overlap=true"});
+  EXPECT_NE(plan_error(job.model, resolve_plan(job)).find("tp_comm_overlap = true at tp = 8 needs seq_parallel = true"),
+            std::string::npos);
+  Job z0 = parse_job(kJob, "job.toml", {"parallel.zero=0", "parallel.overlap_param_gather=true", "parallel.pp=1",
+                                        "parallel.vp=1", "parallel.dp=8"});
+  EXPECT_NE(plan_error(z0.model, resolve_plan(z0)).find("overlap_param_gather = true needs zero >= 1"),
+            std::string::npos);
+  Job fa3 = parse_job(kJob, "job.toml", {"train.attention=flash3"});
+  try {
+    predict(fa3.model, fa3.machine, resolve_plan(fa3));
+    FAIL() << "flash3 on an A100 must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("attention = \"flash3\""), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("a100-80g"), std::string::npos) << e.what();
+  }
 }

@@ -6,6 +6,7 @@
 
 #include "plan/validate.hpp"
 
+using namespace exatrain;
 using namespace exatrain::plan;
 
 TEST(Validate, Spearman) {
@@ -15,15 +16,45 @@ TEST(Validate, Spearman) {
   EXPECT_NEAR(spearman({1, 1, 2}, {1, 2, 3}), std::sqrt(3.0) / 2, 1e-12);
 }
 
-TEST(Validate, PublishedRunsWithinTarget) {
-  // The target: MAPE <= 10% over all usable rows, no source above 20%.
-  // The vendored copy (bench/validation/README.md): the target is enforced in every checkout.
+TEST(Validate, PublishedRunsHeldOutBySourceWithinTarget) {
+  // The guard of the planner is OUT OF SAMPLE: each source predicted with the constants fitted on
+  // the other sources (leave-one-source-out). Thresholds: the figures of this model with a margin
+  // (docs/planner.md "Validation": held out 8.7% overall, worst source 10.2%, rho 0.88, memory
+  // 5.8%); the goals are 8% / 15% / 0.85 / 15%. The vendored copy
+  // (bench/validation/README.md) makes this run in every checkout.
   std::string csv = std::string(EXATRAIN_SOURCE_DIR) + "/bench/validation/published_runs.csv";
   ASSERT_TRUE(std::filesystem::exists(csv)) << csv << " is missing";
   ValidationReport rep = validate_runs(csv);
   EXPECT_GE(rep.results.size(), 250u);
-  EXPECT_LE(rep.mape_pct, 10.0) << format_report(rep, false);
-  for (const auto& s : rep.sources) EXPECT_LE(s.mape_pct, 20.0) << s.source;
+  EXPECT_LE(rep.held_out_mape_pct, 9.5) << format_report(rep, false);
+  EXPECT_LE(rep.worst_held_out_pct, 12.0) << format_report(rep, false);
+  EXPECT_GE(rep.held_out_rho, 0.85) << format_report(rep, false);
+  EXPECT_LE(rep.memory_held_out.mape_pct, 8.0) << format_report(rep, false);
+  for (const auto& s : rep.sources) EXPECT_LE(s.held_out_mape_pct, 12.0) << s.source;
+  // The shipped constants are the all-data fit (nothing tuned by hand): within 2%.
+  for (const std::string& c : rep.fitted)
+    EXPECT_NEAR(default_calibration().get(c) / rep.all_data_fit.get(c), 1.0, 0.02) << c;
+}
+
+TEST(Validate, FrameworkBehaviourComesFromTheSourceAndNotes) {
+  std::string csv = std::string(EXATRAIN_SOURCE_DIR) + "/bench/validation/published_runs.csv";
+  std::vector<CsvRow> rows = read_csv(csv);
+  int rowwise = 0, op = 0, triton = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    RunCase rc = case_from_row(rows[i], int(i) + 1);
+    if (rc.skip_reason.find("float8 rowwise") == 0) ++rowwise;
+    if (!rc.skip_reason.empty()) continue;
+    if (rc.source == "bigscience-workshop/bigscience") {
+      EXPECT_EQ(rc.plan.attention, Attention::unfused) << i + 1;
+      EXPECT_FALSE(rc.plan.overlap_grad_reduce) << i + 1;  // DeepSpeed's engine reduces after the schedule
+      EXPECT_FALSE(rc.plan.pp_scatter_gather) << i + 1;
+    }
+    if (rc.source == "pytorch/torchtitan" && rc.plan.recompute == Recompute::op) ++op;
+    if (rc.source == "mosaicml/llm-foundry" && rc.plan.attention == Attention::flash1) ++triton;
+  }
+  EXPECT_EQ(rowwise, 4);  // refused with the reason: no rowwise fp8 GEMM rate in the catalog
+  EXPECT_EQ(op, 12);      // torchtitan's "selective" is its op-level policy
+  EXPECT_EQ(triton, 80);  // llm-foundry's older benchmark script: Triton attention, PURE precision
 }
 
 TEST(Validate, MissingCellsAreSkippedNotGuessed) {

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Three measured steps of a cluster -> the rest of that cluster's runs.
+
+For each cluster of the published runs (one source on one device, >= 6 usable rows) and each of
+--draws random triples of its rows (seeded): `exatrain calibrate` the triple (device constants;
+automatic choice), then predict the cluster's OTHER rows with that calibration and report the
+MAPE on them. The study starts from the constants fitted WITHOUT the cluster's source (its
+leave-one-source-out fold, from `exatrain validate --json`), so nothing of the cluster was seen
+before its three steps. Printed: per cluster the MAPE on the rest before calibrating (the fold's
+constants) and after (median, quartiles over the draws).
+
+usage: /usr/bin/python3 bench/validation/calibration_study.py build/exatrain [CSV] [--draws 20]
+"""
+import csv, json, os, random, re, statistics, subprocess, sys, tempfile
+
+exe = sys.argv[1]
+root = os.path.dirname(os.path.abspath(__file__))
+draws = int(sys.argv[sys.argv.index("--draws") + 1]) if "--draws" in sys.argv else 20
+FIT = ["--fit", sys.argv[sys.argv.index("--fit") + 1]] if "--fit" in sys.argv else []
+args = [a for i, a in enumerate(sys.argv[2:], 2) if not a.startswith("--") and sys.argv[i - 1] not in ("--draws", "--fit")]
+src_csv = args[0] if args else os.path.join(root, "published_runs.csv")
+
+rows = list(csv.reader(open(src_csv)))
+header, body = rows[0], rows[1:]
+rep = json.loads(subprocess.run([exe, "validate", src_csv, "--json"], capture_output=True, text=True, check=True).stdout)
+fold = {s["source"]: s["held_out_constants"] for s in rep["sources"]}
+clusters = {}
+for r in rep["rows"]:
+    clusters.setdefault((r["source"], r["device"]), []).append(r["row"])
+
+tmp = tempfile.mkdtemp()
+def write(name, idx):
+    path = os.path.join(tmp, name)
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows([header] + [body[i - 1] for i in idx])
+    return path
+
+def cal_args(source):
+    # "a100.sustained=0.85 hopper.sustained=0.67 fp8_relative=0.98 ... (others ...)" -> --cal k=v
+    return [f"--cal={m}" for m in re.findall(r"(\S+=[0-9.eE+-]+)", fold[source])]
+
+def mape_on(path, extra):
+    out = subprocess.run([exe, "validate", path, "--in-sample", "--json"] + extra, capture_output=True, text=True, check=True).stdout
+    errs = [abs(r["error"]) for r in json.loads(out)["rows"]]
+    return 100 * sum(errs) / len(errs)
+
+print(f"{'cluster':<46} {'rows':>4} {'before%':>8} {'after: median%':>15} {'q1..q3%':>14}  constants fitted (share of draws)")
+for (source, device), idx in sorted(clusters.items()):
+    if len(idx) < 6:
+        continue
+    rng = random.Random(f"{source} {device}")
+    base = cal_args(source)
+    before, after, chosen = [], [], {}
+    for _ in range(draws):
+        three = sorted(rng.sample(idx, 3))
+        rest = [i for i in idx if i not in three]
+        rest_csv = write("rest.csv", rest)
+        before.append(mape_on(rest_csv, base))
+        cal = os.path.join(tmp, "cal.toml")
+        out = subprocess.run([exe, "calibrate", write("three.csv", three), "--out", cal] + base + FIT,
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            after.append(float("nan"))
+            chosen["refused"] = chosen.get("refused", 0) + 1
+            continue
+        names = tuple(sorted(m.group(1) for m in re.finditer(r"^(\w+) = ", open(cal).read().split("[device.")[1], re.M)))
+        chosen[names] = chosen.get(names, 0) + 1
+        after.append(mape_on(rest_csv, base + ["--calibration", cal]))
+    ok = [a for a in after if a == a]
+    q = statistics.quantiles(ok, n=4) if len(ok) >= 2 else [ok[0]] * 3
+    share = ", ".join(f"{'+'.join(k) if isinstance(k, tuple) else k} {v}/{draws}" for k, v in chosen.items())
+    print(f"{source[:30] + ' ' + device:<46} {len(idx):>4} {statistics.median(before):>8.1f} {statistics.median(ok):>15.1f} "
+          f"{q[0]:>6.1f}..{q[2]:<6.1f}  {share}", flush=True)

@@ -1,0 +1,187 @@
+#include "plan/calibrate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "catalog/device.hpp"
+#include "core/check.hpp"
+#include "core/fileio.hpp"
+#include "core/toml.hpp"
+#include "plan/validate.hpp"
+
+namespace exatrain::plan {
+
+namespace {
+
+const std::vector<std::string>& short_names() {
+  static const std::vector<std::string> names = {"sustained", "network", "bw_efficiency"};
+  return names;
+}
+
+std::vector<std::string> qualified(const std::string& device, const std::vector<std::string>& names) {
+  std::vector<std::string> out;
+  for (const auto& n : names) out.push_back(device + "." + n);
+  return out;
+}
+
+// Automatic choice: sustained, then network and bw_efficiency while the runs determine them and
+// outnumber them (leave-one-out needs a run left over).
+std::vector<std::string> choose(const std::vector<MeasuredRun>& runs, const Calibration& base, const std::string& device,
+                                std::string& why) {
+  std::vector<std::string> chosen = {"sustained"};
+  for (const char* extra : {"network", "bw_efficiency"}) {
+    std::vector<std::string> trial = chosen;
+    trial.push_back(extra);
+    if (runs.size() < trial.size() + 1) {
+      why += fmt::format("{} not fitted: {} runs (fitting {} constants needs {}); ", extra, runs.size(), trial.size(),
+                         trial.size() + 1);
+      continue;
+    }
+    const std::string reason = undetermined(runs, base, qualified(device, trial));
+    if (reason.empty()) chosen = trial;
+    else why += fmt::format("{} not fitted: {}; ", extra, reason);
+  }
+  if (!why.empty()) why.erase(why.size() - 2);
+  return chosen;
+}
+
+}  // namespace
+
+CalibrateResult calibrate(std::vector<MeasuredRun> runs, const Calibration& base, const std::vector<std::string>& fit) {
+  EXA_CHECK(!runs.empty(), "no measured runs to calibrate from");
+  std::set<std::string> devices;
+  for (const MeasuredRun& r : runs) devices.insert(r.machine.device);
+  if (devices.size() > 1)
+    throw Error(fmt::format("the runs ran on {} devices ({}): a calibration describes one machine; calibrate each "
+                            "device's runs separately", devices.size(), fmt::join(devices, ", ")));
+  for (MeasuredRun& r : runs) r.group = r.label;  // every run weighs the same
+  CalibrateResult out;
+  out.device = *devices.begin();
+  for (const auto& n : fit)
+    if (std::find(short_names().begin(), short_names().end(), n) == short_names().end())
+      throw Error(fmt::format("--fit {}: not a machine constant; expected some of {}", n, fmt::join(short_names(), ", ")));
+  std::vector<std::string> names = fit;
+  if (names.empty()) {
+    names = choose(runs, base, out.device, out.choice);
+  } else if (const std::string reason = undetermined(runs, base, qualified(out.device, names)); !reason.empty()) {
+    throw Error(fmt::format("cannot calibrate {} from these runs: {}", fmt::join(qualified(out.device, names), ", "), reason));
+  }
+  if (fit.empty() && names.size() == 1)
+    if (const std::string reason = undetermined(runs, base, qualified(out.device, names)); !reason.empty())
+      throw Error(fmt::format("cannot calibrate {} from these runs: {}", out.device + ".sustained", reason));
+  out.constants = qualified(out.device, names);
+  out.before = predict_runs(runs, base);
+  out.before_mape_pct = mape_pct(runs, out.before);
+  const FitResult all = fit_constants(runs, base, out.constants);
+  out.cal = all.cal, out.fitted = all.predicted, out.fit_mape_pct = mape_pct(runs, all.predicted);
+  if (runs.size() >= 2) {
+    // Leave-one-out: each run predicted by the constants fitted on the others (sustained alone
+    // where the others cannot determine the rest).
+    out.left_out.resize(runs.size());
+    for (size_t i = 0; i < runs.size(); ++i) {
+      std::vector<MeasuredRun> rest = runs;
+      rest.erase(rest.begin() + long(i));
+      std::vector<std::string> c = out.constants;
+      if (!undetermined(rest, base, c).empty()) c = {out.device + ".sustained"};
+      const Calibration fold = undetermined(rest, base, c).empty() ? fit_constants(rest, base, c).cal : base;
+      out.left_out[i] = predict_runs({runs[i]}, fold)[0];
+    }
+    out.loo_mape_pct = mape_pct(runs, out.left_out);
+  }
+  return out;
+}
+
+std::string calibration_toml(const CalibrateResult& r, const std::vector<MeasuredRun>& runs) {
+  std::time_t t = std::time(nullptr);
+  char when[32];
+  std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  std::string s = fmt::format("# The constants of {} fitted to {} measured step{} by `exatrain calibrate` ({}).\n"
+                              "# Use: exatrain predict|plan|validate ... --calibration THIS_FILE (docs/planner.md).\n",
+                              r.device, runs.size(), runs.size() == 1 ? "" : "s", when);
+  toml::array inputs;
+  for (const MeasuredRun& m : runs) inputs.push_back(toml::value(m.label));
+  s += fmt::format("[calibration]\ndevice = {}\nruns = {}\nshipped_mape_pct = {:.3f}\nfit_mape_pct = {:.3f}\n",
+                   toml_text(toml::value(r.device)), runs.size(), r.before_mape_pct, r.fit_mape_pct);
+  if (r.loo_mape_pct >= 0) s += fmt::format("leave_one_out_mape_pct = {:.3f}\n", r.loo_mape_pct);
+  s += fmt::format("inputs = {}\n", toml_text(toml::value(inputs)));
+  s += fmt::format("\n[device.{}]\n", r.device);
+  for (const std::string& c : r.constants)
+    s += fmt::format("{} = {:.6g}\n", c.substr(c.rfind('.') + 1), r.cal.get(c));
+  return s;
+}
+
+namespace {
+toml::value read_calibration(const std::string& path) {
+  EXA_CHECK(std::filesystem::is_regular_file(path), "calibration file {} not found (write one with `exatrain "
+            "calibrate RUN... --out {}`)", path, path);
+  return parse_toml(read_file_bytes(path, uint64_t(1) << 20), path);
+}
+}  // namespace
+
+std::vector<std::string> calibration_devices(const std::string& path) {
+  const toml::value root = read_calibration(path);
+  std::vector<std::string> out;
+  if (root.contains("device") && root.at("device").is_table())
+    for (const auto& [name, t] : root.at("device").as_table()) out.push_back(name);
+  return out;
+}
+
+Calibration load_calibration(const std::string& path, const Calibration& base) {
+  const toml::value root = read_calibration(path);
+  Calibration cal = base;
+  for (const auto& [section, t] : root.as_table()) {
+    if (section == "calibration") continue;
+    if (section != "device" || !t.is_table())
+      throw Error(fmt::format("{}: unexpected [{}]; a calibration file has [calibration] and [device.NAME] tables", path,
+                              section));
+    for (const auto& [device, consts] : t.as_table()) {
+      if (!consts.is_table()) throw Error(fmt::format("{}: [device.{}] must be a table", path, device));
+      for (const auto& [key, v] : consts.as_table()) {
+        if (std::find(short_names().begin(), short_names().end(), key) == short_names().end())
+          throw Error(fmt::format("{}: [device.{}] {}: not a machine constant; expected some of {}", path, device, key,
+                                  fmt::join(short_names(), ", ")));
+        if (!v.is_floating() && !v.is_integer())
+          throw Error(fmt::format("{}: [device.{}] {} = {}: expected a number", path, device, key, toml::format(v)));
+        try {
+          cal.set(device + "." + key, v.is_floating() ? v.as_floating() : double(v.as_integer()));
+        } catch (const Error& e) {
+          throw Error(fmt::format("{}: [device.{}] {}: {}", path, device, key, e.what()));
+        }
+      }
+    }
+  }
+  return cal;
+}
+
+void check_calibration_device(const std::string& path, const std::string& device) {
+  const std::vector<std::string> devices = calibration_devices(path);
+  if (devices.empty()) return;
+  const Device& d = find_device(device);
+  for (const auto& n : devices)
+    if (n == d.name || n == d.family) return;
+  throw Error(fmt::format("{} calibrates {}, but this job runs on {}: a calibration describes the machine it was "
+                          "fitted on (calibrate this device's runs, or drop --calibration)",
+                          path, fmt::join(devices, ", "), device));
+}
+
+std::vector<MeasuredRun> measured_runs_from_csv(const std::string& path, std::vector<std::string>& skipped) {
+  std::vector<MeasuredRun> out;
+  const std::vector<CsvRow> rows = read_csv(path);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const RunCase rc = case_from_row(rows[i], int(i) + 1);
+    if (!rc.skip_reason.empty() || rc.memory_only) {
+      skipped.push_back(fmt::format("{} row {}: {}", path, i + 1, rc.memory_only ? "no step time" : rc.skip_reason));
+      continue;
+    }
+    out.push_back({rc.source, fmt::format("{} row {}", path, i + 1), rc.model, rc.machine, rc.plan, rc.measured_step_s});
+  }
+  return out;
+}
+
+}  // namespace exatrain::plan

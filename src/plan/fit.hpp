@@ -1,0 +1,58 @@
+// Fitting the time model's few constants to measured steps: the one fitter behind `exatrain
+// validate` (the shipped fit and its leave-one-source-out check) and `exatrain calibrate` (the
+// constants of a user's own machine from its runs). Pure: predictions only.
+//
+// The objective is the mean over groups of each group's mean absolute percentage error of the
+// step time, so that each group (a published source; one run of a user's) weighs the same however
+// many rows it has. The search is coordinate descent with golden-section line searches in log
+// space, within each constant's bounds, from a given start: deterministic and derivative-free
+// (the model has max() terms).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "job/job.hpp"
+#include "plan/plan.hpp"
+#include "plan/predict.hpp"
+
+namespace exatrain::plan {
+
+// One measured step as the planner sees it.
+struct MeasuredRun {
+  std::string group;  // the unit the objective weighs equally: a source, or one run
+  std::string label;  // for messages: "row 12", a run directory
+  ModelSpec model;
+  MachineSpec machine;
+  Plan plan;          // valid (plan_error empty)
+  double step_s = 0;  // measured seconds per step
+};
+
+// The runs' predicted step times with `cal`.
+std::vector<double> predict_runs(const std::vector<MeasuredRun>& runs, const Calibration& cal);
+// Mean over groups of the group's mean |predicted / measured - 1|, in percent.
+double group_mape_pct(const std::vector<MeasuredRun>& runs, const std::vector<double>& predicted);
+double mape_pct(const std::vector<MeasuredRun>& runs, const std::vector<double>& predicted);
+
+// Bounds of a constant: device fractions in (0.05, 1], network (0.05, 4], times in microseconds
+// in [0.01, 1e4], other global constants within 1/20 and 20 times the start.
+struct Bounds { double lo, hi; };
+Bounds constant_bounds(const std::string& name, double start);
+
+struct FitResult {
+  Calibration cal;                     // start with the fitted constants set
+  std::vector<std::string> constants;  // what was fitted
+  double objective_pct = 0;            // group_mape_pct at the optimum
+  std::vector<double> predicted;       // per run, with cal
+};
+// Minimises group_mape_pct over `constants` (names of Calibration::set) from `start`.
+FitResult fit_constants(const std::vector<MeasuredRun>& runs, const Calibration& start,
+                        const std::vector<std::string>& constants);
+
+// Why these runs cannot determine these constants, or "" when they can: fewer runs than
+// constants; a constant no run's step time depends on; two or more whose effects on these runs
+// cannot be told apart (the columns of d log(step) / d log(constant) over the runs are nearly
+// dependent). Each reason says which constants and what kind of run would separate them.
+std::string undetermined(const std::vector<MeasuredRun>& runs, const Calibration& cal,
+                         const std::vector<std::string>& constants);
+
+}  // namespace exatrain::plan

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# `exatrain calibrate` end to end: three published runs of one cluster in, a calibration file out
+# that `predict --calibration` and `validate --calibration` read; bad inputs refused with a clear
+# message. Checks the structure, never a fitted value.
+set -euo pipefail
+EXE=$1
+WORK=$2
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK"
+CSV=$ROOT/bench/validation/published_runs.csv
+# The header and three MosaicML A100-80GB rows.
+# (awk, not `grep | head`: under pipefail a writer cut off by its reader's exit fails the script.)
+rows() { awk -v n="$1" -v pat="$2" 'NR == 1 || ($0 ~ pat && /amp_bf16/ && k++ < n)' "$CSV"; }
+rows 3 'A100-80GB \\(1600 Gbps' > three.csv
+"$EXE" calibrate three.csv --out cal.toml > out.txt
+grep -q '^\[device.a100-80g\]' cal.toml
+grep -q '^sustained = ' cal.toml
+grep -q '^leave_one_out_mape_pct = ' cal.toml
+grep -q 'MAPE over 3 runs: shipped' out.txt
+# predict and validate take it; a job on another device refuses it.
+cat > a100.toml <<'JOB'
+[model]
+preset = "gpt3-1.3b"
+[machine]
+preset = "selene"
+[parallel]
+gpus = 8
+tp = 1
+pp = 1
+zero = 1
+micro_batch = 4
+global_batch = 64
+recompute = "none"
+[train]
+precision = "bf16"
+JOB
+"$EXE" predict a100.toml --calibration cal.toml > predict.txt
+grep -q '^step ' predict.txt
+"$EXE" validate --in-sample --calibration cal.toml > validate.txt
+grep -q '^held_out_mape_pct=- ' validate.txt
+sed 's/selene/eos/' a100.toml > h100.toml
+if "$EXE" predict h100.toml --calibration cal.toml 2> err.txt; then echo "another device's calibration accepted"; exit 1; fi
+grep -q 'calibrates a100-80g, but this job runs on h100-sxm' err.txt
+# Runs of two devices, and an input that is neither a run nor a CSV.
+{ rows 2 'A100-80GB \\(1600 Gbps'; awk '/H100-80GB/ && k++ < 1' "$CSV"; } > mixed.csv
+if "$EXE" calibrate mixed.csv --out x.toml 2> err.txt; then echo "mixed devices accepted"; exit 1; fi
+grep -q 'ran on 2 devices' err.txt
+if "$EXE" calibrate no-such-run --out x.toml 2> err.txt; then echo "missing input accepted"; exit 1; fi
+grep -q 'no-such-run: neither a run directory' err.txt
+# An explicit --fit the runs cannot determine.
+rows 1 'A100-80GB \\(1600 Gbps' > one.csv
+if "$EXE" calibrate one.csv --fit sustained,network,bw_efficiency --out x.toml 2> err.txt; then echo "undetermined fit accepted"; exit 1; fi
+grep -q '1 run cannot determine 3 constants' err.txt
+echo "calibrate end to end: OK"

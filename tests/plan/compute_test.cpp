@@ -1,0 +1,131 @@
+// The compute model (plan/compute.hpp): the GEMM tile model against hand-computed waves and fills,
+// the roofline bound, attention's executed FLOPs by kernel, counted element-wise and fp8 bytes, and
+// what each recomputation mode re-executes.
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+#include "catalog/device.hpp"
+#include "plan/compute.hpp"
+#include "plan/flops.hpp"
+#include "plan/predict.hpp"
+
+using namespace exatrain;
+using namespace exatrain::plan;
+
+namespace {
+ModelSpec llama_like() {
+  ModelSpec m;
+  m.layers = 32, m.hidden = 4096, m.heads = 32, m.kv_heads = 8, m.ffn_hidden = 14336, m.seq_len = 8192;
+  m.vocab = 128256, m.activation = Activation::swiglu, m.norm = Norm::rmsnorm, m.position = Position::rope;
+  m.bias = false, m.tie_embeddings = false;
+  return m;
+}
+Plan one_gpu(int64_t micro_batch = 1) {
+  Plan p;
+  p.micro_batch = micro_batch, p.global_batch = micro_batch, p.precision = Precision::bf16;
+  return p;
+}
+}  // namespace
+
+TEST(Compute, TileModelIsOneAtTheMeasuredShapeAndCountsWavesAndFills) {
+  const Device& a100 = find_device("a100-80g");
+  const Calibration& c = default_calibration();
+  EXPECT_DOUBLE_EQ(gemm_shape_efficiency(a100, {a100.gemm_best_m, a100.gemm_best_n, a100.gemm_best_k}, c), 1.0);
+  // 1024 x 1024 x 8192: 8 x 4 = 32 tiles of 128 x 256 on 108 SMs: 0.296 waves, W / (W + 1/2) of
+  // the units busy; full tiles; K / (K + 64).
+  const double waves = 32.0 / 108;
+  const double expect = (waves / (waves + 0.5) * 8192 / (8192 + 64)) /
+                        (54.0 * 64 / 108 / (54.0 * 64 / 108 + 0.5) * 2048 / (2048 + 64));
+  EXPECT_NEAR(gemm_shape_efficiency(a100, {1024, 1024, 8192}, c), expect, 1e-12);
+  // A ragged M: 1100 rows fill 9 tiles of 128 at 1100 / 1152.
+  const double ragged = gemm_shape_efficiency(a100, {1100, 2048, 2048}, c) /
+                        gemm_shape_efficiency(a100, {1152, 2048, 2048}, c);
+  const double w1100 = 9.0 * 8 / 108, w1152 = 9.0 * 8 / 108;
+  EXPECT_NEAR(ragged, 1100.0 / 1152 * (w1100 / (w1100 + 0.5)) / (w1152 / (w1152 + 0.5)), 1e-12);
+}
+
+TEST(Compute, GemmTimeIsTheRooflineOfFlopsAndBytes) {
+  const Device& h100 = find_device("h100-sxm");
+  const Calibration& c = default_calibration();
+  const Gemm big{8192, 8192, 8192};
+  const double rate = h100.peak_tflops(Precision::bf16) * 1e12 * h100.gemm_efficiency * h100.sustained *
+                      gemm_shape_efficiency(h100, big, c);
+  EXPECT_NEAR(gemm_seconds(h100, Precision::bf16, big, c), 2.0 * 8192 * 8192 * 8192 / rate, 1e-15);
+  // A batched 4096 x 4096 x 64 (attention scores): 256 FLOPs per 2-byte output: memory bound.
+  const Gemm scores{4096, 4096, 64, 32};
+  const double bytes = 32 * 2.0 * (4096.0 * 64 * 2 + 4096.0 * 4096);
+  EXPECT_NEAR(gemm_seconds(h100, Precision::bf16, scores, c), bytes / (h100.hbm_bw_gbs * 1e9 * h100.bw_efficiency),
+              1e-15);
+  // fp8 runs at the fp8 peak, fp8_relative of the 16-bit fraction.
+  const double fp8 = gemm_seconds(h100, Precision::fp8, big, c);
+  EXPECT_NEAR(gemm_seconds(h100, Precision::bf16, big, c) / fp8, 2 * c.fp8_relative, 1e-3);
+}
+
+TEST(Compute, CausalShareAndAttentionKernels) {
+  EXPECT_DOUBLE_EQ(causal_share(2048), (2048.0 + 128) / 4096);
+  EXPECT_DOUBLE_EQ(causal_share(64), 1.0);  // one block: the whole square
+  const ModelSpec m = llama_like();
+  const Device& h100 = find_device("h100-sxm");
+  const Calibration& c = default_calibration();
+  Plan p = one_gpu();
+  p.attention = Attention::flash2;
+  const double fa2 = layer_time(m, p, h100, c).attention;
+  p.attention = Attention::flash3;
+  const double fa3 = layer_time(m, p, h100, c).attention;
+  EXPECT_NEAR(fa2 / fa3, *h100.flash3_efficiency / *h100.flash2_efficiency, 1e-9);
+  // Executed FLOPs: causal share of 4 s h per token forward, 2.5 times that backward, at the
+  // kernel's figure (32 heads x 64 query blocks on 132 SMs: 15.5 waves).
+  const double flops = 3.5 * layer_attention_flops_per_token(m) * causal_share(8192) * 8192;
+  const double waves = 32.0 * 64 / 132;
+  const double rate = 989.4e12 * *h100.flash3_efficiency * c.attention_relative * h100.sustained * waves / (waves + 0.5);
+  EXPECT_NEAR(fa3, flops / rate, 1e-12 * fa3);
+  EXPECT_EQ(kernel_problem(p, find_device("a100-80g")).find("[train] attention = \"flash3\""), 0u);
+  EXPECT_EQ(kernel_problem(p, h100), "");
+}
+
+TEST(Compute, RecomputationReexecutesWhatEachModeDrops) {
+  const ModelSpec m = llama_like();
+  const Device& h100 = find_device("h100-sxm");
+  const Calibration& c = default_calibration();
+  Plan p = one_gpu(2);
+  p.recompute = Recompute::none;
+  const LayerTime none = layer_time(m, p, h100, c);
+  EXPECT_EQ(none.recompute, 0);
+  p.recompute = Recompute::full;
+  EXPECT_NEAR(layer_time(m, p, h100, c).recompute, none.fwd, 1e-15);
+  p.recompute = Recompute::selective;
+  EXPECT_NEAR(layer_time(m, p, h100, c).recompute, none.attention_fwd, 1e-15);
+  // torchtitan's op-level policy recomputes k, o and up of q, k, v, o, gate, up, down: their
+  // FLOPs are (h kv + h h + h f) / (h (h + 2 kv) + h h + 3 h f) of the forward GEMMs (up to the
+  // tile model's small differences between GEMMs of one layer).
+  p.recompute = Recompute::op;
+  const LayerTime op = layer_time(m, p, h100, c);
+  const double h = 4096, kv = 1024, f = 14336;
+  const double share = (h * kv + h * h + h * f) / (h * (h + 2 * kv) + h * h + 3 * h * f);
+  EXPECT_GT(op.recompute, share * none.linear_fwd);
+  EXPECT_LT(op.recompute, share * none.linear_fwd * 1.1 + (none.fwd - none.linear_fwd - none.attention_fwd));
+}
+
+TEST(Compute, FusedKernelsAndFp8CastsAreCountedBytes) {
+  const ModelSpec m = llama_like();
+  const Device& h100 = find_device("h100-sxm");
+  const Calibration& c = default_calibration();
+  Plan p = one_gpu();
+  const double bw = h100.hbm_bw_gbs * 1e9 * h100.bw_efficiency, t = 8192, h = 4096, f = 14336, kv = 1024;
+  p.fused_kernels = true;
+  // Fused, no dropout, SwiGLU, RoPE: norms 4h + residuals 4h replicated; 3f + (h + kv) split; x3
+  // for forward + backward (2x).
+  EXPECT_NEAR(layer_time(m, p, h100, c).elementwise, 3 * 2 * t * (8 * h + 3 * f + (h + kv)) / bw, 1e-12);
+  p.fused_kernels = false;
+  EXPECT_NEAR(layer_time(m, p, h100, c).elementwise, 3 * 2 * t * (10 * h + 5 * f + 2 * (h + kv)) / bw, 1e-12);
+  // fp8: TE's delayed scaling with fused modules writes 1 byte per input element and 4 per
+  // output-gradient element of each linear layer.
+  p.precision = Precision::fp8;
+  p.fused_kernels = true;
+  p.fp8_recipe = Fp8Recipe::delayed;
+  const double k_sum = h + h + h + f, n_sum = (h + 2 * kv) + h + 2 * f + h;
+  EXPECT_NEAR(layer_time(m, p, h100, c).casts, 2 * t * (k_sum + 4 * n_sum) / bw, 1e-12);
+  p.fp8_recipe = Fp8Recipe::tensorwise;
+  EXPECT_GT(layer_time(m, p, h100, c).casts, 2 * t * (2 * k_sum + 3 * n_sum) / bw);
+}
