@@ -17,7 +17,7 @@ seconds to the target = steps to it x that median s/step.
 Usage: bench/optim/run_study.py [--build build] [--out bench/optim/results] [--quick]
   --quick: AdamW, SOAP and K-FAC, 2 lrs, 1 extra seed, 30 steps: checks the pipeline in minutes.
 The full study (9 optimizers x 4 lrs + 2 seeds x 9, 400 steps at dp 2, then the timing) is sized
-for about two hours on 2 cores.
+for about two hours on 2 quiet cores (it took about four with other work beside it).
 """
 import argparse
 import json
