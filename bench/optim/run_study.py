@@ -182,7 +182,7 @@ def sweep(a, o, grid, seed, extend):
     grid = sorted(grid)
     print(f"{o}: lr sweep {grid}")
     finals = {}
-    for _ in range(3):
+    for attempt in range(3):
         for lr in grid:
             if lr not in finals:
                 curve = summary(run(a, o, lr, seed))[0]
@@ -190,6 +190,9 @@ def sweep(a, o, grid, seed, extend):
         best = min(finals, key=finals.get)
         lrs = sorted(finals)
         if not extend or lrs[0] < best < lrs[-1]:
+            break
+        if attempt == 2:
+            print(f"  {o}: best lr {best:g} is still at the end of the grid (not bracketed)")
             break
         nxt = float(f"{best * (lrs[-1] / lrs[-2]):.3g}") if best == lrs[-1] else float(f"{best / (lrs[1] / lrs[0]):.3g}")
         print(f"  {o}: best lr {best:g} is at the end of the grid: adding {nxt:g}")
