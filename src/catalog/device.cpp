@@ -102,7 +102,7 @@ std::vector<Device> read_devices() {
     for (const auto& [name, t] : prof.as_table()) {
       if (name == "profile" || name == "machine") continue;
       Device d = device_from_table(name, t, *profile);
-      auto it = std::find_if(devices.begin(), devices.end(), [&](const Device& x) { return x.name == name; });
+      auto it = std::find_if(devices.begin(), devices.end(), [&](const Device& x) { return x.name == d.name; });
       if (it != devices.end()) *it = d;
       else devices.push_back(d);
     }
