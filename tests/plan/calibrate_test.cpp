@@ -7,34 +7,16 @@
 
 #include "core/check.hpp"
 #include "core/fileio.hpp"
-#include "job/parse.hpp"
 #include "plan/calibrate.hpp"
+#include "../test_util/measured_run.hpp"
 
 using namespace exatrain;
 using namespace exatrain::plan;
 
 namespace {
+// Megatron-style runs on Eos (h100-sxm), global batch 8 per GPU.
 MeasuredRun run(const std::string& preset, const std::string& cluster, int64_t gpus, int64_t tp, int64_t mb) {
-  const Job job = parse_job(fmt::format(R"([model]
-preset = "{}"
-[machine]
-preset = "{}"
-[parallel]
-gpus = {}
-tp = {}
-pp = 1
-zero = 1
-micro_batch = {}
-global_batch = {}
-recompute = "none"
-seq_parallel = {}
-[train]
-precision = "bf16"
-)", preset, cluster, gpus, tp, mb, 8 * gpus, tp > 1 ? "true" : "false"), "run.toml");
-  MeasuredRun r;
-  r.group = r.label = fmt::format("{} {} gpus", preset, gpus);
-  r.model = job.model, r.machine = job.machine, r.plan = resolve_plan(job);
-  return r;
+  return test::measured_run(preset, cluster, gpus, tp, mb, 8 * gpus);
 }
 std::vector<MeasuredRun> measured(const Calibration& truth) {
   std::vector<MeasuredRun> rs = {run("gpt3-1.3b", "eos", 8, 1, 4), run("gpt3-6.7b", "eos", 64, 8, 2),

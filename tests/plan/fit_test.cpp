@@ -6,8 +6,8 @@
 #include <gtest/gtest.h>
 
 #include "catalog/device.hpp"
-#include "job/parse.hpp"
 #include "plan/fit.hpp"
+#include "../test_util/measured_run.hpp"
 
 using namespace exatrain;
 using namespace exatrain::plan;
@@ -15,26 +15,7 @@ using namespace exatrain::plan;
 namespace {
 // GPT-3 style runs on Selene (a100-80g) that differ in size, tp and node count.
 MeasuredRun run(const std::string& preset, int64_t gpus, int64_t tp, int64_t micro_batch, int64_t global_batch) {
-  const Job job = parse_job(fmt::format(R"([model]
-preset = "{}"
-[machine]
-preset = "selene"
-[parallel]
-gpus = {}
-tp = {}
-pp = 1
-zero = 1
-micro_batch = {}
-global_batch = {}
-recompute = "none"
-seq_parallel = {}
-[train]
-precision = "bf16"
-)", preset, gpus, tp, micro_batch, global_batch, tp > 1 ? "true" : "false"), "run.toml");
-  MeasuredRun r;
-  r.group = r.label = fmt::format("{} on {} gpus tp {}", preset, gpus, tp);
-  r.model = job.model, r.machine = job.machine, r.plan = resolve_plan(job);
-  return r;
+  return test::measured_run(preset, "selene", gpus, tp, micro_batch, global_batch);
 }
 std::vector<MeasuredRun> runs() {
   return {run("gpt3-1.3b", 8, 1, 8, 64), run("gpt3-6.7b", 64, 8, 4, 256), run("gpt3-13b", 256, 8, 2, 512),
