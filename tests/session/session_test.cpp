@@ -250,11 +250,11 @@ TEST(Session, SampleIsSeededGreedyIsTopOneAndOptionsAreChecked) {
 
 TEST(Session, TrainerChecksAreReportedWithTheFilesProblems) {
   std::string e = error_of([&] {
-    parse_job("[model]\nhiden = 3\n[train]\nprecision = \"bf16\"\nsteps = 0\n", "both.toml", {}, check_training_job);
+    parse_job("[model]\nhiden = 3\n[train]\nprecision = \"fp8\"\nsteps = 0\n", "both.toml", {}, check_training_job);
   });
   EXPECT_TRUE(has(e, "3 problems in job both.toml")) << e;
   EXPECT_TRUE(has(e, "unknown key \"hiden\"")) << e;
-  EXPECT_TRUE(has(e, "[train] precision = \"bf16\": the CPU backend trains in \"fp32\" only")) << e;
+  EXPECT_TRUE(has(e, "[train] precision = \"fp8\": this trainer trains in \"fp32\" or \"bf16\"")) << e;
   EXPECT_TRUE(has(e, "[train] steps = 0: expected at least 1")) << e;
   // A value that came from --set is named by its --set, the file's own by the file.
   e = error_of([&] {
@@ -268,10 +268,10 @@ TEST(Session, BadJobsAreRejectedUpFront) {
   std::string run = fresh("bad");
   std::string e = error_of([&] { run_training(tiny_job(run, {"model.vocab=100"}), quiet()); });
   EXPECT_TRUE(has(e, "[model] vocab = 100 is smaller than the vocabulary of the dataset's tokenizer (256")) << e;
-  e = error_of([&] { run_training(tiny_job(run, {"parallel.gpus=2", "train.precision=bf16"}), quiet()); });
+  e = error_of([&] { run_training(tiny_job(run, {"parallel.gpus=2", "train.precision=fp8"}), quiet()); });
   EXPECT_TRUE(has(e, "2 problems")) << e;
   EXPECT_TRUE(has(e, "[parallel] gpus = 2")) << e;
-  EXPECT_TRUE(has(e, "[train] precision = \"bf16\"")) << e;
+  EXPECT_TRUE(has(e, "[train] precision = \"fp8\"")) << e;
   e = error_of([&] { run_training(tiny_job(run, {"parallel.micro_batch=3"}), quiet()); });
   // The one batch rule of plan/plan.hpp in the trainer's wording (see trainer_test OptionsFromJob).
   EXPECT_TRUE(has(e, "global_batch 4 is not divisible by micro_batch 3 * dp 1 = 3")) << e;
