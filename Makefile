@@ -2,7 +2,7 @@
 # Each installs the missing Debian packages, configures and builds in Release, then runs.
 BUILD ?= build
 JOBS  ?= $(shell nproc)
-DEB_PACKAGES := build-essential cmake pkg-config libopenblas-dev liblapacke-dev \
+DEB_PACKAGES := build-essential cmake pkg-config libopenblas-dev liblapacke-dev libdnnl-dev \
   libopenmpi-dev openmpi-bin nlohmann-json3-dev libtoml11-dev libcli11-dev libfmt-dev \
   libgtest-dev libbenchmark-dev libsentencepiece-dev libssl-dev python3 python3-torch python3-numpy xz-utils gzip
 PYTHON := /usr/bin/python3

@@ -10,7 +10,11 @@ T per sequence, wrapping), so both sides train on the same batches in the same o
 --serve: a persistent worker driven round by round over stdin/stdout. After building the model
 it prints `ready`; each line `steps N` runs N steps and prints one line per step and then
 `round_ms=<ms>,<ms>,...`; `quit` (or end of input) exits. Without --serve it runs --steps steps
-after one warm-up step and prints `ms_per_step=<median>`."""
+after one warm-up step and prints `ms_per_step=<median>`.
+
+--bf16: the forward and the loss under torch.autocast("cpu", dtype=torch.bfloat16) (PyTorch's CPU
+mixed precision: linear/matmul in bf16 with fp32 accumulation, layer norm, softmax and the loss in
+fp32, fp32 parameters, gradients and AdamW state), against exatrain's precision = "bf16"."""
 import argparse
 import math
 import statistics
@@ -100,7 +104,8 @@ class Runner:
             x, y = self.data.next_batch(self.a.batch, self.a.seq)
             t0 = time.perf_counter()
             self.opt.zero_grad(set_to_none=True)
-            loss = self.model(x, y)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.a.bf16):
+                loss = self.model(x, y)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
             self.opt.step()
@@ -121,6 +126,7 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--serve", action="store_true")
+    ap.add_argument("--bf16", action="store_true", help="autocast to bfloat16 (CPU mixed precision)")
     a = ap.parse_args()
     r = Runner(a)
     if not a.serve:

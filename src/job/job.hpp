@@ -269,6 +269,11 @@ struct TrainSpec {
   int64_t log_every = 1;
   int64_t threads = 0;          // 0 = all cores
   std::string nan_policy = "stop";  // stop | skip
+  // The dtype of the data-parallel gradient reduction: "fp32" (Megatron's main_grad all-reduce,
+  // FSDP's default reduce_dtype) or "bf16" (each bucket rounded to bf16 for the collective, summed
+  // in fp32 per pair and rounded back, as NCCL's bf16 sum; parallel/compressor.hpp). The gradients
+  // are accumulated in fp32 either way.
+  std::string grad_reduce_dtype = "fp32";
   // The compute backend: "cpu" (OpenBLAS + OpenMP) or "cpu-guarded" (the same with device memory
   // the host cannot touch outside an op: the proof of the device boundary, for tests).
   std::string backend = "cpu";

@@ -626,6 +626,12 @@ void parse_comm_section(Section& s, Job& job, std::vector<std::string>& errors) 
         "\"adamw\" and warmup_steps > 0 with warmup = \"dense\"",
         job_origin(job, {"comm.adam_variance", "train.optimizer", "comm.warmup_steps", "comm.warmup"}), t.optimizer,
         c.warmup_steps, c.warmup == "dense" ? "" : ", warmup = \"" + c.warmup + "\""));
+  // A bf16 reduction is the dense collective in bf16; a compressor sends its own encoding.
+  if (t.grad_reduce_dtype == "bf16" && c.compressor != "none")
+    errors.push_back(fmt::format("{}: [train] grad_reduce_dtype = \"bf16\" with [comm] compressor = \"{}\": the bf16 "
+                                 "reduction is the dense collective in bf16, the compressor sends its own encoding; "
+                                 "expected grad_reduce_dtype = \"fp32\" or compressor = \"none\"",
+                                 job_origin(job, {"train.grad_reduce_dtype", "comm.compressor"}), c.compressor));
   // DGC's momentum correction is the momentum (Lin et al. 2018, section 3.2): the optimizer must be plain SGD.
   if (c.compressor == "dgc" && (t.optimizer != "sgd" || t.sgd.momentum != 0))
     errors.push_back(fmt::format(
@@ -768,6 +774,7 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     s.get_int("log_every", t.log_every, 1, int64_t(1) << 40);
     s.get_int("threads", t.threads, 0, 4096);
     if (int i = s.get_choice("nan_policy", {"stop", "skip"}); i >= 0) t.nan_policy = i == 0 ? "stop" : "skip";
+    if (int i = s.get_choice("grad_reduce_dtype", {"fp32", "bf16"}); i >= 0) t.grad_reduce_dtype = i == 0 ? "fp32" : "bf16";
     if (int i = s.get_choice("backend", {"cpu", "cpu-guarded"}); i >= 0) t.backend = i == 0 ? "cpu" : "cpu-guarded";
     if (int i = s.get_choice("fp8_recipe", {"delayed", "tensorwise", "rowwise"}); i >= 0) t.fp8_recipe = Fp8Recipe(i);
     if (int i = s.get_choice("attention", {"flash2", "flash1", "flash3", "unfused"}); i >= 0) t.attention = Attention(i);
@@ -777,7 +784,7 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     s.report_unknown({"precision", "optimizer", "steps", "seed", "lr", "min_lr", "warmup_steps",
                       "weight_decay", "beta1", "beta2", "eps", "grad_clip", "data", "run_dir",
                       "checkpoint_every", "keep_checkpoints", "eval_every", "eval_batches", "log_every",
-                      "threads", "nan_policy", "backend", "fp8_recipe", "attention"});
+                      "threads", "nan_policy", "grad_reduce_dtype", "backend", "fp8_recipe", "attention"});
     parse_optimizer_section(sections.at("optimizer"), t);
     if (!uses_train_betas(t))
       for (const char* k : {"beta1", "beta2", "eps"})
@@ -911,7 +918,7 @@ std::string job_to_toml(const Job& job) {
          line("run_dir", t.run_dir) + line("checkpoint_every", t.checkpoint_every) +
          line("keep_checkpoints", t.keep_checkpoints) + line("eval_every", t.eval_every) +
          line("eval_batches", t.eval_batches) + line("log_every", t.log_every) + line("threads", t.threads) +
-         line("nan_policy", t.nan_policy) + line("backend", t.backend) + line("fp8_recipe", to_string(t.fp8_recipe)) +
+         line("nan_policy", t.nan_policy) + line("grad_reduce_dtype", t.grad_reduce_dtype) + line("backend", t.backend) + line("fp8_recipe", to_string(t.fp8_recipe)) +
          line("attention", to_string(t.attention));
   if (t.optimizer == "muon")
     out += "\n[optimizer]\n" + line("momentum", t.muon.momentum) + line("nesterov", t.muon.nesterov) +

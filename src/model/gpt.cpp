@@ -62,12 +62,23 @@ Gpt::Gpt(Backend& backend, const GptOptions& options, ParallelHooks* hooks)
   be_.label(params_, "parameter arena");
   be_.label(grads_, "gradient arena");
   mem_.params = mem_.grads = int64_t(sizeof(float)) * layout_.total();
+  EXA_CHECK(opt_.precision != Precision::fp8, "model: fp8 is not a training precision (expected fp32, bf16 or fp16)");
+  mixed_ = opt_.precision != Precision::fp32;
+  if (mixed_) {
+    half_ = opt_.precision == Precision::fp16 ? Half::f16 : Half::bf16;
+    const size_t half_bytes = sizeof(uint16_t) * size_t(layout_.total());
+    params_half_ = static_cast<uint16_t*>(opt_.lazy_params ? be_.alloc_bytes_lazy(half_bytes) : be_.alloc_bytes(half_bytes));
+    be_.label(params_half_, "16-bit parameter copy");
+    mem_.params += int64_t(half_bytes);
+    half_fresh_.assign(layout_.entries().size(), 0);
+  }
   allocate_activations();
 }
 
 Gpt::~Gpt() {
   be_.free_bytes(params_);
   be_.free_bytes(grads_);
+  be_.free_bytes(params_half_);
   for (void* p : owned_) be_.free_bytes(p);
 }
 
@@ -171,6 +182,14 @@ float* Gpt::alloc_act(int64_t n) {
   return p;
 }
 
+uint16_t* Gpt::alloc_half(int64_t n) {
+  auto* p = static_cast<uint16_t*>(be_.alloc_bytes(sizeof(uint16_t) * size_t(n)));  // owned_
+  be_.label(p, "activations (16-bit)");
+  owned_.push_back(p);
+  mem_.activations += int64_t(sizeof(uint16_t)) * n;
+  return p;
+}
+
 std::unique_ptr<Gpt::Acts> Gpt::make_acts(bool own_probs) {
   const int64_t N = B_ * T_, C = C_;
   const bool ln = opt_.model.norm == Norm::layernorm;
@@ -178,18 +197,25 @@ std::unique_ptr<Gpt::Acts> Gpt::make_acts(bool own_probs) {
   const int64_t fc_w = opt_.model.activation == Activation::swiglu ? 2 * F_ : F_;
   auto a = std::make_unique<Acts>();
   const int64_t Ns = Ns_;  // residual-stream rows (sequence parallel: this rank's)
-  a->ln1 = alloc_act(N * C);
+  // Mixed precision keeps the GEMM inputs in 16 bits; their float32 forms share fwd32_.
+  auto kept = [&](float** f32, uint16_t** f16, int64_t n) {
+    if (mixed_)
+      *f32 = fwd32_, *f16 = alloc_half(n);
+    else
+      *f32 = alloc_act(n);
+  };
+  kept(&a->ln1, &a->ln1_h, N * C);
   if (ln) a->ln1_mean = alloc_act(Ns);
   a->ln1_rstd = alloc_act(Ns);
   a->qkv = alloc_act(N * qkv_w);
   a->probs = own_probs ? alloc_act(B_ * Hq_ * T_ * T_) : shared_probs_;
-  a->att = alloc_act(N * Hq_ * D_);
+  kept(&a->att, &a->att_h, N * Hq_ * D_);
   a->mid = alloc_act(Ns * C);
-  a->ln2 = alloc_act(N * C);
+  kept(&a->ln2, &a->ln2_h, N * C);
   if (ln) a->ln2_mean = alloc_act(Ns);
   a->ln2_rstd = alloc_act(Ns);
   a->fc = alloc_act(N * fc_w);
-  a->fc_act = alloc_act(N * F_);
+  kept(&a->fc_act, &a->fc_act_h, N * F_);
   return a;
 }
 
@@ -202,6 +228,11 @@ void Gpt::allocate_activations() {
   // probabilities (one shared buffer, recomputed in backward); full: one shared set, the
   // layer is re-run from its input (the slot's res[l]) in backward.
   const RecomputePolicy rc = recompute_;
+  if (mixed_) {  // the float32 GEMM inputs before rounding, the rounded output gradient
+    const int64_t widest_in = std::max({C, Hq_ * D_, F_});
+    fwd32_ = alloc_act(N * widest_in);
+    dy16_ = alloc_half(N * std::max({C, qkv_w, fc_w, opt_.stage.has_head ? vocab_local_ : 0}));
+  }
   if (rc.layer_keeps_activations() && !rc.layer_keeps_probs())
     shared_probs_ = alloc_act(B_ * Hq_ * T_ * T_);
   if (!rc.layer_keeps_activations() && L_ > 0) {
@@ -219,6 +250,7 @@ void Gpt::allocate_activations() {
     owned_.push_back(s.targets);
     if (opt_.stage.has_head) {
       s.lnf = alloc_act(N * C);
+      if (mixed_) s.lnf_h = alloc_half(N * C);
       if (ln) s.lnf_mean = alloc_act(Ns_);
       s.lnf_rstd = alloc_act(Ns_);
       s.logits = alloc_act(N * vocab_local_);
@@ -264,9 +296,29 @@ void Gpt::init_weights(uint64_t seed) {
       be_.upload(params_ + p.offset + first, host.data(), sizeof(float) * size_t(n));
     }
   }
+  params_changed();
 }
 
 void Gpt::zero_grad() { be_.zero(grads_, sizeof(float) * size_t(layout_.total())); }
+
+void Gpt::params_changed() { std::fill(half_fresh_.begin(), half_fresh_.end(), 0); }
+
+void Gpt::params_changed(int64_t unit) {
+  for (size_t i = 0; i < half_fresh_.size(); i++)
+    if (layout_.entries()[i].unit == unit) half_fresh_[i] = 0;
+}
+
+// The entries inside [offset, offset + n) (a matrix, or the fused q|k|v and gate|up) converted
+// once after each params_changed: one conversion per step, not per GEMM.
+const uint16_t* Gpt::weight_half(int64_t offset, int64_t n) {
+  const std::vector<ParamInfo>& e = layout_.entries();
+  for (size_t i = 0; i < e.size(); i++) {
+    if (half_fresh_[i] || e[i].offset < offset || e[i].offset + e[i].numel > offset + n) continue;
+    be_.f32_to_half(half_, params_half_ + e[i].offset, params_ + e[i].offset, e[i].numel);
+    half_fresh_[i] = 1;
+  }
+  return params_half_ + offset;
+}
 
 const float* Gpt::output(int64_t slot) const {
   return const_cast<Gpt*>(this)->slot_at(slot).res[size_t(L_)];
@@ -321,8 +373,7 @@ float Gpt::forward(const int32_t* tokens, const float* input, const int32_t* tar
   hooks_->before_layer(ParallelHooks::kHead, Pass::forward);
   norm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, s.res[size_t(L_)], off_lnf_w_, off_lnf_b_);
   // logits[N, V] = lnf[N, C] @ W_head[V, C]^T (column-parallel over the vocabulary)
-  be_.gemm(false, true, N, vocab_local_, C, 1.0f, s.lnf, C, params_ + off_head_, C, 0.0f,
-           s.logits, vocab_local_);
+  linear_forward(s.lnf, s.lnf_h, C, off_head_, vocab_local_, s.logits);
   be_.xent_max(s.rowmax, s.logits, N, vocab_local_);
   hooks_->vocab_max_allreduce(s.rowmax, N);
   be_.xent_stats(s.xstats, s.xstats + N, s.logits, s.rowmax, s.targets, vocab_start_, N,
@@ -351,10 +402,7 @@ void Gpt::backward(const float* output_grad, float loss_scale, int64_t slot) {
     be_.xent_backward(s.logits, s.rowmax, s.xstats, s.targets, vocab_start_,
                       loss_scale / float(N), N, vocab_local_);
     // dW_head[V,C] += dlogits^T[V,N] @ lnf[N,C];  dlnf[N,C] = dlogits[N,V] @ W_head[V,C]
-    be_.gemm(true, false, vocab_local_, C, N, 1.0f, s.logits, vocab_local_, s.lnf, C, 1.0f,
-             grads_ + off_head_, C);
-    be_.gemm(false, false, N, C, vocab_local_, 1.0f, s.logits, vocab_local_,
-             params_ + off_head_, C, 0.0f, dln_, C);
+    linear_backward(s.logits, s.lnf, s.lnf_h, C, off_head_, vocab_local_, dln_);
     const float* dlnf = grad_to_local();
     be_.zero(dx, sizeof(float) * size_t(Ns_ * C));
     norm_backward(dx, off_lnf_w_, off_lnf_b_, dlnf, s.res[size_t(L_)], s.lnf_mean, s.lnf_rstd);

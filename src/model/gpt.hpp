@@ -56,6 +56,15 @@ struct GptOptions {
   // calls zero_grad, which would touch the whole arena).
   bool lazy_params = false;
   bool lazy_grads = false;
+  // fp32, or mixed precision (bf16 / fp16; docs/precision.md): the float32 parameter arena stays
+  // the master copy (what the optimizer updates, checkpoints keep and exports write); the model
+  // keeps a 16-bit copy of it (Megatron's bf16 params beside its fp32 main params), converted per
+  // entry on first use after params_changed(), and every linear layer's GEMM (forward, dX, dW)
+  // takes 16-bit operands with float32 accumulation and float32 outputs. The inputs of those GEMMs
+  // that are saved for backward (norm outputs, attention output, activation output) are kept in
+  // 16 bits; dY is rounded to 16 bits before the backward GEMMs. Norms, attention, activations,
+  // embeddings, the loss and the gradients stay float32. fp8 is not a training precision here.
+  Precision precision = Precision::fp32;
 };
 
 // Bytes the model allocated, by kind (for the memory report).
@@ -78,6 +87,11 @@ class Gpt {
   float* grads() { return grads_; }                        // device arena [num_params]
   void init_weights(uint64_t seed);                        // seeded, split-independent
   void zero_grad();
+  // Mixed precision: the float32 arena changed (an optimizer step, a load, a ZeRO-3 gather of
+  // `unit`), so the 16-bit copy of those entries is converted again before its next use. A caller
+  // that writes params() must call it before the next forward (no-op at fp32).
+  void params_changed();
+  void params_changed(int64_t unit);
   // Shows every backward's layer matrices' inputs and output gradients to `o` (null: nobody);
   // model/linear_observer.hpp. K-FAC's factors come from here.
   void set_linear_observer(LinearObserver* o) { observer_ = o; }
@@ -118,6 +132,7 @@ class Gpt {
     int32_t* tokens = nullptr;                 // device [N]
     int32_t* targets = nullptr;                // device [N]
     float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr;  // [N,C], [N], [N]
+    uint16_t* lnf_h = nullptr;                 // mixed precision: lnf in 16 bits [N,C]
     float* logits = nullptr;                   // [N,V]
     float *rowmax = nullptr, *xstats = nullptr;  // [N], [2,N]
   };
@@ -129,7 +144,8 @@ class Gpt {
   void layer_forward(int64_t l, const float* x, float* out, Acts& a);
   void layer_backward(int64_t l, const float* x, const float* dout, float* dx, Acts& a);
   // The observer's call for layout entry `entry` (x [N, in] stride ldx, dy [N, out] stride ldy).
-  void observe(size_t entry, const float* x, int64_t ldx, const float* dy, int64_t ldy);
+  // Mixed precision: x is the kept 16-bit copy x16 (converted for the observer).
+  void observe(size_t entry, const float* x, const uint16_t* x16, int64_t ldx, const float* dy, int64_t ldy);
   Acts& acts_for(Slot& s, int64_t l);
 
   Backend& be_;
@@ -171,6 +187,22 @@ class Gpt {
   const float* grad_to_local();  // reduces dln_ [N,C] over tp; returns [Ns,C]
   std::vector<float> host_stats_;
   ModelMemory mem_;
+  // ---- mixed precision (precision != fp32) ----
+  bool mixed_ = false;
+  Half half_ = Half::bf16;
+  uint16_t* params_half_ = nullptr;  // [num_params]: the 16-bit copy of params_
+  std::vector<char> half_fresh_;     // per layout entry: its 16-bit copy matches params_
+  float* fwd32_ = nullptr;           // [N, max(C, Hq*D, F)] float32 GEMM input before rounding
+  uint16_t* dy16_ = nullptr;         // [N, max(C, QKV, FC, V)] the output gradient, rounded
+  float* obs32_ = nullptr;           // [N, max(C, Hq*D, F)] a kept input for the observer (on first use)
+  uint16_t* alloc_half(int64_t n);
+  const uint16_t* weight_half(int64_t offset, int64_t n);  // the 16-bit copy of params_[offset, +n)
+  // y[N, O] = x[N, I] @ W[O, I]^T (W at parameter offset w). Mixed: x32 is rounded into x16 (the
+  // kept copy) first and the GEMM is 16-bit; fp32: x32 is used as it is.
+  void linear_forward(const float* x32, uint16_t* x16, int64_t I, int64_t w, int64_t O, float* y);
+  // dW[O, I] += dy^T x;  dx[N, I] = dy[N, O] @ W[O, I] (dy with row stride O).
+  void linear_backward(const float* dy, const float* x32, const uint16_t* x16, int64_t I, int64_t w, int64_t O,
+                       float* dx);
 };
 
 }  // namespace exatrain

@@ -32,6 +32,12 @@ struct Gpt::Acts {
   float* ln2_rstd = nullptr;  // [N]
   float* fc = nullptr;        // [N, F] (gelu) or [N, 2F] (swiglu): FC1 output
   float* fc_act = nullptr;    // [N, F] activation output
+  // Mixed precision: the kept GEMM inputs in 16 bits (ln1, att, ln2, fc_act above then point at
+  // one float32 scratch shared by all layers, Gpt::fwd32_, valid only during the forward).
+  uint16_t* ln1_h = nullptr;     // [N, C]
+  uint16_t* att_h = nullptr;     // [N, Hq*D]
+  uint16_t* ln2_h = nullptr;     // [N, C]
+  uint16_t* fc_act_h = nullptr;  // [N, F]
 };
 
 }  // namespace exatrain

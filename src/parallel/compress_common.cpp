@@ -243,6 +243,7 @@ SparsePairs select_topk(Backend& be, Scratch& s, const BucketPlan& plan, const f
 
 std::shared_ptr<Compressor> make_compressor(const CommSpec& spec, const CompressorContext& ctx) {
   const std::string& c = spec.compressor;
+  if (c == "none" && ctx.reduce_bf16) return std::make_shared<Bf16ReduceCompressor>();
   if (c == "none") return std::make_shared<IdentityCompressor>();
   if (c == "topk" || c == "dgc" || c == "blocktopk" || c == "temporal") return compress::make_sparse(spec, ctx);
   if (c == "powersgd") return compress::make_powersgd(spec, ctx);

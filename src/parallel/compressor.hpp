@@ -70,6 +70,19 @@ class IdentityCompressor final : public Compressor {
   std::unique_ptr<Reduction> start(Group& dp, Backend& be, const BucketReduce& b) override;
 };
 
+// The dense collective in bf16 ([train] grad_reduce_dtype = "bf16"): the bucket is rounded to bf16
+// (Backend::f32_to_half) into a staging buffer, all-reduced or reduce-scattered over dp in bf16 and
+// converted back into the bucket's fp32 destination; half the bytes of the fp32 collective. The
+// sum: MpiGroup's bf16 MPI_Op adds two bf16 values in fp32 and rounds the sum to bf16 at every
+// pairwise step of the reduction (as NCCL's bf16 sum), so p ranks' sum carries up to p - 1
+// roundings. Non-blocking unless b.blocking; the conversion back happens when test() or wait()
+// sees the collective done.
+class Bf16ReduceCompressor final : public Compressor {
+ public:
+  const char* name() const override { return "bf16-reduce"; }
+  std::unique_ptr<Reduction> start(Group& dp, Backend& be, const BucketReduce& b) override;
+};
+
 // A Group request as a Reduction (the identity's, and a building block for compressors).
 class RequestReduction final : public Reduction {
  public:

@@ -49,9 +49,11 @@ struct CompressorContext {
   uint64_t seed = 0;        // PowerSGD's initial Q, the sampled threshold's draws
   double grad_clip = 0;     // [train] grad_clip: DGC's local clipping threshold (0: none)
   int64_t total_params = 0; // elements of this rank's gradient arenas (DGC's per-bucket clip share)
+  bool reduce_bf16 = false; // [train] grad_reduce_dtype = "bf16": "none" is the dense bf16 collective
 };
 
-// The compressor of `spec` ("none": the identity). The spec was checked by the job parser.
+// The compressor of `spec` ("none": the identity, or Bf16ReduceCompressor with ctx.reduce_bf16).
+// The spec was checked by the job parser.
 std::shared_ptr<Compressor> make_compressor(const CommSpec& spec, const CompressorContext& ctx);
 
 }  // namespace exatrain::parallel

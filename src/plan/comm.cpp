@@ -107,16 +107,19 @@ CommBytes bytes_sent_per_step(const ModelSpec& m, const Plan& p, const RankPosit
   if (replicas > 1) {
     const int64_t n = parameters_on_rank(m, p, pos.pp_rank, pos.tp_rank);
     const int64_t r = pos.dp_rank * p.cp + pos.cp_rank;
+    // The gradient reductions in bf16 with [train] grad_reduce_dtype = "bf16" (the parameter
+    // all-gathers keep `elem`).
+    const int64_t grad_elem = p.grad_reduce_bf16 ? 2 : elem;
     if (p.zero == 0) {
-      out[CommKind::dp_all_reduce] = ring_all_reduce_sent(n, replicas, r) * elem;
+      out[CommKind::dp_all_reduce] = ring_all_reduce_sent(n, replicas, r) * grad_elem;
     } else if (p.zero <= 2) {
       // ZeRO 1 (Megatron's distributed optimizer): the replicas accumulate the m micro-batches'
       // gradients locally and reduce-scatter once per step. ZeRO 2 (DeepSpeed stage 2) keeps
       // only its shard of the gradients, so every micro-batch's are reduce-scattered: m times.
-      out[CommKind::dp_reduce_scatter] = (p.zero == 2 ? mb : 1) * ring_reduce_scatter_sent(n, replicas, r) * elem;
+      out[CommKind::dp_reduce_scatter] = (p.zero == 2 ? mb : 1) * ring_reduce_scatter_sent(n, replicas, r) * grad_elem;
       out[CommKind::dp_all_gather] = ring_all_gather_sent(n, replicas, r) * elem;
     } else {
-      out[CommKind::dp_reduce_scatter] = mb * ring_reduce_scatter_sent(n, replicas, r) * elem;
+      out[CommKind::dp_reduce_scatter] = mb * ring_reduce_scatter_sent(n, replicas, r) * grad_elem;
       out[CommKind::dp_all_gather] = mb * 2 * ring_all_gather_sent(n, replicas, r) * elem;
       // One stage with tied embeddings: the LM head reads the embedding's weights, so its forward
       // and its backward gather the embedding unit (this tp rank's vocabulary rows and, when

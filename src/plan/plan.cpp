@@ -348,6 +348,21 @@ bool Rules::optimizer() {
 // with equal shards: ZeRO 3 reduce-scatters unit by unit outside it, and ZeRO 1 for an optimizer
 // that needs whole entries cuts unequal shards (reduce_scatter_v); parallel/grad_sync.cpp asserts the same.
 bool Rules::compression() {
+  // [train] grad_reduce_dtype = "bf16" is the compressor slot's bf16 collective: the same two rules.
+  if (p.grad_reduce_bf16 && p.dp * p.cp > 1 && (p.zero == 3 || (p.zero == 1 && p.optimizer_state.whole_entries)))
+    return fail({"train.grad_reduce_dtype", "parallel.zero", "train.optimizer"},
+                fmt::format("grad_reduce_dtype = \"bf16\" with zero = {}{}: the bf16 reduction runs in the compressor "
+                            "slot, which {}; expected zero = {} or grad_reduce_dtype = \"fp32\"", p.zero,
+                            p.zero == 1 ? " and optimizer = \"" + p.optimizer + "\"" : "",
+                            p.zero == 3 ? "ZeRO 3's unit-by-unit reduce-scatters do not take"
+                                        : "ZeRO 1's unequal shards for that optimizer do not take",
+                            p.zero == 3 ? "0, 1 or 2" : "0"),
+                fmt::format("[train] grad_reduce_dtype = \"bf16\" with [parallel] zero = {}{}: the bf16 reduction runs "
+                            "in the compressor slot, which {}; expected zero = {} or grad_reduce_dtype = \"fp32\"",
+                            p.zero, p.zero == 1 ? " and [train] optimizer = \"" + p.optimizer + "\"" : "",
+                            p.zero == 3 ? "ZeRO 3's unit-by-unit reduce-scatters do not take"
+                                        : "ZeRO 1's unequal shards for that optimizer do not take",
+                            p.zero == 3 ? "0, 1 or 2" : "0"));
   if (!p.comm.active() || p.dp * p.cp == 1) return false;
   const std::string c = p.comm.compressor;
   if (p.zero == 3)

@@ -73,6 +73,11 @@ struct Plan {
   // PURE mixed precision. Not a job key: validation sets it per source; the default (fp32) is what
   // Megatron's bf16 runs, FSDP's default policy and this runtime do.
   bool grads_16bit = false;
+  // [train] grad_reduce_dtype = "bf16" (set with the optimizer, from the job): the data-parallel
+  // gradient reduction sends bf16, 2 bytes per element, while the gradients stay fp32 in memory
+  // (parallel/compressor.hpp Bf16ReduceCompressor). comm.cpp's dp reduction bytes and predict's dp
+  // time use it; memory does not change.
+  bool grad_reduce_bf16 = false;
   // Pipeline sends across nodes with tp > 1: Megatron's scatter/gather (each tp rank sends 1/tp of
   // the replicated activation, the receiving node all-gathers it; Narayanan et al. SC21 Sec. 4.1),
   // or every tp rank the whole tensor (DeepSpeed's pipeline engine). Not a job key: validation
@@ -99,6 +104,7 @@ struct Plan {
     optimizer_knobs.grad_worker_fraction = t.kfac.grad_worker_fraction;
     optimizer_knobs.others = t.mixed.active() ? t.mixed.first_order() : "";
     comm = t.comm;
+    grad_reduce_bf16 = t.grad_reduce_dtype == "bf16";
   }
   // [train] fp8_recipe and attention (what set_optimizer is to [train] optimizer).
   void set_kernels(const TrainSpec& t) {

@@ -253,7 +253,7 @@ double dp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, 
   if (replicas == 1) return 0;
   const Group g = group_on_machine(replicas, p.tp, mach.gpus_per_node);
   const double n = double(parameters_on_rank(m, p, rank));
-  const double grads = (p.grads_16bit ? 2.0 : 4.0) * n, weights = double(element_bytes(p.precision)) * n;
+  const double grads = (p.grads_16bit || p.grad_reduce_bf16 ? 2.0 : 4.0) * n, weights = double(element_bytes(p.precision)) * n;
   if (p.zero == 3) return zero3_time(p, mach, g, lt, layers, weights, grads);
   const double bwd_mb = layers * (lt.bwd + lt.recompute);  // what a micro-batch's reduction overlaps
   auto reduce = [&](double t) { return p.overlap_grad_reduce ? std::max(0.0, t - bwd_mb) : t; };

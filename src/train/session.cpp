@@ -218,6 +218,11 @@ void Session::open_outputs() {
              backend_->name(), trainer_->params_on_rank(), job_.model.layers, job_.model.hidden, job_.model.vocab,
              job_.train.steps, job_.parallel.global_batch, job_.model.seq_len, plan_.micro_batches(),
              plan_.micro_batch, result_.dataset_dir);
+  if (plan_.precision != Precision::fp32) {
+    const Half h = plan_.precision == Precision::fp16 ? Half::f16 : Half::bf16;
+    fmt::print(opt_.out, "precision {}: 16-bit weight copy and GEMM inputs, fp32 master weights, gradients and "
+               "optimizer state; GEMMs: {}\n", to_string(plan_.precision), backend_->gemm_half_path(h));
+  }
   std::fflush(opt_.out);
 }
 

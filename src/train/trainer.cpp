@@ -79,7 +79,8 @@ Trainer::Trainer(Backend& backend, parallel::ParallelRuntime& rt, const TrainerO
   // The job's [comm] compressor (parallel/compressors.hpp) unless one is injected.
   compressor_ = opt_.compressor ? opt_.compressor
                                 : parallel::make_compressor(opt_.train.comm, {opt_.train.seed, opt_.train.grad_clip,
-                                                                              params_on_rank()});
+                                                                              params_on_rank(),
+                                                                              opt_.train.grad_reduce_dtype == "bf16"});
   for (auto& ch : chunks_) ch->model->set_linear_observer(optimizer_->linear_observer());  // K-FAC's factors
   optimizer_comm_ = std::make_unique<parallel::GroupReplicaComm>(rt_.dp(), rt_.world(), rt_.ledger());
   parallel::GradSyncSetup s;
@@ -130,6 +131,7 @@ void Trainer::build_chunks() {
     g.activation_slots = p.pp > 1 ? m_ : 1;  // pipeline: micro-batch mb keeps slot mb
     g.lazy_params = arenas.lazy_params;
     g.lazy_grads = arenas.lazy_grads;
+    g.precision = p.precision;  // mixed precision: the model's 16-bit copy and GEMMs (model/gpt.hpp)
     ch->hooks = std::make_unique<TrainerHooks>(rt_.tp(), *this, c);
     ch->model = std::make_unique<Gpt>(be_, g, ch->hooks.get());
     if (arenas.init_weights) ch->model->init_weights(opt_.train.seed);
@@ -181,7 +183,18 @@ void Trainer::tied_sum(int c, float* grads, int64_t n) {
   be_.add_inplace(grads, tied_other_.data(), n);
 }
 
-void Trainer::on_before_layer(int c, int64_t unit, ParallelHooks::Pass) { sync_->before_unit(c, unit); }
+void Trainer::on_before_layer(int c, int64_t unit, ParallelHooks::Pass) {
+  sync_->before_unit(c, unit);
+  // ZeRO 3 has just gathered the unit's float32 weights: its 16-bit copy follows them.
+  if (opt_.plan.zero >= 3) chunks_[size_t(c)]->model->params_changed(unit);
+}
+
+// The float32 masters may have changed since the last forward (an optimizer step, a checkpoint
+// loaded, weights set by a test): every chunk's 16-bit copy is converted again on first use, once
+// per step (no-op at fp32).
+void Trainer::masters_changed() {
+  for (auto& ch : chunks_) ch->model->params_changed();
+}
 
 // After a unit's backward: an event marks its gradients final, then GradSync hands them over
 // (every micro-batch, or after the last one: the strategy decides); then the unit's parameters
@@ -254,6 +267,7 @@ StepMetrics Trainer::train_step() {
   sync_->begin_step();
   optimizer_->begin_step(step_ + 1);
   for (auto& ch : chunks_) ch->backward_count = 0;
+  masters_changed();
   // Every rank reads its replica's m micro-batches (all pipeline ranks alike, to stay in step).
   const int64_t n = B_ * T_;
   for (int64_t mb = 0; mb < m_; mb++) data_.next_batch(B_, T_, tokens_.data() + mb * n, targets_.data() + mb * n);
@@ -340,6 +354,7 @@ double Trainer::evaluate(int64_t batches, const ValBatchFn& val_batch) {
     for (int c = 0; c < pipe.vp; c++) owner[size_t(parallel::stage_of(pipe, r, c))] = {r, c};
   std::vector<int32_t> tokens(static_cast<size_t>(n)), targets(static_cast<size_t>(n));
   DeviceBuffer in = messages_->take(), out = messages_->take();
+  masters_changed();
   double sum = 0;
   for (int64_t round = 0; round < (batches + dp - 1) / dp; round++) {
     const int64_t i = round * dp + dp_rank;

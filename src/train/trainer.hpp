@@ -167,6 +167,7 @@ class Trainer {
   void run_micro_batches(double* loss_sum, double* compute_s, double* bubble_s);
   void run_pipeline_step(double* loss_sum, double* compute_s, double* bubble_s);
   void finish_local(int chunk, int64_t unit);
+  void masters_changed();  // every chunk's 16-bit weight copy is stale (mixed precision)
   void tied_sum(int chunk, float* grads, int64_t n);
   StepMetrics finish_metrics(StepMetrics s, double t0, double t_opt, double compute_s, double bubble_s,
                              double dp_in_micro_batches);

@@ -1,12 +1,14 @@
 // The seams of the trainer under mpirun (2 and 4 ranks, all data-parallel):
-//   1. The compressor slot (parallel/compressor.hpp) takes a second compressor: a bf16 round trip
-//      of each bucket (fp32 -> bf16, the sum over dp in bf16, bf16 -> fp32), non-blocking, its
-//      Reduction finishing the conversion when test() or wait() sees the collective done.
+//   1. The compressor slot (parallel/compressor.hpp) takes a second compressor: the bf16 reduction
+//      of [train] grad_reduce_dtype = "bf16" (Bf16ReduceCompressor: fp32 -> bf16, the sum over dp in
+//      bf16, bf16 -> fp32), non-blocking, its Reduction finishing the conversion when test() or
+//      wait() sees the collective done.
 //      a. One bucket on its own, all-reduce and reduce-scatter: the result equals the host
 //         emulation (the bf16 values of every rank summed in fp32 and rounded to bf16 at each
 //         pairwise step) exactly on 2 ranks (one addition: no order to choose) and to the bf16
 //         rounding of the sum on 4; the ledger counts exactly half the identity's bytes.
-//      b. Training under ZeRO 0, 1 and 2: the first loss equals the identity run's bit for bit
+//      b. Training under ZeRO 0, 1 and 2 with grad_reduce_dtype = "bf16" (the job key) against
+//         "fp32": the first loss equals the identity run's bit for bit
 //         (it is computed before any reduction), the later ones differ (the gradients are
 //         rounded) but by less than 1 %, and the bucket collectives' bytes are exactly half of
 //         the identity's while the parameter all-gathers (fp32, not compressed) are unchanged.
@@ -39,60 +41,6 @@ using dist_test::Config;
 
 namespace {
 
-// The bucket in bf16 over the wire: converted into a bf16 staging buffer (device), summed over
-// dp in bf16 by the group, converted back into the bucket's fp32 destination.
-class Bf16RoundTrip final : public Compressor {
- public:
-  const char* name() const override { return "bf16-round-trip"; }
-  std::unique_ptr<Reduction> start(Group& dp, Backend& be, const BucketReduce& b) override;
-};
-
-class Bf16Reduction final : public Reduction {
- public:
-  Bf16Reduction(Group& dp, Backend& be, const BucketReduce& b) : dp_(dp), be_(be), b_(b) {
-    const bool rs = b.kind == ReduceKind::reduce_scatter;
-    const int64_t in_n = rs ? b.shard * dp.size() : b.n;
-    out_n_ = rs ? b.shard : b.n;
-    in_ = static_cast<uint16_t*>(be.alloc_bytes(size_t(in_n) * 2));          // [in_n] bf16
-    out_ = rs ? static_cast<uint16_t*>(be.alloc_bytes(size_t(out_n_) * 2)) : in_;  // [out_n] bf16
-    be.f32_to_bf16(in_, b.data, in_n);
-    req_ = rs ? dp.ireduce_scatter(in_, out_, b.shard, DType::bf16) : dp.iall_reduce(in_, b.n, DType::bf16);
-  }
-  ~Bf16Reduction() override {
-    wait();
-    if (out_ != in_) be_.free_bytes(out_);
-    be_.free_bytes(in_);
-  }
-  bool test() override {
-    if (!done_ && dp_.test(req_)) unpack();
-    return done_;
-  }
-  void wait() override {
-    if (done_) return;
-    dp_.wait(req_);
-    unpack();
-  }
-
- private:
-  void unpack() {
-    be_.bf16_to_f32(b_.kind == ReduceKind::reduce_scatter ? b_.out : b_.data, out_, out_n_);
-    done_ = true;
-  }
-  Group& dp_;
-  Backend& be_;
-  BucketReduce b_;
-  uint16_t *in_ = nullptr, *out_ = nullptr;
-  int64_t out_n_ = 0;
-  Request req_;
-  bool done_ = false;
-};
-
-std::unique_ptr<Reduction> Bf16RoundTrip::start(Group& dp, Backend& be, const BucketReduce& b) {
-  auto r = std::make_unique<Bf16Reduction>(dp, be, b);
-  if (b.blocking) r->wait();
-  return r;
-}
-
 float bf16_round(float f) {  // round to nearest even, as Backend::f32_to_bf16 (finite inputs)
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -122,7 +70,7 @@ int isolated_bucket(Backend& be, int world, int rank) {
       CommLedger ledger;
       MpiGroup dp(MPI_COMM_WORLD, "dp", &ledger, nullptr, &be);
       std::unique_ptr<Compressor> c;
-      if (bf16) c = std::make_unique<Bf16RoundTrip>();
+      if (bf16) c = std::make_unique<Bf16ReduceCompressor>();
       else c = std::make_unique<IdentityCompressor>();
       for (int64_t i = 0; i < n; i++) host[size_t(i)] = value(rank, i);
       DeviceBuffer buf(be, n, "test bucket");
@@ -155,14 +103,14 @@ int isolated_bucket(Backend& be, int world, int rank) {
       worst_emu = std::max(worst_emu, std::fabs(double(results[1][j]) - double(emu)) / bound);
     }
     const bool ok = all_ok((world != 2 || exact) && worst <= 1 && worst_emu <= 1 && bytes["none"] > 0 &&
-                           bytes["bf16-round-trip"] * 2 == bytes["none"]);
+                           bytes["bf16-reduce"] * 2 == bytes["none"]);
     failures += !ok;
     if (rank == 0)
       std::printf("%s np%d one bucket, %s: bf16 result %s the host emulation (worst %.2f of the rounding bound); "
                   "|bf16 - fp32| %.2f of the bound; bytes sent %lld (identity %lld)\n",
                   ok ? "OK  " : "FAIL", world, kind == ReduceKind::all_reduce ? "all-reduce" : "reduce-scatter",
                   world == 2 ? (exact ? "equals" : "DIFFERS from") : "(order of additions free) near", worst_emu,
-                  worst, (long long)bytes["bf16-round-trip"], (long long)bytes["none"]);
+                  worst, (long long)bytes["bf16-reduce"], (long long)bytes["none"]);
   }
   return failures;
 }
@@ -178,7 +126,7 @@ int training_with_compressor(Backend& be, int world, int rank, int zero) {
   for (int k = 0; k < 2; k++) {
     dist_test::DistRun run = dist_test::make_run(be, job, [&](TrainerOptions& o) {
       o.bucket_floats = 1000;
-      if (k == 1) o.compressor = std::make_shared<Bf16RoundTrip>();
+      if (k == 1) o.train.grad_reduce_dtype = "bf16";  // the job key: make_compressor's Bf16ReduceCompressor
     });
     for (int s = 0; s < steps; s++) {
       const StepMetrics m = run.trainer->train_step();
@@ -198,7 +146,7 @@ int training_with_compressor(Backend& be, int world, int rank, int zero) {
   const bool gathers_same = bytes[1]["dp_all_gather"] == bytes[0]["dp_all_gather"];
   const bool ok = all_ok(losses[1][0] == losses[0][0] && differs && worst < 1e-2 && halved && gathers_same);
   if (rank == 0)
-    std::printf("%s np%d zero %d, compressor bf16-round-trip vs identity: first loss %s, later losses %s, worst rel "
+    std::printf("%s np%d zero %d, grad_reduce_dtype bf16 vs fp32: first loss %s, later losses %s, worst rel "
                 "diff %.2e (< 1e-2); %s bytes %lld vs %lld (half: %s), dp_all_gather %lld vs %lld\n",
                 ok ? "OK  " : "FAIL", world, zero, losses[1][0] == losses[0][0] ? "identical" : "DIFFERENT",
                 differs ? "differ" : "IDENTICAL (the compressor was not used)", worst, reduced.c_str(),
@@ -250,12 +198,12 @@ int aligned_zero1(Backend& be, int world, int rank) {
   try {
     dist_test::make_run(be, job, [](TrainerOptions& o) {
       o.align_shards_to_entries = true;
-      o.compressor = std::make_shared<Bf16RoundTrip>();
+      o.compressor = std::make_shared<Bf16ReduceCompressor>();
     });
   } catch (const Error& e) {
     refusal = e.what();
   }
-  if (refusal.find("compressor \"bf16-round-trip\" needs equal shards") == std::string::npos)
+  if (refusal.find("compressor \"bf16-reduce\" needs equal shards") == std::string::npos)
     problems += " a compressor with shards cut between entries was not refused by name (\"" + refusal + "\");";
   if (!problems.empty()) std::printf("rank %d:%s\n", rank, problems.c_str());
   double w = 0;

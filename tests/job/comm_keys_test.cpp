@@ -7,6 +7,7 @@
 #include "core/check.hpp"
 #include "job/parse.hpp"
 #include "plan/plan.hpp"
+#include "plan/comm.hpp"
 #include "plan/resolve.hpp"
 #include "job_errors.hpp"
 
@@ -141,4 +142,50 @@ TEST(JobComm, ThePlanRefusesZero3AndZero1WithWholeTensorOptimizers) {
   e = problem("zero = 1\n[train]\noptimizer = \"kfac\"\n[comm]\ncompressor = \"topk\"\n");
   EXPECT_TRUE(contains(e, "[comm] compressor = \"topk\" with [parallel] zero = 1 and [train] optimizer = \"kfac\"")) << e;
   EXPECT_EQ(problem("zero = 0\n[train]\noptimizer = \"kfac\"\n[comm]\ncompressor = \"topk\"\n"), "");
+}
+
+// [train] grad_reduce_dtype (docs/precision.md): read, round-tripped, refused by name with a
+// compressor, with ZeRO 3 and with ZeRO 1's unequal shards; it halves the planner's dp gradient
+// reduction bytes and nothing else.
+TEST(JobComm, GradReduceDtypeIsReadRefusedWhereTheSlotIsNotAndHalvesTheReductionBytes) {
+  const Job j = parse_job("[train]\ngrad_reduce_dtype = \"bf16\"\n", "job.toml");
+  EXPECT_EQ(j.train.grad_reduce_dtype, "bf16");
+  EXPECT_EQ(parse_job("", "job.toml").train.grad_reduce_dtype, "fp32");
+  EXPECT_EQ(parse_job(job_to_toml(j), "roundtrip.toml").train.grad_reduce_dtype, "bf16");
+  std::string e = parse_error("[train]\ngrad_reduce_dtype = \"fp16\"\n");
+  EXPECT_TRUE(contains(e, "[train] grad_reduce_dtype = \"fp16\": expected one of \"fp32\" \"bf16\"")) << e;
+  e = parse_error("[train]\ngrad_reduce_dtype = \"bf16\"\n[comm]\ncompressor = \"topk\"\n");
+  EXPECT_TRUE(contains(e, "job.toml: [train] grad_reduce_dtype = \"bf16\" with [comm] compressor = \"topk\"")) << e;
+
+  const std::string base = "[model]\nlayers = 2\nhidden = 32\nheads = 2\nseq_len = 16\nvocab = 64\n"
+                           "[parallel]\ngpus = 2\ntp = 1\npp = 1\nmicro_batch = 1\nglobal_batch = 2\nrecompute = \"none\"\n";
+  const auto plan_of = [&](const std::string& extra) {
+    const Job job = parse_job(base + extra, "job.toml");
+    plan::Plan p = plan::resolve_plan(job.parallel, job.train.precision);
+    p.dp = 2;
+    p.set_optimizer(job.train);
+    return std::make_pair(job, p);
+  };
+  const auto problem = [&](const std::string& extra) {
+    const auto [job, p] = plan_of(extra);
+    const auto pr = plan::plan_problem(job.model, p, plan::Purpose::train);
+    return pr ? pr->job_text : std::string();
+  };
+  e = problem("zero = 3\n[train]\ngrad_reduce_dtype = \"bf16\"\n");
+  EXPECT_TRUE(contains(e, "[train] grad_reduce_dtype = \"bf16\" with [parallel] zero = 3")) << e;
+  e = problem("zero = 1\n[train]\noptimizer = \"muon\"\ngrad_reduce_dtype = \"bf16\"\n");
+  EXPECT_TRUE(contains(e, "[train] grad_reduce_dtype = \"bf16\" with [parallel] zero = 1 and [train] optimizer = \"muon\""))
+      << e;
+  for (const char* zero : {"zero = 0\n", "zero = 1\n", "zero = 2\n"}) {
+    EXPECT_EQ(problem(std::string(zero) + "[train]\ngrad_reduce_dtype = \"bf16\"\n"), "") << zero;
+    auto [job32, p32] = plan_of(std::string(zero) + "[train]\nprecision = \"fp32\"\n");
+    auto [job16, p16] = plan_of(std::string(zero) + "[train]\nprecision = \"fp32\"\ngrad_reduce_dtype = \"bf16\"\n");
+    EXPECT_TRUE(p16.grad_reduce_bf16);
+    const plan::CommBytes b32 = plan::bytes_sent_per_step(job32.model, p32, plan::rank_position(p32, 1));
+    const plan::CommBytes b16 = plan::bytes_sent_per_step(job16.model, p16, plan::rank_position(p16, 1));
+    const plan::CommKind reduce = p32.zero == 0 ? plan::CommKind::dp_all_reduce : plan::CommKind::dp_reduce_scatter;
+    EXPECT_GT(b32[reduce], 0) << zero;
+    EXPECT_EQ(2 * b16[reduce], b32[reduce]) << zero;
+    EXPECT_EQ(b16[plan::CommKind::dp_all_gather], b32[plan::CommKind::dp_all_gather]) << zero;  // fp32 weights
+  }
 }

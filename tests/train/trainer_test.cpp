@@ -100,6 +100,29 @@ TEST(Trainer, MuonLearnsAndItsStateIsThePlannersPrediction) {
   EXPECT_LT(double(tr.optimizer().state_bytes()), plan::memory_per_device(o.model, p, find_device("a100-80g")).optimizer);
 }
 
+// Mixed precision holds the bytes the planner counts for it (plan/memory.cpp, 2 + 4 + 12 per
+// parameter with AdamW): the model's 16-bit copy and fp32 masters (2 + 4), fp32 gradients (4),
+// AdamW's fp32 moments (8) = 18 bytes per parameter, against fp32's 16; and it learns.
+TEST(Trainer, Bf16HoldsThePlannersBytesPerParameterAndLearns) {
+  for (Precision prec : {Precision::fp32, Precision::bf16}) {
+    OneRank one(2);
+    InMemoryTokenStream data(phrase_stream());
+    TrainerOptions o = options();
+    o.plan.precision = prec;
+    Trainer tr(*one.be, *one.rt, o, data);
+    StepMetrics first = tr.train_step(), last;
+    for (int i = 1; i < 40; i++) last = tr.train_step();
+    EXPECT_LT(last.loss, 0.5 * first.loss) << to_string(prec);
+    const ModelMemory mm = tr.chunk(0).memory();
+    const double held = double(mm.params + mm.grads + tr.optimizer().state_bytes());
+    plan::Plan p = o.plan;
+    p.set_optimizer(o.train);
+    const plan::Memory mem = plan::memory_per_device(o.model, p, find_device("a100-80g"));
+    EXPECT_DOUBLE_EQ(held, mem.params + mem.grads + mem.optimizer) << to_string(prec);
+    EXPECT_DOUBLE_EQ(held, (prec == Precision::fp32 ? 16.0 : 18.0) * double(tr.params_on_rank())) << to_string(prec);
+  }
+}
+
 // SGD, Lion, LAMB and Adafactor learn the phrase stream, each at its own lr, and hold the state
 // the planner predicts (Adafactor: its factored means, which the planner counts as 0, are under
 // 10% of AdamW's state even on this tiny model).

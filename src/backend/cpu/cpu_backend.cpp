@@ -27,6 +27,7 @@ CpuBackend::CpuBackend(int threads, int64_t parallel_min_work) : min_work_(paral
   // 200x longer on 2 cores), and one team keeps the thread count consistent by construction.
   omp_set_num_threads(threads_);
   openblas_set_num_threads(1);
+  init_half();
 }
 
 std::unique_ptr<Backend> make_cpu_backend(int threads, int64_t parallel_min_work) {

@@ -1,6 +1,7 @@
 // CPU implementation of the Backend interface: OpenBLAS sgemm for matrix products, OpenMP
 // loops (static schedules, no atomics, fixed reduction orders) for everything else.
-// Split over five files: cpu_backend.cpp (memory, GEMM, elementwise, AdamW),
+// Split over six files: cpu_backend.cpp (memory, GEMM, elementwise, AdamW), cpu_half.cpp (16-bit
+// conversions and the 16-bit GEMM: oneDNN or conversion + sgemm),
 // cpu_norm_act.cpp (norms, activations), cpu_attention.cpp (rope, attention, embeddings,
 // cross-entropy), cpu_optimizer_ops.cpp (SGD, Lion, LAMB, Adafactor), cpu_compress_ops.cpp (gradient
 // compression: top-k, sampling, gather/scatter, blocks, signs, Gram-Schmidt).
@@ -18,6 +19,7 @@ class CpuBackend final : public Backend {
   // waiting for a descheduled thread. Results do not depend on it (no kernel's result depends
   // on the split); tests pass 0 to exercise the parallel paths on small shapes.
   CpuBackend(int threads, int64_t parallel_min_work);
+  ~CpuBackend() override;
   const char* name() const override { return "cpu"; }
   int threads() const { return threads_; }
 
@@ -39,6 +41,14 @@ class CpuBackend final : public Backend {
                             float alpha, const float* A, int64_t lda, int64_t stride_a,
                             const float* B, int64_t ldb, int64_t stride_b, float beta, float* C,
                             int64_t ldc, int64_t stride_c, int64_t batch) override;
+
+  // cpu_half.cpp (oneDNN bf16 matmul or conversion + sgemm, chosen in the constructor):
+  void gemm_half(Half type, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                 const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C,
+                 int64_t ldc) override;
+  void f32_to_half(Half type, uint16_t* dst, const float* src, int64_t n) override;
+  void half_to_f32(Half type, float* dst, const uint16_t* src, int64_t n) override;
+  std::string gemm_half_path(Half type) const override;
 
   void add_inplace(float* y, const float* x, int64_t n) override;
   void add(float* out, const float* a, const float* b, int64_t n) override;
@@ -132,6 +142,9 @@ class CpuBackend final : public Backend {
   void count_below(int64_t* below, const int32_t* idx, int64_t k, const int64_t* bounds, int64_t nb) override;
 
  private:
+  struct HalfGemm;  // cpu_half.cpp: oneDNN's engine, stream and primitives; conversion scratch
+  void init_half();
+  std::shared_ptr<HalfGemm> half_;  // shared_ptr: HalfGemm is complete in cpu_half.cpp only
   int threads_;
   int64_t min_work_;
   std::map<void*, size_t> mapped_;  // alloc_bytes_lazy's mappings (munmap'ed by free_bytes)

@@ -27,6 +27,11 @@ Range matrix(const float* p, int64_t rows, int64_t cols, int64_t ld) {
   return span(p, rows > 0 && cols > 0 ? (rows - 1) * ld + cols : 0);
 }
 
+// The same for a 16-bit matrix.
+Range matrix(const uint16_t* p, int64_t rows, int64_t cols, int64_t ld) {
+  return span(p, rows > 0 && cols > 0 ? (rows - 1) * ld + cols : 0);
+}
+
 // `batch` copies of `one` at element strides `stride` (which may be 0 or negative).
 Range batched(Range one, int64_t batch, int64_t stride) {
   if (batch <= 0 || one.bytes == 0) return {one.p, 0};
@@ -111,6 +116,27 @@ class GuardedCpuBackend final : public Backend {
     gemm_seconds += cpu_.gemm_seconds - sec;
     gemm_flops += cpu_.gemm_flops - flops;
   }
+
+  void gemm_half(Half type, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+                 int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) override {
+    const double sec = cpu_.gemm_seconds, flops = cpu_.gemm_flops;
+    {
+      OpScope s("gemm_half", {matrix(A, ta ? K : M, ta ? M : K, lda), matrix(B, tb ? N : K, tb ? K : N, ldb),
+                              matrix(C, M, N, ldc)});
+      cpu_.gemm_half(type, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    }
+    gemm_seconds += cpu_.gemm_seconds - sec;
+    gemm_flops += cpu_.gemm_flops - flops;
+  }
+  void f32_to_half(Half type, uint16_t* dst, const float* src, int64_t n) override {
+    OpScope s("f32_to_half", {span(dst, n), span(src, n)});
+    cpu_.f32_to_half(type, dst, src, n);
+  }
+  void half_to_f32(Half type, float* dst, const uint16_t* src, int64_t n) override {
+    OpScope s("half_to_f32", {span(dst, n), span(src, n)});
+    cpu_.half_to_f32(type, dst, src, n);
+  }
+  std::string gemm_half_path(Half type) const override { return cpu_.gemm_half_path(type); }
 
   // ---- elementwise and reductions -------------------------------------------------------------
   void add_inplace(float* y, const float* x, int64_t n) override {

@@ -1,0 +1,183 @@
+// CPU backend: 16-bit float conversions and the 16-bit GEMM with float32 accumulation (mixed
+// precision, docs/precision.md).
+//
+// Two GEMM paths, chosen once when the backend is created (CpuBackend::CpuBackend):
+//  * oneDNN's matmul primitive (bf16 x bf16 -> f32) when oneDNN reports that the CPU has
+//    AVX512-BF16 (vdpbf16ps: pairs of bf16 products summed into float32 lanes) or AMX (tile
+//    dot products of bf16 into float32). Why oneDNN: those are JIT-generated, blocked and packed
+//    kernels per ISA (the library Intel maintains for PyTorch's own CPU bf16 matmuls); hand-written
+//    AVX512-BF16/AMX GEMMs are not ours to maintain, and OpenBLAS 0.3.21 (Debian 12) has no
+//    sbgemm that reports its path.
+//  * elsewhere (and for fp16, which oneDNN 2.6 runs on CPUs only with AVX512-FP16, which it does
+//    not report through get_effective_cpu_isa): convert op(A) and op(B) to float32 scratch and
+//    call the float32 GEMM. A product of two 16-bit values is exact in float32 (8 + 8 or 11 + 11
+//    significant bits), so this path differs from the first only in the order of the sums.
+// Either way the inputs are 16-bit values and every product and sum is float32.
+#include <omp.h>
+
+#include <cstring>
+#include <map>
+#include <tuple>
+#include <vector>
+#include <dnnl.hpp>
+#include <fmt/format.h>
+
+#include "backend/cpu/cpu_backend.hpp"
+#include "core/check.hpp"
+
+namespace exatrain {
+
+namespace {
+
+uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float float_of(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// float -> IEEE binary16, round to nearest even; NaN -> quiet NaN, overflow -> inf; subnormal
+// halves by adding 0.5f (the float unit then rounds at 2^-24, the smallest half subnormal).
+// F. Giesen, "float_to_half_fast3_rtne" (public domain), the reference of many converters.
+uint16_t float_to_f16(float f) {
+  uint32_t u = bits_of(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  u &= 0x7fffffffu;
+  if (u >= 0x47800000u)  // >= 65536 (2^16), inf or NaN; [65520, 65536) rounds up to inf below
+    return uint16_t(sign | (u > 0x7f800000u ? 0x7e00u : 0x7c00u));
+  if (u < 0x38800000u) {  // below 2^-14: a half subnormal (or zero)
+    const float magic = 0.5f;
+    const uint32_t r = bits_of(float_of(u) + magic) - bits_of(magic);
+    return uint16_t(sign | r);
+  }
+  const uint32_t odd = (u >> 13) & 1u;
+  u += 0xc8000fffu + odd;  // rebias the exponent (-112 << 23) and round (ties to even)
+  return uint16_t(sign | (u >> 13));
+}
+
+// IEEE binary16 -> float, exact (F. Giesen's half_to_float).
+float f16_to_float(uint16_t h) {
+  const uint32_t shifted_exp = 0x7c00u << 13;
+  uint32_t o = uint32_t(h & 0x7fffu) << 13;
+  const uint32_t exp = shifted_exp & o;
+  o += (127u - 15u) << 23;
+  if (exp == shifted_exp) {
+    o += (128u - 16u) << 23;  // inf / NaN
+  } else if (exp == 0) {      // zero / subnormal: renormalise
+    o += 1u << 23;
+    o = bits_of(float_of(o) - float_of(113u << 23));
+  }
+  return float_of(o | (uint32_t(h & 0x8000u) << 16));
+}
+
+bool isa_has(dnnl::cpu_isa isa, dnnl::cpu_isa feature) {
+  // cpu_isa values are bit masks: an ISA includes every feature bit of those it extends.
+  return (unsigned(isa) & unsigned(feature)) == unsigned(feature);
+}
+
+}  // namespace
+
+// oneDNN's matmul primitives by shape (creating one JIT-compiles a kernel; the model calls the
+// same few shapes every step).
+struct CpuBackend::HalfGemm {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  bool onednn_bf16 = false;
+  std::string isa_name;
+  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, bool>;
+  std::map<Key, dnnl::matmul> prims;
+  std::vector<float> a32, b32;  // the conversion path's float32 copies of op(A), op(B)
+
+  HalfGemm() {
+    const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+    if (isa_has(isa, dnnl::cpu_isa::avx512_core_amx))
+      onednn_bf16 = true, isa_name = "avx512_core_amx";
+    else if (isa_has(isa, dnnl::cpu_isa::avx512_core_bf16))
+      onednn_bf16 = true, isa_name = "avx512_core_bf16";
+  }
+
+  // C[M,N] (+)= alpha op(A) op(B) (accumulate: oneDNN's sum post-op, scale 1).
+  void run(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
+           const uint16_t* B, int64_t ldb, bool accumulate, float* C, int64_t ldc) {
+    using dt = dnnl::memory::data_type;
+    using dims = dnnl::memory::dims;
+    // op(A)[M,K]: stored [M,K] (strides lda, 1) or [K,M] (strides 1, lda); likewise B.
+    const dnnl::memory::desc a({M, K}, dt::bf16, ta ? dims{1, lda} : dims{lda, 1});
+    const dnnl::memory::desc b({K, N}, dt::bf16, tb ? dims{1, ldb} : dims{ldb, 1});
+    const dnnl::memory::desc c({M, N}, dt::f32, dims{ldc, 1});
+    const Key key{ta, tb, M, N, K, lda, ldb, ldc, alpha, accumulate};
+    auto it = prims.find(key);
+    if (it == prims.end()) {
+      dnnl::primitive_attr attr;
+      if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+      if (accumulate) {
+        dnnl::post_ops po;
+        po.append_sum(1.0f);
+        attr.set_post_ops(po);
+      }
+      it = prims.emplace(key, dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine)))
+               .first;
+    }
+    dnnl::memory am(a, engine, const_cast<uint16_t*>(A)), bm(b, engine, const_cast<uint16_t*>(B)), cm(c, engine, C);
+    it->second.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    stream.wait();
+  }
+};
+
+void CpuBackend::init_half() { half_ = std::make_shared<HalfGemm>(); }
+CpuBackend::~CpuBackend() = default;
+
+std::string CpuBackend::gemm_half_path(Half type) const {
+  if (type == Half::bf16 && half_->onednn_bf16)
+    return fmt::format("oneDNN {}.{} matmul bf16 x bf16 -> fp32 ({})", DNNL_VERSION_MAJOR, DNNL_VERSION_MINOR,
+                       half_->isa_name);
+  if (type == Half::bf16)
+    return "bf16 -> fp32 conversion + OpenBLAS sgemm (oneDNN reports no AVX512-BF16 or AMX on this CPU)";
+  return "fp16 -> fp32 conversion + OpenBLAS sgemm (oneDNN 2.6 reports no fp16 matmul ISA)";
+}
+
+void CpuBackend::f32_to_half(Half type, uint16_t* dst, const float* src, int64_t n) {
+  if (type == Half::bf16) return f32_to_bf16(dst, src, n);
+#pragma omp parallel for schedule(static) if (n >= min_work_)
+  for (int64_t i = 0; i < n; i++) dst[i] = float_to_f16(src[i]);
+}
+
+void CpuBackend::half_to_f32(Half type, float* dst, const uint16_t* src, int64_t n) {
+  if (type == Half::bf16) return bf16_to_f32(dst, src, n);
+#pragma omp parallel for schedule(static) if (n >= min_work_)
+  for (int64_t i = 0; i < n; i++) dst[i] = f16_to_float(src[i]);
+}
+
+void CpuBackend::gemm_half(Half type, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                           const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C,
+                           int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  const double t0 = omp_get_wtime(), sec = gemm_seconds, flops = gemm_flops;
+  if (type == Half::bf16 && half_->onednn_bf16 && K > 0) {
+    // beta: a pre-scale of C and oneDNN's sum post-op, so one primitive serves every beta != 0;
+    // beta = 0 writes C without reading it.
+    if (beta != 0.0f && beta != 1.0f) {
+#pragma omp parallel for schedule(static) if (M * N >= min_work_)
+      for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) C[m * ldc + n] *= beta;
+    }
+    half_->run(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta != 0.0f, C, ldc);
+  } else {
+    // op(A) and op(B) as float32 copies with the strides they are stored with.
+    const int64_t a_n = K <= 0 ? 0 : (ta ? K - 1 : M - 1) * lda + (ta ? M : K);
+    const int64_t b_n = K <= 0 ? 0 : (tb ? N - 1 : K - 1) * ldb + (tb ? K : N);
+    if (int64_t(half_->a32.size()) < a_n + 1) half_->a32.resize(size_t(a_n + 1));
+    if (int64_t(half_->b32.size()) < b_n + 1) half_->b32.resize(size_t(b_n + 1));
+    half_to_f32(type, half_->a32.data(), A, a_n);
+    half_to_f32(type, half_->b32.data(), B, b_n);
+    gemm(ta, tb, M, N, K, alpha, half_->a32.data(), lda, half_->b32.data(), ldb, beta, C, ldc);
+  }
+  gemm_seconds = sec + (omp_get_wtime() - t0);
+  gemm_flops = flops + 2.0 * double(M) * double(N) * double(K);
+}
+
+}  // namespace exatrain
