@@ -55,6 +55,8 @@ struct AdafactorStep {
   float lr = 0, beta1 = 0, beta2t = 0, eps1 = 1e-30f, clip = 1, weight_decay = 0, grad_scale = 1;
 };
 
+enum class Half { bf16, f16 };   // 16-bit float storage as uint16_t
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -122,6 +124,13 @@ class Backend {
                                     float alpha, const float* A, int64_t lda, int64_t stride_a,
                                     const float* B, int64_t ldb, int64_t stride_b, float beta,
                                     float* C, int64_t ldc, int64_t stride_c, int64_t batch) = 0;
+
+  // C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C[M,N]; A, B 16-bit floats of `type`, C float32,
+  // products and sums in float32 (fp32 accumulation).
+  virtual void gemm_half(Half type, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                         const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) = 0;
+  virtual void f32_to_half(Half type, uint16_t* dst, const float* src, int64_t n) = 0;  // round to nearest even
+  virtual void half_to_f32(Half type, float* dst, const uint16_t* src, int64_t n) = 0;  // exact
 
   // ---- elementwise and reductions -----------------------------------------------------------
   virtual void add_inplace(float* y, const float* x, int64_t n) = 0;                 // y += x
@@ -387,9 +396,16 @@ class HostBuffer {
 // Kernels smaller than parallel_min_work elements run single-threaded (0: always parallel).
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0, int64_t parallel_min_work = 1 << 15);
 
-// The backend named in the job ([train] backend): "cpu" or "cpu-guarded" (the CPU backend with
-// device memory the host cannot touch outside an op: cpu/guarded_backend.hpp). Unknown names are
-// an error listing the known ones.
+// Whether this build has the CUDA backend (CMake's EXATRAIN_CUDA; docs/cuda.md), and how many CUDA
+// devices this process sees (cudaGetDeviceCount). 0 without the CUDA backend, a driver or a device;
+// `why` (optional) then says which, e.g. "no CUDA device visible: cudaGetDeviceCount = 0 (...)".
+bool cuda_backend_built();
+int visible_cuda_devices(std::string* why = nullptr);
+
+// The backend named in the job ([train] backend): "cpu", "cpu-guarded" (the CPU backend with
+// device memory the host cannot touch outside an op: cpu/guarded_backend.hpp) or "cuda" (one GPU:
+// the node-local rank's, cuda/cuda_backend.hpp; an error naming the reason when this build has no
+// CUDA backend or no device is visible). Unknown names are an error listing the known ones.
 std::unique_ptr<Backend> make_backend(const std::string& name, int threads = 0,
                                       int64_t parallel_min_work = 1 << 15);
 

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/half_convert.hpp"
 #include "core/check.hpp"
 
 namespace exatrain {
@@ -169,6 +170,45 @@ void CpuBackend::gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int
                 ldb, beta, C + i * stride_c, ldc);
   gemm_seconds += omp_get_wtime() - t0;
   gemm_flops += 2.0 * double(M) * double(N) * double(K) * double(batch);
+}
+
+// ---- 16-bit GEMM and conversions ---------------------------------------------------------------
+// A reference: op(A) and op(B) converted to float32 (exact), then the float32 GEMM, whose products
+// and sums are float32, as the contract asks. The oneDNN bf16 path replaces it (issue 13, CPU part).
+
+namespace {
+
+// A [rows, cols] 16-bit matrix with row stride ld into a dense float32 [rows, cols].
+std::vector<float> widen(Half type, const uint16_t* X, int64_t rows, int64_t cols, int64_t ld) {
+  std::vector<float> out(size_t(rows * cols));
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++)
+      out[size_t(r * cols + c)] = type == Half::bf16 ? half_convert::bf16_to_f32(X[r * ld + c])
+                                                     : half_convert::f16_to_f32(X[r * ld + c]);
+  return out;
+}
+
+}  // namespace
+
+void CpuBackend::gemm_half(Half type, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                           float alpha, const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb,
+                           float beta, float* C, int64_t ldc) {
+  const int64_t ra = trans_a ? K : M, ca = trans_a ? M : K, rb = trans_b ? N : K, cb = trans_b ? K : N;
+  const std::vector<float> a = widen(type, A, ra, ca, lda), b = widen(type, B, rb, cb, ldb);
+  gemm(trans_a, trans_b, M, N, K, alpha, a.data(), std::max<int64_t>(ca, 1), b.data(), std::max<int64_t>(cb, 1),
+       beta, C, ldc);
+}
+
+void CpuBackend::f32_to_half(Half type, uint16_t* dst, const float* src, int64_t n) {
+  if (type == Half::bf16) return f32_to_bf16(dst, src, n);
+#pragma omp parallel for schedule(static) if (n >= min_work_)
+  for (int64_t i = 0; i < n; i++) dst[i] = half_convert::f32_to_f16(src[i]);
+}
+
+void CpuBackend::half_to_f32(Half type, float* dst, const uint16_t* src, int64_t n) {
+  if (type == Half::bf16) return bf16_to_f32(dst, src, n);
+#pragma omp parallel for schedule(static) if (n >= min_work_)
+  for (int64_t i = 0; i < n; i++) dst[i] = half_convert::f16_to_f32(src[i]);
 }
 
 // ---- elementwise -------------------------------------------------------------------------------

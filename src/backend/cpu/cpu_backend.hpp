@@ -39,6 +39,12 @@ class CpuBackend final : public Backend {
                             float alpha, const float* A, int64_t lda, int64_t stride_a,
                             const float* B, int64_t ldb, int64_t stride_b, float beta, float* C,
                             int64_t ldc, int64_t stride_c, int64_t batch) override;
+  // Converts A and B to float32 (exact) and calls sgemm: a reference, not a fast path (cpu_backend.cpp).
+  void gemm_half(Half type, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                 const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C,
+                 int64_t ldc) override;
+  void f32_to_half(Half type, uint16_t* dst, const float* src, int64_t n) override;
+  void half_to_f32(Half type, float* dst, const uint16_t* src, int64_t n) override;
 
   void add_inplace(float* y, const float* x, int64_t n) override;
   void add(float* out, const float* a, const float* b, int64_t n) override;

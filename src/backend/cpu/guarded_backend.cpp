@@ -22,8 +22,9 @@ Range span(const T* p, int64_t n) {
   return {p, n > 0 ? sizeof(T) * size_t(n) : 0};
 }
 
-// A row-major [rows, cols] float matrix with row stride ld: (rows-1)*ld + cols elements.
-Range matrix(const float* p, int64_t rows, int64_t cols, int64_t ld) {
+// A row-major [rows, cols] matrix with row stride ld: (rows-1)*ld + cols elements.
+template <class T>
+Range matrix(const T* p, int64_t rows, int64_t cols, int64_t ld) {
   return span(p, rows > 0 && cols > 0 ? (rows - 1) * ld + cols : 0);
 }
 
@@ -140,6 +141,25 @@ class GuardedCpuBackend final : public Backend {
   double sum_squares(const float* x, int64_t n) override {
     OpScope s("sum_squares", {span(x, n)});
     return cpu_.sum_squares(x, n);
+  }
+  void gemm_half(Half type, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+                 int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) override {
+    const double sec = cpu_.gemm_seconds, flops = cpu_.gemm_flops;
+    {
+      OpScope s("gemm_half", {matrix(A, ta ? K : M, ta ? M : K, lda), matrix(B, tb ? N : K, tb ? K : N, ldb),
+                              matrix(C, M, N, ldc)});
+      cpu_.gemm_half(type, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    }
+    gemm_seconds += cpu_.gemm_seconds - sec;
+    gemm_flops += cpu_.gemm_flops - flops;
+  }
+  void f32_to_half(Half type, uint16_t* dst, const float* src, int64_t n) override {
+    OpScope s("f32_to_half", {span(dst, n), span(src, n)});
+    cpu_.f32_to_half(type, dst, src, n);
+  }
+  void half_to_f32(Half type, float* dst, const uint16_t* src, int64_t n) override {
+    OpScope s("half_to_f32", {span(dst, n), span(src, n)});
+    cpu_.half_to_f32(type, dst, src, n);
   }
   void f32_to_bf16(uint16_t* dst, const float* src, int64_t n) override {
     OpScope s("f32_to_bf16", {span(dst, n), span(src, n)});
