@@ -9,8 +9,9 @@
 //     significands are exact in float32, so the only error is float32 accumulation:
 //     |C - C_ref| <= gamma_K(2^-24) sum_k |a_ik b_kj|. A GEMM accumulating in bf16 (u = 2^-9) fails it.
 //   * against the float32 inputs before rounding, each product also carries the inputs' rounding,
-//     (1 + d_a)(1 + d_b) with |d| <= u_half (2^-9 bf16, 2^-11 f16): the bound grows by
-//     (2 u_half + u_half^2) sum |a b|, i.e. about the format's epsilon (2^-8 bf16, 2^-10 f16).
+//     (1 + d_a)(1 + d_b) with |d| <= u, the format's unit roundoff 2^-p (p significant bits: bf16
+//     p = 8, u = 2^-8, the "bf16 epsilon" of issue 13; f16 p = 11, u = 2^-11): the bound grows by
+//     (2 u + u^2) sum |a b|.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -140,7 +141,7 @@ void check_gemm(HalfOps& t, Backend& be, Half type, bool ta, bool tb, int64_t M,
   be.download(got.data(), dC, 4 * c.size());
   be.free_bytes(dA), be.free_bytes(dB), be.free_bytes(dC);
   const double u32 = std::ldexp(1.0, -24), gamma = double(K) * u32 / (1 - double(K) * u32);
-  const double u16 = type == Half::bf16 ? std::ldexp(1.0, -9) : std::ldexp(1.0, -11);
+  const double u16 = type == Half::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);  // 2^-p
   int bad = 0;
   for (int64_t i = 0; i < M; i++)
     for (int64_t j = 0; j < N; j++) {
