@@ -4,11 +4,13 @@
 //      synchronisations, median of --repeats.
 //   2. Training steps of GPT-2 124M / 350M / 774M (the gpt2, gpt2-medium, gpt2-large presets'
 //      shapes) on the trainer exactly as `exatrain train` builds it (one rank, AdamW, clip 1.0):
-//      tokens/s and MFU. The trainer runs fp32 on this branch (the runtime's bf16 mixed precision
-//      is the CPU engineer's part of issue 13): MFU is printed against both the bf16 dense peak
-//      (--peak-bf16, 989 TFLOP/s for H100/H200 SXM) and the fp32 peak (--peak-fp32, 67 TFLOP/s
-//      non-tensor-core fp32 of H100/H200 SXM; TF32 off), and the measured bf16 GEMM rate.
-//   bench_gpu [--models 124m,350m,774m] [--batch 8] [--seq 1024] [--steps 3] [--gemm 8192] [--repeats 5]
+//      tokens/s and MFU, for each of --precisions (fp32, bf16). MFU is printed against the bf16
+//      dense peak (--peak-bf16, 989 TFLOP/s for H100/H200 SXM), the fp32 peak (--peak-fp32,
+//      67 TFLOP/s non-tensor-core fp32 of H100/H200 SXM; TF32 off) and the measured bf16 GEMM rate.
+//      A bf16 run that made no gemm_half call (a trainer without bf16 mixed precision: this branch
+//      before the CPU engineer's part of issue 13 is merged) is reported as such, not as bf16.
+//   bench_gpu [--models 124m,350m,774m] [--precisions fp32,bf16] [--batch 8] [--seq 1024] [--steps 3]
+//             [--gemm 8192] [--repeats 5] [--peak-bf16 989] [--peak-fp32 67]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -71,8 +73,8 @@ struct Shape {
   int64_t layers, hidden, heads;
 };
 
-void train_model(Backend& be, const Shape& m, int64_t batch, int64_t seq, int steps, double peak_bf16,
-                 double peak_fp32, double gemm_bf16) {
+void train_model(Backend& be, const Shape& m, Precision precision, int64_t batch, int64_t seq, int steps,
+                 double peak_bf16, double peak_fp32, double gemm_bf16) {
   TrainerOptions o;
   o.model.layers = m.layers;
   o.model.hidden = m.hidden;
@@ -82,6 +84,7 @@ void train_model(Backend& be, const Shape& m, int64_t batch, int64_t seq, int st
   o.model.seq_len = 1024;
   o.seq = seq;
   o.plan = single_rank_plan(batch, 1);
+  o.plan.precision = precision;
   o.train.lr = 6e-4;
   o.train.warmup_steps = 0;
   o.train.steps = 1000;
@@ -96,7 +99,14 @@ void train_model(Backend& be, const Shape& m, int64_t batch, int64_t seq, int st
               m.name.c_str(), (long long)tr.model().num_params(), (long long)batch, (long long)seq,
               tr.model().flops_per_step() / 1e12);
   std::fflush(stdout);
+  const int64_t half_before = cuda_half_gemm_count(be);
   tr.train_step();  // warm-up: allocations, cuBLASLt heuristics
+  const bool used_half = cuda_half_gemm_count(be) > half_before;
+  if (precision != Precision::fp32 && !used_half) {
+    std::printf("RESULT model=%s precision=%s not measured: the trainer made no 16-bit GEMM (no %s mixed precision "
+                "in this build)\n", m.name.c_str(), to_string(precision), to_string(precision));
+    return;
+  }
   std::vector<double> sec, tps;
   for (int s = 0; s < steps; s++) {
     const StepMetrics x = tr.train_step();
@@ -105,9 +115,9 @@ void train_model(Backend& be, const Shape& m, int64_t batch, int64_t seq, int st
     std::printf("  step %d loss %.4f %.3f s %.0f tokens/s\n", s + 1, x.loss, x.seconds, x.tokens_per_s);
   }
   const double tflops = tr.model().flops_per_step() / median(sec) / 1e12;
-  std::printf("RESULT model=%s precision=fp32 tokens_per_s=%.0f step_s=%.3f model_tflops=%.1f mfu_vs_bf16_peak=%.4f "
+  std::printf("RESULT model=%s precision=%s tokens_per_s=%.0f step_s=%.3f model_tflops=%.1f mfu_vs_bf16_peak=%.4f "
               "mfu_vs_fp32_peak=%.3f fraction_of_measured_bf16_gemm=%.4f\n",
-              m.name.c_str(), median(tps), median(sec), tflops, tflops / peak_bf16, tflops / peak_fp32,
+              m.name.c_str(), to_string(precision), median(tps), median(sec), tflops, tflops / peak_bf16, tflops / peak_fp32,
               tflops / gemm_bf16);
   std::printf("memory: %s\n", cuda_memory_stats(be).c_str());
   std::fflush(stdout);
@@ -116,7 +126,7 @@ void train_model(Backend& be, const Shape& m, int64_t batch, int64_t seq, int st
 }  // namespace
 
 int main(int argc, char** argv) try {
-  std::string models = "124m,350m,774m";
+  std::string models = "124m,350m,774m", precisions = "fp32,bf16";
   int64_t batch = 8, seq = 1024, gemm_n = 8192;
   int steps = 3, repeats = 5;
   double peak_bf16 = 989, peak_fp32 = 67;
@@ -127,6 +137,7 @@ int main(int argc, char** argv) try {
       return std::string(argv[++i]);
     };
     if (a == "--models") models = next();
+    else if (a == "--precisions") precisions = next();
     else if (a == "--batch") batch = std::stoll(next());
     else if (a == "--seq") seq = std::stoll(next());
     else if (a == "--steps") steps = std::stoi(next());
@@ -134,7 +145,7 @@ int main(int argc, char** argv) try {
     else if (a == "--repeats") repeats = std::stoi(next());
     else if (a == "--peak-bf16") peak_bf16 = std::stod(next());
     else if (a == "--peak-fp32") peak_fp32 = std::stod(next());
-    else EXA_FAIL("bench_gpu: unknown argument '{}' (--models, --batch, --seq, --steps, --gemm, --repeats, "
+    else EXA_FAIL("bench_gpu: unknown argument '{}' (--models, --precisions, --batch, --seq, --steps, --gemm, --repeats, "
                   "--peak-bf16, --peak-fp32)", a);
   }
   EXA_CHECK(batch >= 1 && seq >= 1 && steps >= 1 && gemm_n >= 1 && repeats >= 1,
@@ -154,7 +165,12 @@ int main(int argc, char** argv) try {
     for (const Shape& s : all)
       if (s.name == name) m = &s;
     EXA_CHECK(m != nullptr, "bench_gpu: model '{}' is not one of 124m, 350m, 774m", name);
-    train_model(*be, *m, batch, seq, steps, peak_bf16, peak_fp32, bf16);
+    std::stringstream plist(precisions);
+    for (std::string p; std::getline(plist, p, ',');) {
+      EXA_CHECK(p == "fp32" || p == "bf16", "bench_gpu: precision '{}' is not fp32 or bf16", p);
+      train_model(*be, *m, p == "fp32" ? Precision::fp32 : Precision::bf16, batch, seq, steps, peak_bf16, peak_fp32,
+                  bf16);
+    }
   }
   return 0;
 } catch (const std::exception& e) {

@@ -55,7 +55,11 @@ struct AdafactorStep {
   float lr = 0, beta1 = 0, beta2t = 0, eps1 = 1e-30f, clip = 1, weight_decay = 0, grad_scale = 1;
 };
 
-enum class Half { bf16, f16 };   // 16-bit float storage as uint16_t
+// 16-bit floating-point storage, one element per uint16_t: bfloat16 (the upper 16 bits of a float:
+// 8 exponent bits, 7 mantissa bits) or IEEE 754 binary16 (5 exponent bits, 10 mantissa bits).
+// Mixed-precision training (docs/precision.md) keeps a 16-bit copy of the weights and of the GEMM
+// inputs it saves for backward; every product of two 16-bit values and every sum is in float32.
+enum class Half { bf16, f16 };
 
 class Backend {
  public:
@@ -125,12 +129,19 @@ class Backend {
                                     const float* B, int64_t ldb, int64_t stride_b, float beta,
                                     float* C, int64_t ldc, int64_t stride_c, int64_t batch) = 0;
 
-  // C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C[M,N]; A, B 16-bit floats of `type`, C float32,
-  // products and sums in float32 (fp32 accumulation).
+  // ---- 16-bit GEMM and conversions (mixed precision) ------------------------------------------
+  // C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C[M,N]; A, B 16-bit floats of `type`, C
+  // float32, products and sums in float32 (fp32 accumulation). Strides as gemm(). beta = 0:
+  // C is only written (NaN in C does not propagate), as gemm().
   virtual void gemm_half(Half type, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                         const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) = 0;
-  virtual void f32_to_half(Half type, uint16_t* dst, const float* src, int64_t n) = 0;  // round to nearest even
+                         const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C,
+                         int64_t ldc) = 0;
+  // dst[n] = src rounded to nearest even (NaN stays NaN; fp16: beyond its range -> +-inf).
+  virtual void f32_to_half(Half type, uint16_t* dst, const float* src, int64_t n) = 0;
   virtual void half_to_f32(Half type, float* dst, const uint16_t* src, int64_t n) = 0;  // exact
+  // Which kernel gemm_half runs for `type` on this machine, decided when the backend was created
+  // (one line for the run's log, e.g. "oneDNN bf16 matmul (avx512_core_bf16)").
+  virtual std::string gemm_half_path(Half type) const { return "unspecified"; }
 
   // ---- elementwise and reductions -----------------------------------------------------------
   virtual void add_inplace(float* y, const float* x, int64_t n) = 0;                 // y += x
@@ -339,7 +350,7 @@ class Backend {
   virtual void count_below(int64_t* below, const int32_t* idx, int64_t k, const int64_t* bounds, int64_t nb) = 0;
 
   // ---- instrumentation -----------------------------------------------------------------------
-  // Seconds and floating-point operations spent in gemm / gemm_strided_batched since reset.
+  // Seconds and floating-point operations spent in gemm / gemm_strided_batched / gemm_half since reset.
   double gemm_seconds = 0, gemm_flops = 0;
 
  private:

@@ -1,5 +1,6 @@
 // The CUDA backend beyond the per-op harness (which checks every op of "cuda" against double
-// references, op_harness.hpp): make_backend("cuda")'s refusal when it cannot run (runs everywhere),
+// references, op_harness.hpp): make_backend("cuda")'s refusal when it cannot run and the loading of
+// cuBLASLt (both run everywhere),
 // and on a GPU: bit-identical repeats of the ops whose reductions could have depended on timing
 // (backend.hpp's determinism promise), the caching allocator reusing blocks, and the CUDA ops
 // against the CPU backend on the same random data.
@@ -12,6 +13,9 @@
 
 #include "../test_util/error_of.hpp"
 #include "backend/backend.hpp"
+#ifdef EXATRAIN_HAVE_CUDA
+#include "backend/cuda/cuda_backend.hpp"
+#endif
 #include "op_harness.hpp"
 
 using namespace exatrain;
@@ -33,6 +37,16 @@ TEST(CudaBackend, MakeBackendRefusesWithTheReasonWhenItCannotRun) {
   EXPECT_NE(why.find("no CUDA device visible"), std::string::npos) << why;
   const std::string unknown = error_of([] { make_backend("tpu"); });
   EXPECT_NE(unknown.find("\"cpu\", \"cpu-guarded\" or \"cuda\""), std::string::npos) << unknown;
+}
+
+// cuBLASLt is loaded at run time (dlopen, not linked: cuda_backend_impl.hpp says why): the toolkit's
+// library and every function the backend calls must be there, GPU or not.
+TEST(CudaBackend, CublasLtLoadsWithEveryFunctionTheBackendCalls) {
+#ifdef EXATRAIN_HAVE_CUDA
+  EXPECT_NO_THROW(cuda_load_libraries());
+#else
+  GTEST_SKIP() << "this build has no CUDA backend (EXATRAIN_CUDA=OFF)";
+#endif
 }
 
 class CudaOnly : public testing::Test {

@@ -2,7 +2,10 @@
 // what runs where; the kernels are cuda_kernels.cu, the host fallbacks cuda_backend_fallback.cpp).
 #include <fmt/format.h>
 
+#include <dlfcn.h>
+
 #include <cstdlib>
+#include <mutex>
 #include <string>
 
 #include "backend/cuda/cuda_backend_impl.hpp"
@@ -21,8 +24,29 @@ constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's workspace (H
 
 }  // namespace
 
+const LtApi& lt_api() {
+  static LtApi api;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* lib = nullptr;
+    std::string tried;
+    // The soname of the toolkit built against, then the unversioned name, then the build's own copy.
+    for (const char* name : {"libcublasLt.so." EXATRAIN_CUBLAS_MAJOR, "libcublasLt.so", EXATRAIN_CUBLASLT_PATH}) {
+      if ((lib = dlopen(name, RTLD_NOW | RTLD_LOCAL))) break;
+      tried += fmt::format("{}{} ({})", tried.empty() ? "" : ", ", name, dlerror());
+    }
+    EXA_CHECK(lib != nullptr, "cuda backend: cannot load cuBLASLt: tried {}", tried);
+#define EXA_LT_LOAD(f)                                                                                   \
+  api.f = reinterpret_cast<decltype(api.f)>(dlsym(lib, #f));                                             \
+  EXA_CHECK(api.f != nullptr, "cuda backend: cuBLASLt has no symbol {} ({})", #f, dlerror());
+    EXA_LT_FUNCTIONS(EXA_LT_LOAD)
+#undef EXA_LT_LOAD
+  });
+  return api;
+}
+
 CudaBackend::CudaBackend(int device) : device_(device), compute_(device) {
-  EXA_CUBLAS(cublasLtCreate(&lt_));
+  EXA_CUBLAS(lt_api().cublasLtCreate(&lt_));
   EXA_CUDA(cudaMalloc(&workspace_, kWorkspaceBytes));
   EXA_CUDA(cudaMalloc(&reduce_scratch_, sizeof(double) * (cuda::kReduceBlocks + 1)));
   EXA_CUDA(cudaMallocHost(&reduce_host_, sizeof(double)));
@@ -33,7 +57,7 @@ CudaBackend::CudaBackend(int device) : device_(device), compute_(device) {
 
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(cs());
-  cublasLtDestroy(lt_);
+  lt_api().cublasLtDestroy(lt_);
   cudaFree(workspace_);
   cudaFree(reduce_scratch_);
   cudaFreeHost(reduce_host_);
@@ -103,21 +127,21 @@ struct LtCall {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
   ~LtCall() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (pref) lt_api().cublasLtMatmulPreferenceDestroy(pref);
     for (auto* l : {a, b, c})
-      if (l) cublasLtMatrixLayoutDestroy(l);
-    if (op) cublasLtMatmulDescDestroy(op);
+      if (l) lt_api().cublasLtMatrixLayoutDestroy(l);
+    if (op) lt_api().cublasLtMatmulDescDestroy(op);
   }
 };
 
 // A column-major rows x cols layout with leading dimension ld, `batch` of them `stride` apart.
 void make_layout(cublasLtMatrixLayout_t* l, cudaDataType type, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
                  int64_t batch) {
-  EXA_CUBLAS(cublasLtMatrixLayoutCreate(l, type, uint64_t(rows), uint64_t(cols), ld));
+  EXA_CUBLAS(lt_api().cublasLtMatrixLayoutCreate(l, type, uint64_t(rows), uint64_t(cols), ld));
   if (batch <= 1) return;
   const int32_t count = int32_t(batch);
-  EXA_CUBLAS(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
-  EXA_CUBLAS(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+  EXA_CUBLAS(lt_api().cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+  EXA_CUBLAS(lt_api().cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
 }
 
 // The alignment cuBLASLt may assume of p (the heuristic otherwise assumes 256 bytes).
@@ -149,31 +173,31 @@ void CudaBackend::matmul(cudaDataType ab, bool ta, bool tb, int64_t M, int64_t N
   }
   LtCall call;
   const cublasComputeType_t compute = tf32_ && ab == CUDA_R_32F ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  EXA_CUBLAS(cublasLtMatmulDescCreate(&call.op, compute, CUDA_R_32F));
+  EXA_CUBLAS(lt_api().cublasLtMatmulDescCreate(&call.op, compute, CUDA_R_32F));
   const cublasOperation_t op_first = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_second = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-  EXA_CUBLAS(cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
-  EXA_CUBLAS(cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
+  EXA_CUBLAS(lt_api().cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
+  EXA_CUBLAS(lt_api().cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
   make_layout(&call.a, ab, tb ? K : N, tb ? N : K, ldb, stride_b, batch);
   make_layout(&call.b, ab, ta ? M : K, ta ? K : M, lda, stride_a, batch);
   make_layout(&call.c, CUDA_R_32F, N, M, ldc, stride_c, batch);
-  EXA_CUBLAS(cublasLtMatmulPreferenceCreate(&call.pref));
+  EXA_CUBLAS(lt_api().cublasLtMatmulPreferenceCreate(&call.pref));
   const uint64_t ws = kWorkspaceBytes;
-  EXA_CUBLAS(cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  EXA_CUBLAS(lt_api().cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   const uint32_t align_first = alignment_of(B), align_second = alignment_of(A), align_c = alignment_of(C);
-  EXA_CUBLAS(cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_first,
+  EXA_CUBLAS(lt_api().cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_first,
                                                   sizeof(uint32_t)));
-  EXA_CUBLAS(cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_second,
+  EXA_CUBLAS(lt_api().cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_second,
                                                   sizeof(uint32_t)));
-  EXA_CUBLAS(cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+  EXA_CUBLAS(lt_api().cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
                                                   sizeof(uint32_t)));
-  EXA_CUBLAS(cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+  EXA_CUBLAS(lt_api().cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
                                                   sizeof(uint32_t)));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  EXA_CUBLAS(cublasLtMatmulAlgoGetHeuristic(lt_, call.op, call.a, call.b, call.c, call.c, call.pref, 1, &result, &found));
+  EXA_CUBLAS(lt_api().cublasLtMatmulAlgoGetHeuristic(lt_, call.op, call.a, call.b, call.c, call.c, call.pref, 1, &result, &found));
   EXA_CHECK(found > 0, "cuda backend: cuBLASLt has no algorithm for the GEMM M={} N={} K={} (ta={}, tb={}, lda={}, "
             "ldb={}, ldc={}, batch={}, {})", M, N, K, ta, tb, lda, ldb, ldc, batch, ab == CUDA_R_32F ? "fp32" : "16-bit");
-  EXA_CUBLAS(cublasLtMatmul(lt_, call.op, &alpha, B, call.a, A, call.b, &beta, C, call.c, C, call.c, &result.algo,
+  EXA_CUBLAS(lt_api().cublasLtMatmul(lt_, call.op, &alpha, B, call.a, A, call.b, &beta, C, call.c, C, call.c, &result.algo,
                             workspace_, kWorkspaceBytes, cs()));
 }
 
@@ -207,6 +231,13 @@ void* cuda_event_handle(const Event& e) { return CudaBackend::event(e); }
 int cuda_device_of(const Backend& be) {
   auto* c = dynamic_cast<const CudaBackend*>(&be);
   return c ? c->device() : -1;
+}
+
+void cuda_load_libraries() { (void)lt_api(); }
+
+int64_t cuda_half_gemm_count(const Backend& be) {
+  auto* c = dynamic_cast<const CudaBackend*>(&be);
+  return c ? c->half_gemms : -1;
 }
 
 std::string cuda_memory_stats(const Backend& be) {

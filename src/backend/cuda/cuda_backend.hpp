@@ -40,5 +40,11 @@ void* cuda_event_handle(const Event& e);
 int cuda_device_of(const Backend& be);
 // The caching allocator's stats in one line ("" for another backend).
 std::string cuda_memory_stats(const Backend& be);
+// Loads cuBLASLt (dlopen, every function the backend calls; done by the first make_cuda_backend):
+// needs no GPU, so a machine without one can check the toolkit's library. An error naming the
+// library and the missing symbol when it fails.
+void cuda_load_libraries();
+// gemm_half calls so far on a CUDA backend (-1 for another backend).
+int64_t cuda_half_gemm_count(const Backend& be);
 
 }  // namespace exatrain

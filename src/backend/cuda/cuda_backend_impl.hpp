@@ -25,10 +25,28 @@
   do {                                                                                                 \
     const cublasStatus_t st_ = (call);                                                                 \
     EXA_CHECK(st_ == CUBLAS_STATUS_SUCCESS, "cuda backend: {} failed: {} ({})", #call,                 \
-              cublasLtGetStatusString(st_), cublasLtGetStatusName(st_));                               \
+              lt_api().cublasLtGetStatusString(st_), lt_api().cublasLtGetStatusName(st_));             \
   } while (0)
 
 namespace exatrain {
+
+// cuBLASLt's functions, loaded with dlopen when the first CUDA backend is made (cuda_backend.cpp):
+// linking libcublasLt.so would cost every exatrain process about 200 MB of resident memory at
+// start, CPU runs included (measured: an empty program linked with it peaks at 211 MB, 1.4 MB
+// without), which broke a memory bound of tests/cli/bad_inputs.sh. The types are the header's.
+#define EXA_LT_FUNCTIONS(X)                                                                            \
+  X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtGetStatusName) X(cublasLtGetStatusString)             \
+  X(cublasLtMatmul) X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmulDescCreate)                      \
+  X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute) X(cublasLtMatmulPreferenceCreate)     \
+  X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute)                           \
+  X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy) X(cublasLtMatrixLayoutSetAttribute)
+struct LtApi {
+#define EXA_LT_MEMBER(f) decltype(&::f) f = nullptr;
+  EXA_LT_FUNCTIONS(EXA_LT_MEMBER)
+#undef EXA_LT_MEMBER
+};
+// Loaded once (thread-safe); an error naming the library and dlerror() when it cannot be.
+const LtApi& lt_api();
 
 class CudaStream final : public Stream {
  public:
@@ -134,7 +152,12 @@ class CudaBackend final : public Backend {
                  int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) override {
     matmul(type == Half::bf16 ? CUDA_R_16BF : CUDA_R_16F, ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C,
            ldc, 0, 1);
+    half_gemms++;
   }
+  std::string gemm_half_path(Half type) const override {
+    return std::string("cuBLASLt ") + (type == Half::bf16 ? "bf16" : "fp16") + " matmul, fp32 accumulation";
+  }
+  int64_t half_gemms = 0;  // gemm_half calls so far (bench_gpu: did a "bf16" run use 16-bit GEMMs?)
   void f32_to_half(Half type, uint16_t* dst, const float* src, int64_t n) override {
     cuda::f32_to_half(cs(), type == Half::bf16 ? 0 : 1, dst, src, n);
     launched("f32_to_half");
