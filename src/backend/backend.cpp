@@ -5,6 +5,9 @@
 #include <utility>
 
 #include "backend/cpu/guarded_backend.hpp"
+#ifdef EXATRAIN_HAVE_CUDA
+#include "backend/cuda/cuda_backend.hpp"
+#endif
 #include "core/check.hpp"
 
 namespace exatrain {
@@ -49,10 +52,31 @@ void DeviceBuffer::reset() {
   n_ = 0;
 }
 
+#ifdef EXATRAIN_HAVE_CUDA
+int cuda_visible_devices(std::string* why);  // cuda/cuda_backend.cpp
+bool cuda_backend_built() { return true; }
+int visible_cuda_devices(std::string* why) { return cuda_visible_devices(why); }
+#else
+bool cuda_backend_built() { return false; }
+int visible_cuda_devices(std::string* why) {
+  if (why) *why = "no CUDA device visible: this exatrain was built without the CUDA backend (EXATRAIN_CUDA=OFF)";
+  return 0;
+}
+#endif
+
 std::unique_ptr<Backend> make_backend(const std::string& name, int threads, int64_t parallel_min_work) {
   if (name == "cpu") return make_cpu_backend(threads, parallel_min_work);
   if (name == "cpu-guarded") return make_guarded_cpu_backend(threads, parallel_min_work);
-  EXA_FAIL("backend \"{}\" is not known: expected \"cpu\" or \"cpu-guarded\"", name);
+  if (name == "cuda") {
+#ifdef EXATRAIN_HAVE_CUDA
+    return make_cuda_backend();
+#else
+    EXA_FAIL("[train] backend = \"cuda\" (or device = \"cuda\"): this exatrain was built without the CUDA "
+             "backend (configure with -DEXATRAIN_CUDA=ON where nvcc is installed; docs/cuda.md), or set "
+             "[train] device = \"cpu\"");
+#endif
+  }
+  EXA_FAIL("[train] backend \"{}\" is not known: expected \"cpu\", \"cpu-guarded\" or \"cuda\"", name);
 }
 
 }  // namespace exatrain

@@ -407,9 +407,16 @@ class HostBuffer {
 // Kernels smaller than parallel_min_work elements run single-threaded (0: always parallel).
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0, int64_t parallel_min_work = 1 << 15);
 
-// The backend named in the job ([train] backend): "cpu" or "cpu-guarded" (the CPU backend with
-// device memory the host cannot touch outside an op: cpu/guarded_backend.hpp). Unknown names are
-// an error listing the known ones.
+// Whether this build has the CUDA backend (CMake's EXATRAIN_CUDA; docs/cuda.md), and how many CUDA
+// devices this process sees (cudaGetDeviceCount). 0 without the CUDA backend, a driver or a device;
+// `why` (optional) then says which, e.g. "no CUDA device visible: cudaGetDeviceCount = 0 (...)".
+bool cuda_backend_built();
+int visible_cuda_devices(std::string* why = nullptr);
+
+// The backend named in the job ([train] backend): "cpu", "cpu-guarded" (the CPU backend with
+// device memory the host cannot touch outside an op: cpu/guarded_backend.hpp) or "cuda" (one GPU:
+// the node-local rank's, cuda/cuda_backend.hpp; an error naming the reason when this build has no
+// CUDA backend or no device is visible). Unknown names are an error listing the known ones.
 std::unique_ptr<Backend> make_backend(const std::string& name, int threads = 0,
                                       int64_t parallel_min_work = 1 << 15);
 

@@ -274,9 +274,14 @@ struct TrainSpec {
   // in fp32 per pair and rounded back, as NCCL's bf16 sum; parallel/compressor.hpp). The gradients
   // are accumulated in fp32 either way.
   std::string grad_reduce_dtype = "fp32";
-  // The compute backend: "cpu" (OpenBLAS + OpenMP) or "cpu-guarded" (the same with device memory
-  // the host cannot touch outside an op: the proof of the device boundary, for tests).
-  std::string backend = "cpu";
+  // Where the model trains (docs/job-file.md): "cpu", "cuda" (one GPU per rank), or "auto" (the
+  // default): "cuda" when this exatrain has the CUDA backend and a GPU is visible, else "cpu"
+  // (resolved where the backend is made: resolved_backend below).
+  std::string device = "auto";
+  // The compute backend: "cpu" (OpenBLAS + OpenMP), "cpu-guarded" (the same with device memory the
+  // host cannot touch outside an op: the proof of the device boundary, for tests) or "cuda"; ""
+  // (the default): the device's ("cpu" on device "cpu", "cuda" on "cuda").
+  std::string backend;
   // Kernels the planner's time model assumes (docs/job-file.md): the fp8 scaling recipe (fp8 runs)
   // and the attention kernel.
   Fp8Recipe fp8_recipe = Fp8Recipe::delayed;
@@ -317,5 +322,10 @@ const char* to_string(Schedule);
 const char* to_string(Precision);
 const char* to_string(Fp8Recipe);
 const char* to_string(Attention);
+
+// The backend a run uses (make_backend's name), given how many CUDA devices are visible (0 without
+// the CUDA backend): [train] backend when set (the parser refused one that contradicts [train]
+// device), else the device's; device "auto" is "cuda" when visible_gpus > 0, else "cpu".
+std::string resolved_backend(const TrainSpec& t, int visible_gpus);
 
 }  // namespace exatrain

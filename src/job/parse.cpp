@@ -775,7 +775,14 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     s.get_int("threads", t.threads, 0, 4096);
     if (int i = s.get_choice("nan_policy", {"stop", "skip"}); i >= 0) t.nan_policy = i == 0 ? "stop" : "skip";
     if (int i = s.get_choice("grad_reduce_dtype", {"fp32", "bf16"}); i >= 0) t.grad_reduce_dtype = i == 0 ? "fp32" : "bf16";
-    if (int i = s.get_choice("backend", {"cpu", "cpu-guarded"}); i >= 0) t.backend = i == 0 ? "cpu" : "cpu-guarded";
+    static const std::vector<std::string> devices = {"auto", "cpu", "cuda"}, backends = {"cpu", "cpu-guarded", "cuda"};
+    if (int i = s.get_choice("device", devices); i >= 0) t.device = devices[size_t(i)];
+    if (int i = s.get_choice("backend", backends); i >= 0) t.backend = backends[size_t(i)];
+    if (!t.backend.empty() && t.device != "auto" && (t.backend == "cuda") != (t.device == "cuda"))
+      errors.push_back(fmt::format("{}: [train] backend = \"{}\" does not run on [train] device = \"{}\" (expected "
+                                   "backend \"cuda\" on device \"cuda\", \"cpu\" or \"cpu-guarded\" on device \"cpu\"; "
+                                   "or set only one of them)",
+                                   job_origin(job, {"train.backend", "train.device"}), t.backend, t.device));
     if (int i = s.get_choice("fp8_recipe", {"delayed", "tensorwise", "rowwise"}); i >= 0) t.fp8_recipe = Fp8Recipe(i);
     if (int i = s.get_choice("attention", {"flash2", "flash1", "flash3", "unfused"}); i >= 0) t.attention = Attention(i);
     if (t.min_lr > t.lr)
@@ -784,7 +791,7 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     s.report_unknown({"precision", "optimizer", "steps", "seed", "lr", "min_lr", "warmup_steps",
                       "weight_decay", "beta1", "beta2", "eps", "grad_clip", "data", "run_dir",
                       "checkpoint_every", "keep_checkpoints", "eval_every", "eval_batches", "log_every",
-                      "threads", "nan_policy", "grad_reduce_dtype", "backend", "fp8_recipe", "attention"});
+                      "threads", "nan_policy", "grad_reduce_dtype", "device", "backend", "fp8_recipe", "attention"});
     parse_optimizer_section(sections.at("optimizer"), t);
     if (!uses_train_betas(t))
       for (const char* k : {"beta1", "beta2", "eps"})
@@ -918,7 +925,8 @@ std::string job_to_toml(const Job& job) {
          line("run_dir", t.run_dir) + line("checkpoint_every", t.checkpoint_every) +
          line("keep_checkpoints", t.keep_checkpoints) + line("eval_every", t.eval_every) +
          line("eval_batches", t.eval_batches) + line("log_every", t.log_every) + line("threads", t.threads) +
-         line("nan_policy", t.nan_policy) + line("grad_reduce_dtype", t.grad_reduce_dtype) + line("backend", t.backend) + line("fp8_recipe", to_string(t.fp8_recipe)) +
+         line("nan_policy", t.nan_policy) + line("grad_reduce_dtype", t.grad_reduce_dtype) + line("device", t.device) +
+         (t.backend.empty() ? "" : line("backend", t.backend)) + line("fp8_recipe", to_string(t.fp8_recipe)) +
          line("attention", to_string(t.attention));
   if (t.optimizer == "muon")
     out += "\n[optimizer]\n" + line("momentum", t.muon.momentum) + line("nesterov", t.muon.nesterov) +
@@ -947,6 +955,12 @@ std::string job_to_toml(const Job& job) {
   if (t.mixed.first_order_steps > 0) out += line("first_order_steps", t.mixed.first_order_steps);
   out += comm_toml(t.comm);
   return out;
+}
+
+std::string resolved_backend(const TrainSpec& t, int visible_gpus) {
+  if (!t.backend.empty()) return t.backend;
+  if (t.device == "auto") return visible_gpus > 0 ? "cuda" : "cpu";
+  return t.device;  // "cpu" or "cuda": the backend of the same name
 }
 
 }  // namespace exatrain

@@ -4,6 +4,7 @@
 
 #include "core/check.hpp"
 #include "parallel/mpi_group.hpp"
+#include "parallel/nccl_group.hpp"
 
 namespace exatrain::parallel {
 namespace {
@@ -57,12 +58,26 @@ ParallelRuntime::ParallelRuntime(MPI_Comm world, const MeshShape& shape, Backend
   if (opts.watchdog_timeout_s > 0)
     watchdog_ = std::make_unique<Watchdog>(mesh_.world_rank, opts.watchdog_timeout_s, opts.abort_on_stall);
   Watchdog* wd = watchdog_.get();
-  tp_ = std::make_unique<MpiGroup>(mesh_.tp_comm, "tp", &ledger_, wd, &memory);
-  cp_ = std::make_unique<MpiGroup>(mesh_.cp_comm, "cp", &ledger_, wd, &memory);
-  dp_ = std::make_unique<MpiGroup>(mesh_.replica_comm, "dp", &ledger_, wd, &memory);
-  pp_ = std::make_unique<MpiGroup>(mesh_.pp_comm, "pp", &ledger_, wd, &memory);
-  world_ = std::make_unique<MpiGroup>(world, "world", &ledger_, wd, &memory);
+  // Device memory a host MPI cannot be given (the CUDA backend): NCCL groups for the axes, and the
+  // world group on MPI over host memory only (it carries host values: losses, norms, timings).
+  const bool nccl = std::string(memory.name()) == "cuda";
+  auto group = [&](MPI_Comm comm, const char* name) -> std::unique_ptr<Group> {
+    if (nccl) return make_nccl_group(comm, name, &ledger_, wd, memory);
+    return std::make_unique<MpiGroup>(comm, name, &ledger_, wd, &memory);
+  };
+  tp_ = group(mesh_.tp_comm, "tp");
+  cp_ = group(mesh_.cp_comm, "cp");
+  dp_ = group(mesh_.replica_comm, "dp");
+  pp_ = group(mesh_.pp_comm, "pp");
+  world_ = std::make_unique<MpiGroup>(world, "world", &ledger_, wd, nccl ? nullptr : &memory);
 }
+
+#ifndef EXATRAIN_HAVE_CUDA
+bool nccl_built() { return false; }
+std::unique_ptr<Group> make_nccl_group(MPI_Comm, std::string name, CommLedger*, Watchdog*, Backend& be) {
+  EXA_FAIL("group {}: NCCL groups need the CUDA build (EXATRAIN_CUDA=ON); the backend is \"{}\"", name, be.name());
+}
+#endif
 
 std::unique_ptr<ParallelRuntime> ParallelRuntime::local(Backend& memory) {
   std::unique_ptr<ParallelRuntime> rt(new ParallelRuntime());

@@ -137,7 +137,8 @@ void Session::prepare_data() {
 void Session::build() {
   plan_ = on_every_rank([&] { return plan::resolve_training_plan(job_, world_, log_); });
   threads_ = job_.train.threads > 0 ? int(job_.train.threads) : std::max(1, omp_get_num_procs() / world_);
-  backend_ = on_every_rank([&] { return make_backend(job_.train.backend, threads_); });
+  // [train] device / backend (job.hpp): "auto" is resolved here, where the GPUs are visible.
+  backend_ = on_every_rank([&] { return make_backend(resolved_backend(job_.train, visible_cuda_devices()), threads_); });
   parallel::RuntimeOptions ropt;
   ropt.watchdog_timeout_s = job_.parallel.watchdog_timeout_s;  // 0: no watchdog thread
   const parallel::MeshShape shape{int(plan_.tp), int(plan_.cp), int(plan_.dp), int(plan_.pp)};

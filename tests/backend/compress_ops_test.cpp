@@ -19,6 +19,7 @@ namespace {
 
 class CompressOps : public testing::TestWithParam<std::string> {
  protected:
+  void SetUp() override { EXA_SKIP_IF_UNAVAILABLE(GetParam()); }
   Backend& be() { return backend_named(GetParam()); }
   // Device int32 arrays: float storage of the same size (as the compressors keep them).
   int32_t* ints(Buf& b) { return reinterpret_cast<int32_t*>(b.p); }

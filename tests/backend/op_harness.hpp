@@ -17,7 +17,25 @@ namespace exatrain::test {
 
 // The backends every op is checked on: the per-op tests are value-parameterised over these
 // names (INSTANTIATE_TEST_SUITE_P(..., testing::ValuesIn(backend_names()), backend_test_name)).
-inline std::vector<std::string> backend_names() { return {"cpu", "cpu-guarded"}; }
+// "cuda" when this build has the CUDA backend (EXATRAIN_CUDA); its tests skip, saying why, where
+// no GPU is visible (EXA_SKIP_IF_UNAVAILABLE in every fixture's SetUp).
+inline std::vector<std::string> backend_names() {
+  std::vector<std::string> names{"cpu", "cpu-guarded"};
+  if (cuda_backend_built()) names.push_back("cuda");
+  return names;
+}
+
+// Why backend `name` cannot run in this process ("" when it can): "cuda" without a visible device.
+inline std::string unavailable(const std::string& name) {
+  std::string why;
+  if (name == "cuda" && visible_cuda_devices(&why) == 0) return why;
+  return "";
+}
+#define EXA_SKIP_IF_UNAVAILABLE(name)                                                   \
+  do {                                                                                  \
+    if (const std::string why_ = ::exatrain::test::unavailable(name); !why_.empty()) \
+      GTEST_SKIP() << "backend " << (name) << ": " << why_;                            \
+  } while (0)
 
 // One backend per name for the whole test program, 2 threads, parallel paths forced
 // (parallel_min_work = 0).

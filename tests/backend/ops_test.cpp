@@ -23,7 +23,10 @@ Backend& be() { return *g_backend; }
 
 class Ops : public testing::TestWithParam<std::string> {
  protected:
-  void SetUp() override { g_backend = &backend_named(GetParam()); }
+  void SetUp() override {
+    EXA_SKIP_IF_UNAVAILABLE(GetParam());
+    g_backend = &backend_named(GetParam());
+  }
 };
 
 constexpr double kFwdTol = 2e-5;  // float op vs double reference

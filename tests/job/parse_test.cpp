@@ -248,3 +248,35 @@ TEST(JobParse, NoMachineSectionMeansThisMachine) {
   EXPECT_EQ(t.machine.preset, "");
   EXPECT_EQ(t.machine.intra_node_bw_gbs, 0);
 }
+
+// [train] device / backend (issue 13): values named when refused, the contradiction of the two
+// named with both keys, and how "auto" and an omitted backend resolve (resolved_backend).
+TEST(JobParse, DeviceAndBackendKeys) {
+  const Job d = parse_job("[model]\nhidden = 256\nheads = 8\n", "job.toml");
+  EXPECT_EQ(d.train.device, "auto");
+  EXPECT_EQ(d.train.backend, "");
+  EXPECT_EQ(resolved_backend(d.train, 0), "cpu");   // no GPU visible (or no CUDA backend)
+  EXPECT_EQ(resolved_backend(d.train, 2), "cuda");  // a GPU visible
+  auto with = [](const std::string& train) { return parse_job("[train]\n" + train, "job.toml").train; };
+  EXPECT_EQ(resolved_backend(with("device = \"cpu\"\n"), 8), "cpu");
+  EXPECT_EQ(resolved_backend(with("device = \"cuda\"\n"), 0), "cuda");  // make_backend then says why not
+  EXPECT_EQ(resolved_backend(with("backend = \"cpu-guarded\"\n"), 8), "cpu-guarded");
+  EXPECT_EQ(resolved_backend(with("backend = \"cuda\"\n"), 0), "cuda");
+  EXPECT_EQ(resolved_backend(with("device = \"cpu\"\nbackend = \"cpu-guarded\"\n"), 1), "cpu-guarded");
+  std::string e = parse_error("[train]\ndevice = \"tpu\"\n");
+  EXPECT_TRUE(contains(e, "job.toml: [train] device = \"tpu\": expected one of \"auto\" \"cpu\" \"cuda\"")) << e;
+  e = parse_error("[train]\nbackend = \"gpu\"\n");
+  EXPECT_TRUE(contains(e, "[train] backend = \"gpu\": expected one of \"cpu\" \"cpu-guarded\" \"cuda\"")) << e;
+  e = parse_error("[train]\ndevice = \"cpu\"\n", {"train.backend=cuda"});
+  EXPECT_TRUE(contains(e, "[train] backend = \"cuda\" does not run on [train] device = \"cpu\"")) << e;
+  EXPECT_TRUE(contains(e, "--set train.backend=cuda")) << e;
+  e = parse_error("[train]\ndevice = \"cuda\"\nbackend = \"cpu-guarded\"\n");
+  EXPECT_TRUE(contains(e, "[train] backend = \"cpu-guarded\" does not run on [train] device = \"cuda\"")) << e;
+  // The canonical text keeps both (backend only when set) and parses back to the same settings.
+  for (const char* train : {"device = \"cuda\"\n", "backend = \"cpu-guarded\"\n", ""}) {
+    const Job a = parse_job(std::string("[train]\n") + train, "job.toml");
+    const Job b = parse_job(job_to_toml(a), "roundtrip.toml");
+    EXPECT_EQ(b.train.device, a.train.device);
+    EXPECT_EQ(b.train.backend, a.train.backend);
+  }
+}

@@ -41,7 +41,6 @@ class CpuBackend final : public Backend {
                             float alpha, const float* A, int64_t lda, int64_t stride_a,
                             const float* B, int64_t ldb, int64_t stride_b, float beta, float* C,
                             int64_t ldc, int64_t stride_c, int64_t batch) override;
-
   // cpu_half.cpp (oneDNN bf16 matmul or conversion + sgemm, chosen in the constructor):
   void gemm_half(Half type, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                  const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C,

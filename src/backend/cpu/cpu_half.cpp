@@ -23,56 +23,12 @@
 #include <fmt/format.h>
 
 #include "backend/cpu/cpu_backend.hpp"
+#include "backend/half_convert.hpp"  // the conversions the CUDA kernels use too: the same bits
 #include "core/check.hpp"
 
 namespace exatrain {
 
 namespace {
-
-uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-float float_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-// float -> IEEE binary16, round to nearest even; NaN -> quiet NaN, overflow -> inf; subnormal
-// halves by adding 0.5f (the float unit then rounds at 2^-24, the smallest half subnormal).
-// F. Giesen, "float_to_half_fast3_rtne" (public domain), the reference of many converters.
-uint16_t float_to_f16(float f) {
-  uint32_t u = bits_of(f);
-  const uint32_t sign = (u >> 16) & 0x8000u;
-  u &= 0x7fffffffu;
-  if (u >= 0x47800000u)  // >= 65536 (2^16), inf or NaN; [65520, 65536) rounds up to inf below
-    return uint16_t(sign | (u > 0x7f800000u ? 0x7e00u : 0x7c00u));
-  if (u < 0x38800000u) {  // below 2^-14: a half subnormal (or zero)
-    const float magic = 0.5f;
-    const uint32_t r = bits_of(float_of(u) + magic) - bits_of(magic);
-    return uint16_t(sign | r);
-  }
-  const uint32_t odd = (u >> 13) & 1u;
-  u += 0xc8000fffu + odd;  // rebias the exponent (-112 << 23) and round (ties to even)
-  return uint16_t(sign | (u >> 13));
-}
-
-// IEEE binary16 -> float, exact (F. Giesen's half_to_float).
-float f16_to_float(uint16_t h) {
-  const uint32_t shifted_exp = 0x7c00u << 13;
-  uint32_t o = uint32_t(h & 0x7fffu) << 13;
-  const uint32_t exp = shifted_exp & o;
-  o += (127u - 15u) << 23;
-  if (exp == shifted_exp) {
-    o += (128u - 16u) << 23;  // inf / NaN
-  } else if (exp == 0) {      // zero / subnormal: renormalise
-    o += 1u << 23;
-    o = bits_of(float_of(o) - float_of(113u << 23));
-  }
-  return float_of(o | (uint32_t(h & 0x8000u) << 16));
-}
 
 bool isa_has(dnnl::cpu_isa isa, dnnl::cpu_isa feature) {
   // cpu_isa values are bit masks: an ISA includes every feature bit of those it extends.
@@ -143,13 +99,13 @@ std::string CpuBackend::gemm_half_path(Half type) const {
 void CpuBackend::f32_to_half(Half type, uint16_t* dst, const float* src, int64_t n) {
   if (type == Half::bf16) return f32_to_bf16(dst, src, n);
 #pragma omp parallel for schedule(static) if (n >= min_work_)
-  for (int64_t i = 0; i < n; i++) dst[i] = float_to_f16(src[i]);
+  for (int64_t i = 0; i < n; i++) dst[i] = half_convert::f32_to_f16(src[i]);
 }
 
 void CpuBackend::half_to_f32(Half type, float* dst, const uint16_t* src, int64_t n) {
   if (type == Half::bf16) return bf16_to_f32(dst, src, n);
 #pragma omp parallel for schedule(static) if (n >= min_work_)
-  for (int64_t i = 0; i < n; i++) dst[i] = f16_to_float(src[i]);
+  for (int64_t i = 0; i < n; i++) dst[i] = half_convert::f16_to_f32(src[i]);
 }
 
 void CpuBackend::gemm_half(Half type, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,

@@ -22,8 +22,9 @@ Range span(const T* p, int64_t n) {
   return {p, n > 0 ? sizeof(T) * size_t(n) : 0};
 }
 
-// A row-major [rows, cols] float matrix with row stride ld: (rows-1)*ld + cols elements.
-Range matrix(const float* p, int64_t rows, int64_t cols, int64_t ld) {
+// A row-major [rows, cols] matrix with row stride ld: (rows-1)*ld + cols elements.
+template <class T>
+Range matrix(const T* p, int64_t rows, int64_t cols, int64_t ld) {
   return span(p, rows > 0 && cols > 0 ? (rows - 1) * ld + cols : 0);
 }
 

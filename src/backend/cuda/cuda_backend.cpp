@@ -1,0 +1,248 @@
+// CudaBackend: memory, streams, GEMMs (cuBLASLt) and the kernels' launches (cuda_backend.hpp says
+// what runs where; the kernels are cuda_kernels.cu, the host fallbacks cuda_backend_fallback.cpp).
+#include <fmt/format.h>
+
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "backend/cuda/cuda_backend_impl.hpp"
+
+namespace exatrain {
+namespace {
+
+// The node-local rank from the launcher's environment (one rank per GPU), 0 without one.
+int local_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "LOCAL_RANK"})
+    if (const char* v = std::getenv(var)) return std::atoi(v);
+  return 0;
+}
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's workspace (H100: 32 MiB recommended)
+
+}  // namespace
+
+const LtApi& lt_api() {
+  static LtApi api;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* lib = nullptr;
+    std::string tried;
+    // The soname of the toolkit built against, then the unversioned name, then the build's own copy.
+    for (const char* name : {"libcublasLt.so." EXATRAIN_CUBLAS_MAJOR, "libcublasLt.so", EXATRAIN_CUBLASLT_PATH}) {
+      if ((lib = dlopen(name, RTLD_NOW | RTLD_LOCAL))) break;
+      tried += fmt::format("{}{} ({})", tried.empty() ? "" : ", ", name, dlerror());
+    }
+    EXA_CHECK(lib != nullptr, "cuda backend: cannot load cuBLASLt: tried {}", tried);
+#define EXA_LT_LOAD(f)                                                                                   \
+  api.f = reinterpret_cast<decltype(api.f)>(dlsym(lib, #f));                                             \
+  EXA_CHECK(api.f != nullptr, "cuda backend: cuBLASLt has no symbol {} ({})", #f, dlerror());
+    EXA_LT_FUNCTIONS(EXA_LT_LOAD)
+#undef EXA_LT_LOAD
+  });
+  return api;
+}
+
+CudaBackend::CudaBackend(int device) : device_(device), compute_(device) {
+  EXA_CUBLAS(lt_api().cublasLtCreate(&lt_));
+  EXA_CUDA(cudaMalloc(&workspace_, kWorkspaceBytes));
+  EXA_CUDA(cudaMalloc(&reduce_scratch_, sizeof(double) * (cuda::kReduceBlocks + 1)));
+  EXA_CUDA(cudaMallocHost(&reduce_host_, sizeof(double)));
+  const char* tf32 = std::getenv("EXATRAIN_CUDA_TF32");
+  tf32_ = tf32 != nullptr && std::string(tf32) == "1";
+  cpu_ = make_cpu_backend(0);
+}
+
+CudaBackend::~CudaBackend() {
+  cudaStreamSynchronize(cs());
+  lt_api().cublasLtDestroy(lt_);
+  cudaFree(workspace_);
+  cudaFree(reduce_scratch_);
+  cudaFreeHost(reduce_host_);
+}
+
+void CudaBackend::launched(const char* op) {
+  const cudaError_t err = cudaGetLastError();
+  EXA_CHECK(err == cudaSuccess, "cuda backend: {}: kernel launch failed: {} ({})", op, cudaGetErrorString(err),
+            cudaGetErrorName(err));
+}
+
+// The CPU backend's page rule (cpu_backend.cpp) on 4096-byte pages of the device address space:
+// whole pages inside the free range read 0, the rest of [x, x+n) partial_fill. Nothing goes back to
+// the driver: a block of the caching allocator cannot be partly freed (docs/cuda.md: ZeRO-3's
+// release saves no GPU memory yet).
+void CudaBackend::release(float* x, int64_t n, float partial_fill, const float* free_begin, const float* free_end) {
+  EXA_CHECK(free_begin <= x && x + n <= free_end, "cuda backend: release of [{}, {}) outside the free range [{}, {})",
+            static_cast<const void*>(x), static_cast<const void*>(x + n), static_cast<const void*>(free_begin),
+            static_cast<const void*>(free_end));
+  if (n <= 0) return;
+  const uintptr_t page = 4096, b = uintptr_t(x), e = uintptr_t(x + n);
+  uintptr_t lo = (b + page - 1) / page * page, hi = e / page * page;
+  if (b / page * page >= uintptr_t(free_begin)) lo = b / page * page;
+  if ((e + page - 1) / page * page <= uintptr_t(free_end)) hi = (e + page - 1) / page * page;
+  if (hi <= lo) return fill(x, partial_fill, n);
+  if (b < lo) fill(x, partial_fill, int64_t((lo - b) / sizeof(float)));
+  if (hi < e) fill(reinterpret_cast<float*>(hi), partial_fill, int64_t((e - hi) / sizeof(float)));
+  zero(reinterpret_cast<void*>(lo), hi - lo);  // as madvise: whole pages, inside the free range
+}
+
+void CudaBackend::check_heads(int64_t T, int64_t Hq, int64_t Hkv, int64_t B, const char* op) const {
+  EXA_CHECK(Hkv > 0 && Hq % Hkv == 0, "cuda backend: {}: {} query heads are not a multiple of {} key-value heads", op,
+            Hq, Hkv);
+  EXA_CHECK(Hq <= 65535 && B <= 65535 && T < (int64_t(1) << 31),
+            "cuda backend: {}: grid (T = {}, heads = {}, B = {}) beyond CUDA's limits (65535 heads, 65535 batch)", op, T,
+            Hq, B);
+}
+
+void CudaBackend::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int64_t B,
+                                     int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
+  check_heads(T, Hq, Hkv, B, "attention_backward");
+  const size_t bytes = sizeof(float) * size_t(B * Hq * T * T);
+  if (bytes == 0) return;
+  // The scores' gradients [B, Hq, T, T]: scratch from the cache, freed once enqueued (the next
+  // allocation that reuses it runs after this op on the same stream).
+  float* dscores = static_cast<float*>(alloc_.allocate(bytes));
+  cuda::attention_backward(cs(), dqkv, dscores, dout, qkv, probs, B, T, Hq, Hkv, D);
+  launched("attention_backward");
+  alloc_.release(dscores);
+}
+
+double CudaBackend::reduce(int kind, const float* a, const float* b, int64_t n, const char* op) {
+  if (n <= 0) return 0.0;
+  cuda::reduce_double(cs(), kind, a, b, n, reduce_scratch_, reduce_scratch_ + cuda::kReduceBlocks);
+  launched(op);
+  EXA_CUDA(cudaMemcpyAsync(reduce_host_, reduce_scratch_ + cuda::kReduceBlocks, sizeof(double),
+                           cudaMemcpyDeviceToHost, cs()));
+  EXA_CUDA(cudaStreamSynchronize(cs()));
+  return *reduce_host_;
+}
+
+namespace {
+
+// The cuBLASLt descriptors of one call, destroyed on every path.
+struct LtCall {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~LtCall() {
+    if (pref) lt_api().cublasLtMatmulPreferenceDestroy(pref);
+    for (auto* l : {a, b, c})
+      if (l) lt_api().cublasLtMatrixLayoutDestroy(l);
+    if (op) lt_api().cublasLtMatmulDescDestroy(op);
+  }
+};
+
+// A column-major rows x cols layout with leading dimension ld, `batch` of them `stride` apart.
+void make_layout(cublasLtMatrixLayout_t* l, cudaDataType type, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
+                 int64_t batch) {
+  EXA_CUBLAS(lt_api().cublasLtMatrixLayoutCreate(l, type, uint64_t(rows), uint64_t(cols), ld));
+  if (batch <= 1) return;
+  const int32_t count = int32_t(batch);
+  EXA_CUBLAS(lt_api().cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+  EXA_CUBLAS(lt_api().cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+}
+
+// The alignment cuBLASLt may assume of p (the heuristic otherwise assumes 256 bytes).
+uint32_t alignment_of(const void* p) {
+  uint32_t a = 256;
+  while (a > 1 && uintptr_t(p) % a != 0) a /= 2;
+  return a;
+}
+
+}  // namespace
+
+// Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's first operand is B
+// (stored [K,N] column-major as N x K when !tb), its second A, and C is N x M column-major.
+void CudaBackend::matmul(cudaDataType ab, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                         const void* A, int64_t lda, int64_t stride_a, const void* B, int64_t ldb, int64_t stride_b,
+                         float beta, float* C, int64_t ldc, int64_t stride_c, int64_t batch) {
+  gemm_flops += 2.0 * double(M) * double(N) * double(K) * double(std::max<int64_t>(batch, 0));
+  if (M <= 0 || N <= 0 || batch <= 0) return;
+  if (K <= 0) {  // C = beta C (cuBLASLt refuses K = 0): on the host, rare
+    for (int64_t i = 0; i < batch; i++) {
+      std::vector<float> h(size_t(M * N));
+      EXA_CUDA(cudaMemcpy2DAsync(h.data(), N * 4, C + i * stride_c, ldc * 4, N * 4, M, cudaMemcpyDeviceToHost, cs()));
+      EXA_CUDA(cudaStreamSynchronize(cs()));
+      for (float& x : h) x = beta == 0.0f ? 0.0f : beta * x;
+      EXA_CUDA(cudaMemcpy2DAsync(C + i * stride_c, ldc * 4, h.data(), N * 4, N * 4, M, cudaMemcpyHostToDevice, cs()));
+      EXA_CUDA(cudaStreamSynchronize(cs()));
+    }
+    return;
+  }
+  LtCall call;
+  const cublasComputeType_t compute = tf32_ && ab == CUDA_R_32F ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  EXA_CUBLAS(lt_api().cublasLtMatmulDescCreate(&call.op, compute, CUDA_R_32F));
+  const cublasOperation_t op_first = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_second = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  EXA_CUBLAS(lt_api().cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
+  EXA_CUBLAS(lt_api().cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
+  make_layout(&call.a, ab, tb ? K : N, tb ? N : K, ldb, stride_b, batch);
+  make_layout(&call.b, ab, ta ? M : K, ta ? K : M, lda, stride_a, batch);
+  make_layout(&call.c, CUDA_R_32F, N, M, ldc, stride_c, batch);
+  EXA_CUBLAS(lt_api().cublasLtMatmulPreferenceCreate(&call.pref));
+  const uint64_t ws = kWorkspaceBytes;
+  EXA_CUBLAS(lt_api().cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  const uint32_t align_first = alignment_of(B), align_second = alignment_of(A), align_c = alignment_of(C);
+  EXA_CUBLAS(lt_api().cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_first,
+                                                  sizeof(uint32_t)));
+  EXA_CUBLAS(lt_api().cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_second,
+                                                  sizeof(uint32_t)));
+  EXA_CUBLAS(lt_api().cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                                  sizeof(uint32_t)));
+  EXA_CUBLAS(lt_api().cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+                                                  sizeof(uint32_t)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  EXA_CUBLAS(lt_api().cublasLtMatmulAlgoGetHeuristic(lt_, call.op, call.a, call.b, call.c, call.c, call.pref, 1, &result, &found));
+  EXA_CHECK(found > 0, "cuda backend: cuBLASLt has no algorithm for the GEMM M={} N={} K={} (ta={}, tb={}, lda={}, "
+            "ldb={}, ldc={}, batch={}, {})", M, N, K, ta, tb, lda, ldb, ldc, batch, ab == CUDA_R_32F ? "fp32" : "16-bit");
+  EXA_CUBLAS(lt_api().cublasLtMatmul(lt_, call.op, &alpha, B, call.a, A, call.b, &beta, C, call.c, C, call.c, &result.algo,
+                            workspace_, kWorkspaceBytes, cs()));
+}
+
+// ---- the public functions (cuda_backend.hpp, backend.hpp) -----------------------------------------
+
+int cuda_visible_devices(std::string* why) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    count = 0;
+  }
+  if (count == 0 && why)
+    *why = fmt::format("no CUDA device visible: cudaGetDeviceCount = 0 ({}: {})", cudaGetErrorName(err),
+                       cudaGetErrorString(err));
+  return count;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  std::string why;
+  const int count = cuda_visible_devices(&why);
+  EXA_CHECK(count > 0, "cuda backend: {}; run on a GPU node or set [train] device = \"cpu\"", why);
+  if (device < 0) device = local_rank() % count;
+  EXA_CHECK(device < count, "cuda backend: device {} requested, {} visible", device, count);
+  return std::make_unique<CudaBackend>(device);
+}
+
+void* cuda_stream_handle(Stream& s) { return CudaBackend::stream(s); }
+void* cuda_event_handle(const Event& e) { return CudaBackend::event(e); }
+
+int cuda_device_of(const Backend& be) {
+  auto* c = dynamic_cast<const CudaBackend*>(&be);
+  return c ? c->device() : -1;
+}
+
+void cuda_load_libraries() { (void)lt_api(); }
+
+int64_t cuda_half_gemm_count(const Backend& be) {
+  auto* c = dynamic_cast<const CudaBackend*>(&be);
+  return c ? c->half_gemms : -1;
+}
+
+std::string cuda_memory_stats(const Backend& be) {
+  auto* c = dynamic_cast<const CudaBackend*>(&be);
+  return c ? c->allocator().describe() : std::string();
+}
+
+}  // namespace exatrain
