@@ -7,8 +7,8 @@
 //      tokens/s and MFU, for each of --precisions (fp32, bf16). MFU is printed against the bf16
 //      dense peak (--peak-bf16, 989 TFLOP/s for H100/H200 SXM), the fp32 peak (--peak-fp32,
 //      67 TFLOP/s non-tensor-core fp32 of H100/H200 SXM; TF32 off) and the measured bf16 GEMM rate.
-//      A bf16 run that made no gemm_half call (a trainer without bf16 mixed precision: this branch
-//      before the CPU engineer's part of issue 13 is merged) is reported as such, not as bf16.
+//      A bf16 run that made no gemm_half call (a check that the trainer's mixed precision,
+//      docs/precision.md, reached the GEMMs) is reported as such, not as bf16.
 //   bench_gpu [--models 124m,350m,774m] [--precisions fp32,bf16] [--batch 8] [--seq 1024] [--steps 3]
 //             [--gemm 8192] [--repeats 5] [--peak-bf16 989] [--peak-fp32 67]
 #include <algorithm>

@@ -100,4 +100,4 @@ done
 stage "done in $(( $(date +%s) - start )) s"
 echo "logs: $OUT"
 if [ ${#failures[@]} -gt 0 ]; then echo "FAILED: ${failures[*]}"; exit 1; fi
-echo "all stages ran (a bf16 line 'not measured' means this build's trainer has no bf16 mixed precision: docs/cuda.md)"
+echo "all stages ran (a bf16 line 'not measured' means the bf16 run made no 16-bit GEMM: docs/cuda.md)"
