@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstring>
 
+#include "backend/half_convert.hpp"  // the one bf16 rounding (Backend::f32_to_bf16, the CUDA kernels)
 #include "core/check.hpp"
 #include "parallel/watchdog.hpp"
 
@@ -16,33 +17,19 @@ int as_count(int64_t n) {
   return static_cast<int>(n);
 }
 
-float bf16_to_float(uint16_t h) {
-  const uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-uint16_t float_to_bf16(float f) {  // round to nearest even, as Backend::f32_to_bf16
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-
 // MPI has no bfloat16: the elements travel as 16-bit integers and these operators reduce them
 // (in fp32, rounded back to bf16 at every pairwise step, as NCCL's bf16 reductions do).
 void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
   const uint16_t* a = static_cast<const uint16_t*>(in);
   uint16_t* b = static_cast<uint16_t*>(inout);
-  for (int i = 0; i < *len; i++) b[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+  using half_convert::bf16_to_f32, half_convert::f32_to_bf16;
+  for (int i = 0; i < *len; i++) b[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
 }
 void bf16_max(void* in, void* inout, int* len, MPI_Datatype*) {
   const uint16_t* a = static_cast<const uint16_t*>(in);
   uint16_t* b = static_cast<uint16_t*>(inout);
   for (int i = 0; i < *len; i++) {
-    const float x = bf16_to_float(a[i]), y = bf16_to_float(b[i]);
+    const float x = half_convert::bf16_to_f32(a[i]), y = half_convert::bf16_to_f32(b[i]);
     if (x > y || x != x) b[i] = a[i];
   }
 }

@@ -28,11 +28,6 @@ Range matrix(const T* p, int64_t rows, int64_t cols, int64_t ld) {
   return span(p, rows > 0 && cols > 0 ? (rows - 1) * ld + cols : 0);
 }
 
-// The same for a 16-bit matrix.
-Range matrix(const uint16_t* p, int64_t rows, int64_t cols, int64_t ld) {
-  return span(p, rows > 0 && cols > 0 ? (rows - 1) * ld + cols : 0);
-}
-
 // `batch` copies of `one` at element strides `stride` (which may be 0 or negative).
 Range batched(Range one, int64_t batch, int64_t stride) {
   if (batch <= 0 || one.bytes == 0) return {one.p, 0};

@@ -220,7 +220,11 @@ std::unique_ptr<Backend> make_cuda_backend(int device) {
   std::string why;
   const int count = cuda_visible_devices(&why);
   EXA_CHECK(count > 0, "cuda backend: {}; run on a GPU node or set [train] device = \"cpu\"", why);
-  if (device < 0) device = local_rank() % count;
+  if (device < 0) {  // one rank per GPU: two ranks on one GPU would fail later in NCCL, less clearly
+    device = local_rank();
+    EXA_CHECK(device < count, "cuda backend: local rank {} but {} GPU(s) visible on this node; the cuda backend runs "
+              "one rank per GPU (start at most {} ranks per node)", device, count, count);
+  }
   EXA_CHECK(device < count, "cuda backend: device {} requested, {} visible", device, count);
   return std::make_unique<CudaBackend>(device);
 }
