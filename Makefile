@@ -4,7 +4,9 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 DEB_PACKAGES := build-essential cmake pkg-config libopenblas-dev liblapacke-dev libdnnl-dev \
   libopenmpi-dev openmpi-bin nlohmann-json3-dev libtoml11-dev libcli11-dev libfmt-dev \
-  libgtest-dev libbenchmark-dev libsentencepiece-dev libssl-dev python3 python3-torch python3-numpy xz-utils gzip
+  libgtest-dev libbenchmark-dev libsentencepiece-dev libssl-dev python3 xz-utils gzip
+# Only the tests and `make bench` compare with PyTorch: `make run` does not install it.
+TEST_PACKAGES := python3-torch python3-numpy
 PYTHON := /usr/bin/python3
 # `make fuzz` and `make sanitize` (both run by CI, .ci/run, after `make test`) also need clang with
 # libFuzzer and the sanitizer runtimes, and its OpenMP runtime: installed by those targets only.
@@ -19,7 +21,7 @@ SAN_FLAGS := -O1 -gline-tables-only -fno-omit-frame-pointer -fsanitize=address,u
 # job parser, the training loop (session, train), the bad-input tests and core.
 SAN_ROOMS := core;job;checkpoint;data;report;session;train;bad_inputs
 
-.PHONY: deps deps-fuzz build run test bench validate clean fuzz-build fuzz sanitize
+.PHONY: deps deps-fuzz deps-test build run test bench validate clean fuzz-build fuzz sanitize
 
 deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q "install ok installed" || echo $$p; done); \
@@ -35,6 +37,9 @@ deps:
 deps-fuzz:
 	@$(MAKE) --no-print-directory deps DEB_PACKAGES="$(FUZZ_PACKAGES)"
 
+deps-test:
+	@$(MAKE) --no-print-directory deps DEB_PACKAGES="$(TEST_PACKAGES)"
+
 build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
 	cmake --build $(BUILD) -j $(JOBS)
@@ -42,10 +47,10 @@ build: deps
 run: build
 	./scripts/run-default.sh $(BUILD)
 
-test: build
+test: build deps-test
 	cd $(BUILD) && OMP_NUM_THREADS=1 ctest --output-on-failure -j $(JOBS)
 
-bench: build
+bench: build deps-test
 	$(BUILD)/bench/bench_train_step
 
 validate: build
