@@ -132,7 +132,8 @@ std::string framework_of(const std::string& source, const std::string& prec, con
       p.attention = Attention::unfused;
       p.overlap_grad_reduce = false;
     }
-  if (has(prec, "BF16Optimizer")) p.grads_twice = true;
+  // DeepSpeed's BF16Optimizer: named in the precision cell, or in the notes (BLOOM's production run).
+  if (has(prec, "BF16Optimizer") || has(notes, "BF16Optimizer")) p.grads_twice = true;
   if (source == "bigscience-workshop/bigscience") {
     p.pp_scatter_gather = false;  // DeepSpeed's pipeline engine
     p.alibi = true;               // BLOOM: --position-embedding-type alibi
