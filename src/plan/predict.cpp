@@ -262,6 +262,17 @@ double dp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, 
   return (p.zero == 2 ? double(p.micro_batches()) : 1.0) * reduce(rs) + param_gather_time(m, p, mach, lt, rank, layers);
 }
 
+// DeepSpeed's BF16Optimizer (grads_twice) adds every micro-batch's bf16 .grad into its fp32
+// gradient buffer right after that micro-batch's backward (bf16_optimizer.py update_hp_grads:
+// hp_grad.add_(lp.grad.to(fp32)), called by the pipeline engine per backward pass): the cast reads 2
+// bytes and writes 4, the add reads 4 + 4 and writes 4, per parameter of pipeline rank r, per
+// micro-batch, whatever the micro-batch size. Other frameworks accumulate inside the weight-gradient
+// GEMM (Megatron's main_grad fusion) or in the reduce-scatter (FSDP): nothing per micro-batch.
+double grad_accumulation_time(const ModelSpec& m, const Plan& p, const Device& d, int64_t r) {
+  if (!p.grads_twice) return 0;
+  return 18.0 * double(parameters_on_rank(m, p, r)) / (d.hbm_bw_gbs * 1e9 * d.bw_efficiency);
+}
+
 }  // namespace
 
 std::string plan_summary(const Plan& p) {
@@ -308,15 +319,8 @@ Prediction predict_checked(const ModelSpec& m, const MachineSpec& mach_in, const
     rank_time[r] = double(layers[r]) * lt.total();
     if (r == 0) rank_time[r] += embed;
     if (r == p.pp - 1) rank_time[r] += head;
-    // DeepSpeed's BF16Optimizer (grads_twice) adds every micro-batch's bf16 .grad into its fp32
-    // gradient buffer right after that micro-batch's backward (bf16_optimizer.py update_hp_grads:
-    // hp_grad.add_(lp.grad.to(fp32)), called by the pipeline engine per backward pass): the cast
-    // reads 2 bytes and writes 4, the add reads 4 + 4 and writes 4, per parameter of the rank, per
-    // micro-batch, whatever the micro-batch size.
-    if (p.grads_twice) {
-      accumulate[r] = 18.0 * double(parameters_on_rank(m, p, r)) / (d.hbm_bw_gbs * 1e9 * d.bw_efficiency);
-      rank_time[r] += accumulate[r];
-    }
+    accumulate[r] = grad_accumulation_time(m, p, d, r);
+    rank_time[r] += accumulate[r];
   }
   int64_t slow = std::max_element(rank_time.begin(), rank_time.end()) - rank_time.begin();
   double slow_layers = double(layers[slow]);
