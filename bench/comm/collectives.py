@@ -89,7 +89,8 @@ def main():
                 if m in ("allgather", "split_reduce", "topk_e2e"):
                     chart["series"].append({"name": f"{m} {n >> 20}M", "color": COLORS[m], "dash": DASH.get(n, ""),
                                             "xs": [d for d, _ in pts], "ys": [q for _, q in pts], "markers": True})
-        chart["series"].append({"name": "dense = 1", "color": "#000", "xs": [0.001, 0.1], "ys": [1, 1]})
+        densities = sorted({r["density"] for r in rows if r["ranks"] == p and r["method"] != "dense"})
+        chart["series"].append({"name": "dense = 1", "color": "#000", "xs": [densities[0], densities[-1]], "ys": [1, 1]})
         charts.append(chart)
     with open(os.path.join(args.out, "collectives.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
