@@ -566,8 +566,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& comm_keys()
         {"topk", with({"selection", "sample_fraction", "collective"})},
         // DGC always accumulates (its velocity is its error feedback) and trains SGD; blocktopk's
         // blocks tile the bucket whatever the entries (no dense pieces).
-        {"dgc", with({"selection", "sample_fraction", "collective", "momentum"},
-                     {"error_feedback", "adam_variance", "compress"})},
+        {"dgc", with({"selection", "sample_fraction", "collective", "momentum"}, {"error_feedback"})},
         {"blocktopk", with({"block_size"}, {"min_compress"})},
         {"temporal", with({"selection", "sample_fraction", "collective", "refresh_every"})},
         {"powersgd", {"rank", "warmup_steps", "error_feedback", "min_compress", "adam_variance", "compress"}},
@@ -598,6 +597,9 @@ void parse_comm_values(Section& s, CommSpec& c) {
   if (c.selection != "sample" && s.has("sample_fraction"))
     s.refuse("sample_fraction", "the fraction of elements DGC's sampled threshold reads, which needs [comm] "
                                 "selection = \"sample\"");
+  if (c.compress == "momentum" && s.has("momentum"))
+    s.refuse("momentum", "with [comm] compress = \"momentum\" DGC's velocity is AdamW's first moment, whose rate is "
+                         "[train] beta1");
   if (c.scope != "entry" && s.has("role_density"))
     s.refuse("role_density", "densities per parameter role need the selection per entry ([comm] scope = \"entry\")");
 }
@@ -660,7 +662,8 @@ void parse_comm_section(Section& s, Job& job, std::vector<std::string>& errors) 
                                  "expected grad_reduce_dtype = \"fp32\" or compressor = \"none\"",
                                  job_origin(job, {"train.grad_reduce_dtype", "comm.compressor"}), c.compressor));
   // DGC's momentum correction is the momentum (Lin et al. 2018, section 3.2): the optimizer must be plain SGD.
-  if (c.compressor == "dgc" && (t.optimizer != "sgd" || t.sgd.momentum != 0))
+  // With compress = "momentum" DGC's velocity is AdamW's momentum instead (check_compressed_momentum).
+  if (c.compressor == "dgc" && c.compress != "momentum" && (t.optimizer != "sgd" || t.sgd.momentum != 0))
     errors.push_back(fmt::format(
         "{}: [comm] compressor = \"dgc\" with [train] optimizer = \"{}\"{}: DGC's momentum correction accumulates "
         "the velocity before the selection ([comm] momentum = {}), so it replaces the optimizer's momentum; expected "

@@ -110,7 +110,10 @@ std::unique_ptr<Reduction> CompressorBase::start(Group& dp, Backend& be, const B
     return identity_.start(dp, be, b);
   }
   gradient_overlap(be, b, st);
-  if (compresses_momentum()) local_momentum(dp, be, b, st);
+  if (compresses_momentum()) {  // DGC's velocity is its own local momentum (sparse_compressors.cpp)
+    if (spec_.compressor != "dgc") local_momentum(dp, be, b, st);
+    delivered_momentum_ = true;
+  }
   float* acc = accumulate(dp, be, b, st);
   Scratch& s = scratch(be);
   float* sum = s.floats(kSum, len);
@@ -169,7 +172,6 @@ void CompressorBase::local_momentum(Group& dp, Backend& be, const BucketReduce& 
   be.scale(m, beta1 / float(dp.size()), len);
   be.scale(b.data, 1.0f - beta1, len);
   be.add_inplace(b.data, m, len);
-  delivered_momentum_ = true;
 }
 
 float* CompressorBase::accumulate(Group&, Backend& be, const BucketReduce& b, Bucket& st) {
@@ -267,10 +269,9 @@ SparsePairs select_topk(Backend& be, Scratch& s, const BucketPlan& plan, const f
 
 std::shared_ptr<Compressor> make_compressor(const CommSpec& spec, const CompressorContext& ctx) {
   const std::string& c = spec.compressor;
-  EXA_CHECK(spec.compress == "gradient" || (spec.compress == "momentum" && c != "none" && c != "dgc"),
+  EXA_CHECK(spec.compress == "gradient" || (spec.compress == "momentum" && c != "none"),
             "[comm] compress = \"{}\" with compressor = \"{}\": expected compress = \"gradient\", or \"momentum\" "
-            "with one of topk, blocktopk, temporal, powersgd, sign (DGC's correction is its own momentum)",
-            spec.compress, c);
+            "with one of topk, dgc, blocktopk, temporal, powersgd, sign", spec.compress, c);
   if (c == "none" && ctx.reduce_bf16) return std::make_shared<Bf16ReduceCompressor>();
   if (c == "none") return std::make_shared<IdentityCompressor>();
   if (c == "topk" || c == "dgc" || c == "blocktopk" || c == "temporal") return compress::make_sparse(spec, ctx);

@@ -103,6 +103,7 @@ class CompressorBase : public Compressor {
   const bool ef_;
   int64_t step_ = 0;
   StepStats stats_;
+  std::map<const ParamLayout*, const float*> momenta_;  // compress = "momentum": the optimizer's m per chunk
 
  private:
   bool dense_step() const { return spec_.warmup == "dense" && step_ <= spec_.warmup_steps; }
@@ -110,7 +111,6 @@ class CompressorBase : public Compressor {
   void reduce_dense_pieces(Group& dp, Backend& be, const Bucket& st, float* acc, float* sum);
   void write_result(Group& dp, Backend& be, const BucketReduce& b, const float* sum);
   void local_momentum(Group& dp, Backend& be, const BucketReduce& b, const Bucket& st);
-  std::map<const ParamLayout*, const float*> momenta_;  // compress = "momentum": the optimizer's m per chunk
   bool delivered_momentum_ = false;
   std::map<std::tuple<uintptr_t, int64_t, int64_t, int>, Bucket> buckets_;
   std::unique_ptr<Scratch> scratch_;

@@ -4,7 +4,7 @@
 //   * density 1 (top-k sends every element of the local momenta): the run equals dense AdamW with
 //     the same frozen variance within fp32 rounding (every loss and weight), so the momentum path
 //     computes AdamW's m = b1 m + (1 - b1) g from the ranks' local momenta;
-//   * top-k 5%, temporal 5% (refresh every 3 steps), sign: the replicas hold the same weights bit
+//   * top-k 5%, temporal 5% (refresh every 3 steps), sign, DGC 5% (its velocity as AdamW's m): the replicas hold the same weights bit
 //     for bit; the losses stay within 2% of the dense run's and differ from them; every step's dp
 //     gradient bytes (the ledger) equal those of the same compressor on the gradient (the same
 //     collectives of the same sizes), the warm-up steps' equal the dense run's, and the compressed
@@ -151,6 +151,7 @@ int main(int argc, char** argv) {
   failures += compressed(*be, mpi.size, mpi.rank, dense, "topk", 0.5);
   failures += compressed(*be, mpi.size, mpi.rank, dense, "temporal", 0.5);
   failures += compressed(*be, mpi.size, mpi.rank, dense, "sign", 0.35);
+  failures += compressed(*be, mpi.size, mpi.rank, dense, "dgc", 0.5);
   failures += zero1_refused(*be, mpi.size, mpi.rank);
   if (mpi.rank == 0) std::printf("%d failures (backend %s)\n", failures, be->name());
   MPI_Finalize();

@@ -119,7 +119,7 @@ TEST(JobComm, FrozenAdamVarianceNeedsAdamWAndADenseWarmUp) {
 }
 
 // compress = "momentum" (1-bit Adam's compressed momentum): AdamW with its variance frozen after the
-// dense warm-up, under ZeRO 0; DGC (its own momentum) and "none" do not take the key.
+// dense warm-up, under ZeRO 0; "none" does not take the key.
 TEST(JobComm, CompressedMomentumNeedsAdamWAFrozenVarianceAndZero0) {
   const std::string ok = "[comm]\ncompressor = \"topk\"\nwarmup_steps = 30\nadam_variance = \"freeze\"\n"
                          "compress = \"momentum\"\n";
@@ -143,8 +143,13 @@ TEST(JobComm, CompressedMomentumNeedsAdamWAFrozenVarianceAndZero0) {
   EXPECT_TRUE(contains(e, "[comm] compress = \"momentum\" with [parallel] zero = 1: each rank forms its local momentum "
                           "from the synchronised one, which ZeRO 1 and 2 keep only as this rank's shard; expected zero = 0"))
       << e;
+  // DGC: its velocity becomes AdamW's momentum (rate [train] beta1; [comm] momentum refused), not SGD's.
+  EXPECT_EQ(parse_error("[comm]\ncompressor = \"dgc\"\nwarmup_steps = 30\nadam_variance = \"freeze\"\ncompress = \"momentum\"\n"), "");
+  e = parse_error("[comm]\ncompressor = \"dgc\"\nwarmup_steps = 30\nadam_variance = \"freeze\"\ncompress = \"momentum\"\nmomentum = 0.8\n");
+  EXPECT_TRUE(contains(e, "[comm] momentum = 0.8: with [comm] compress = \"momentum\" DGC's velocity is AdamW's first "
+                          "moment, whose rate is [train] beta1")) << e;
   e = parse_error("[train]\noptimizer = \"sgd\"\n[optimizer]\nmomentum = 0\n[comm]\ncompressor = \"dgc\"\ncompress = \"momentum\"\n");
-  EXPECT_TRUE(contains(e, "[comm] compress = \"momentum\": not a key of [comm] compressor = \"dgc\"")) << e;
+  EXPECT_TRUE(contains(e, "[comm] compress = \"momentum\" with [train] optimizer = \"sgd\"")) << e;
   e = parse_error("[comm]\ncompressor = \"topk\"\ncompress = \"moment\"\n");
   EXPECT_TRUE(contains(e, "[comm] compress = \"moment\": expected one of \"gradient\" \"momentum\"")) << e;
 }
