@@ -58,6 +58,7 @@ log_every = {steps}
 
 
 ADAM = ("", 1e-3)
+ADAM_SEED2 = ("seed = 2\n", 1e-3)  # a second seed for the closest runs
 SGD = ('optimizer = "sgd"\n[optimizer]\nmomentum = 0.9\n', 0.3)
 SGD_PLAIN = ('optimizer = "sgd"\n[optimizer]\nmomentum = 0\n', 0.3)
 
@@ -98,6 +99,10 @@ RUNS = [
     ("dgc 0.2% adam momentum small 5%", "dense adamw", ADAM, 'compressor = "dgc"\ndensity = 0.002\nmin_compress = 0\nrole_density = { norm = 0.05, bias = 0.05 }\nwarmup_steps = 30\nadam_variance = "freeze"\ncompress = "momentum"\n'),
     ("temporal 0.5% momentum", "dense adamw", ADAM, 'compressor = "temporal"\ndensity = 0.005\nrefresh_every = 20\nwarmup_steps = 30\nadam_variance = "freeze"\ncompress = "momentum"\n'),
     ("sign momentum", "dense adamw", ADAM, 'compressor = "sign"\nwarmup_steps = 30\nadam_variance = "freeze"\ncompress = "momentum"\n'),
+    ("dense adamw seed 2", None, ADAM_SEED2, ""),
+    ("topk 1% momentum seed 2", "dense adamw seed 2", ADAM_SEED2, 'compressor = "topk"\ndensity = 0.01\nwarmup_steps = 30\nadam_variance = "freeze"\ncompress = "momentum"\n'),
+    ("dgc 0.1% adam momentum seed 2", "dense adamw seed 2", ADAM_SEED2, 'compressor = "dgc"\ndensity = 0.001\nwarmup_steps = 30\nadam_variance = "freeze"\ncompress = "momentum"\n'),
+    ("sign momentum seed 2", "dense adamw seed 2", ADAM_SEED2, 'compressor = "sign"\nwarmup_steps = 30\nadam_variance = "freeze"\ncompress = "momentum"\n'),
     # DGC needs plain SGD (its momentum correction is the momentum): its baseline is dense SGD.
     ("dense sgd", None, SGD, ""),
     ("topk 1% sgd", "dense sgd", SGD, 'compressor = "topk"\ndensity = 0.01\n'),
@@ -106,7 +111,8 @@ RUNS = [
 ]
 COLORS = ["#000000", "#1f77b4", "#aec7e8", "#ff7f0e", "#ffbb78", "#2ca02c", "#98df8a", "#d62728", "#ff9896",
           "#9467bd", "#c5b0d5", "#8c564b", "#e377c2", "#f7b6d2", "#7f7f7f", "#bcbd22", "#17becf", "#9edae5", "#393b79",
-          "#637939", "#8c6d31", "#843c39", "#7b4173", "#5254a3", "#8ca252"]
+          "#637939", "#8c6d31", "#843c39", "#7b4173", "#5254a3", "#8ca252", "#bd9e39", "#ad494a", "#a55194",
+          "#6b6ecf", "#b5cf6b", "#e7ba52", "#d6616b", "#ce6dbd", "#9c9ede"]
 
 
 def dp_gradient_bytes(record):
