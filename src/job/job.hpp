@@ -239,7 +239,7 @@ struct CommSpec {
   std::string compress = "gradient";     // "momentum": after the dense warm-up each rank compresses its local
                                          // AdamW momentum (b1 m + (1 - b1) g_i, m the synchronised one) with error
                                          // feedback, and the group's sum is the new m (1-bit Adam's scheme;
-                                         // docs/compression.md, "Compressing Adam's momentum")
+                                         // docs/compression.md, "The Adam question")
   int64_t overlap_every = 10;       // sparsifiers: measure the overlap of the raw gradient's successive
                                     // top-k sets at every N-th step (and the one before); 0: never
   std::map<std::string, double> role_density;  // scope = "entry": density per ParamRole name

@@ -568,8 +568,8 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& comm_keys()
     return std::vector<std::pair<std::string, std::vector<std::string>>>{
         {"none", {}},
         {"topk", with({"selection", "sample_fraction", "collective"})},
-        // DGC always accumulates (its velocity is its error feedback) and trains SGD; blocktopk's
-        // blocks tile the bucket whatever the entries (no dense pieces).
+        // DGC always accumulates (its velocity is its error feedback) and trains SGD (or AdamW with
+        // compress = "momentum"); blocktopk's blocks tile the bucket whatever the entries (no dense pieces).
         {"dgc", with({"selection", "sample_fraction", "collective", "momentum"}, {"error_feedback"})},
         {"blocktopk", with({"block_size"}, {"min_compress"})},
         {"temporal", with({"selection", "sample_fraction", "collective", "refresh_every"})},
