@@ -236,6 +236,10 @@ struct CommSpec {
   double momentum = 0.9;            // dgc: momentum correction (the optimizer is SGD without momentum)
   std::string adam_variance = "update";  // "freeze": AdamW's second moment frozen after warmup_steps
                                          // (1-bit Adam's rule; docs/compression.md, "Under Adam")
+  std::string compress = "gradient";     // "momentum": after the dense warm-up each rank compresses its local
+                                         // AdamW momentum (b1 m + (1 - b1) g_i, m the synchronised one) with error
+                                         // feedback, and the group's sum is the new m (1-bit Adam's scheme;
+                                         // docs/compression.md, "The Adam question")
   int64_t overlap_every = 10;       // sparsifiers: measure the overlap of the raw gradient's successive
                                     // top-k sets at every N-th step (and the one before); 0: never
   std::map<std::string, double> role_density;  // scope = "entry": density per ParamRole name

@@ -557,7 +557,8 @@ void parse_optimizer_section(Section& s, TrainSpec& t) {
 const std::vector<std::pair<std::string, std::vector<std::string>>>& comm_keys() {
   static const std::vector<std::pair<std::string, std::vector<std::string>>> keys = [] {
     const std::vector<std::string> sparse = {"density", "warmup_steps", "warmup", "error_feedback", "scope",
-                                             "min_compress", "role_density", "overlap_every", "adam_variance"};
+                                             "min_compress", "role_density", "overlap_every", "adam_variance",
+                                             "compress"};
     auto with = [&](std::vector<std::string> extra, const std::vector<std::string>& without = {}) {
       std::vector<std::string> k = sparse;
       k.insert(k.end(), extra.begin(), extra.end());
@@ -567,13 +568,13 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& comm_keys()
     return std::vector<std::pair<std::string, std::vector<std::string>>>{
         {"none", {}},
         {"topk", with({"selection", "sample_fraction", "collective"})},
-        // DGC always accumulates (its velocity is its error feedback) and trains SGD; blocktopk's
-        // blocks tile the bucket whatever the entries (no dense pieces).
-        {"dgc", with({"selection", "sample_fraction", "collective", "momentum"}, {"error_feedback", "adam_variance"})},
+        // DGC always accumulates (its velocity is its error feedback) and trains SGD (or AdamW with
+        // compress = "momentum"); blocktopk's blocks tile the bucket whatever the entries (no dense pieces).
+        {"dgc", with({"selection", "sample_fraction", "collective", "momentum"}, {"error_feedback"})},
         {"blocktopk", with({"block_size"}, {"min_compress"})},
         {"temporal", with({"selection", "sample_fraction", "collective", "refresh_every"})},
-        {"powersgd", {"rank", "warmup_steps", "error_feedback", "min_compress", "adam_variance"}},
-        {"sign", {"warmup_steps", "error_feedback", "min_compress", "adam_variance"}}};
+        {"powersgd", {"rank", "warmup_steps", "error_feedback", "min_compress", "adam_variance", "compress"}},
+        {"sign", {"warmup_steps", "error_feedback", "min_compress", "adam_variance", "compress"}}};
   }();
   return keys;
 }
@@ -595,12 +596,39 @@ void parse_comm_values(Section& s, CommSpec& c) {
   s.get_float_below("momentum", c.momentum, 0, 1);
   s.get_int("overlap_every", c.overlap_every, 0, 1000000);
   if (int i = s.get_choice("adam_variance", {"update", "freeze"}); i >= 0) c.adam_variance = i == 0 ? "update" : "freeze";
+  if (int i = s.get_choice("compress", {"gradient", "momentum"}); i >= 0) c.compress = i == 0 ? "gradient" : "momentum";
   s.get_float_table("role_density", c.role_density, {"matrix", "embedding", "head", "norm", "bias"}, 0, 1);
   if (c.selection != "sample" && s.has("sample_fraction"))
     s.refuse("sample_fraction", "the fraction of elements DGC's sampled threshold reads, which needs [comm] "
                                 "selection = \"sample\"");
+  if (c.compress == "momentum" && s.has("momentum"))
+    s.refuse("momentum", "with [comm] compress = \"momentum\" DGC's velocity is AdamW's first moment, whose rate is "
+                         "[train] beta1");
   if (c.scope != "entry" && s.has("role_density"))
     s.refuse("role_density", "densities per parameter role need the selection per entry ([comm] scope = \"entry\")");
+}
+
+// Compressed momentum (1-bit Adam, Tang et al. 2021): the group's sum of the compressed local
+// momenta becomes AdamW's m, and its v, which no rank can measure from compressed momenta, stays
+// as the dense warm-up left it; the compressor reads m from the optimizer's full-arena state, which
+// only ZeRO 0 keeps on every rank.
+void check_compressed_momentum(const Job& job, std::vector<std::string>& errors) {
+  const TrainSpec& t = job.train;
+  const CommSpec& c = t.comm;
+  if (c.compress != "momentum") return;
+  if (t.optimizer != "adamw" || t.mixed.active() || c.adam_variance != "freeze")
+    errors.push_back(fmt::format(
+        "{}: [comm] compress = \"momentum\" with [train] optimizer = \"{}\"{} and [comm] adam_variance = \"{}\": the "
+        "compressed momentum replaces AdamW's first moment, and its second moment cannot be measured from "
+        "compressed momenta, so it is frozen after the dense warm-up (1-bit Adam); expected optimizer = \"adamw\" "
+        "(no [optimizer] others) and adam_variance = \"freeze\" (with warmup_steps > 0)",
+        job_origin(job, {"comm.compress", "train.optimizer", "comm.adam_variance"}), t.optimizer,
+        t.mixed.active() ? " with [optimizer] others = \"" + t.mixed.first_order() + "\"" : "", c.adam_variance));
+  if (job.parallel.zero && *job.parallel.zero != 0)
+    errors.push_back(fmt::format(
+        "{}: [comm] compress = \"momentum\" with [parallel] zero = {}: each rank forms its local momentum from "
+        "the synchronised one, which ZeRO 1 and 2 keep only as this rank's shard; expected zero = 0",
+        job_origin(job, {"comm.compress", "parallel.zero"}), *job.parallel.zero));
 }
 
 void parse_comm_section(Section& s, Job& job, std::vector<std::string>& errors) {
@@ -630,6 +658,7 @@ void parse_comm_section(Section& s, Job& job, std::vector<std::string>& errors) 
         "\"adamw\" and warmup_steps > 0 with warmup = \"dense\"",
         job_origin(job, {"comm.adam_variance", "train.optimizer", "comm.warmup_steps", "comm.warmup"}), t.optimizer,
         c.warmup_steps, c.warmup == "dense" ? "" : ", warmup = \"" + c.warmup + "\""));
+  check_compressed_momentum(job, errors);
   // A bf16 reduction is the dense collective in bf16; a compressor sends its own encoding.
   if (t.grad_reduce_dtype == "bf16" && c.compressor != "none")
     errors.push_back(fmt::format("{}: [train] grad_reduce_dtype = \"bf16\" with [comm] compressor = \"{}\": the bf16 "
@@ -637,7 +666,8 @@ void parse_comm_section(Section& s, Job& job, std::vector<std::string>& errors) 
                                  "expected grad_reduce_dtype = \"fp32\" or compressor = \"none\"",
                                  job_origin(job, {"train.grad_reduce_dtype", "comm.compressor"}), c.compressor));
   // DGC's momentum correction is the momentum (Lin et al. 2018, section 3.2): the optimizer must be plain SGD.
-  if (c.compressor == "dgc" && (t.optimizer != "sgd" || t.sgd.momentum != 0))
+  // With compress = "momentum" DGC's velocity is AdamW's momentum instead (check_compressed_momentum).
+  if (c.compressor == "dgc" && c.compress != "momentum" && (t.optimizer != "sgd" || t.sgd.momentum != 0))
     errors.push_back(fmt::format(
         "{}: [comm] compressor = \"dgc\" with [train] optimizer = \"{}\"{}: DGC's momentum correction accumulates "
         "the velocity before the selection ([comm] momentum = {}), so it replaces the optimizer's momentum; expected "
@@ -872,6 +902,7 @@ static std::string comm_toml(const CommSpec& c) {
   if (takes("momentum")) out += line("momentum", c.momentum);
   if (takes("overlap_every")) out += line("overlap_every", c.overlap_every);
   if (takes("adam_variance")) out += line("adam_variance", c.adam_variance);
+  if (takes("compress")) out += line("compress", c.compress);
   if (!c.role_density.empty() && c.scope == "entry") {
     std::string t;
     for (const auto& [role, d] : c.role_density) t += fmt::format("{}{} = {}", t.empty() ? "" : ", ", role, toml_text(toml::value(d)));

@@ -110,6 +110,8 @@ void Optimizer::collect_parts(const std::vector<ParamRegion>& regions) {
 
 // The parts of every region (collect_parts), the work across them (prepare_step), then each update.
 void Optimizer::step(const std::vector<ParamRegion>& regions, const OptimStep& ctx) {
+  EXA_CHECK(!ctx.grads_are_momentum || takes_momentum(), "optimizer {}: handed the synchronised momentum in place "
+            "of the gradient ([comm] compress = \"momentum\"), which only adamw takes", name());
   collect_parts(regions);
   prepare_step(parts_, ctx);
   for (const EntryPart& e : parts_) update(e, ctx);
@@ -121,7 +123,13 @@ void adamw_part(Backend& be, const AdamWConfig& c, const EntryPart& e, float* m,
   const bool frozen = c.freeze_variance_after > 0 && ctx.step > c.freeze_variance_after;
   const float beta2 = frozen ? 1.0f : c.beta2;
   const float bc2 = 1.0f - std::pow(c.beta2, float(frozen ? c.freeze_variance_after : ctx.step));
-  be.adamw_update(e.params, e.grads, m, v, e.n, ctx.lr, c.beta1, beta2, c.eps, e.p.decay ? c.weight_decay : 0.0f,
+  // Compressed momentum: the "gradient" is the new m itself; beta1 = 0 makes the update's
+  // m = 0 m + 1 g exactly, and bc1 stays that of beta1 (m estimates the same moving average).
+  EXA_CHECK(!ctx.grads_are_momentum || frozen, "adamw: handed the synchronised momentum at step {} with its variance "
+            "not frozen (freeze_variance_after = {}): [comm] compress = \"momentum\" needs adam_variance = \"freeze\"",
+            ctx.step, c.freeze_variance_after);
+  const float beta1 = ctx.grads_are_momentum ? 0.0f : c.beta1;
+  be.adamw_update(e.params, e.grads, m, v, e.n, ctx.lr, beta1, beta2, c.eps, e.p.decay ? c.weight_decay : 0.0f,
                   bc1, bc2, ctx.grad_scale);
 }
 

@@ -87,6 +87,10 @@ struct OptimStep {
   int64_t step = 1;        // 1-based: the number of this update (bias corrections use it)
   float lr = 0;            // this step's learning rate
   float grad_scale = 1;    // multiplies every gradient first (global-norm clipping)
+  // The reduced "gradients" are the data-parallel-synchronised first moment ([comm] compress =
+  // "momentum": the compressed sum of the ranks' local momenta, docs/compression.md): AdamW takes
+  // them as its m (times grad_scale) with its v frozen; the other optimizers refuse it.
+  bool grads_are_momentum = false;
 };
 
 class Optimizer {
@@ -105,6 +109,9 @@ class Optimizer {
   virtual std::vector<EntryStateSpec> entry_states(const ParamInfo& p) const { return {}; }
   // True when an update needs every parameter entry whole on one rank (matrix optimizers).
   virtual bool needs_whole_entries() const { return false; }
+  // True when an update can take the synchronised momentum in place of the gradient
+  // (OptimStep::grads_are_momentum): AdamW.
+  virtual bool takes_momentum() const { return false; }
 
   // Allocates the state of these regions (zeroed): the per-element tensors of every region and
   // the entry states of every entry a region holds whole; refuses an entry with entry states cut
@@ -176,6 +183,7 @@ class AdamW final : public Optimizer {
   AdamW(Backend& backend, AdamWConfig config) : Optimizer(backend), cfg_(config) {}
   const char* name() const override { return "adamw"; }
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  bool takes_momentum() const override { return true; }
 
  protected:
   void update(const EntryPart& part, const OptimStep& ctx) override;

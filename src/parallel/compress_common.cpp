@@ -103,16 +103,22 @@ std::unique_ptr<Reduction> CompressorBase::start(Group& dp, Backend& be, const B
   }
   Bucket& st = found->second;
   const int64_t len = st.plan.len;
-  if (dense_step() || st.plan.compressible == 0) {  // the warm-up, or nothing worth compressing
+  // The warm-up, or nothing worth compressing (compressed momentum reduces every bucket's momentum,
+  // its dense pieces included: the optimizer takes the whole step's buckets as m).
+  if (dense_step() || (st.plan.compressible == 0 && !compresses_momentum())) {
     stats_.dense_warmup = dense_step() ? 1 : stats_.dense_warmup;
     return identity_.start(dp, be, b);
   }
   gradient_overlap(be, b, st);
+  if (compresses_momentum()) {  // DGC's velocity is its own local momentum (sparse_compressors.cpp)
+    if (spec_.compressor != "dgc") local_momentum(dp, be, b, st);
+    delivered_momentum_ = true;
+  }
   float* acc = accumulate(dp, be, b, st);
   Scratch& s = scratch(be);
   float* sum = s.floats(kSum, len);
   stats_.elements += double(st.plan.compressible);
-  {
+  if (st.plan.compressible > 0) {
     KindTag tag(dp, spec_.compressor);
     reduce(dp, be, b, st, acc, sum);
   }
@@ -146,6 +152,26 @@ void CompressorBase::gradient_overlap(Backend& be, const BucketReduce& b, Bucket
   if (st.gradient_topk.size() < total) st.gradient_topk = DeviceBuffer(be, std::max<int64_t>(total, 1), "gradient top-k");
   if (set.k > 0) be.copy(st.gradient_topk.data(), set.idx, sizeof(int32_t) * size_t(set.k));
   st.gradient_k = set.k, st.gradient_step = step_;
+}
+
+// Compressed momentum: this rank's local momentum replaces its gradient in the bucket,
+// b1/P m + (1 - b1) g_i with m the synchronised momentum of the previous step (the optimizer's
+// exp_avg, bind_momentum): summed over the P ranks it is AdamW's b1 m + (1 - b1) g, g the gradient
+// sum the reduction would have made (1-bit Adam's local momentum, Tang et al. 2021, Algorithm 1,
+// in the sum convention of the reduction). The error feedback that follows (accumulate) keeps
+// the momentum this rank did not send.
+void CompressorBase::local_momentum(Group& dp, Backend& be, const BucketReduce& b, const Bucket& st) {
+  auto it = momenta_.find(b.layout);
+  EXA_CHECK(b.kind == ReduceKind::all_reduce && it != momenta_.end() && it->second,
+            "[comm] compress = \"momentum\": bucket [{}, {}) has no optimizer momentum to read (only ZeRO 0 keeps "
+            "the whole first moment on every rank and binds it: expected [parallel] zero = 0)", b.begin, b.end);
+  const int64_t len = st.plan.len;
+  const float beta1 = float(ctx_.beta1);  // as AdamWConfig holds it: the same (1 - b1) as its update
+  float* m = scratch(be).floats(kMomentum, len);
+  be.copy(m, it->second + b.begin, sizeof(float) * size_t(len));
+  be.scale(m, beta1 / float(dp.size()), len);
+  be.scale(b.data, 1.0f - beta1, len);
+  be.add_inplace(b.data, m, len);
 }
 
 float* CompressorBase::accumulate(Group&, Backend& be, const BucketReduce& b, Bucket& st) {
@@ -243,6 +269,9 @@ SparsePairs select_topk(Backend& be, Scratch& s, const BucketPlan& plan, const f
 
 std::shared_ptr<Compressor> make_compressor(const CommSpec& spec, const CompressorContext& ctx) {
   const std::string& c = spec.compressor;
+  EXA_CHECK(spec.compress == "gradient" || (spec.compress == "momentum" && c != "none"),
+            "[comm] compress = \"{}\" with compressor = \"{}\": expected compress = \"gradient\", or \"momentum\" "
+            "with one of topk, dgc, blocktopk, temporal, powersgd, sign", spec.compress, c);
   if (c == "none" && ctx.reduce_bf16) return std::make_shared<Bf16ReduceCompressor>();
   if (c == "none") return std::make_shared<IdentityCompressor>();
   if (c == "topk" || c == "dgc" || c == "blocktopk" || c == "temporal") return compress::make_sparse(spec, ctx);

@@ -75,9 +75,13 @@ class CompressorBase : public Compressor {
   void begin_step(int64_t step) override {
     step_ = step;
     stats_ = StepStats{};
+    delivered_momentum_ = false;
   }
   std::map<std::string, double> step_stats() const override;
   std::unique_ptr<Reduction> start(Group& dp, Backend& be, const BucketReduce& b) final;
+  bool compresses_momentum() const override { return spec_.compress == "momentum"; }
+  void bind_momentum(const ParamLayout* layout, const float* exp_avg) override { momenta_[layout] = exp_avg; }
+  bool delivered_momentum() const override { return delivered_momentum_; }
 
  protected:
   // The group's sum of the compressible pieces of acc[len] (this rank's contribution, residual
@@ -99,19 +103,22 @@ class CompressorBase : public Compressor {
   const bool ef_;
   int64_t step_ = 0;
   StepStats stats_;
+  std::map<const ParamLayout*, const float*> momenta_;  // compress = "momentum": the optimizer's m per chunk
 
  private:
   bool dense_step() const { return spec_.warmup == "dense" && step_ <= spec_.warmup_steps; }
   void gradient_overlap(Backend& be, const BucketReduce& b, Bucket& st);
   void reduce_dense_pieces(Group& dp, Backend& be, const Bucket& st, float* acc, float* sum);
   void write_result(Group& dp, Backend& be, const BucketReduce& b, const float* sum);
+  void local_momentum(Group& dp, Backend& be, const BucketReduce& b, const Bucket& st);
+  bool delivered_momentum_ = false;
   std::map<std::tuple<uintptr_t, int64_t, int64_t, int>, Bucket> buckets_;
   std::unique_ptr<Scratch> scratch_;
   IdentityCompressor identity_;
 };
 
 // Scratch slots below 100 (the sparse collectives use 100 and up).
-enum Slot : int { kSum = 1, kDense, kIdx, kVal, kTmp, kSamples, kP, kQ, kBits, kScales, kBlocks, kBlockVal, kGrad };
+enum Slot : int { kSum = 1, kDense, kIdx, kVal, kTmp, kSamples, kP, kQ, kBits, kScales, kBlocks, kBlockVal, kGrad, kMomentum };
 
 // The pieces' selections of one bucket as pairs (scratch kIdx/kVal): exact top-k, or the threshold
 // of a sample (DGC) with an exact fallback when it selects nothing or more than twice k.

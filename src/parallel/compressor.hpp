@@ -59,6 +59,17 @@ class Compressor {
   // Starts the reduction of b over dp (every rank calls it for the same buckets in the same
   // order). Null when nothing is left to wait for (blocking, or a group of one).
   virtual std::unique_ptr<Reduction> start(Group& dp, Backend& be, const BucketReduce& b) = 0;
+  // Compressed momentum ([comm] compress = "momentum", docs/compression.md): the compressor
+  // reduces each rank's local AdamW momentum b1 m + (1 - b1) g_i instead of its gradient g_i, and the
+  // bucket ends with the group's (compressed) sum, the new synchronised m. It reads m, the
+  // optimizer's first moment of the previous step, from `exp_avg` (device, the chunk's whole arena
+  // whose layout is `layout`; told once by ZeRO 0, whose optimizer keeps it on every rank).
+  virtual bool compresses_momentum() const { return false; }
+  virtual void bind_momentum(const ParamLayout* layout, const float* exp_avg) {}
+  // True when the step's reductions (since begin_step) left the synchronised momentum in the
+  // buckets, not the gradient sum (a compressed step; the dense warm-up steps reduce gradients):
+  // the optimizer then takes them as its m (OptimStep::grads_are_momentum).
+  virtual bool delivered_momentum() const { return false; }
 };
 
 // The dense fp32 collective: all-reduce or reduce-scatter of the bucket, non-blocking unless

@@ -50,6 +50,7 @@ struct CompressorContext {
   double grad_clip = 0;     // [train] grad_clip: DGC's local clipping threshold (0: none)
   int64_t total_params = 0; // elements of this rank's gradient arenas (DGC's per-bucket clip share)
   bool reduce_bf16 = false; // [train] grad_reduce_dtype = "bf16": "none" is the dense bf16 collective
+  double beta1 = 0.9;       // [train] beta1: compress = "momentum" forms the local momentum with it
 };
 
 // The compressor of `spec` ("none": the identity, or Bf16ReduceCompressor with ctx.reduce_bf16).

@@ -76,6 +76,9 @@ std::unique_ptr<GradSync> make_grad_sync(int zero, GradSyncSetup setup) {
             "(reduce_scatter_v), which the compressor slot does not take: compressor \"{}\" needs equal shards "
             "(align_shards_to_entries = false, and an optimizer that does not need whole matrices) or zero = 0 or 2",
             setup.compressor->name());
+  EXA_CHECK(zero == 0 || !setup.compressor->compresses_momentum(),
+            "[comm] compress = \"momentum\" with [parallel] zero = {}: each rank forms its local momentum from the "
+            "synchronised one, which ZeRO 1 and 2 keep only as this rank's shard; expected zero = 0", zero);
   EXA_CHECK(zero != 3 || std::string(setup.compressor->name()) == "none",
             "ZeRO 3 reduce-scatters every unit's gradients as backward makes them, without the compressor slot: "
             "compressor \"{}\" needs zero = 0, 1 or 2", setup.compressor->name());

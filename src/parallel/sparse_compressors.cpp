@@ -58,7 +58,17 @@ class SparseCompressor final : public CompressorBase {
     const int64_t len = st.plan.len;
     if (!st.extra) st.extra = std::make_unique<SparseExtra>();
     SparseExtra& x = static_cast<SparseExtra&>(*st.extra);
-    if (x.u.empty()) x.u = DeviceBuffer(be, len, "DGC velocity");
+    const bool adam = compresses_momentum();
+    if (x.u.empty()) {
+      x.u = DeviceBuffer(be, len, "DGC velocity");
+      // compress = "momentum": u is this rank's share of AdamW's m, started from the synchronised
+      // m of the dense warm-up (m / P: the ranks' velocities sum to it).
+      auto m = momenta_.find(b.layout);
+      if (adam && m != momenta_.end() && m->second) {
+        be.copy(x.u.data(), m->second + b.begin, sizeof(float) * size_t(len));
+        be.scale(x.u.data(), 1.0f / float(dp.size()), len);
+      }
+    }
     float* v = st.residual.data();
     float* g = b.data;
     if (ctx_.grad_clip > 0 && ctx_.total_params > 0) {
@@ -67,7 +77,10 @@ class SparseCompressor final : public CompressorBase {
       const double norm = std::sqrt(be.sum_squares(g, len));
       if (norm > limit) be.scale(g, float(limit / norm), len);
     }
-    be.momentum_update(x.u.data(), x.u.data(), g, len, float(spec_.momentum), false, 1.0f);
+    // compress = "momentum": u = b1 u + (1 - b1) g with AdamW's b1 ([train] beta1), its moving average (the group's sum of the
+    // sent v is then AdamW's m, as the sum of the sent v is SGD's step in DGC).
+    const float mu = adam ? float(ctx_.beta1) : float(spec_.momentum);
+    be.momentum_update(x.u.data(), x.u.data(), g, len, mu, false, adam ? 1.0f - mu : 1.0f);
     be.add_inplace(v, x.u.data(), len);
     return v;
   }

@@ -3,6 +3,7 @@
 // them (overlapped with the rest of backward), and every rank runs the optimizer on the whole arena.
 #include <algorithm>
 
+#include "core/check.hpp"
 #include "parallel/grad_sync_stages.hpp"
 #include "parallel/zero.hpp"
 
@@ -22,6 +23,7 @@ class Zero0Sync final : public GradSync {
       regions_.push_back({&g.layout(), 0, n, g.params(), g.grads()});
     }
     init_optimizer(regions_, /*replicated=*/true);
+    if (s_.compressor->compresses_momentum()) bind_momenta();
   }
   const char* name() const override { return "ZeRO 0"; }
 
@@ -64,7 +66,12 @@ class Zero0Sync final : public GradSync {
     return s;
   }
 
-  void apply(const OptimStep& step) override { s_.optimizer->step(regions_, step); }
+  // A compressed-momentum step left the synchronised momentum in the buckets (at dp 1 nothing is reduced).
+  void apply(const OptimStep& step) override {
+    OptimStep s = step;
+    s.grads_are_momentum = !bucketers_.empty() && s_.compressor->delivered_momentum();
+    s_.optimizer->step(regions_, s);
+  }
 
   // Every replica holds everything; replica r saves chunk r of it.
   std::vector<StateSlice> state_slices() override {
@@ -89,6 +96,16 @@ class Zero0Sync final : public GradSync {
   }
 
  private:
+  // Compressed momentum: the compressor reads each chunk's first moment (AdamW's exp_avg, whole on
+  // every replica under ZeRO 0) to form the ranks' local momenta.
+  void bind_momenta() {
+    const std::vector<std::string> names = s_.optimizer->state_names();
+    const auto it = std::find(names.begin(), names.end(), "exp_avg");
+    EXA_CHECK(s_.optimizer->takes_momentum() && it != names.end(), "[comm] compress = \"momentum\" with optimizer "
+              "{}: expected adamw (its first moment exp_avg is what the ranks compress)", s_.optimizer->name());
+    for (size_t c = 0; c < s_.chunks.size(); c++)
+      s_.compressor->bind_momentum(&s_.chunks[c].model->layout(), s_.optimizer->state(c, size_t(it - names.begin())));
+  }
   std::vector<std::unique_ptr<GradBucketer>> bucketers_;  // per chunk, when dp > 1
   std::vector<ParamRegion> regions_;                      // per chunk: the whole arena
 };

@@ -80,7 +80,8 @@ Trainer::Trainer(Backend& backend, parallel::ParallelRuntime& rt, const TrainerO
   compressor_ = opt_.compressor ? opt_.compressor
                                 : parallel::make_compressor(opt_.train.comm, {opt_.train.seed, opt_.train.grad_clip,
                                                                               params_on_rank(),
-                                                                              opt_.train.grad_reduce_dtype == "bf16"});
+                                                                              opt_.train.grad_reduce_dtype == "bf16",
+                                                                              opt_.train.beta1});
   for (auto& ch : chunks_) ch->model->set_linear_observer(optimizer_->linear_observer());  // K-FAC's factors
   optimizer_comm_ = std::make_unique<parallel::GroupReplicaComm>(rt_.dp(), rt_.world(), rt_.ledger());
   parallel::GradSyncSetup s;

@@ -77,7 +77,7 @@ TEST(JobComm, KeysTheCompressorDoesNotTakeAreRefused) {
                           "other key)")) << e;
   e = parse_error("[comm]\ncompressor = \"powersgd\"\ndensity = 0.01\nrefresh_every = 3\n");
   EXPECT_TRUE(contains(e, "[comm] density = 0.01: not a key of [comm] compressor = \"powersgd\" (whose keys are rank, "
-                          "warmup_steps, error_feedback, min_compress, adam_variance)")) << e;
+                          "warmup_steps, error_feedback, min_compress, adam_variance, compress)")) << e;
   EXPECT_TRUE(contains(e, "[comm] refresh_every = 3: not a key")) << e;
   e = parse_error("[train]\noptimizer = \"sgd\"\n[optimizer]\nmomentum = 0\n[comm]\ncompressor = \"dgc\"\nerror_feedback = false\n");
   EXPECT_TRUE(contains(e, "[comm] error_feedback = false: not a key of [comm] compressor = \"dgc\"")) << e;
@@ -116,6 +116,42 @@ TEST(JobComm, FrozenAdamVarianceNeedsAdamWAndADenseWarmUp) {
   EXPECT_TRUE(contains(e, "with [train] optimizer = \"lion\" and [comm] warmup_steps = 5: the second moment")) << e;
   e = parse_error("[comm]\ncompressor = \"topk\"\nadam_variance = \"fixed\"\n");
   EXPECT_TRUE(contains(e, "[comm] adam_variance = \"fixed\": expected one of \"update\" \"freeze\"")) << e;
+}
+
+// compress = "momentum" (1-bit Adam's compressed momentum): AdamW with its variance frozen after the
+// dense warm-up, under ZeRO 0; "none" does not take the key.
+TEST(JobComm, CompressedMomentumNeedsAdamWAFrozenVarianceAndZero0) {
+  const std::string ok = "[comm]\ncompressor = \"topk\"\nwarmup_steps = 30\nadam_variance = \"freeze\"\n"
+                         "compress = \"momentum\"\n";
+  const Job j = parse_job(ok, "job.toml");
+  EXPECT_EQ(j.train.comm.compress, "momentum");
+  EXPECT_EQ(parse_job("[comm]\ncompressor = \"topk\"\n", "job.toml").train.comm.compress, "gradient");
+  EXPECT_EQ(parse_job(job_to_toml(j), "roundtrip.toml").train.comm, j.train.comm);
+  EXPECT_TRUE(contains(job_to_toml(j), "compress = \"momentum\"")) << job_to_toml(j);
+  for (const char* c : {"temporal", "blocktopk", "powersgd", "sign"})
+    EXPECT_EQ(parse_error(std::string("[comm]\ncompressor = \"") + c + "\"\nwarmup_steps = 3\nadam_variance = \"freeze\"\n"
+                          "compress = \"momentum\"\n"), "") << c;
+  std::string e = parse_error("[comm]\ncompressor = \"topk\"\nwarmup_steps = 30\ncompress = \"momentum\"\n");
+  EXPECT_TRUE(contains(e, "job.toml: [comm] compress = \"momentum\" with [train] optimizer = \"adamw\" and [comm] "
+                          "adam_variance = \"update\": the compressed momentum replaces AdamW's first moment, and its "
+                          "second moment cannot be measured from compressed momenta, so it is frozen after the dense "
+                          "warm-up (1-bit Adam); expected optimizer = \"adamw\" (no [optimizer] others) and "
+                          "adam_variance = \"freeze\" (with warmup_steps > 0)")) << e;
+  e = parse_error("[train]\noptimizer = \"lion\"\n[comm]\ncompressor = \"topk\"\ncompress = \"momentum\"\n");
+  EXPECT_TRUE(contains(e, "[comm] compress = \"momentum\" with [train] optimizer = \"lion\" and [comm] adam_variance")) << e;
+  e = parse_error("[parallel]\nzero = 1\n" + ok);
+  EXPECT_TRUE(contains(e, "[comm] compress = \"momentum\" with [parallel] zero = 1: each rank forms its local momentum "
+                          "from the synchronised one, which ZeRO 1 and 2 keep only as this rank's shard; expected zero = 0"))
+      << e;
+  // DGC: its velocity becomes AdamW's momentum (rate [train] beta1; [comm] momentum refused), not SGD's.
+  EXPECT_EQ(parse_error("[comm]\ncompressor = \"dgc\"\nwarmup_steps = 30\nadam_variance = \"freeze\"\ncompress = \"momentum\"\n"), "");
+  e = parse_error("[comm]\ncompressor = \"dgc\"\nwarmup_steps = 30\nadam_variance = \"freeze\"\ncompress = \"momentum\"\nmomentum = 0.8\n");
+  EXPECT_TRUE(contains(e, "[comm] momentum = 0.8: with [comm] compress = \"momentum\" DGC's velocity is AdamW's first "
+                          "moment, whose rate is [train] beta1")) << e;
+  e = parse_error("[train]\noptimizer = \"sgd\"\n[optimizer]\nmomentum = 0\n[comm]\ncompressor = \"dgc\"\ncompress = \"momentum\"\n");
+  EXPECT_TRUE(contains(e, "[comm] compress = \"momentum\" with [train] optimizer = \"sgd\"")) << e;
+  e = parse_error("[comm]\ncompressor = \"topk\"\ncompress = \"moment\"\n");
+  EXPECT_TRUE(contains(e, "[comm] compress = \"moment\": expected one of \"gradient\" \"momentum\"")) << e;
 }
 
 TEST(JobComm, ThePlanRefusesZero3AndZero1WithWholeTensorOptimizers) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "core/check.hpp"
 #include "optim/optimizer.hpp"
 
 using namespace exatrain;
@@ -115,4 +116,59 @@ TEST(FrozenVariance, TheFrozenUpdateIsLinearInTheGradient) {
   for (int i = 0; i < 5; i++) sum_spike += std::fabs(spike_adam[size_t(i)]), sum_spread += std::fabs(spread_adam[size_t(i)]);
   std::printf("unfrozen: the spike moves %.4g, the spread %.4g\n", sum_spike, sum_spread);
   EXPECT_LT(sum_spike, 0.95 * sum_spread);
+}
+
+// Compressed momentum ([comm] compress = "momentum"): after the freeze the reduced "gradients" are
+// the synchronised momentum M (OptimStep::grads_are_momentum), which AdamW takes as its m exactly
+// (times grad_scale) with v frozen: the update is m̂ = M / bc1 over the frozen v. Refused before the
+// freeze (v would be measured on momenta) and by an optimizer without that path (SGD).
+TEST(FrozenVariance, TheSynchronisedMomentumBecomesAdamWsFirstMoment) {
+  std::unique_ptr<Backend> be = make_backend("cpu", 1);
+  ParamLayout l;
+  ParamInfo p;
+  p.name = "w", p.global_shape = p.shard_shape = {5}, p.decay = false;
+  l.add(p);
+  TrainSpec t;
+  t.comm.compressor = "topk", t.comm.warmup_steps = 2, t.comm.adam_variance = "freeze", t.comm.compress = "momentum";
+  std::unique_ptr<Optimizer> opt = make_optimizer(*be, t);
+  DeviceBuffer w(*be, 5), g(*be, 5);
+  std::vector<float> host(5, 0.25f);
+  be->upload(w.data(), host.data(), 20);
+  const std::vector<ParamRegion> regions = {{&l, 0, 5, w.data(), g.data()}};
+  opt->init_state(regions);
+  std::vector<double> ref(5, 0.25), m(5, 0), v(5, 0);
+  for (int s = 1; s <= 4; s++) {
+    const std::vector<float> x = grad(s);  // steps 1-2: gradients; 3-4: the synchronised momentum M
+    be->upload(g.data(), x.data(), 20);
+    OptimStep step{s, 0.01f, s == 4 ? 0.5f : 1.0f};
+    step.grads_are_momentum = s > 2;
+    if (s == 1) {  // before the freeze the momentum path is refused: v would be measured on momenta
+      step.grads_are_momentum = true;
+      EXPECT_THROW(opt->step(regions, step), Error);
+      step.grads_are_momentum = false;
+    }
+    opt->step(regions, step);
+    for (int i = 0; i < 5; i++) {
+      const double xi = double(x[size_t(i)]) * step.grad_scale;
+      m[size_t(i)] = s > 2 ? xi : 0.9 * m[size_t(i)] + 0.1 * xi;
+      if (s <= 2) v[size_t(i)] = 0.95 * v[size_t(i)] + 0.05 * xi * xi;
+      const double bc1 = 1 - std::pow(0.9, s), bc2 = 1 - std::pow(0.95, std::min(s, 2));
+      ref[size_t(i)] -= 0.01 * (m[size_t(i)] / bc1) / (std::sqrt(v[size_t(i)] / bc2) + 1e-8);
+    }
+  }
+  std::vector<float> got(5), exp_avg(5);
+  be->download(got.data(), w.data(), 20);
+  be->download(exp_avg.data(), opt->state(0, 0), 20);
+  const std::vector<float> last = grad(4);
+  for (int i = 0; i < 5; i++) {
+    EXPECT_EQ(exp_avg[size_t(i)], last[size_t(i)] * 0.5f) << i;  // m = grad_scale M, exactly
+    EXPECT_NEAR(got[size_t(i)], ref[size_t(i)], 1e-6) << i;
+  }
+  TrainSpec sgd;
+  sgd.optimizer = "sgd";
+  std::unique_ptr<Optimizer> other = make_optimizer(*be, sgd);
+  other->init_state(regions);
+  OptimStep step{1, 0.01f, 1.0f};
+  step.grads_are_momentum = true;
+  EXPECT_THROW(other->step(regions, step), Error);
 }
