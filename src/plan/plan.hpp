@@ -65,6 +65,11 @@ struct Plan {
   // buffer (2 bytes per parameter more). Not a job key: validation sets it for the runs that
   // name that optimizer.
   bool grads_twice = false;
+  // PyTorch FSDP (FullyShardedDataParallel, "FSDP1": llm-foundry/composer) passes every unit's
+  // unsharded gradient through HBM before its reduce-scatter, per micro-batch: the cast to the
+  // reduce dtype and the in-place pre-division (plan/predict.cpp fsdp_grad_pass_bytes). Not a job
+  // key: validation sets it for the sources that ran FSDP1 with ZeRO 2/3 sharding.
+  bool fsdp_grad_pass = false;
   // Element-wise kernels: fused (Megatron's bias-GELU and bias-dropout-add, TE, torch.compile) or
   // one kernel per op (PyTorch eager); plan/compute.cpp counts each one's bytes.
   bool fused_kernels = true;

@@ -267,10 +267,27 @@ double dp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, 
 // hp_grad.add_(lp.grad.to(fp32)), called by the pipeline engine per backward pass): the cast reads 2
 // bytes and writes 4, the add reads 4 + 4 and writes 4, per parameter of pipeline rank r, per
 // micro-batch, whatever the micro-batch size. Other frameworks accumulate inside the weight-gradient
-// GEMM (Megatron's main_grad fusion) or in the reduce-scatter (FSDP): nothing per micro-batch.
+// GEMM (Megatron's main_grad fusion) or on the reduce-scattered shard (FSDP, 1/dp of it: not
+// counted), but FSDP1 has a pass of its own over the unsharded gradient, below.
+//
+// PyTorch FSDP1 (fsdp_grad_pass), per FSDP unit per micro-batch, in its post-backward hook
+// (torch/distributed/fsdp/_runtime_utils.py _post_backward_hook, _reduce_grad): the unsharded
+// gradient is cast to the reduce dtype (`flat_param.grad.to(reduce_dtype)`: bf16 -> fp32 reads 2
+// bytes and writes 4 per parameter; none when the gradient already has that dtype, FSDP's PURE
+// policy) and divided in place by the pre-divide factor before the reduce-scatter
+// (`_div_if_needed(padded_unsharded_grad, _gradient_predivide_factor)`, a factor > 1 for any world
+// size >= 2: read and write the reduce dtype). 14 bytes per parameter of the rank with fp32
+// reduction, 4 with bf16; whatever the micro-batch size, so it weighs on short micro-batches. It
+// runs on FSDP's post-backward stream beside the next unit's backward; counted in full, as the
+// memory-bound kernels take SMs and HBM bandwidth from it.
+double fsdp_grad_pass_bytes(const Plan& p) {
+  if (!p.fsdp_grad_pass || p.zero < 2 || p.dp * p.cp == 1) return 0;
+  return p.grads_16bit ? 2.0 + 2.0 : (2.0 + 4.0) + (4.0 + 4.0);
+}
 double grad_accumulation_time(const ModelSpec& m, const Plan& p, const Device& d, int64_t r) {
-  if (!p.grads_twice) return 0;
-  return 18.0 * double(parameters_on_rank(m, p, r)) / (d.hbm_bw_gbs * 1e9 * d.bw_efficiency);
+  const double bytes = (p.grads_twice ? 18.0 : 0.0) + fsdp_grad_pass_bytes(p);
+  if (bytes == 0) return 0;
+  return bytes * double(parameters_on_rank(m, p, r)) / (d.hbm_bw_gbs * 1e9 * d.bw_efficiency);
 }
 
 }  // namespace

@@ -152,6 +152,7 @@ std::string framework_of(const std::string& source, const std::string& prec, con
       p.attention = Attention::flash1;
       p.grads_16bit = true;
     }
+    p.fsdp_grad_pass = true;  // composer wraps the model in torch's FullyShardedDataParallel (FSDP1)
   }
   if (has(source, "torchtitan")) {
     p.fused_kernels = has(prec, "compile") || has(notes, "compile");

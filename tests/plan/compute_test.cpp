@@ -165,3 +165,29 @@ TEST(Compute, Bf16OptimizerAccumulatesEachMicroBatchIntoFp32) {
   const double pass = 18.0 * double(parameters_on_rank(m, p, 0)) / (a100.hbm_bw_gbs * 1e9 * a100.bw_efficiency);
   EXPECT_NEAR(with - without, 4 * pass, 1e-9 * with);
 }
+
+TEST(Compute, Fsdp1PassesEachUnitsGradientThroughHbmPerMicroBatch) {
+  // torch FSDP1's post-backward hook casts each unit's unsharded bf16 gradient to the fp32 reduce
+  // dtype (read 2, write 4 bytes) and pre-divides it in place (read 4, write 4): 14 bytes per
+  // parameter of the rank per micro-batch; with bf16 reduction (PURE) only the division, 4 bytes;
+  // nothing without ZeRO 2/3 sharding or without replicas (no reduce-scatter).
+  ModelSpec m = llama_like();
+  MachineSpec mach;
+  mach.device = "h100-sxm", mach.gpus_per_node = 8, mach.intra_node_bw_gbs = 450, mach.inter_node_bw_gbs = 400;
+  const Device& h100 = find_device("h100-sxm");
+  Plan p = one_gpu(2);
+  p.dp = 8, p.gpus = 8, p.zero = 3, p.global_batch = 2 * 8 * 3;  // 3 micro-batches
+  const double without = predict(m, mach, p).breakdown.compute;
+  p.fsdp_grad_pass = true;
+  const double with = predict(m, mach, p).breakdown.compute;
+  const double per_byte = double(parameters_on_rank(m, p, 0)) / (h100.hbm_bw_gbs * 1e9 * h100.bw_efficiency);
+  EXPECT_NEAR(with - without, 3 * 14 * per_byte, 1e-9 * with);
+  p.grads_16bit = true;
+  const double pure = predict(m, mach, p).breakdown.compute;
+  p.fsdp_grad_pass = false;
+  EXPECT_NEAR(pure - predict(m, mach, p).breakdown.compute, 3 * 4 * per_byte, 1e-9 * pure);
+  p.grads_16bit = false, p.fsdp_grad_pass = true, p.zero = 0;  // DDP-like: no unit reduce-scatter
+  const double ddp = predict(m, mach, p).breakdown.compute;
+  p.fsdp_grad_pass = false;
+  EXPECT_DOUBLE_EQ(ddp, predict(m, mach, p).breakdown.compute);
+}
