@@ -391,7 +391,7 @@ TEST(Session, TrainerChecksAreReportedWithTheFilesProblems) {
   });
   EXPECT_TRUE(has(e, "3 problems in job both.toml")) << e;
   EXPECT_TRUE(has(e, "unknown key \"hiden\"")) << e;
-  EXPECT_TRUE(has(e, "[train] precision = \"fp8\": this trainer trains in \"fp32\" or \"bf16\"")) << e;
+  EXPECT_TRUE(has(e, "[train] precision = \"fp8\": this trainer trains in \"fp32\", \"bf16\" or \"fp16\"")) << e;
   EXPECT_TRUE(has(e, "[train] steps = 0: expected at least 1")) << e;
   // A value that came from --set is named by its --set, the file's own by the file.
   e = error_of([&] {
