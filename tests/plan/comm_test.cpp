@@ -190,7 +190,9 @@ TEST(Comm, GradientBytesFollowTheReduceDtypeNotThePrecision) {
       p.grad_reduce_bf16 = false, p.grads_16bit = false;
       const CommBytes b = bytes_sent_per_step(m, p, pos);
       EXPECT_EQ(b[reduce], (zero == 2 ? 2 : 1) * elems * 4) << to_string(prec) << " zero " << zero;
-      if (zero >= 1) EXPECT_EQ(b[CommKind::dp_all_gather], ring_all_gather_sent(n, 2, 0) * (prec == Precision::fp32 ? 4 : 2));
+      if (zero >= 1) {  // the parameter all-gather keeps the precision's element size
+        EXPECT_EQ(b[CommKind::dp_all_gather], ring_all_gather_sent(n, 2, 0) * (prec == Precision::fp32 ? 4 : 2));
+      }
       const int64_t act = 1024 * 768 * (prec == Precision::fp32 ? 4 : 2);  // boundary messages keep elem
       EXPECT_EQ(b[CommKind::pp_send], 2 * act + tied * 4) << to_string(prec) << " zero " << zero;
       by_precision[prec] = b;
