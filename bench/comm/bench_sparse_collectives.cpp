@@ -5,7 +5,7 @@
 //   split_reduce   Ok-Topk-style split and reduce, each region's ceil(k / P) largest all-gathered
 //   shared_index   the values at a common index set of k, one all-reduce of k floats, into n
 //   topk_e2e       the topk compressor end to end on a dense bucket of n (the gradient copied in,
-//                  selection by nth_element, error feedback, the all-gather of pairs, the result
+//                  selection (radix, three passes), error feedback, the all-gather of pairs, the result
 //                  written back): what the planner's break-even models (--e2e, n up to --e2e-max)
 // For message sizes n (--sizes, floats) and densities (--densities). Per case: the median over
 // --reps repetitions (after one warm-up) of the slowest rank's time, its ratio to dense, the

@@ -227,7 +227,7 @@ struct CommSpec {
                                     // density falls geometrically from 25% (DGC's schedule)
   int64_t refresh_every = 10;       // temporal: the index set is chosen anew every R steps
   bool error_feedback = true;       // what is not sent is kept and added to the next step's gradient
-  std::string selection = "exact";  // "exact": top-k by nth_element; "sample": DGC's sampled threshold
+  std::string selection = "exact";  // "exact": top-k by radix selection; "sample": DGC's sampled threshold
   double sample_fraction = 0.01;    // selection = "sample": fraction of the elements sampled
   std::string collective = "allgather";  // "allgather": of (index, value) pairs; "split_reduce": Ok-Topk-style
   std::string scope = "entry";      // "entry": k per parameter entry (per-layer densities); "bucket": one top-k per bucket

@@ -305,11 +305,13 @@ std::string preset_names(const std::string& dir) {
   return out.empty() ? "none found" : out;
 }
 
-// Puts a preset's section (its `preset_file` or catalog file) under the section's keys.
+// Puts a preset's section (its `preset_file` or catalog file) under the section's keys. `optional`:
+// a file without that table adds nothing (the local profile of one rank measured no [machine]).
 void put_preset_section(Section& sec, Documents& docs, const std::string& path, const std::string& shown,
-                        std::vector<std::string>& errors) {
+                        std::vector<std::string>& errors, bool optional = false) {
   docs.push_back(parse_toml(read_job_text(path, "preset file"), shown));
   const toml::value& root = docs.back();
+  if (optional && root.is_table() && !root.contains(sec.name())) return;
   if (!root.is_table() || !root.contains(sec.name()) || !root.at(sec.name()).is_table()) {
     errors.push_back(fmt::format("{}: expected a [{}] table", shown, sec.name()));
     return;
@@ -352,9 +354,11 @@ void apply_preset(Section& sec, Documents& docs, const std::string& dir, const s
   }
   put_preset_section(sec, docs, path, rel, errors);
   // This machine as `exatrain profile` measured it (core/profile_cache.hpp), over the shipped figures.
+  // A profile of one rank has devices only (the catalog reads those) and no [machine]: the
+  // network figures stay the shipped ones.
   if (dir == "catalog/clusters" && name == "local")
     if (const std::optional<std::string> profile = active_profile())
-      put_preset_section(sec, docs, *profile, "local profile " + *profile, errors);
+      put_preset_section(sec, docs, *profile, "local profile " + *profile, errors, /*optional=*/true);
 }
 
 // Splits "section.key=value" and parses value as TOML (falling back to a plain word, which must

@@ -5,7 +5,7 @@
 //                sent is kept and added to the next step's gradient: Seide et al. 2014, Stich et al.
 //                2018, GRACE's residual memory); per parameter entry (scope = "entry": every layer
 //                gets its density, role_density sets one per role) or per bucket; selection exact
-//                (nth_element) or by a sampled threshold (DGC); all-gather of (index, value) pairs
+//                (radix selection) or by a sampled threshold (DGC); all-gather of (index, value) pairs
 //                or Ok-Topk-style split-and-reduce (parallel/sparse_collectives.hpp).
 //   "dgc"        Deep Gradient Compression (Lin et al., ICLR 2018): momentum correction (the
 //                velocity u = m u + g is accumulated, v += u, and v is sparsified), local gradient

@@ -55,7 +55,9 @@ CompressionCost cost_at(const Setting& s, const Gradients& x, double density) {
     out.comm_s += best_all_gather_time(p * elem_bytes * count, s.g, s.mach) + best_all_gather_time(4 * p, s.g, s.mach);
   };
   auto topk_exchange = [&] {
-    passes += c.selection == "sample" ? 1 : 6;  // select above a sampled threshold, or nth_element
+    // Select above a sampled threshold (one pass), or the exact radix selection (three passes over
+    // the magnitudes: two histograms and the collection, backend cpu_compress_ops.cpp topk_abs).
+    passes += c.selection == "sample" ? 1 : 3;
     if (c.collective == "allgather") {
       gather(8, k);
       passes += 3 * p * density;  // scatter every rank's pairs

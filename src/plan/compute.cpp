@@ -61,7 +61,7 @@ double elementwise_bytes_per_token(const ModelSpec& m, const Plan& p, double ele
   double replicated = 4 * h + (fused ? 4 * h : 6 * h);
   if (dropout) replicated += fused ? 1.0 * h : 5.0 * h;
   double split = m.activation == Activation::swiglu ? (fused ? 3 * f : 5 * f) : 2 * f;
-  if (m.position == Position::rope) split += (fused ? 1.0 : 2.0) * (h + double(kv_dim(m)));
+  if (m.position == Position::rope && !p.alibi) split += (fused ? 1.0 : 2.0) * (h + double(kv_dim(m)));
   return elem * (replicated / (p.seq_parallel ? tp : 1.0) + split / tp);
 }
 
@@ -127,7 +127,10 @@ AttentionTime unfused_attention_time(const ModelSpec& m, const Plan& p, const De
   a.bwd = gemm_seconds(d, prec, {sq, s, dh, batch}, c) + gemm_seconds(d, prec, {s, dh, sq, batch}, c) +
           gemm_seconds(d, prec, {sq, dh, s, batch}, c) + gemm_seconds(d, prec, {s, dh, sq, batch}, c);
   const double scores = batch * sq * s * double(element_bytes(prec)) / 2;
-  a.fwd += 9 * scores / hbm_bytes_per_s(d);
+  // ALiBi in unfused attention (Megatron-DeepSpeed's BLOOM: torch.baddbmm(alibi, q, k^T, beta=1)):
+  // the broadcast bias is first written into the scores buffer, which the GEMM then reads as its
+  // C operand: 4 bytes more per score element forward.
+  a.fwd += (p.alibi ? 13 : 9) * scores / hbm_bytes_per_s(d);
   a.bwd += 11 * scores / hbm_bytes_per_s(d);
   return a;
 }

@@ -86,6 +86,11 @@ struct Plan {
   // Dropout in the layers (a 1-byte mask after attention and after the MLP); unset: GELU models
   // have it (GPT-2/3 style), SwiGLU models do not. Not a job key: validation sets it per source.
   std::optional<bool> dropout;
+  // ALiBi position bias (Press et al. 2022) instead of the model's position scheme: MPT
+  // (llm-foundry `alibi: true`) and BLOOM. The layers then run no RoPE kernels; the attention
+  // core adds a bias to every score (plan/compute.cpp counts it). Not a job key: validation sets
+  // it from the source (the runtime has no ALiBi).
+  bool alibi = false;
 
   int64_t micro_batches() const { return global_batch / (dp * micro_batch); }
   // optimizer and optimizer_state from the job's [train] optimizer (and [optimizer] keys).

@@ -262,6 +262,17 @@ double dp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, 
   return (p.zero == 2 ? double(p.micro_batches()) : 1.0) * reduce(rs) + param_gather_time(m, p, mach, lt, rank, layers);
 }
 
+// DeepSpeed's BF16Optimizer (grads_twice) adds every micro-batch's bf16 .grad into its fp32
+// gradient buffer right after that micro-batch's backward (bf16_optimizer.py update_hp_grads:
+// hp_grad.add_(lp.grad.to(fp32)), called by the pipeline engine per backward pass): the cast reads 2
+// bytes and writes 4, the add reads 4 + 4 and writes 4, per parameter of pipeline rank r, per
+// micro-batch, whatever the micro-batch size. Other frameworks accumulate inside the weight-gradient
+// GEMM (Megatron's main_grad fusion) or in the reduce-scatter (FSDP): nothing per micro-batch.
+double grad_accumulation_time(const ModelSpec& m, const Plan& p, const Device& d, int64_t r) {
+  if (!p.grads_twice) return 0;
+  return 18.0 * double(parameters_on_rank(m, p, r)) / (d.hbm_bw_gbs * 1e9 * d.bw_efficiency);
+}
+
 }  // namespace
 
 std::string plan_summary(const Plan& p) {
@@ -303,18 +314,20 @@ Prediction predict_checked(const ModelSpec& m, const MachineSpec& mach_in, const
   const LayerTime lt = layer_time(m, p, d, c);
   const double head = head_time(m, p, d, c), embed = embedding_time(m, p, d);
   std::vector<int64_t> layers = layers_per_rank(m, p);
-  std::vector<double> rank_time(p.pp);
+  std::vector<double> rank_time(p.pp), accumulate(p.pp, 0.0);
   for (int64_t r = 0; r < p.pp; ++r) {
     rank_time[r] = double(layers[r]) * lt.total();
     if (r == 0) rank_time[r] += embed;
     if (r == p.pp - 1) rank_time[r] += head;
+    accumulate[r] = grad_accumulation_time(m, p, d, r);
+    rank_time[r] += accumulate[r];
   }
   int64_t slow = std::max_element(rank_time.begin(), rank_time.end()) - rank_time.begin();
   double slow_layers = double(layers[slow]);
   Breakdown& b = out.breakdown;
   b.compute = mbs * rank_time[slow];
   out.compute_parts = {mbs * slow_layers * lt.linear, mbs * slow_layers * lt.attention,
-                       mbs * slow_layers * lt.elementwise, mbs * slow_layers * lt.casts,
+                       mbs * (slow_layers * lt.elementwise + accumulate[slow]), mbs * slow_layers * lt.casts,
                        slow == p.pp - 1 ? mbs * head : 0, slow == 0 ? mbs * embed : 0};
   b.pp_bubble = bubble_time(rank_time, p.vp);
   b.tp_comm = tp_comm_time(m, p, mach, lt, slow_layers);

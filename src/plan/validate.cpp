@@ -132,12 +132,17 @@ std::string framework_of(const std::string& source, const std::string& prec, con
       p.attention = Attention::unfused;
       p.overlap_grad_reduce = false;
     }
-  if (has(prec, "BF16Optimizer")) p.grads_twice = true;
-  if (source == "bigscience-workshop/bigscience") p.pp_scatter_gather = false;  // DeepSpeed's pipeline engine
+  // DeepSpeed's BF16Optimizer: named in the precision cell, or in the notes (BLOOM's production run).
+  if (has(prec, "BF16Optimizer") || has(notes, "BF16Optimizer")) p.grads_twice = true;
+  if (source == "bigscience-workshop/bigscience") {
+    p.pp_scatter_gather = false;  // DeepSpeed's pipeline engine
+    p.alibi = true;               // BLOOM: --position-embedding-type alibi
+  }
   // Megatron's and DeepSpeed's fp16 paths accumulate and reduce fp16 gradients (Megatron forces
   // fp32 accumulation for bf16 only).
   if (p.precision == Precision::fp16) p.grads_16bit = true;
   if (has(source, "mosaicml")) {
+    p.alibi = true;  // MPT: attn_config alibi: true, no RoPE
     p.fused_kernels = false;
     p.dropout = false;
     // llm-foundry's benchmark script before 2024 ran attn_impl "triton" with FSDP's PURE mixed

@@ -73,6 +73,33 @@ TEST_P(CompressOps, TopkCountsANanAsTheLargest) {
   EXPECT_TRUE(std::isnan(dv.get()[0]));
 }
 
+// Magnitudes that share their upper 16 bits and differ below (the radix selection's second
+// histogram), NaN and +-inf (equal keys: ties by index), +-0, subnormals and long runs of ties,
+// at every k.
+TEST_P(CompressOps, TopkMatchesTheReferenceOnSpecialValuesAndNearKeys) {
+  std::mt19937 rng(11);
+  const std::vector<float> pool = {0.0f, -0.0f, 1e-45f, -3e-44f, 1.0f, -1.0f, std::nextafter(1.0f, 2.0f),
+                                   -std::nextafter(1.0f, 2.0f), 1.0000153f, 1.5f, -1.5f, INFINITY, -INFINITY,
+                                   std::nanf(""), 3e38f};
+  for (int64_t n : {1, 2, 17, 3000}) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float& v : x) v = pool[rng() % pool.size()];
+    Vec xd(x.begin(), x.end());
+    for (int64_t k = 0; k <= n; k += std::max<int64_t>(1, n / 23)) {
+      Buf dx(be(), xd), di(be(), size_t(std::max<int64_t>(k, 1))), dv(be(), size_t(std::max<int64_t>(k, 1)));
+      be().topk_abs(ints(di), dv.p, dx.p, n, k, 7);
+      if (k == 0) continue;
+      const std::vector<int32_t> want = ref_topk(x, k), got = get_ints(di, size_t(k));
+      const Vec vals = dv.get();
+      for (int64_t i = 0; i < k; i++) {
+        ASSERT_EQ(got[size_t(i)], want[size_t(i)] + 7) << "n " << n << " k " << k << " i " << i;
+        const float w = x[size_t(want[size_t(i)])], g = float(vals[size_t(i)]);
+        ASSERT_TRUE(std::memcmp(&w, &g, sizeof w) == 0 || (std::isnan(w) && std::isnan(g))) << "n " << n << " i " << i;
+      }
+    }
+  }
+}
+
 TEST_P(CompressOps, SampleDrawsOneMagnitudePerStratumReproducibly) {
   std::mt19937 rng(3);
   const int64_t n = 1003, s = 17;

@@ -7,7 +7,9 @@
 // parameter / reduce-scattered gradient pages went back to the OS; ZeRO 0 with dp > 1 that some
 // gradient buckets were launched during backward (the overlap). The comparisons are NaN-safe
 // (dist_common.hpp), proved on the first configuration with a NaN loss and weight. Run as
-// `mpirun -np N dist_equivalence`; exits non-zero on any mismatch.
+// `mpirun -np N dist_equivalence`; exits non-zero on any mismatch. `--precision bf16` runs every
+// configuration in bf16 mixed precision against the single-rank bf16 run, with the tolerances of
+// tolerance_for (bf16's rounding, measured).
 #include <mpi.h>
 #include <omp.h>
 #include <unistd.h>
@@ -21,6 +23,7 @@
 #include <fmt/format.h>
 
 #include "backend/backend.hpp"
+#include "core/check.hpp"
 #include "dist_common.hpp"
 #include "train/trainer.hpp"
 
@@ -83,11 +86,44 @@ static std::vector<Config> configs_for(int world) {
   return v;
 }
 
+// How close a configuration must come to the single-rank run: loss (and validation loss) relative
+// difference, and the final weights' per-tensor norm-relative and max-relative differences.
+struct Tolerance {
+  double loss, norm_rel, max_rel;
+};
+
+// fp32: 1e-5 everywhere (the AdamW eps comment below). bf16 (`--precision bf16`, docs/precision.md):
+// every layout sums the GEMMs' fp32 products in another order (tp splits K, dp sums the gradients),
+// and a difference at fp32's rounding can move a GEMM input across a bf16 rounding boundary (2^-8
+// relative), after which AdamW's normalised step turns the small gradient difference of an element
+// with a near-zero gradient into a full-size update difference. Measured after 10 steps (2 Dec 2026,
+// np 2 and np 4, every configuration): losses and validation losses within 1.6e-5 of the single-rank
+// bf16 run; weights within 4.1e-3 norm-wise (biases, whose norm after 10 steps is the updates' own)
+// and 1.1e-2 of the tensor's largest weight element-wise (tp2+sp with ZeRO 2/3). The bounds keep a
+// margin of 4-6x. The loss bound is the sharp one: a 16-bit weight copy one step stale (the forward
+// reading the weights from before the last update) moved the validation loss by 2.0e-4 here.
+Tolerance tolerance_for(Precision p) {
+  if (p == Precision::bf16) return {1e-4, 2e-2, 5e-2};
+  return {1e-5, 1e-5, 1e-5};
+}
+
+Precision precision_arg(int argc, char** argv) {
+  for (int i = 1; i + 1 < argc; i++)
+    if (std::string(argv[i]) == "--precision") {
+      EXA_CHECK(std::string(argv[i + 1]) == "bf16" || std::string(argv[i + 1]) == "fp32",
+                "dist_equivalence: --precision {}: expected fp32 or bf16", argv[i + 1]);
+      return std::string(argv[i + 1]) == "bf16" ? Precision::bf16 : Precision::fp32;
+    }
+  return Precision::fp32;
+}
+
 int main(int argc, char** argv) {
   const dist_test::World mpi = dist_test::start_mpi(argc, argv);
   const int world = mpi.size, rank = mpi.rank;
   const int steps = 10;
   auto backend = dist_test::test_backend(argc, argv);  // --backend cpu-guarded: the device boundary's proof
+  const Precision precision = precision_arg(argc, argv);  // --precision bf16: every layout in bf16
+  const Tolerance tol = tolerance_for(precision);
   std::map<std::tuple<bool, bool, bool, int64_t, int64_t>, dist_test::Reference> refs;
   int failures = 0;
   const std::vector<Config> configs = configs_for(world);
@@ -101,6 +137,7 @@ int main(int argc, char** argv) {
     // element-wise at tp2). With 1e-5 every configuration is below 1e-5 (docs/parallel.md,
     // "Equivalence with one rank"). EXATRAIN_TEST_EPS overrides it to see that for oneself.
     job.train.eps = std::getenv("EXATRAIN_TEST_EPS") ? std::atof(std::getenv("EXATRAIN_TEST_EPS")) : 1e-5;
+    job.train.precision = precision;
     // One single-rank reference per model and batch (every field that changes the reference).
     auto key = std::make_tuple(job.model.activation == Activation::swiglu, job.model.tie_embeddings, job.model.bias,
                                cfg.micro_batch, job.parallel.global_batch);
@@ -187,13 +224,13 @@ int main(int argc, char** argv) {
     // backward pass, so some buckets must be launched before it ends (not all after it).
     const bool overlapped = cfg.zero != 0 || cfg.dp == 1 || early_all > 0;
     if (!overlapped) trace += " no bucket launched during backward (the overlap is not happening);";
-    const bool ok = all[0] <= 1e-5 && all[1] <= 1e-5 && all[2] <= 1e-5 && all[3] <= 1e-5 && released &&
-                    overlapped && !nan_bad_any;
+    const bool ok = all[0] <= tol.loss && all[1] <= tol.norm_rel && all[2] <= tol.max_rel && all[3] <= tol.norm_rel &&
+                    released && overlapped && !nan_bad_any;
     failures += !ok;
     if (rank == 0)
-      std::printf("%s np%d %-58s loss rel diff %.2e; weights per tensor: norm rel %.2e, max rel %.2e (key bias, "
+      std::printf("%s np%d %s%-58s loss rel diff %.2e; weights per tensor: norm rel %.2e, max rel %.2e (key bias, "
                   "gradient 0: %.2e of max|w|); dp buckets launched in backward %lld;%s\n",
-                  ok ? "OK  " : "FAIL", world, cfg.name().c_str(), all[0], all[1], all[2], all[3],
+                  ok ? "OK  " : "FAIL", world, precision == Precision::bf16 ? "bf16 " : "", cfg.name().c_str(), all[0], all[1], all[2], all[3],
                   (long long)early_all, trace.c_str());
     std::fflush(stdout);
   }

@@ -8,6 +8,7 @@
 #include "catalog/device.hpp"
 #include "plan/compute.hpp"
 #include "plan/flops.hpp"
+#include "plan/memory.hpp"
 #include "plan/predict.hpp"
 
 using namespace exatrain;
@@ -128,4 +129,39 @@ TEST(Compute, FusedKernelsAndFp8CastsAreCountedBytes) {
   EXPECT_NEAR(layer_time(m, p, h100, c).casts, 2 * t * (k_sum + 4 * n_sum) / bw, 1e-12);
   p.fp8_recipe = Fp8Recipe::tensorwise;
   EXPECT_GT(layer_time(m, p, h100, c).casts, 2 * t * (2 * k_sum + 3 * n_sum) / bw);
+}
+
+TEST(Compute, AlibiRunsNoRopeAndWritesItsBiasIntoUnfusedScores) {
+  const ModelSpec m = llama_like();
+  const Device& a100 = find_device("a100-80g");
+  const Calibration& c = default_calibration();
+  const double bw = a100.hbm_bw_gbs * 1e9 * a100.bw_efficiency, t = 8192, h = 4096, kv = 1024;
+  Plan p = one_gpu();
+  p.fused_kernels = false;
+  const double rope = layer_time(m, p, a100, c).elementwise;
+  p.alibi = true;  // MPT, BLOOM: no RoPE kernels (eager: 2 (h + kv) bytes per token forward, x3)
+  EXPECT_NEAR(rope - layer_time(m, p, a100, c).elementwise, 3 * 2 * t * 2 * (h + kv) / bw, 1e-12);
+  // Unfused attention: baddbmm(alibi, q, k^T) writes the broadcast bias into the scores and reads
+  // it back as C: 4 bytes more per score element forward (32 heads x 8192 x 8192 at 16 bits).
+  p.attention = Attention::unfused;
+  const double with = layer_time(m, p, a100, c).attention_fwd;
+  p.alibi = false;
+  EXPECT_NEAR(with - layer_time(m, p, a100, c).attention_fwd, 4.0 * 32 * 8192 * 8192 / bw, 1e-9 * with);
+}
+
+TEST(Compute, Bf16OptimizerAccumulatesEachMicroBatchIntoFp32) {
+  // DeepSpeed's BF16Optimizer adds each micro-batch's bf16 gradients into its fp32 buffer: 18 bytes
+  // per parameter of the rank per micro-batch, independent of the micro-batch size, so halving the
+  // micro-batch at a fixed global batch adds that pass once per extra micro-batch.
+  ModelSpec m = llama_like();
+  MachineSpec mach;
+  mach.device = "a100-80g", mach.gpus_per_node = 8, mach.intra_node_bw_gbs = 300, mach.inter_node_bw_gbs = 200;
+  const Device& a100 = find_device("a100-80g");
+  Plan p = one_gpu(2);
+  p.global_batch = 8;  // 4 micro-batches
+  const double without = predict(m, mach, p).breakdown.compute;
+  p.grads_twice = true;
+  const double with = predict(m, mach, p).breakdown.compute;
+  const double pass = 18.0 * double(parameters_on_rank(m, p, 0)) / (a100.hbm_bw_gbs * 1e9 * a100.bw_efficiency);
+  EXPECT_NEAR(with - without, 4 * pass, 1e-9 * with);
 }

@@ -10,6 +10,7 @@
 #include "core/fileio.hpp"
 #include "core/profile_cache.hpp"
 #include "core/toml.hpp"
+#include "job/parse.hpp"
 #include "profile/profile.hpp"
 
 using namespace exatrain;
@@ -64,6 +65,27 @@ TEST(Profile, CacheIsUsedOnlyForThisMachine) {
   setenv("EXATRAIN_PROFILE", "off", 1);
   EXPECT_FALSE(active_profile(&why).has_value());
   EXPECT_EQ(why, "EXATRAIN_PROFILE=off");
+  unsetenv("EXATRAIN_PROFILE_DIR");
+  std::filesystem::remove_all(dir);
+}
+
+// `exatrain profile` on one rank measures the devices and no network: the job parser takes its
+// devices and keeps the shipped [machine] of `local` (it refused such a profile before, "expected a
+// [machine] table", so every job without [machine] failed after a one-rank profile).
+TEST(Profile, OneRankProfileIsTheLocalMachinesDevices) {
+  const std::string dir = std::filesystem::temp_directory_path() / ("exatrain-profile-1r-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  setenv("EXATRAIN_PROFILE_DIR", dir.c_str(), 1);
+  unsetenv("EXATRAIN_PROFILE");
+  profile::MachineProfile p = profile::profile_machine({.quick = true});
+  ASSERT_FALSE(p.network.has_value());
+  p.devices[0].peak_gflops = 12.5;  // a figure no shipped entry has, to see which one is read
+  write_file_atomic(profile_cache_file(), profile::profile_toml(p));
+  ASSERT_TRUE(active_profile().has_value());
+  const Job job = parse_job("[model]\npreset = \"gpt2\"\n", "one-rank-profile.toml");
+  EXPECT_EQ(job.machine.preset, "local");
+  EXPECT_NEAR(find_device(job.machine.device).peak_tflops_fp32, 0.0125, 1e-9) << job.machine.device;
+  EXPECT_GT(job.machine.intra_node_bw_gbs, 0);  // the shipped network figures
   unsetenv("EXATRAIN_PROFILE_DIR");
   std::filesystem::remove_all(dir);
 }

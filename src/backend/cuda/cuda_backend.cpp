@@ -45,6 +45,22 @@ const LtApi& lt_api() {
   return api;
 }
 
+// One GEMM shape's cuBLASLt descriptors and the algorithm the heuristic chose for it, built on the
+// shape's first call and reused by every later one: a training step calls the same few dozen
+// shapes thousands of times, and creating the descriptors and querying the heuristic costs host
+// microseconds per call, as much as a small GEMM's run (llm.c and PyTorch's cuBLASLt path cache
+// them too). The key holds every input of the descriptors and the heuristic, alignments included.
+struct LtPlan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  ~LtPlan() {
+    for (auto* l : {a, b, c})
+      if (l) lt_api().cublasLtMatrixLayoutDestroy(l);
+    if (op) lt_api().cublasLtMatmulDescDestroy(op);
+  }
+};
+
 CudaBackend::CudaBackend(int device) : device_(device), compute_(device) {
   EXA_CUBLAS(lt_api().cublasLtCreate(&lt_));
   EXA_CUDA(cudaMalloc(&workspace_, kWorkspaceBytes));
@@ -53,14 +69,6 @@ CudaBackend::CudaBackend(int device) : device_(device), compute_(device) {
   const char* tf32 = std::getenv("EXATRAIN_CUDA_TF32");
   tf32_ = tf32 != nullptr && std::string(tf32) == "1";
   cpu_ = make_cpu_backend(0);
-}
-
-CudaBackend::~CudaBackend() {
-  cudaStreamSynchronize(cs());
-  lt_api().cublasLtDestroy(lt_);
-  cudaFree(workspace_);
-  cudaFree(reduce_scratch_);
-  cudaFreeHost(reduce_host_);
 }
 
 void CudaBackend::launched(const char* op) {
@@ -121,19 +129,6 @@ double CudaBackend::reduce(int kind, const float* a, const float* b, int64_t n, 
 
 namespace {
 
-// The cuBLASLt descriptors of one call, destroyed on every path.
-struct LtCall {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  ~LtCall() {
-    if (pref) lt_api().cublasLtMatmulPreferenceDestroy(pref);
-    for (auto* l : {a, b, c})
-      if (l) lt_api().cublasLtMatrixLayoutDestroy(l);
-    if (op) lt_api().cublasLtMatmulDescDestroy(op);
-  }
-};
-
 // A column-major rows x cols layout with leading dimension ld, `batch` of them `stride` apart.
 void make_layout(cublasLtMatrixLayout_t* l, cudaDataType type, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
                  int64_t batch) {
@@ -153,6 +148,67 @@ uint32_t alignment_of(const void* p) {
 
 }  // namespace
 
+namespace {
+
+// The preference of one heuristic query: the workspace and the operands' alignments.
+struct LtPreference {
+  cublasLtMatmulPreference_t pref = nullptr;
+  LtPreference(uint32_t align_first, uint32_t align_second, uint32_t align_c) {
+    EXA_CUBLAS(lt_api().cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = kWorkspaceBytes;
+    set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_first, sizeof(uint32_t));
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_second, sizeof(uint32_t));
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(uint32_t));
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(uint32_t));
+  }
+  void set(cublasLtMatmulPreferenceAttributes_t attr, const void* v, size_t n) const {
+    EXA_CUBLAS(lt_api().cublasLtMatmulPreferenceSetAttribute(pref, attr, v, n));
+  }
+  ~LtPreference() {
+    if (pref) lt_api().cublasLtMatmulPreferenceDestroy(pref);
+  }
+};
+
+}  // namespace
+
+CudaBackend::~CudaBackend() {
+  cudaStreamSynchronize(cs());
+  lt_plans_.clear();
+  lt_api().cublasLtDestroy(lt_);
+  cudaFree(workspace_);
+  cudaFree(reduce_scratch_);
+  cudaFreeHost(reduce_host_);
+}
+
+// The cached plan of a GEMM (LtPlan), made on the shape's first call.
+const LtPlan& CudaBackend::lt_plan(const LtKey& key) {
+  auto& slot = lt_plans_[key];
+  if (slot) return *slot;
+  const auto [ab, compute, ta, tb, M, N, K, lda, ldb, ldc, stride_a, stride_b, stride_c, batch, align_first,
+              align_second, align_c] = key;
+  auto plan = std::make_unique<LtPlan>();
+  EXA_CUBLAS(lt_api().cublasLtMatmulDescCreate(&plan->op, cublasComputeType_t(compute), CUDA_R_32F));
+  const cublasOperation_t op_first = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_second = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  EXA_CUBLAS(lt_api().cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
+  EXA_CUBLAS(lt_api().cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
+  const auto type = cudaDataType(ab);
+  make_layout(&plan->a, type, tb ? K : N, tb ? N : K, ldb, stride_b, batch);
+  make_layout(&plan->b, type, ta ? M : K, ta ? K : M, lda, stride_a, batch);
+  make_layout(&plan->c, CUDA_R_32F, N, M, ldc, stride_c, batch);
+  const LtPreference pref{static_cast<uint32_t>(align_first), static_cast<uint32_t>(align_second),
+                          static_cast<uint32_t>(align_c)};
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  EXA_CUBLAS(lt_api().cublasLtMatmulAlgoGetHeuristic(lt_, plan->op, plan->a, plan->b, plan->c, plan->c, pref.pref, 1,
+                                                     &result, &found));
+  EXA_CHECK(found > 0, "cuda backend: cuBLASLt has no algorithm for the GEMM M={} N={} K={} (ta={}, tb={}, lda={}, "
+            "ldb={}, ldc={}, batch={}, {})", M, N, K, ta, tb, lda, ldb, ldc, batch, type == CUDA_R_32F ? "fp32" : "16-bit");
+  plan->algo = result.algo;
+  slot = std::move(plan);
+  return *slot;
+}
+
 // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's first operand is B
 // (stored [K,N] column-major as N x K when !tb), its second A, and C is N x M column-major.
 void CudaBackend::matmul(cudaDataType ab, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
@@ -171,34 +227,11 @@ void CudaBackend::matmul(cudaDataType ab, bool ta, bool tb, int64_t M, int64_t N
     }
     return;
   }
-  LtCall call;
   const cublasComputeType_t compute = tf32_ && ab == CUDA_R_32F ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  EXA_CUBLAS(lt_api().cublasLtMatmulDescCreate(&call.op, compute, CUDA_R_32F));
-  const cublasOperation_t op_first = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_second = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-  EXA_CUBLAS(lt_api().cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
-  EXA_CUBLAS(lt_api().cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
-  make_layout(&call.a, ab, tb ? K : N, tb ? N : K, ldb, stride_b, batch);
-  make_layout(&call.b, ab, ta ? M : K, ta ? K : M, lda, stride_a, batch);
-  make_layout(&call.c, CUDA_R_32F, N, M, ldc, stride_c, batch);
-  EXA_CUBLAS(lt_api().cublasLtMatmulPreferenceCreate(&call.pref));
-  const uint64_t ws = kWorkspaceBytes;
-  EXA_CUBLAS(lt_api().cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  const uint32_t align_first = alignment_of(B), align_second = alignment_of(A), align_c = alignment_of(C);
-  EXA_CUBLAS(lt_api().cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_first,
-                                                  sizeof(uint32_t)));
-  EXA_CUBLAS(lt_api().cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_second,
-                                                  sizeof(uint32_t)));
-  EXA_CUBLAS(lt_api().cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
-                                                  sizeof(uint32_t)));
-  EXA_CUBLAS(lt_api().cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
-                                                  sizeof(uint32_t)));
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  EXA_CUBLAS(lt_api().cublasLtMatmulAlgoGetHeuristic(lt_, call.op, call.a, call.b, call.c, call.c, call.pref, 1, &result, &found));
-  EXA_CHECK(found > 0, "cuda backend: cuBLASLt has no algorithm for the GEMM M={} N={} K={} (ta={}, tb={}, lda={}, "
-            "ldb={}, ldc={}, batch={}, {})", M, N, K, ta, tb, lda, ldb, ldc, batch, ab == CUDA_R_32F ? "fp32" : "16-bit");
-  EXA_CUBLAS(lt_api().cublasLtMatmul(lt_, call.op, &alpha, B, call.a, A, call.b, &beta, C, call.c, C, call.c, &result.algo,
-                            workspace_, kWorkspaceBytes, cs()));
+  const LtPlan& plan = lt_plan({int64_t(ab), int64_t(compute), ta, tb, M, N, K, lda, ldb, ldc, stride_a, stride_b,
+                                stride_c, batch, alignment_of(B), alignment_of(A), alignment_of(C)});
+  EXA_CUBLAS(lt_api().cublasLtMatmul(lt_, plan.op, &alpha, B, plan.a, A, plan.b, &beta, C, plan.c, C, plan.c, &plan.algo,
+                                     workspace_, kWorkspaceBytes, cs()));
 }
 
 // ---- the public functions (cuda_backend.hpp, backend.hpp) -----------------------------------------

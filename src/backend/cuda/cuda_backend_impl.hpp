@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
+#include <map>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -47,6 +49,7 @@ struct LtApi {
 };
 // Loaded once (thread-safe); an error naming the library and dlerror() when it cannot be.
 const LtApi& lt_api();
+struct LtPlan;  // cuda_backend.cpp
 
 class CudaStream final : public Stream {
  public:
@@ -357,11 +360,16 @@ class CudaBackend final : public Backend {
   void matmul(cudaDataType ab, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
               int64_t lda, int64_t stride_a, const void* B, int64_t ldb, int64_t stride_b, float beta, float* C,
               int64_t ldc, int64_t stride_c, int64_t batch);
+  // A GEMM's key: data type, compute type, ta, tb, M, N, K, lda, ldb, ldc, the three strides, batch
+  // and the three operands' alignments (cuda_backend.cpp, LtPlan).
+  using LtKey = std::array<int64_t, 17>;
+  const LtPlan& lt_plan(const LtKey& key);
 
   int device_;
   CudaStream compute_;
   cuda::CachingAllocator alloc_;
   cublasLtHandle_t lt_ = nullptr;
+  std::map<LtKey, std::unique_ptr<LtPlan>> lt_plans_;  // one per GEMM shape seen (lt_plan)
   void* workspace_ = nullptr;
   double* reduce_scratch_ = nullptr;  // kReduceBlocks partials + the result
   double* reduce_host_ = nullptr;     // pinned
