@@ -253,6 +253,30 @@ inline const std::vector<std::string>& comm_compressor_names() {
   return names;
 }
 
+// fp16 loss scaling ([train] precision = "fp16"; docs/precision.md "Loss scaling"): the loss is
+// multiplied by the scale before backward (the initial dlogits), the fp32 gradients are divided by
+// it before clipping and the optimizer, and a step whose gradients hold an inf or NaN on any rank
+// is skipped. Dynamic (the default) as PyTorch's torch.amp.GradScaler: initial 2^16 (GradScaler's
+// init_scale), x backoff (0.5) after an overflow, x growth_factor (2) after growth_interval
+// consecutive good steps: 1000, Megatron's loss_scale_window and DeepSpeed's (GradScaler has
+// 2000), the trainers whose fp32 main_grad / master-weight layout this runtime follows. Below
+// min_scale (Megatron's and DeepSpeed's min_loss_scale, 1) the run stops (DeepSpeed's
+// raise_error_at_min_scale): the gradients overflow at any scale. Fixed (loss_scale = a number):
+// the scale never changes; an overflowing step is still skipped (Megatron's ConstantGradScaler).
+struct LossScaleSpec {
+  bool dynamic = true;           // loss_scale = "dynamic" | a number (fixed: `initial` is it)
+  double initial = 65536;        // initial_loss_scale (dynamic), or the fixed loss_scale
+  int64_t growth_interval = 1000;  // loss_scale_growth_interval
+  double growth_factor = 2;      // loss_scale_growth_factor
+  double backoff = 0.5;          // loss_scale_backoff
+  double min_scale = 1;          // min_loss_scale
+  bool operator==(const LossScaleSpec&) const = default;
+};
+// The largest loss scale (initial, fixed or grown): far above any useful one (a scale of 2^64
+// overflows fp16 for every dY above 2^-48) and below float32's limit (the backward's dlogits
+// factor is a float).
+inline constexpr double kMaxLossScale = 18446744073709551616.0;  // 2^64
+
 struct TrainSpec {
   Precision precision = Precision::fp32;
   std::string optimizer = "adamw";
@@ -273,6 +297,7 @@ struct TrainSpec {
   int64_t log_every = 1;
   int64_t threads = 0;          // 0 = all cores
   std::string nan_policy = "stop";  // stop | skip
+  LossScaleSpec loss_scale;     // precision = "fp16" only (the keys are refused otherwise)
   // The dtype of the data-parallel gradient reduction: "fp32" (Megatron's main_grad all-reduce,
   // FSDP's default reduce_dtype) or "bf16" (each bucket rounded to bf16 for the collective, summed
   // in fp32 per pair and rounded back, as NCCL's bf16 sum; parallel/compressor.hpp). The gradients

@@ -203,6 +203,21 @@ class Section {
     if (it == names.end()) return bad(key, want), -1;
     return static_cast<int>(it - names.begin());
   }
+  // A number in (lo, hi] or the string `word`: returns 1 for the word, 0 for a number (in `out`),
+  // -1 when absent or bad.
+  int get_float_above_or(const std::string& key, const std::string& word, double& out, double lo, double hi) {
+    const toml::value* v = take(key);
+    if (!v) return -1;
+    if (v->is_string() && v->as_string().str == word) return 1;
+    const std::string want = fmt::format("\"{}\" or a number in ({}, {}]", word, lo, hi);
+    double x;
+    if (v->is_floating()) x = v->as_floating();
+    else if (v->is_integer()) x = static_cast<double>(v->as_integer());
+    else return bad(key, want), -1;
+    if (!(x > lo && x <= hi)) return bad(key, want), -1;
+    out = x;
+    return 0;
+  }
   // An integer in [lo, hi] or "auto" (-> nullopt). Absent -> nullopt.
   void get_int_or_auto(const std::string& key, std::optional<int64_t>& out, int64_t lo, int64_t hi) {
     const toml::value* v = take(key);
@@ -462,6 +477,65 @@ std::string optimizers_with_key(const std::string& key) {
 // Whether [train] beta1, beta2 and eps reach an Adam of the job's optimizer: AdamW, LAMB, Shampoo's
 // grafting Adam, SOAP's Adam, the AdamW Muon runs off the matrices, a mixed order's adamw or lamb.
 // SGD, Lion, Adafactor and K-FAC (SGD) have none (their moments are [optimizer] keys): the keys are refused.
+// [train] loss_scale and its dynamic keys (job.hpp LossScaleSpec; docs/job-file.md): fp16 only
+// (fp32 and bf16 have float32's exponent range, nothing to scale); the dynamic keys need
+// loss_scale = "dynamic"; the initial scale at least the minimum.
+void parse_loss_scale(Section& s, const Job& job, TrainSpec& t, std::vector<std::string>& errors) {
+  static const char* kDynamic[] = {"initial_loss_scale", "loss_scale_growth_interval", "loss_scale_growth_factor",
+                                   "loss_scale_backoff", "min_loss_scale"};
+  if (t.precision != Precision::fp16) {
+    for (const char* k : {"loss_scale", kDynamic[0], kDynamic[1], kDynamic[2], kDynamic[3], kDynamic[4]})
+      if (s.has(k))
+        s.refuse(k, fmt::format("loss scaling is for [train] precision = \"fp16\" only, and this job's precision is "
+                                "\"{}\" (fp32 and bf16 have float32's exponent range: their gradients need no "
+                                "scaling); expected precision = \"fp16\" or no {}", to_string(t.precision), k));
+    return;
+  }
+  LossScaleSpec& ls = t.loss_scale;
+  double fixed = 0;
+  if (s.get_float_above_or("loss_scale", "dynamic", fixed, 0, kMaxLossScale) == 0) ls.dynamic = false, ls.initial = fixed;
+  if (!ls.dynamic) {
+    for (const char* k : kDynamic)
+      if (s.has(k))
+        s.refuse(k, fmt::format("[train] loss_scale = {} is a fixed scale, which never changes; this key is for "
+                                "loss_scale = \"dynamic\"", fixed));
+    return;
+  }
+  s.get_float_above("initial_loss_scale", ls.initial, 0, kMaxLossScale);
+  s.get_int("loss_scale_growth_interval", ls.growth_interval, 1, int64_t(1) << 40);
+  s.get_float_above("loss_scale_growth_factor", ls.growth_factor, 1, 1e6);
+  s.get_float_below("loss_scale_backoff", ls.backoff, 1e-6, 1);  // 0 would zero the scale; 1 never backs off
+  s.get_float_above("min_loss_scale", ls.min_scale, 0, kMaxLossScale);
+  if (ls.initial < ls.min_scale)
+    errors.push_back(fmt::format("{}: [train] initial_loss_scale = {} is below min_loss_scale = {} (the dynamic scale "
+                                 "starts at the first and backs off no lower than the second); expected "
+                                 "initial_loss_scale >= min_loss_scale",
+                                 job_origin(job, {"train.initial_loss_scale", "train.min_loss_scale"}), ls.initial,
+                                 ls.min_scale));
+}
+
+// fp16's loss scale against what reads the scaled gradients (docs/precision.md "Loss scaling"):
+// a [comm] compressor encodes them (a sign or a top-k selection does not carry an inf through,
+// so an overflow could go unseen, and error feedback would keep residuals of the old scale
+// across a change), K-FAC builds its Kronecker factors from the backward's dY (which carries
+// the scale, squared in the factor). The dense collectives, fp32 or bf16, sum scaled gradients
+// exactly as unscaled ones (a power-of-two scale) and keep inf and NaN.
+void check_fp16_companions(const Job& job, std::vector<std::string>& errors) {
+  const TrainSpec& t = job.train;
+  if (t.precision != Precision::fp16) return;
+  if (t.comm.compressor != "none")
+    errors.push_back(fmt::format("{}: [train] precision = \"fp16\" with [comm] compressor = \"{}\": the compressor "
+                                 "would encode loss-scaled gradients (an inf may not survive the encoding, so an "
+                                 "overflow could go unseen, and error-feedback residuals would outlive a scale "
+                                 "change); expected compressor = \"none\" or precision = \"bf16\"",
+                                 job_origin(job, {"train.precision", "comm.compressor"}), t.comm.compressor));
+  if (t.optimizer == "kfac")
+    errors.push_back(fmt::format("{}: [train] precision = \"fp16\" with optimizer = \"kfac\": K-FAC's gradient "
+                                 "factors are built from the backward's output gradients, which carry the loss scale "
+                                 "(squared in the factor, changing with every backoff); expected another optimizer "
+                                 "or precision = \"bf16\"", job_origin(job, {"train.precision", "train.optimizer"})));
+}
+
 bool uses_train_betas(const TrainSpec& t) {
   const std::string& o = t.optimizer;
   if (o == "sgd" || o == "lion" || o == "adafactor") return false;
@@ -808,6 +882,7 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     s.get_int("log_every", t.log_every, 1, int64_t(1) << 40);
     s.get_int("threads", t.threads, 0, 4096);
     if (int i = s.get_choice("nan_policy", {"stop", "skip"}); i >= 0) t.nan_policy = i == 0 ? "stop" : "skip";
+    parse_loss_scale(s, job, t, errors);
     if (int i = s.get_choice("grad_reduce_dtype", {"fp32", "bf16"}); i >= 0) t.grad_reduce_dtype = i == 0 ? "fp32" : "bf16";
     static const std::vector<std::string> devices = {"auto", "cpu", "cuda"}, backends = {"cpu", "cpu-guarded", "cuda"};
     if (int i = s.get_choice("device", devices); i >= 0) t.device = devices[size_t(i)];
@@ -825,7 +900,9 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     s.report_unknown({"precision", "optimizer", "steps", "seed", "lr", "min_lr", "warmup_steps",
                       "weight_decay", "beta1", "beta2", "eps", "grad_clip", "data", "run_dir",
                       "checkpoint_every", "keep_checkpoints", "eval_every", "eval_batches", "log_every",
-                      "threads", "nan_policy", "grad_reduce_dtype", "device", "backend", "fp8_recipe", "attention"});
+                      "threads", "nan_policy", "grad_reduce_dtype", "device", "backend", "fp8_recipe", "attention",
+                      "loss_scale", "initial_loss_scale", "loss_scale_growth_interval", "loss_scale_growth_factor",
+                      "loss_scale_backoff", "min_loss_scale"});
     parse_optimizer_section(sections.at("optimizer"), t);
     if (!uses_train_betas(t))
       for (const char* k : {"beta1", "beta2", "eps"})
@@ -838,6 +915,7 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
   }
 
   parse_comm_section(sections.at("comm"), job, errors);
+  check_fp16_companions(job, errors);
 
   if (extra) extra(job, errors);
   if (!errors.empty()) {
@@ -963,6 +1041,13 @@ std::string job_to_toml(const Job& job) {
          line("nan_policy", t.nan_policy) + line("grad_reduce_dtype", t.grad_reduce_dtype) + line("device", t.device) +
          (t.backend.empty() ? "" : line("backend", t.backend)) + line("fp8_recipe", to_string(t.fp8_recipe)) +
          line("attention", to_string(t.attention));
+  if (t.precision == Precision::fp16 && t.loss_scale.dynamic)
+    out += line("loss_scale", "dynamic") + line("initial_loss_scale", t.loss_scale.initial) +
+           line("loss_scale_growth_interval", t.loss_scale.growth_interval) +
+           line("loss_scale_growth_factor", t.loss_scale.growth_factor) +
+           line("loss_scale_backoff", t.loss_scale.backoff) + line("min_loss_scale", t.loss_scale.min_scale);
+  else if (t.precision == Precision::fp16)
+    out += line("loss_scale", t.loss_scale.initial);
   if (t.optimizer == "muon")
     out += "\n[optimizer]\n" + line("momentum", t.muon.momentum) + line("nesterov", t.muon.nesterov) +
            line("ns_steps", t.muon.ns_steps) + line("scale", t.muon.scale);

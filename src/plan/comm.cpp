@@ -99,17 +99,22 @@ CommBytes bytes_sent_per_step(const ModelSpec& m, const Plan& p, const RankPosit
     // Tied embeddings: the first and last stage send each other their copy's gradient (this tp
     // rank's vocabulary rows) once per step, to sum them. ZeRO 2/3 have reduce-scattered it over
     // the replicas already: each rank sends only the 1/(dp cp) it owns.
+    // A gradient: its bytes follow the gradients' dtype as the dp reductions' below (fp32 here at
+    // every precision; predict's p2p time counts the same).
     if (m.tie_embeddings && (first || last))
       out[CommKind::pp_send] += vocab_slice(m.vocab, p.tp, pos.tp_rank).rows * m.hidden /
-                                (p.zero >= 2 ? p.dp * p.cp : 1) * elem;
+                                (p.zero >= 2 ? p.dp * p.cp : 1) * (p.grads_16bit ? 2 : 4);
   }
   const int64_t replicas = p.dp * p.cp;
   if (replicas > 1) {
     const int64_t n = parameters_on_rank(m, p, pos.pp_rank, pos.tp_rank);
     const int64_t r = pos.dp_rank * p.cp + pos.cp_rank;
-    // The gradient reductions in bf16 with [train] grad_reduce_dtype = "bf16" (the parameter
-    // all-gathers keep `elem`).
-    const int64_t grad_elem = p.grad_reduce_bf16 ? 2 : elem;
+    // The gradient reductions send the gradients' reduce dtype, not the precision's: fp32 (4 bytes;
+    // this runtime's fp32 gradients at every precision, Megatron's bf16 main_grad) unless [train]
+    // grad_reduce_dtype = "bf16" or the framework reduces 16-bit gradients (Plan::grads_16bit:
+    // Megatron's fp16 path). The same rule as predict's dp time (plan/predict.cpp). The parameter
+    // all-gathers keep `elem`.
+    const int64_t grad_elem = p.grad_reduce_bf16 || p.grads_16bit ? 2 : 4;
     if (p.zero == 0) {
       out[CommKind::dp_all_reduce] = ring_all_reduce_sent(n, replicas, r) * grad_elem;
     } else if (p.zero <= 2) {

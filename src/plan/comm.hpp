@@ -14,8 +14,10 @@
 //    (= 2 (p-1)/p E when p divides E). p = 1 sends nothing.
 //  * point-to-point sends count the whole message.
 //  * bytes = elements x element size: 4 for fp32 runs (our CPU runtime), 2 for fp16/bf16/fp8
-//    (Megatron's 16-bit traffic; this runtime's bf16 runs keep fp32 messages, docs/precision.md);
-//    the dp gradient reductions 2 with [train] grad_reduce_dtype = "bf16" (Plan::grad_reduce_bf16).
+//    (Megatron's 16-bit traffic; this runtime's bf16 and fp16 runs keep fp32 messages,
+//    docs/precision.md); the dp gradient reductions follow the gradients' reduce dtype, not the
+//    precision: 4 (fp32 gradients, at every precision), 2 with [train] grad_reduce_dtype = "bf16"
+//    (Plan::grad_reduce_bf16) or a framework's 16-bit gradients (Plan::grads_16bit).
 // WHAT IS COUNTED per step (m = micro-batches, t = micro_batch * seq_len / cp tokens, h hidden,
 // L_r = layers on the rank's pipeline stage; recompute = full adds its forward's collectives again):
 //  * tp (tp > 1), per layer per micro-batch, buffers of E = t*h elements:

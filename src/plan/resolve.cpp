@@ -110,11 +110,11 @@ void training_job_problems(const Job& job, int world, std::vector<std::string>& 
                                    job_origin(job, {std::string("parallel.") + key}), key, *v));
   };
   one("tp", p.tp), one("pp", p.pp), one("dp", p.dp), one("cp", p.cp), one("vp", p.vp);
-  // Mixed precision (docs/precision.md): bf16 trains with fp32 masters; fp16 needs loss scaling,
-  // which this trainer does not have yet; fp8 is for `predict`/`plan`.
-  if (job.train.precision != Precision::fp32 && job.train.precision != Precision::bf16)
-    errors.push_back(fmt::format("{}: [train] precision = \"{}\": this trainer trains in \"fp32\" or \"bf16\" "
-                                 "(\"{}\" is for `predict`/`plan`)", job_origin(job, {"train.precision"}),
+  // Mixed precision (docs/precision.md): bf16 and fp16 (with loss scaling) train with fp32
+  // masters; fp8 is for `predict`/`plan`.
+  if (job.train.precision == Precision::fp8)
+    errors.push_back(fmt::format("{}: [train] precision = \"{}\": this trainer trains in \"fp32\", \"bf16\" or "
+                                 "\"fp16\" (\"{}\" is for `predict`/`plan`)", job_origin(job, {"train.precision"}),
                                  to_string(job.train.precision), to_string(job.train.precision)));
   if (job.train.steps < 1)
     errors.push_back(fmt::format("{}: [train] steps = {}: expected at least 1", job_origin(job, {"train.steps"}),

@@ -79,6 +79,12 @@ RunSummary summarize(const std::vector<nlohmann::json>& records) {
       if (s.steps > 1 && r.contains("tokens_per_s")) tps.push_back(r["tokens_per_s"].get<double>());
       if (s.steps > 1 && r.contains("mfu")) mfu.push_back(r["mfu"].get<double>());
     }
+    if (r.contains("skipped_steps") && r["skipped_steps"].is_number_integer() && r.contains("loss_scale") &&
+        r["loss_scale"].is_number()) {  // fp16 loss scaling (train/trainer.hpp metrics_json)
+      if (s.skipped_steps < 0) s.first_loss_scale = r["loss_scale"].get<double>();
+      s.skipped_steps = r["skipped_steps"].get<int64_t>();
+      s.last_loss_scale = r["loss_scale"].get<double>();
+    }
     if (is_eval(r)) {
       double v = r["val_loss"].get<double>();
       if (!(v >= s.best_val_loss)) s.best_val_loss = v, s.best_val_step = r["step"].get<int64_t>();
@@ -173,6 +179,9 @@ std::string format_summary(const RunSummary& s, const std::string& run_dir) {
   std::string out = fmt::format("run {}\n", run_dir);
   out += fmt::format("  steps             {}\n", s.steps);
   out += fmt::format("  train loss        {:.4f} -> {:.4f}\n", s.first_loss, s.last_loss);
+  if (s.skipped_steps >= 0)
+    out += fmt::format("  skipped steps     {} (fp16 gradient overflows; loss scale {} -> {})\n", s.skipped_steps,
+                       s.first_loss_scale, s.last_loss_scale);
   if (std::isfinite(s.best_val_loss))
     out += fmt::format("  best val loss     {:.4f} (step {})\n", s.best_val_loss, s.best_val_step);
   else

@@ -20,6 +20,10 @@ struct RunSummary {
   double best_val_loss = 0;      // NaN when there were no evaluations
   int64_t best_val_step = -1;
   double median_tokens_per_s = 0, median_mfu = 0;
+  // fp16 loss scaling (records with "skipped_steps"): the run's skipped steps and the loss scale of
+  // its first and last record; skipped_steps -1 when the run had no loss scaling.
+  int64_t skipped_steps = -1;
+  double first_loss_scale = 0, last_loss_scale = 0;
   std::string svg_path;
   std::string comparison;  // measured_vs_predicted(), filled by write_report
 };

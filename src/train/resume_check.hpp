@@ -15,7 +15,8 @@
 namespace exatrain {
 
 // trainer_state.json: {"step": int in [0, 2^40], "seed", "data_cursor": object, "tokenizer_type":
-// "byte" | "sentencepiece-bpe"}. `where` names the file in errors. Fills data_cursor_json and
+// "byte" | "sentencepiece-bpe", fp16 runs: "loss_scaler": {"format": 1, "scale", "good_steps",
+// "skipped_steps"}}. `where` names the file in errors. Fills data_cursor_json and
 // tokenizer_type of the result and *step.
 TrainerExtras parse_trainer_state(const std::string& text, const std::string& where, int64_t* step);
 
@@ -25,11 +26,12 @@ TrainerExtras parse_trainer_state(const std::string& text, const std::string& wh
 //     equal it;
 //   - the data cursor (TokenLoader::restore_cursor: same dataset and settings; a position inside
 //     the epoch and at a step boundary of this job's global batch);
-//   - the cursor agrees with the step: no more epochs than steps, nothing consumed at step 0.
+//   - the cursor agrees with the step: no more epochs than steps (plus the fp16 loss scaler's
+//     skipped steps, which read batches too), nothing consumed at step 0.
 // Then the cursor is restored into `loader`.
 void check_and_restore_cursor(const std::string& where, int64_t step, int64_t manifest_step,
                               const std::string& optimizer_step, const std::string& cursor_json, const Job& job,
-                              data::TokenLoader& loader);
+                              data::TokenLoader& loader, int64_t skipped_steps = 0);
 
 // The same for a checkpoint directory (the manifest's and optimizer's steps read from it, sizes
 // only: the caller has verified its checksums).

@@ -86,6 +86,7 @@ class Session {
   void open_outputs();
   void loop();
   bool handle_nonfinite(const StepMetrics& m);
+  void handle_overflow(const StepMetrics& m);
   void write_metrics(const StepMetrics& m);
   void evaluate(int64_t step);
   void checkpoint();
@@ -107,7 +108,7 @@ class Session {
   std::unique_ptr<report::MetricsWriter> metrics_;
   std::unique_ptr<report::Progress> progress_;
   std::string ckpt_root_;
-  int64_t steps_this_run_ = 0, consecutive_skips_ = 0;
+  int64_t steps_this_run_ = 0, consecutive_skips_ = 0, consecutive_overflows_ = 0;
   int64_t fallbacks_seen_ = 0;  // optimizer_fallbacks (all ranks) at the last metrics line
 };
 
@@ -187,6 +188,10 @@ void Session::resume() {
     const TrainerExtras saved = load_checkpoint(*trainer_, MPI_COMM_WORLD, dir, true);
     // The step, the cursor and the counters against this job and dataset (train/resume_check.hpp).
     on_every_rank([&] { restore_trainer_state(dir, trainer_->step(), saved, job_, *loader_); });
+    // fp16: the loss scaler continues where it was (an fp32/bf16 checkpoint has none: it starts
+    // afresh; a non-fp16 run ignores a saved one, its masters being fp32 either way).
+    if (saved.loss_scaler)
+      on_every_rank([&] { trainer_->loss_scaler().restore(*saved.loss_scaler, dir + "/trainer_state.json"); });
     if (log_) fmt::print(log_, "resumed from {} (step {})\n", dir, trainer_->step());
   }
   result_.first_step = trainer_->step();
@@ -224,6 +229,15 @@ void Session::open_outputs() {
     fmt::print(opt_.out, "precision {}: 16-bit weight copy and GEMM inputs, fp32 master weights, gradients and "
                "optimizer state; GEMMs: {}\n", to_string(plan_.precision), backend_->gemm_half_path(h));
   }
+  if (trainer_->loss_scaler().enabled()) {
+    const LossScaleSpec& ls = job_.train.loss_scale;
+    if (ls.dynamic)
+      fmt::print(opt_.out, "loss scaling: dynamic, scale {} (x{} after an overflow, x{} after {} good steps, at least "
+                 "{}); overflowing steps are skipped\n", trainer_->loss_scaler().scale(), ls.backoff,
+                 ls.growth_factor, ls.growth_interval, ls.min_scale);
+    else
+      fmt::print(opt_.out, "loss scaling: fixed, scale {}; overflowing steps are skipped\n", ls.initial);
+  }
   std::fflush(opt_.out);
 }
 
@@ -231,6 +245,11 @@ void Session::open_outputs() {
 // with the same message. Returns true when the step was skipped.
 bool Session::handle_nonfinite(const StepMetrics& m) {
   const std::string last = result_.last_checkpoint.empty() ? "none" : result_.last_checkpoint;
+  if (m.overflow) {
+    handle_overflow(m);
+    return true;
+  }
+  consecutive_overflows_ = 0;
   if (m.skipped) {
     ++result_.skipped_steps;
     if (progress_)
@@ -247,6 +266,28 @@ bool Session::handle_nonfinite(const StepMetrics& m) {
                                      "Last checkpoint: {}", m.step + 1, m.loss, m.grad_norm, last));
   consecutive_skips_ = 0;
   return false;
+}
+
+// An fp16 overflow (the trainer skipped the step and backed the scale off): its metrics line
+// (step = the update it attempted, which the next line repeats; no "loss", so readers of steps
+// pass over it; drop_metrics_after drops it with that step on a resume), a note. A fixed scale
+// overflowing 10 steps in a row would never stop skipping: stopped (a dynamic one stops at
+// min_loss_scale).
+void Session::handle_overflow(const StepMetrics& m) {
+  const LossScaler& sc = trainer_->loss_scaler();
+  result_.overflow_skipped_steps = m.skipped_steps;
+  if (metrics_)
+    metrics_->write({{"step", m.step + 1}, {"skipped", true}, {"loss_scale", m.loss_scale},
+                     {"skipped_steps", m.skipped_steps}, {"seconds", m.seconds}});
+  if (progress_)
+    progress_->note(fmt::format("step {}: fp16 gradients overflowed (inf/NaN) at loss scale {}; update skipped, loss "
+                                "scale now {} ({} skipped so far)", m.step + 1, m.loss_scale, sc.scale(),
+                                m.skipped_steps));
+  if (!job_.train.loss_scale.dynamic && ++consecutive_overflows_ >= 10)
+    throw EveryRankError(fmt::format("{}: [train] loss_scale = {}: 10 consecutive steps overflowed fp16 at this fixed "
+                                     "scale; stopped at step {} (expected a smaller loss_scale, or loss_scale = "
+                                     "\"dynamic\")", job_origin(job_, {"train.loss_scale"}),
+                                     job_.train.loss_scale.initial, m.step + 1));
 }
 
 // One metrics.jsonl line (rank 0): the step's numbers, MFU over the world, every rank's breakdown
@@ -309,6 +350,7 @@ void Session::evaluate(int64_t step) {
 
 void Session::checkpoint() {
   extras_.data_cursor_json = loader_->cursor_json();  // the global position: the same on every rank
+  if (trainer_->loss_scaler().enabled()) extras_.loss_scaler = trainer_->loss_scaler().state();
   std::string dir = save_checkpoint(*trainer_, MPI_COMM_WORLD, ckpt_root_, extras_, job_.train.keep_checkpoints);
   broadcast_from_rank0(dir, MPI_COMM_WORLD, rt_->watchdog(), "MPI_Bcast (checkpoint name)");
   result_.last_checkpoint = dir;  // rank 0's name, on every rank (the stop messages name it)
@@ -357,6 +399,10 @@ TrainRunResult Session::run() {
   if (progress_) progress_->finish();
   if (rank_ == 0) result_.run_dir = job_.train.run_dir;
   result_.final_step = trainer_->step();
+  if (trainer_->loss_scaler().enabled()) {
+    result_.overflow_skipped_steps = trainer_->loss_scaler().state().skipped_steps;
+    result_.loss_scale = trainer_->loss_scaler().scale();
+  }
   return result_;
 }
 

@@ -33,6 +33,10 @@ struct TrainRunResult {
   double last_loss = 0;
   double last_val_loss = 0;  // NaN when no evaluation ran
   int64_t skipped_steps = 0; // non-finite steps skipped (nan_policy = "skip")
+  // fp16 loss scaling: overflowing steps skipped in the whole run (a resumed run's count includes
+  // the checkpoint's) and the loss scale the next step would use; 0 without loss scaling.
+  int64_t overflow_skipped_steps = 0;
+  double loss_scale = 0;
   std::string run_dir, last_checkpoint, dataset_dir;
 };
 

@@ -3,11 +3,13 @@
 //   optimizer.safetensors  the optimizer's state by name, "<state>.<parameter>"
 //                          (the tensors of both: train/checkpoint_io.hpp, the one writer/reader)
 //   trainer_state.json     optimizer step, data cursor, seed (the RNG state: training draws no
-//                          random numbers after the seeded initialisation, so the seed is all)
+//                          random numbers after the seeded initialisation, so the seed is all),
+//                          fp16 runs: the loss scaler's state ("loss_scaler", format 1)
 //   job.toml               the resolved job (job_to_toml)
 //   tokenizer.model        the dataset's tokenizer (so `sample` needs only the checkpoint)
 // Here: the small files, the model check of a resume, and the weights alone for `sample`.
 #pragma once
+#include <optional>
 #include <string>
 
 #include "checkpoint/checkpoint.hpp"
@@ -15,6 +17,7 @@
 #include "job/parse.hpp"
 #include "backend/backend.hpp"
 #include "model/gpt.hpp"
+#include "train/loss_scaler.hpp"
 
 namespace exatrain {
 
@@ -27,6 +30,9 @@ struct TrainerExtras {
   std::string job_toml;
   std::string tokenizer_type;    // "sentencepiece-bpe" | "byte"
   std::string tokenizer_model;   // bytes of tokenizer.model ("" for byte)
+  // fp16 runs: the loss scaler (scale, good-step counter, skipped steps); absent in fp32/bf16
+  // checkpoints (an fp16 run resuming one starts the scaler afresh).
+  std::optional<LossScalerState> loss_scaler;
 };
 
 // The small files of a checkpoint: trainer_state.json (step, seed, data cursor, tokenizer type),

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -13,6 +14,7 @@
 #include "parallel/schedule.hpp"
 #include "parallel/tp_hooks.hpp"
 #include "plan/stages.hpp"
+#include "train/every_rank.hpp"
 #include "train/machine_peak.hpp"
 
 namespace exatrain {
@@ -64,6 +66,11 @@ std::string metrics_json(const StepMetrics& m) {
                       {"tokens_per_s", m.tokens_per_s}, {"mfu", m.mfu},
                       {"seconds", m.seconds}, {"gflops", m.gflops},
                       {"peak_rss_bytes", m.peak_rss_bytes}, {"accounted_bytes", m.accounted_bytes}};
+  if (m.loss_scale > 0) {  // fp16 loss scaling
+    j["loss_scale"] = m.loss_scale;
+    j["skipped"] = m.skipped;
+    j["skipped_steps"] = m.skipped_steps;
+  }
   return j.dump();
 }
 
@@ -76,6 +83,8 @@ Trainer::Trainer(Backend& backend, parallel::ParallelRuntime& rt, const TrainerO
   act_ = (p.seq_parallel ? B_ * T_ / p.tp : B_ * T_) * opt_.model.hidden;
   optimizer_ = opt_.optimizer ? opt_.optimizer(be_) : make_optimizer(be_, opt_.train);
   build_chunks();
+  // fp16: loss scaling (train/loss_scaler.hpp); bf16 has fp32's exponent range and needs none.
+  if (p.precision == Precision::fp16) scaler_ = LossScaler(opt_.train.loss_scale);
   // The job's [comm] compressor (parallel/compressors.hpp) unless one is injected.
   compressor_ = opt_.compressor ? opt_.compressor
                                 : parallel::make_compressor(opt_.train.comm, {opt_.train.seed, opt_.train.grad_clip,
@@ -214,7 +223,6 @@ void Trainer::on_after_layer(int c, int64_t unit, ParallelHooks::Pass pass) {
 void Trainer::run_micro_batches(double* loss_sum, double* compute_s, double* bubble_s) {
   if (opt_.plan.pp > 1) return run_pipeline_step(loss_sum, compute_s, bubble_s);
   const int64_t n = B_ * T_;
-  const float scale = 1.0f / float(m_ * rt_.dp().size());  // d(global mean loss) / d(micro-batch mean loss)
   Chunk& ch = *chunks_[0];
   const double t0 = omp_get_wtime();
   for (int mb = 0; mb < int(m_); mb++) {
@@ -222,7 +230,7 @@ void Trainer::run_micro_batches(double* loss_sum, double* compute_s, double* bub
     *loss_sum += double(ch.model->forward(tokens_.data() + mb * n, nullptr, targets_.data() + mb * n, 0));
     const double b0 = trace_ ? parallel::trace_us_since(trace_origin_) : 0;
     ch.backward_count++;
-    ch.model->backward(nullptr, scale, 0);
+    ch.model->backward(nullptr, backward_scale_, 0);
     sync_->micro_batch_done(0);
     if (trace_) {
       trace_->push_back({fmt::format("F mb{}", mb), "compute", f0, b0 - f0});
@@ -236,7 +244,6 @@ void Trainer::run_micro_batches(double* loss_sum, double* compute_s, double* bub
 // pp > 1: this rank's action table (GPipe, 1F1B or interleaved), activations through the pool.
 void Trainer::run_pipeline_step(double* loss_sum, double* compute_s, double* bubble_s) {
   const int64_t n = B_ * T_;
-  const float scale = 1.0f / float(m_ * rt_.dp().size());
   const int S = pipeline_->plan.stages();
   auto fwd = [&](int mb, int c, const float* in, float* out) {
     Chunk& ch = *chunks_[size_t(c)];
@@ -249,7 +256,7 @@ void Trainer::run_pipeline_step(double* loss_sum, double* compute_s, double* bub
   auto bwd = [&](int mb, int c, const float* grad_out, float* grad_in) {
     Chunk& ch = *chunks_[size_t(c)];
     ch.backward_count++;
-    ch.model->backward(grad_out, scale, mb);
+    ch.model->backward(grad_out, backward_scale_, mb);
     sync_->micro_batch_done(c);
     if (grad_in) be_.copy(grad_in, ch.model->input_grad(), sizeof(float) * size_t(act_));
   };
@@ -273,6 +280,10 @@ StepMetrics Trainer::train_step() {
   const int64_t n = B_ * T_;
   for (int64_t mb = 0; mb < m_; mb++) data_.next_batch(B_, T_, tokens_.data() + mb * n, targets_.data() + mb * n);
 
+  // d(global mean loss) / d(micro-batch mean loss), times the fp16 loss scale: the backward's
+  // initial dlogits are scaled, nothing else (Gpt::backward's loss_scale). S / x is S * (1 / x)
+  // exactly for a power-of-two S, so fp32 and bf16 (S = 1) are unchanged bit for bit.
+  backward_scale_ = float(scaler_.scale()) / float(m_ * rt_.dp().size());
   double loss_sum = 0, compute_s = 0, bubble_s = 0;
   run_micro_batches(&loss_sum, &compute_s, &bubble_s);
   // dp time spent inside the micro-batches (ZeRO 2's waits for its reduce-scatters, ZeRO 3's
@@ -285,11 +296,15 @@ StepMetrics Trainer::train_step() {
   const bool reports = rt_.holds_loss() && rt_.mesh().coord.tp == 0;
   s.loss = rt_.world().sum(reports ? loss_sum : 0.0) / double(m_ * rt_.dp().size());
   const double t_opt = omp_get_wtime();
-  s.grad_norm = std::sqrt(rt_.world().sum(sync_->grad_norm_squared()));
+  // The norm of the unscaled gradients: the scaled ones' over S (exact for a power-of-two S).
+  s.loss_scale = scaler_.enabled() ? scaler_.scale() : 0.0;
+  s.grad_norm = std::sqrt(global_grad_norm_squared()) / scaler_.scale();
   if (opt_.inject_nan_at_step == step_ + 1) {
     s.loss = std::nan("");
     opt_.inject_nan_at_step = -1;  // once: a skipped step is retried with the next batch
   }
+  // fp16: a finite loss with inf/NaN gradients is an overflow of the scaled backward.
+  if (scaler_.enabled() && std::isfinite(s.loss) && !std::isfinite(s.grad_norm)) return skip_overflow(s, t0);
   // A non-finite loss or gradient never reaches the weights. Both numbers are global (summed over
   // the world), so every rank takes the same branch: no rank updates while another skips.
   if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {
@@ -304,10 +319,45 @@ StepMetrics Trainer::train_step() {
   if (opt_.train.grad_clip > 0) clip_scale = std::min(1.0, opt_.train.grad_clip / (s.grad_norm + 1e-6));
   const TrainSpec& ts = opt_.train;
   s.lr = lr_at(step_, ts.lr, ts.min_lr, ts.warmup_steps, ts.steps);
-  sync_->apply(OptimStep{step_ + 1, float(s.lr), float(clip_scale)});
+  // Unscaling folded into the optimizer's gradient factor (every optimizer multiplies each gradient
+  // by grad_scale first, optim/optimizer.hpp): g (clip / S) equals (g / S) clip bit for bit, as S
+  // is a power of two; one pass over the gradients fewer than unscaling them in place.
+  sync_->apply(OptimStep{step_ + 1, float(s.lr), float(clip_scale) / float(scaler_.scale())});
+  scaler_.update(false);  // a good step: the growth counter (GradScaler.update after step)
+  s.skipped_steps = scaler_.state().skipped_steps;
   step_ += 1;
   s.step = step_;
   return finish_metrics(s, t0, t_opt, compute_s, bubble_s, dp_in_micro_batches);
+}
+
+// Every rank's share of the norm^2 of the (scaled) gradients, summed over the world: every rank
+// that holds gradients (dp, tp, pp) takes part, each element counted once (GradSync's counting).
+// The squares and the sum are float64 (Backend::sum_squares), so the sum is non-finite exactly
+// when some element on some rank is inf or NaN (a float's square is finite in float64): this one
+// all-reduce is also fp16's overflow check, the found_inf flag GradScaler and Megatron all-reduce
+// with MAX.
+double Trainer::global_grad_norm_squared() {
+  double local = sync_->grad_norm_squared();
+  if (opt_.inject_overflow_at_step == step_ + 1) {
+    if (rt_.world().rank() == opt_.inject_overflow_rank) local = std::numeric_limits<double>::infinity();
+    opt_.inject_overflow_at_step = -1;
+  }
+  return rt_.world().sum(local);
+}
+
+// fp16 overflow (the same verdict on every rank: the norm is global): the step is not applied,
+// the optimizer is not called (its state and step count stay), the step counter and so the
+// learning-rate schedule do not advance (Megatron steps its scheduler only after a successful
+// update), the batch is consumed (as GradScaler's and Megatron's loops), and the scale backs off.
+// A backoff below min_loss_scale stops the run on every rank alike (EveryRankError).
+StepMetrics Trainer::skip_overflow(StepMetrics s, double t0) {
+  sync_->discard();
+  on_every_rank([&] { scaler_.update(true); });
+  s.overflow = s.skipped = s.nonfinite = true;
+  s.skipped_steps = scaler_.state().skipped_steps;
+  s.step = step_;
+  s.seconds = omp_get_wtime() - t0;
+  return s;
 }
 
 StepMetrics Trainer::finish_metrics(StepMetrics s, double t0, double t_opt, double compute_s, double bubble_s,

@@ -7,7 +7,7 @@
 //   2. pp = 1: forward/backward of each micro-batch in turn; pp > 1: run_pipeline with this rank's
 //      action table (GPipe, 1F1B or interleaved), one Gpt per model chunk, one activation slot per
 //      micro-batch. Each micro-batch's loss is scaled by 1 / (m * dp), so the sums below are the
-//      global mean's gradient;
+//      global mean's gradient (times fp16's loss scale S, train/loss_scaler.hpp);
 //   3. the model's layer-boundary hooks drive the data-parallel side: before a pass reads a unit
 //      (layer, embedding, head) GradSync::before_unit (ZeRO 3 gathers it); after a unit's backward
 //      the trainer finishes its tensor-parallel partial sums (sequence parallelism) when GradSync
@@ -15,8 +15,9 @@
 //      at the end GradSync::finish completes them and sums the tied embedding's two copies (first
 //      and last stage, a point-to-point exchange on the pp group);
 //   4. global gradient norm: every rank's GradSync::grad_norm_squared (each element counted once)
-//      summed over the world; clipping, the learning-rate schedule and GradSync::apply (the
-//      Optimizer on this rank's regions, then the parameter gathers).
+//      summed over the world (fp16: non-finite = an overflow on some rank, the step is skipped and
+//      S backs off); clipping, the learning-rate schedule and GradSync::apply (the Optimizer on
+//      this rank's regions with the gradients unscaled by 1 / S, then the parameter gathers).
 // The reported loss is the global mean over the step's m * dp micro-batches.
 //
 // Owns: the step, the micro-batch loop, evaluation. May use: backend/, model/, optim/, parallel/,
@@ -41,6 +42,7 @@
 #include "parallel/runtime.hpp"
 #include "parallel/trace.hpp"
 #include "plan/plan.hpp"
+#include "train/loss_scaler.hpp"
 
 namespace exatrain {
 
@@ -69,6 +71,10 @@ struct TrainerOptions {
   // step comes back un-applied with skipped = false and nonfinite = true, and the caller stops.
   bool skip_nonfinite = false;
   int64_t inject_nan_at_step = -1;  // test hook: step (1-based) whose loss reads as NaN, once
+  // Test hook (fp16): at this step (1-based), once, world rank inject_overflow_rank's share of the
+  // global gradient norm reads as +inf, as if only that rank's gradients had overflowed.
+  int64_t inject_overflow_at_step = -1;
+  int inject_overflow_rank = 0;
   // The MFU denominator (GFLOP/s of this rank's cores); 0: measured (cached) at the first step.
   double peak_gflops = 0;
   // Test hook: called at the end of every unit's backward, after its gradients were handed on
@@ -93,8 +99,12 @@ struct StepMetrics {
   // This rank's failed preconditioner computations that kept the previous one (Optimizer::fallbacks:
   // a failed eigendecomposition or a non-finite root or basis) since this process started.
   int64_t optimizer_fallbacks = 0;
-  bool skipped = false;                  // non-finite step not applied (skip_nonfinite)
+  bool skipped = false;                  // non-finite step not applied (skip_nonfinite, or an fp16 overflow)
   bool nonfinite = false;                // non-finite loss or gradient norm: no update applied
+  // fp16 loss scaling (train/loss_scaler.hpp); loss_scale 0: none (fp32, bf16).
+  double loss_scale = 0;                 // the scale this step's backward used
+  bool overflow = false;                 // inf/NaN gradients on some rank at that scale: skipped, backed off
+  int64_t skipped_steps = 0;             // overflowing steps skipped so far in the run (resumes included)
 };
 
 // The options of a run of `job` under its resolved `plan` (plan/resolve.hpp): the job's model and
@@ -106,7 +116,8 @@ TrainerOptions trainer_options(const Job& job, const plan::Plan& plan);
 plan::Plan single_rank_plan(int64_t micro_batch, int64_t micro_batches, Recompute recompute = Recompute::none);
 
 // One metrics.jsonl line (no trailing newline): the contract keys step, loss, grad_norm, lr,
-// tokens_per_s, mfu plus seconds, gflops, peak_rss_bytes, accounted_bytes.
+// tokens_per_s, mfu plus seconds, gflops, peak_rss_bytes, accounted_bytes; with fp16 loss
+// scaling also loss_scale, skipped (false: this line's step was applied) and skipped_steps.
 std::string metrics_json(const StepMetrics& m);
 
 // Fills tokens/targets [B*T] with validation batch i (the same batch on every rank that asks).
@@ -143,6 +154,7 @@ class Trainer {
   Backend& backend() { return be_; }
   const TrainerOptions& options() const { return opt_; }
   Optimizer& optimizer() { return *optimizer_; }
+  LossScaler& loss_scaler() { return scaler_; }  // fp16 (enabled()); else scale 1, never skips
   parallel::GradSync& grad_sync() { return *sync_; }
   void set_peak_gflops(double g) { opt_.peak_gflops = g; }
 
@@ -168,6 +180,8 @@ class Trainer {
   void run_pipeline_step(double* loss_sum, double* compute_s, double* bubble_s);
   void finish_local(int chunk, int64_t unit);
   void masters_changed();  // every chunk's 16-bit weight copy is stale (mixed precision)
+  double global_grad_norm_squared();
+  StepMetrics skip_overflow(StepMetrics s, double t0);
   void tied_sum(int chunk, float* grads, int64_t n);
   StepMetrics finish_metrics(StepMetrics s, double t0, double t_opt, double compute_s, double bubble_s,
                              double dp_in_micro_batches);
@@ -179,6 +193,8 @@ class Trainer {
   int64_t B_, T_, m_;
   int64_t act_;  // floats of one stage-boundary message: [B, T, C], or this rank's rows under sp
   int64_t step_ = 0;
+  LossScaler scaler_;            // fp16 only (enabled); see train/loss_scaler.hpp
+  float backward_scale_ = 1;     // this step's d(loss the backward starts from) / d(micro-batch mean loss)
   std::vector<std::unique_ptr<Chunk>> chunks_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<parallel::GroupReplicaComm> optimizer_comm_;  // the optimizer's view of the replicas

@@ -1,8 +1,10 @@
 // Exact bytes per rank per collective (the runtime's contract) and alpha-beta times.
 #include <algorithm>
+#include <map>
 
 #include <gtest/gtest.h>
 
+#include "catalog/device.hpp"
 #include "core/check.hpp"
 #include "plan/comm.hpp"
 #include "plan/memory.hpp"
@@ -61,7 +63,8 @@ TEST(Comm, PipelineSendsPerRank) {
   int64_t mb = 4;
   // GPT-2 ties its embeddings: the first and last stage also exchange the embedding's gradient
   // (vocab x hidden) once per step; the middle stages do not.
-  const int64_t wte = 50257 * 768 * 2;
+  // The embedding's gradient is fp32 at every precision (the gradients' dtype, not bf16's 2 bytes).
+  const int64_t wte = 50257 * 768 * 4;
   EXPECT_EQ(bytes_sent_per_step(m, p, rank_position(p, 0))[CommKind::pp_send], (mb * 3 + mb * 2) * msg + wte);
   EXPECT_EQ(bytes_sent_per_step(m, p, rank_position(p, 1))[CommKind::pp_send], (mb * 3 + mb * 3) * msg);
   EXPECT_EQ(bytes_sent_per_step(m, p, rank_position(p, 3))[CommKind::pp_send], (mb * 2 + mb * 3) * msg + wte);
@@ -164,4 +167,61 @@ TEST(Comm, ZeroThreeTiedEmbeddingExchangeMovesTheOwnedShard) {
   p.zero = 3;
   EXPECT_EQ(bytes_sent_per_step(m, p, first)[CommKind::pp_send], msgs + tied / 2);
   EXPECT_EQ(bytes_sent_per_step(m, p, last)[CommKind::pp_send], msgs + tied / 2);
+}
+
+// The byte contract's gradient bytes follow the gradients' reduce dtype, not the precision: this
+// runtime reduces fp32 gradients at fp32, bf16 and fp16 ([train] grad_reduce_dtype = "fp32", 4
+// bytes, as predict's dp time counts them), bf16 ones with grad_reduce_dtype = "bf16" (2), and a
+// framework's 16-bit gradients (Plan::grads_16bit: Megatron's fp16) at 2. Parameter all-gathers
+// keep the precision's element size. fp16 counts exactly as bf16, kind by kind.
+TEST(Comm, GradientBytesFollowTheReduceDtypeNotThePrecision) {
+  ModelSpec m;
+  for (int64_t zero : {0, 1, 2}) {
+    Plan p;
+    p.dp = 2; p.pp = 2; p.gpus = 4; p.micro_batch = 1; p.global_batch = 4; p.zero = zero;
+    const RankPosition pos = rank_position(p, 0);  // the first stage: it sends the tied embedding's gradient
+    const int64_t n = parameters_on_rank(m, p, 0, 0);
+    const CommKind reduce = zero == 0 ? CommKind::dp_all_reduce : CommKind::dp_reduce_scatter;
+    const int64_t elems = zero == 0 ? ring_all_reduce_sent(n, 2, 0) : ring_reduce_scatter_sent(n, 2, 0);
+    const int64_t tied = 50257 * 768 / (zero >= 2 ? 2 : 1);  // elements of the tied gradient exchange
+    std::map<Precision, CommBytes> by_precision;
+    for (Precision prec : {Precision::fp32, Precision::bf16, Precision::fp16}) {
+      p.precision = prec;
+      p.grad_reduce_bf16 = false, p.grads_16bit = false;
+      const CommBytes b = bytes_sent_per_step(m, p, pos);
+      EXPECT_EQ(b[reduce], (zero == 2 ? 2 : 1) * elems * 4) << to_string(prec) << " zero " << zero;
+      if (zero >= 1) {  // the parameter all-gather keeps the precision's element size
+        EXPECT_EQ(b[CommKind::dp_all_gather], ring_all_gather_sent(n, 2, 0) * (prec == Precision::fp32 ? 4 : 2));
+      }
+      const int64_t act = 1024 * 768 * (prec == Precision::fp32 ? 4 : 2);  // boundary messages keep elem
+      EXPECT_EQ(b[CommKind::pp_send], 2 * act + tied * 4) << to_string(prec) << " zero " << zero;
+      by_precision[prec] = b;
+      p.grad_reduce_bf16 = true;
+      EXPECT_EQ(bytes_sent_per_step(m, p, pos)[reduce], (zero == 2 ? 2 : 1) * elems * 2) << to_string(prec);
+      p.grad_reduce_bf16 = false, p.grads_16bit = true;
+      EXPECT_EQ(bytes_sent_per_step(m, p, pos)[reduce], (zero == 2 ? 2 : 1) * elems * 2) << to_string(prec);
+      EXPECT_EQ(bytes_sent_per_step(m, p, pos)[CommKind::pp_send], 2 * act + tied * 2) << to_string(prec);
+    }
+    EXPECT_EQ(by_precision[Precision::fp16].bytes, by_precision[Precision::bf16].bytes) << "zero " << zero;
+  }
+}
+
+// The planner's memory counts fp16 as bf16 (the same 16-bit weight copy, fp32 gradients, masters
+// and moments: 18 bytes per parameter with AdamW, docs/precision.md "Memory").
+TEST(Comm, Fp16MemoryIsBf16s) {
+  ModelSpec m;
+  Plan p;
+  p.dp = 2; p.gpus = 2; p.micro_batch = 1; p.global_batch = 2; p.zero = 1;
+  const Device& d = find_device("a100-80g");
+  p.precision = Precision::bf16;
+  const Memory b = memory_per_device(m, p, d);
+  p.precision = Precision::fp16;
+  const Memory f = memory_per_device(m, p, d);
+  EXPECT_EQ(f.params, b.params);
+  EXPECT_EQ(f.grads, b.grads);
+  EXPECT_EQ(f.optimizer, b.optimizer);
+  EXPECT_EQ(f.activations, b.activations);
+  EXPECT_EQ(f.total, b.total);
+  EXPECT_EQ(b.params, 2.0 * double(parameters_on_rank(m, p, 0)));
+  EXPECT_EQ(b.grads, 4.0 * double(parameters_on_rank(m, p, 0)));
 }

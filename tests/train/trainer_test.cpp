@@ -102,9 +102,10 @@ TEST(Trainer, MuonLearnsAndItsStateIsThePlannersPrediction) {
 
 // Mixed precision holds the bytes the planner counts for it (plan/memory.cpp, 2 + 4 + 12 per
 // parameter with AdamW): the model's 16-bit copy and fp32 masters (2 + 4), fp32 gradients (4),
-// AdamW's fp32 moments (8) = 18 bytes per parameter, against fp32's 16; and it learns.
+// AdamW's fp32 moments (8) = 18 bytes per parameter, against fp32's 16; and it learns. fp16 holds
+// exactly bf16's bytes (the loss scaler is a few numbers).
 TEST(Trainer, Bf16HoldsThePlannersBytesPerParameterAndLearns) {
-  for (Precision prec : {Precision::fp32, Precision::bf16}) {
+  for (Precision prec : {Precision::fp32, Precision::bf16, Precision::fp16}) {
     OneRank one(2);
     InMemoryTokenStream data(phrase_stream());
     TrainerOptions o = options();
@@ -121,6 +122,62 @@ TEST(Trainer, Bf16HoldsThePlannersBytesPerParameterAndLearns) {
     EXPECT_DOUBLE_EQ(held, mem.params + mem.grads + mem.optimizer) << to_string(prec);
     EXPECT_DOUBLE_EQ(held, (prec == Precision::fp32 ? 16.0 : 18.0) * double(tr.params_on_rank())) << to_string(prec);
   }
+}
+
+namespace {
+// Every state slice the trainer holds (the fp32 masters and the optimizer's state), as bytes.
+std::string state_bytes(Trainer& tr) {
+  std::string out;
+  for (const parallel::StateSlice& s : tr.state_slices()) {
+    std::vector<float> h(size_t(s.end - s.begin));
+    tr.backend().download(h.data(), s.data, h.size() * sizeof(float));
+    out.append(reinterpret_cast<const char*>(h.data()), h.size() * sizeof(float));
+  }
+  return out;
+}
+}  // namespace
+
+// fp16 with an initial loss scale of 2^40 (train/loss_scaler.hpp): the first steps' fp16 dY
+// overflow, so each is skipped with the masters and AdamW's moments unchanged bit for bit, the
+// step count (and so the learning-rate schedule) unchanged and the scale halved, until the scale
+// fits; then steps apply at that scale and the run learns. The gradient norm of an overflow is
+// non-finite, its loss finite (the forward does not see the scale).
+TEST(Trainer, Fp16OverflowSkipsTheStepKeepsTheStateAndBacksOff) {
+  OneRank one(2);
+  InMemoryTokenStream data(phrase_stream());
+  TrainerOptions o = options();
+  o.plan.precision = Precision::fp16;
+  o.train.loss_scale.initial = std::ldexp(1.0, 40);
+  Trainer tr(*one.be, *one.rt, o, data);
+  ASSERT_TRUE(tr.loss_scaler().enabled());
+  int64_t skipped = 0;
+  StepMetrics first, last;
+  for (int i = 0; i < 100 && tr.step() < 40; i++) {
+    const std::string before = state_bytes(tr);
+    const double scale = tr.loss_scaler().scale();
+    const int64_t step = tr.step();
+    const StepMetrics m = tr.train_step();
+    EXPECT_EQ(m.loss_scale, scale);
+    EXPECT_TRUE(std::isfinite(m.loss));
+    if (m.overflow) {
+      skipped++;
+      EXPECT_TRUE(m.skipped);
+      EXPECT_FALSE(std::isfinite(m.grad_norm));
+      EXPECT_EQ(tr.step(), step);
+      EXPECT_EQ(tr.loss_scaler().scale(), scale / 2);
+      EXPECT_TRUE(state_bytes(tr) == before) << "a skipped step changed the state at scale " << scale;
+    } else {
+      EXPECT_EQ(tr.step(), step + 1);
+      EXPECT_TRUE(state_bytes(tr) != before);
+      EXPECT_TRUE(std::isfinite(m.grad_norm));
+      if (step == 0) first = m;
+      last = m;
+    }
+    EXPECT_EQ(m.skipped_steps, skipped);
+  }
+  EXPECT_GT(skipped, 3) << "2^40 should overflow the first steps";
+  EXPECT_EQ(tr.step(), 40);
+  EXPECT_LT(last.loss, 0.5 * first.loss);
 }
 
 // SGD, Lion, LAMB and Adafactor learn the phrase stream, each at its own lr, and hold the state
