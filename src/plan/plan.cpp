@@ -372,6 +372,16 @@ bool Rules::compression() {
                 fmt::format("[comm] compressor = \"{}\" with [parallel] zero = 3: ZeRO 3 reduce-scatters every unit's "
                             "gradients as backward makes them, outside the compressor slot; expected zero = 0, 1 or 2 "
                             "(or compressor = \"none\")", c));
+  // Compressed momentum (comm.compress = "momentum") reads AdamW's whole synchronised m on every
+  // rank: a rule here, so that a plan with zero = "auto" never picks ZeRO 1 or 2 for it.
+  if (p.comm.compress == "momentum" && p.zero != 0)
+    return fail({"comm.compress", "parallel.zero"},
+                fmt::format("compress = \"momentum\" with zero = {}: each rank forms its local momentum from the "
+                            "synchronised one, which ZeRO {} keeps only as this rank's shard; expected zero = 0",
+                            p.zero, p.zero),
+                fmt::format("[comm] compress = \"momentum\" with [parallel] zero = {}: each rank forms its local "
+                            "momentum from the synchronised one, which ZeRO {} keeps only as this rank's shard; "
+                            "expected zero = 0", p.zero, p.zero));
   if (p.zero == 1 && p.optimizer_state.whole_entries)
     return fail({"comm.compressor", "parallel.zero", "train.optimizer"},
                 fmt::format("compressor = \"{}\" with zero = 1 and optimizer = \"{}\": ZeRO 1 gives every tensor one "

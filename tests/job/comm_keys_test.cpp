@@ -178,6 +178,26 @@ TEST(JobComm, ThePlanRefusesZero3AndZero1WithWholeTensorOptimizers) {
   e = problem("zero = 1\n[train]\noptimizer = \"kfac\"\n[comm]\ncompressor = \"topk\"\n");
   EXPECT_TRUE(contains(e, "[comm] compressor = \"topk\" with [parallel] zero = 1 and [train] optimizer = \"kfac\"")) << e;
   EXPECT_EQ(problem("zero = 0\n[train]\noptimizer = \"kfac\"\n[comm]\ncompressor = \"topk\"\n"), "");
+  // Compressed momentum with zero left to the planner ("auto"): the parser can refuse only an
+  // explicit zero, so the plan rule refuses ZeRO 1 and 2 and a search never picks them (it did,
+  // and the run then died in the runtime with a message naming a source file).
+  const Job m = parse_job(base + "[comm]\ncompressor = \"topk\"\nwarmup_steps = 2\nadam_variance = \"freeze\"\n"
+                                 "compress = \"momentum\"\n", "job.toml");
+  EXPECT_FALSE(m.parallel.zero.has_value());
+  ParallelSpec candidate = m.parallel;  // what a search tries: every zero
+  candidate.zero = 0;
+  plan::Plan mp = plan::resolve_plan(candidate, m.train.precision);
+  mp.dp = 2;
+  mp.set_optimizer(m.train);
+  for (int zero : {1, 2}) {
+    mp.zero = zero;
+    const auto pr = plan::plan_problem(m.model, mp, plan::Purpose::train);
+    ASSERT_TRUE(pr.has_value()) << zero;
+    EXPECT_TRUE(contains(pr->job_text, "[comm] compress = \"momentum\" with [parallel] zero = " + std::to_string(zero)))
+        << pr->job_text;
+  }
+  mp.zero = 0;
+  EXPECT_FALSE(plan::plan_problem(m.model, mp, plan::Purpose::train).has_value());
 }
 
 // [train] grad_reduce_dtype (docs/precision.md): read, round-tripped, refused by name with a
