@@ -193,6 +193,13 @@ void Session::resume() {
     if (saved.loss_scaler)
       on_every_rank([&] { trainer_->loss_scaler().restore(*saved.loss_scaler, dir + "/trainer_state.json"); });
     if (log_) fmt::print(log_, "resumed from {} (step {})\n", dir, trainer_->step());
+    // The compressors' state (error-feedback residuals, DGC's velocity, PowerSGD's Q, temporal
+    // index sets) is per rank and not checkpointed: it restarts empty, so the resumed run departs
+    // from the uninterrupted one from the step after (docs/checkpoints.md, docs/compression.md).
+    if (log_ && job_.train.comm.active())
+      fmt::print(log_, "note: [comm] compressor = \"{}\": its state (error-feedback residuals, DGC velocity, "
+                 "PowerSGD's Q, reused index sets) is not in checkpoints and restarts empty; this run continues "
+                 "close to, not exactly as, the uninterrupted one\n", job_.train.comm.compressor);
   }
   result_.first_step = trainer_->step();
 }

@@ -44,7 +44,7 @@ std::vector<int32_t> ref_topk(const std::vector<float>& x, int64_t k) {
 
 TEST_P(CompressOps, TopkMatchesTheSortedReferenceWithTiesByIndexAndBase) {
   std::mt19937 rng(7);
-  for (int64_t n : {1, 7, 1000, 40000}) {
+  for (int64_t n : {1, 7, 1000, 40000, 150000}) {  // nth_element below 2^17, radix selection above
     Vec xd = random_vec(rng, size_t(n));
     for (int64_t i = 0; i < n; i += 5) xd[size_t(i)] = 0.5;   // ties
     for (int64_t i = 3; i < n; i += 11) xd[size_t(i)] = -0.5;  // the same magnitude, negative
@@ -74,18 +74,21 @@ TEST_P(CompressOps, TopkCountsANanAsTheLargest) {
 }
 
 // Magnitudes that share their upper 16 bits and differ below (the radix selection's second
-// histogram), NaN and +-inf (equal keys: ties by index), +-0, subnormals and long runs of ties,
-// at every k.
+// histogram, used from 2^17 elements; nth_element below), NaN and +-inf (equal keys: ties by
+// index), +-0, subnormals and long runs of ties, at k from 0 to n in steps of about n / 23, and n.
 TEST_P(CompressOps, TopkMatchesTheReferenceOnSpecialValuesAndNearKeys) {
   std::mt19937 rng(11);
   const std::vector<float> pool = {0.0f, -0.0f, 1e-45f, -3e-44f, 1.0f, -1.0f, std::nextafter(1.0f, 2.0f),
                                    -std::nextafter(1.0f, 2.0f), 1.0000153f, 1.5f, -1.5f, INFINITY, -INFINITY,
                                    std::nanf(""), 3e38f};
-  for (int64_t n : {1, 2, 17, 3000}) {
+  for (int64_t n : {1, 2, 17, 3000, 140000}) {
     std::vector<float> x(static_cast<size_t>(n));
     for (float& v : x) v = pool[rng() % pool.size()];
     Vec xd(x.begin(), x.end());
-    for (int64_t k = 0; k <= n; k += std::max<int64_t>(1, n / 23)) {
+    std::vector<int64_t> ks;
+    for (int64_t k = 0; k < n; k += std::max<int64_t>(1, n / 23)) ks.push_back(k);
+    ks.push_back(n);
+    for (int64_t k : ks) {
       Buf dx(be(), xd), di(be(), size_t(std::max<int64_t>(k, 1))), dv(be(), size_t(std::max<int64_t>(k, 1)));
       be().topk_abs(ints(di), dv.p, dx.p, n, k, 7);
       if (k == 0) continue;

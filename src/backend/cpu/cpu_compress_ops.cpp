@@ -37,6 +37,23 @@ void check_blocks(const char* op, const int32_t* blocks, int64_t kb, int64_t n, 
               blocks[j], nb, n);
 }
 
+// topk_abs's contract by nth_element over an index array (larger magnitude first, then the lower
+// index), then a sort of the k chosen indices: for small n.
+void topk_abs_small(int32_t* idx, float* val, const float* x, int64_t n, int64_t k, int64_t base) {
+  std::vector<int32_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  auto before = [x](int32_t a, int32_t b) {
+    const float ma = magnitude(x[a]), mb = magnitude(x[b]);
+    return ma > mb || (ma == mb && a < b);
+  };
+  if (k < n) std::nth_element(order.begin(), order.begin() + (k - 1), order.end(), before);
+  std::sort(order.begin(), order.begin() + k);
+  for (int64_t i = 0; i < k; i++) {
+    idx[i] = int32_t(base + order[size_t(i)]);
+    val[i] = x[order[size_t(i)]];
+  }
+}
+
 }  // namespace
 
 // The k largest magnitudes by radix selection on the magnitudes' bits (for a float >= 0, and for
@@ -52,6 +69,9 @@ void CpuBackend::topk_abs(int32_t* idx, float* val, const float* x, int64_t n, i
   EXA_CHECK(k >= 0 && k <= n && base >= 0 && base + n <= (int64_t(1) << 31),
             "topk_abs: k = {} of n = {} at base {} (expected 0 <= k <= n, base + n <= 2^31)", k, n, base);
   if (k == 0) return;
+  // Below 2^17 elements the two 2^16-bin histograms would cost more than the selection itself
+  // (block top-k selects among block counts, top-k among pieces from 1,024 elements): nth_element.
+  if (n < (int64_t(1) << 17)) return topk_abs_small(idx, val, x, n, k, base);
   auto key = [x](int64_t i) {
     const float m = magnitude(x[i]);
     uint32_t bits;
