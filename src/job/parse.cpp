@@ -139,10 +139,11 @@ class Section {
   }
   // A number in (lo, hi]: lo itself is impossible (a density of 0 sends nothing, a damping of 0
   // divides by a zero eigenvalue).
-  void get_float_above(const std::string& key, double& out, double lo, double hi) {
+  // `range`: the interval as the docs write it (e.g. "(2^-64, 2^64]"), else printed from lo, hi.
+  void get_float_above(const std::string& key, double& out, double lo, double hi, const std::string& range = "") {
     const toml::value* v = take(key);
     if (!v) return;
-    const std::string want = fmt::format("a number in ({}, {}]", lo, hi);
+    const std::string want = "a number in " + (range.empty() ? fmt::format("({}, {}]", lo, hi) : range);
     double x;
     if (v->is_floating()) x = v->as_floating();
     else if (v->is_integer()) x = static_cast<double>(v->as_integer());
@@ -205,11 +206,13 @@ class Section {
   }
   // A number in (lo, hi] or the string `word`: returns 1 for the word, 0 for a number (in `out`),
   // -1 when absent or bad.
-  int get_float_above_or(const std::string& key, const std::string& word, double& out, double lo, double hi) {
+  int get_float_above_or(const std::string& key, const std::string& word, double& out, double lo, double hi,
+                         const std::string& range = "") {
     const toml::value* v = take(key);
     if (!v) return -1;
     if (v->is_string() && v->as_string().str == word) return 1;
-    const std::string want = fmt::format("\"{}\" or a number in ({}, {}]", word, lo, hi);
+    const std::string want = fmt::format("\"{}\" or a number in {}", word,
+                                         range.empty() ? fmt::format("({}, {}]", lo, hi) : range);
     double x;
     if (v->is_floating()) x = v->as_floating();
     else if (v->is_integer()) x = static_cast<double>(v->as_integer());
@@ -493,7 +496,12 @@ void parse_loss_scale(Section& s, const Job& job, TrainSpec& t, std::vector<std:
   }
   LossScaleSpec& ls = t.loss_scale;
   double fixed = 0;
-  if (s.get_float_above_or("loss_scale", "dynamic", fixed, 0, kMaxLossScale) == 0) ls.dynamic = false, ls.initial = fixed;
+  // Every scale and its reciprocal (the optimizer's gradient factor) stay normal fp32 numbers: a
+  // scale of 1e-45 would make 1/S inf and the update NaN. Hence (2^-64, 2^64].
+  const double lo = 1.0 / kMaxLossScale;
+  const std::string range = "(2^-64, 2^64]";
+  if (s.get_float_above_or("loss_scale", "dynamic", fixed, lo, kMaxLossScale, range) == 0)
+    ls.dynamic = false, ls.initial = fixed;
   if (!ls.dynamic) {
     for (const char* k : kDynamic)
       if (s.has(k))
@@ -501,11 +509,11 @@ void parse_loss_scale(Section& s, const Job& job, TrainSpec& t, std::vector<std:
                                 "loss_scale = \"dynamic\"", fixed));
     return;
   }
-  s.get_float_above("initial_loss_scale", ls.initial, 0, kMaxLossScale);
+  s.get_float_above("initial_loss_scale", ls.initial, lo, kMaxLossScale, range);
   s.get_int("loss_scale_growth_interval", ls.growth_interval, 1, int64_t(1) << 40);
   s.get_float_above("loss_scale_growth_factor", ls.growth_factor, 1, 1e6);
   s.get_float_below("loss_scale_backoff", ls.backoff, 1e-6, 1);  // 0 would zero the scale; 1 never backs off
-  s.get_float_above("min_loss_scale", ls.min_scale, 0, kMaxLossScale);
+  s.get_float_above("min_loss_scale", ls.min_scale, lo, kMaxLossScale, range);
   if (ls.initial < ls.min_scale)
     errors.push_back(fmt::format("{}: [train] initial_loss_scale = {} is below min_loss_scale = {} (the dynamic scale "
                                  "starts at the first and backs off no lower than the second); expected "

@@ -320,8 +320,9 @@ StepMetrics Trainer::train_step() {
   const TrainSpec& ts = opt_.train;
   s.lr = lr_at(step_, ts.lr, ts.min_lr, ts.warmup_steps, ts.steps);
   // Unscaling folded into the optimizer's gradient factor (every optimizer multiplies each gradient
-  // by grad_scale first, optim/optimizer.hpp): g (clip / S) equals (g / S) clip bit for bit, as S
-  // is a power of two; one pass over the gradients fewer than unscaling them in place.
+  // by grad_scale first, optim/optimizer.hpp): g (clip / S) equals (g / S) clip bit for bit when S
+  // is a power of two (the defaults keep it one; other initial/growth/backoff settings round once
+  // more, at fp32's rounding); one pass over the gradients fewer than unscaling them in place.
   sync_->apply(OptimStep{step_ + 1, float(s.lr), float(clip_scale) / float(scaler_.scale())});
   scaler_.update(false);  // a good step: the growth counter (GradScaler.update after step)
   s.skipped_steps = scaler_.state().skipped_steps;

@@ -47,9 +47,12 @@ TEST(JobLossScale, KeysAreRefusedByNameWhereTheyMeanNothing) {
   e = parse_error("[train]\nprecision = \"fp16\"\nloss_scale = 64\nloss_scale_backoff = 0.5\n");
   EXPECT_TRUE(contains(e, "[train] loss_scale_backoff = 0.5: [train] loss_scale = 64 is a fixed scale")) << e;
   e = parse_error("[train]\nprecision = \"fp16\"\nloss_scale = \"static\"\n");
-  EXPECT_TRUE(contains(e, "[train] loss_scale = \"static\": expected \"dynamic\" or a number in (0, ")) << e;
+  EXPECT_TRUE(contains(e, "[train] loss_scale = \"static\": expected \"dynamic\" or a number in (2^-64, 2^64]")) << e;
   e = parse_error("[train]\nprecision = \"fp16\"\nloss_scale = -1\n");
-  EXPECT_TRUE(contains(e, "[train] loss_scale = -1: expected \"dynamic\" or a number in (0, ")) << e;
+  EXPECT_TRUE(contains(e, "[train] loss_scale = -1: expected \"dynamic\" or a number in (2^-64, 2^64]")) << e;
+  // A scale whose reciprocal is not a normal float (1/S, the optimizer's gradient factor).
+  e = parse_error("[train]\nprecision = \"fp16\"\nmin_loss_scale = 1e-30\n");
+  EXPECT_TRUE(contains(e, "[train] min_loss_scale = 1e-30: expected a number in (2^-64, 2^64]")) << e;
   e = parse_error("[train]\nprecision = \"fp16\"\nloss_scale_backoff = 1\n");
   EXPECT_TRUE(contains(e, "[train] loss_scale_backoff = 1: expected a number in [1e-06, 1)")) << e;
   e = parse_error("[train]\nprecision = \"fp16\"\nloss_scale_growth_factor = 1\n");
