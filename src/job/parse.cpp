@@ -477,9 +477,6 @@ std::string optimizers_with_key(const std::string& key) {
   return out;
 }
 
-// Whether [train] beta1, beta2 and eps reach an Adam of the job's optimizer: AdamW, LAMB, Shampoo's
-// grafting Adam, SOAP's Adam, the AdamW Muon runs off the matrices, a mixed order's adamw or lamb.
-// SGD, Lion, Adafactor and K-FAC (SGD) have none (their moments are [optimizer] keys): the keys are refused.
 // [train] loss_scale and its dynamic keys (job.hpp LossScaleSpec; docs/job-file.md): fp16 only
 // (fp32 and bf16 have float32's exponent range, nothing to scale); the dynamic keys need
 // loss_scale = "dynamic"; the initial scale at least the minimum.
@@ -544,6 +541,9 @@ void check_fp16_companions(const Job& job, std::vector<std::string>& errors) {
                                  "or precision = \"bf16\"", job_origin(job, {"train.precision", "train.optimizer"})));
 }
 
+// Whether [train] beta1, beta2 and eps reach an Adam of the job's optimizer: AdamW, LAMB, Shampoo's
+// grafting Adam, SOAP's Adam, the AdamW Muon runs off the matrices, a mixed order's adamw or lamb.
+// SGD, Lion, Adafactor and K-FAC (SGD) have none (their moments are [optimizer] keys): the keys are refused.
 bool uses_train_betas(const TrainSpec& t) {
   const std::string& o = t.optimizer;
   if (o == "sgd" || o == "lion" || o == "adafactor") return false;

@@ -1,5 +1,5 @@
-// Compressed momentum ([comm] compress = "momentum", docs/compression.md "Compressing Adam's
-// momentum") in training under mpirun (2 and 4 ranks), ZeRO 0, AdamW, 2 dense warm-up steps then
+// Compressed momentum ([comm] compress = "momentum", docs/compression.md "The Adam
+// question") in training under mpirun (2 and 4 ranks), ZeRO 0, AdamW, 2 dense warm-up steps then
 // the variance frozen, 6 steps, 1000-float buckets:
 //   * density 1 (top-k sends every element of the local momenta): the run equals dense AdamW with
 //     the same frozen variance within fp32 rounding (every loss and weight), so the momentum path

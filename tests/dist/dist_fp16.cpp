@@ -7,7 +7,8 @@
 //      the single-rank fp16 Trainer's with the same step skipped (1e-5 relative: the sums' order).
 //   b. a real overflow everywhere: an initial scale of 2^40 overflows the first steps' fp16 dY;
 //      every rank skips the same steps with the same scales, and the state is unchanged across each.
-// Layouts of 2 ranks: dp 2 under ZeRO 0, 1 and 2, tp 2, pp 2. Run as `mpirun -np 2 dist_fp16`;
+// Layouts of 2 ranks: dp 2 under ZeRO 0, 1, 2 and 3, tp 2, pp 2; of 4: dp2 x tp2 under ZeRO 3,
+// dp2 x pp2 under ZeRO 1, tp2 x pp2, dp 4 under ZeRO 2. Run as `mpirun -np N dist_fp16` (N = 2, 4);
 // exits non-zero on any mismatch.
 #include <mpi.h>
 
@@ -112,7 +113,8 @@ int main(int argc, char** argv) {
     x.dp = dp, x.tp = tp, x.pp = pp, x.zero = zero;
     if (dp * tp * pp == world) configs.push_back(x);
   };
-  c(2, 1, 1, 0), c(2, 1, 1, 1), c(2, 1, 1, 2), c(1, 2, 1, 0), c(1, 1, 2, 0);
+  c(2, 1, 1, 0), c(2, 1, 1, 1), c(2, 1, 1, 2), c(2, 1, 1, 3), c(1, 2, 1, 0), c(1, 1, 2, 0);
+  c(2, 2, 1, 3), c(2, 1, 2, 1), c(1, 2, 2, 0), c(4, 1, 1, 2);  // 4 ranks
   const int iterations = 6, inject_at = 3;
   auto backend = make_cpu_backend(1);
   int failures = 0;
