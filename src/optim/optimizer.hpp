@@ -109,9 +109,11 @@ class Optimizer {
   virtual std::vector<EntryStateSpec> entry_states(const ParamInfo& p) const { return {}; }
   // True when an update needs every parameter entry whole on one rank (matrix optimizers).
   virtual bool needs_whole_entries() const { return false; }
-  // True when an update can take the synchronised momentum in place of the gradient
-  // (OptimStep::grads_are_momentum): AdamW.
-  virtual bool takes_momentum() const { return false; }
+  // The index in state_names() of the first moment an update can take synchronised in place of
+  // the gradient (OptimStep::grads_are_momentum; [comm] compress = "momentum"), -1 when none:
+  // AdamW's exp_avg. Said by the optimizer, so that no caller finds the state by its name.
+  virtual int momentum_state() const { return -1; }
+  bool takes_momentum() const { return momentum_state() >= 0; }
 
   // Allocates the state of these regions (zeroed): the per-element tensors of every region and
   // the entry states of every entry a region holds whole; refuses an entry with entry states cut
@@ -183,7 +185,7 @@ class AdamW final : public Optimizer {
   AdamW(Backend& backend, AdamWConfig config) : Optimizer(backend), cfg_(config) {}
   const char* name() const override { return "adamw"; }
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
-  bool takes_momentum() const override { return true; }
+  int momentum_state() const override { return 0; }  // exp_avg
 
  protected:
   void update(const EntryPart& part, const OptimStep& ctx) override;

@@ -99,12 +99,11 @@ class Zero0Sync final : public GradSync {
   // Compressed momentum: the compressor reads each chunk's first moment (AdamW's exp_avg, whole on
   // every replica under ZeRO 0) to form the ranks' local momenta.
   void bind_momenta() {
-    const std::vector<std::string> names = s_.optimizer->state_names();
-    const auto it = std::find(names.begin(), names.end(), "exp_avg");
-    EXA_CHECK(s_.optimizer->takes_momentum() && it != names.end(), "[comm] compress = \"momentum\" with optimizer "
-              "{}: expected adamw (its first moment exp_avg is what the ranks compress)", s_.optimizer->name());
+    const int m = s_.optimizer->momentum_state();
+    EXA_CHECK(m >= 0, "[comm] compress = \"momentum\" with optimizer {}: expected adamw (its first moment exp_avg is "
+              "what the ranks compress)", s_.optimizer->name());
     for (size_t c = 0; c < s_.chunks.size(); c++)
-      s_.compressor->bind_momentum(&s_.chunks[c].model->layout(), s_.optimizer->state(c, size_t(it - names.begin())));
+      s_.compressor->bind_momentum(&s_.chunks[c].model->layout(), s_.optimizer->state(c, size_t(m)));
   }
   std::vector<std::unique_ptr<GradBucketer>> bucketers_;  // per chunk, when dp > 1
   std::vector<ParamRegion> regions_;                      // per chunk: the whole arena
