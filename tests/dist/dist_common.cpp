@@ -189,6 +189,19 @@ Reference run_single_rank(const Job& job, int64_t inject_nan_at_step, bool skip,
   return r;
 }
 
+bool all_ok(bool ok) {
+  int mine = ok, all = 0;
+  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all == 1;
+}
+
+int64_t dp_gradient_bytes(const std::map<std::string, int64_t>& bytes) {
+  int64_t b = 0;
+  for (const auto& [kind, n] : bytes)
+    if (kind.rfind("dp_", 0) == 0 && kind != "dp_all_gather" && kind.rfind("dp_kfac_", 0) != 0) b += n;
+  return b;
+}
+
 int64_t resident_bytes(const void* p, int64_t bytes) {
   const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
   const uintptr_t lo = uintptr_t(p) / page * page, hi = (uintptr_t(p) + uintptr_t(bytes) + page - 1) / page * page;

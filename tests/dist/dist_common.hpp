@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -126,6 +127,14 @@ std::vector<float> host_params(const exatrain::Gpt& model);
 
 // Bytes of [p, p + bytes) resident in memory (mincore over the pages it touches).
 int64_t resident_bytes(const void* p, int64_t bytes);
+
+// True when `ok` on every rank of MPI_COMM_WORLD.
+bool all_ok(bool ok);
+
+// The step's data-parallel gradient bytes from a ledger's per-kind counts: every dp kind but
+// ZeRO's weight all-gather and K-FAC's own exchanges (dp_kfac_factors, _eigen, _grad: the
+// optimizer's, the same with or without [comm]).
+int64_t dp_gradient_bytes(const std::map<std::string, int64_t>& bytes);
 
 // Largest |local - reference slice| / (1 + |reference|) over every element of a model shard.
 double max_weight_diff(const exatrain::Gpt& model, const Reference& ref);

@@ -30,20 +30,8 @@ using dist_test::Config;
 
 namespace {
 
-bool all_ok(bool ok) {
-  int mine = ok, all = 0;
-  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return all == 1;
-}
-
-// The step's gradient bytes over dp: every dp kind but ZeRO's weight all-gather and K-FAC's own
-// exchanges (dp_kfac_factors, _eigen, _grad: the optimizer's, the same with or without [comm]).
-int64_t dp_gradient_bytes(const std::map<std::string, int64_t>& bytes) {
-  int64_t b = 0;
-  for (const auto& [kind, n] : bytes)
-    if (kind.rfind("dp_", 0) == 0 && kind != "dp_all_gather" && kind.rfind("dp_kfac_", 0) != 0) b += n;
-  return b;
-}
+using dist_test::all_ok;
+using dist_test::dp_gradient_bytes;
 
 struct Case {
   std::string name;

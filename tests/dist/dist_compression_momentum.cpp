@@ -32,19 +32,8 @@ namespace {
 
 constexpr int kSteps = 6, kWarmup = 2;
 
-bool all_ok(bool ok) {
-  int mine = ok, all = 0;
-  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return all == 1;
-}
-
-// Every dp kind but ZeRO's weight all-gather (the gradient reduction's bytes).
-int64_t dp_gradient_bytes(const std::map<std::string, int64_t>& bytes) {
-  int64_t b = 0;
-  for (const auto& [kind, n] : bytes)
-    if (kind.rfind("dp_", 0) == 0 && kind != "dp_all_gather") b += n;
-  return b;
-}
+using dist_test::all_ok;
+using dist_test::dp_gradient_bytes;
 
 struct Trace {
   std::vector<double> losses;
