@@ -261,7 +261,10 @@ inline const std::vector<std::string>& comm_compressor_names() {
 // consecutive good steps: 1000, Megatron's loss_scale_window and DeepSpeed's (GradScaler has
 // 2000), the trainers whose fp32 main_grad / master-weight layout this runtime follows. Below
 // min_scale (Megatron's and DeepSpeed's min_loss_scale, 1) the run stops (DeepSpeed's
-// raise_error_at_min_scale): the gradients overflow at any scale. Fixed (loss_scale = a number):
+// raise_error_at_min_scale): the gradients overflow at any scale. Hysteresis (Megatron's
+// --hysteresis and DeepSpeed's `hysteresis`, both default 2): the scale backs off only once
+// `hysteresis` overflows have been seen since the last growth (every overflowing step is skipped
+// all the same); 1 is GradScaler's rule, a backoff on every overflow. Fixed (loss_scale = a number):
 // the scale never changes; an overflowing step is still skipped (Megatron's ConstantGradScaler).
 struct LossScaleSpec {
   bool dynamic = true;           // loss_scale = "dynamic" | a number (fixed: `initial` is it)
@@ -270,6 +273,7 @@ struct LossScaleSpec {
   double growth_factor = 2;      // loss_scale_growth_factor
   double backoff = 0.5;          // loss_scale_backoff
   double min_scale = 1;          // min_loss_scale
+  int64_t hysteresis = 2;        // loss_scale_hysteresis
   bool operator==(const LossScaleSpec&) const = default;
 };
 // The largest loss scale (initial, fixed or grown): far above any useful one (a scale of 2^64

@@ -482,9 +482,9 @@ std::string optimizers_with_key(const std::string& key) {
 // loss_scale = "dynamic"; the initial scale at least the minimum.
 void parse_loss_scale(Section& s, const Job& job, TrainSpec& t, std::vector<std::string>& errors) {
   static const char* kDynamic[] = {"initial_loss_scale", "loss_scale_growth_interval", "loss_scale_growth_factor",
-                                   "loss_scale_backoff", "min_loss_scale"};
+                                   "loss_scale_backoff", "min_loss_scale", "loss_scale_hysteresis"};
   if (t.precision != Precision::fp16) {
-    for (const char* k : {"loss_scale", kDynamic[0], kDynamic[1], kDynamic[2], kDynamic[3], kDynamic[4]})
+    for (const char* k : {"loss_scale", kDynamic[0], kDynamic[1], kDynamic[2], kDynamic[3], kDynamic[4], kDynamic[5]})
       if (s.has(k))
         s.refuse(k, fmt::format("loss scaling is for [train] precision = \"fp16\" only, and this job's precision is "
                                 "\"{}\" (fp32 and bf16 have float32's exponent range: their gradients need no "
@@ -511,6 +511,7 @@ void parse_loss_scale(Section& s, const Job& job, TrainSpec& t, std::vector<std:
   s.get_float_above("loss_scale_growth_factor", ls.growth_factor, 1, 1e6);
   s.get_float_below("loss_scale_backoff", ls.backoff, 1e-6, 1);  // 0 would zero the scale; 1 never backs off
   s.get_float_above("min_loss_scale", ls.min_scale, lo, kMaxLossScale, range);
+  s.get_int("loss_scale_hysteresis", ls.hysteresis, 1, (int64_t(1) << 31) - 1);
   if (ls.initial < ls.min_scale)
     errors.push_back(fmt::format("{}: [train] initial_loss_scale = {} is below min_loss_scale = {} (the dynamic scale "
                                  "starts at the first and backs off no lower than the second); expected "
@@ -910,7 +911,7 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
                       "checkpoint_every", "keep_checkpoints", "eval_every", "eval_batches", "log_every",
                       "threads", "nan_policy", "grad_reduce_dtype", "device", "backend", "fp8_recipe", "attention",
                       "loss_scale", "initial_loss_scale", "loss_scale_growth_interval", "loss_scale_growth_factor",
-                      "loss_scale_backoff", "min_loss_scale"});
+                      "loss_scale_backoff", "min_loss_scale", "loss_scale_hysteresis"});
     parse_optimizer_section(sections.at("optimizer"), t);
     if (!uses_train_betas(t))
       for (const char* k : {"beta1", "beta2", "eps"})
@@ -1053,7 +1054,8 @@ std::string job_to_toml(const Job& job) {
     out += line("loss_scale", "dynamic") + line("initial_loss_scale", t.loss_scale.initial) +
            line("loss_scale_growth_interval", t.loss_scale.growth_interval) +
            line("loss_scale_growth_factor", t.loss_scale.growth_factor) +
-           line("loss_scale_backoff", t.loss_scale.backoff) + line("min_loss_scale", t.loss_scale.min_scale);
+           line("loss_scale_backoff", t.loss_scale.backoff) + line("min_loss_scale", t.loss_scale.min_scale) +
+           line("loss_scale_hysteresis", t.loss_scale.hysteresis);
   else if (t.precision == Precision::fp16)
     out += line("loss_scale", t.loss_scale.initial);
   if (t.optimizer == "muon")

@@ -11,17 +11,19 @@ namespace exatrain {
 
 LossScaler::LossScaler(const LossScaleSpec& spec) : spec_(spec), enabled_(true) {
   EXA_CHECK(spec.initial > 0 && spec.initial <= kMaxLossScale && spec.backoff > 0 && spec.backoff < 1 &&
-                spec.growth_factor > 1 && spec.growth_interval >= 1 && spec.min_scale > 0,
+                spec.growth_factor > 1 && spec.growth_interval >= 1 && spec.min_scale > 0 && spec.hysteresis >= 1,
             "loss scaler: initial {} (expected (0, 2^64]), backoff {} (expected (0, 1)), growth factor {} (expected "
-            "> 1), growth interval {} (expected >= 1), min scale {} (expected > 0)", spec.initial, spec.backoff,
-            spec.growth_factor, spec.growth_interval, spec.min_scale);
+            "> 1), growth interval {} (expected >= 1), min scale {} (expected > 0), hysteresis {} (expected >= 1)",
+            spec.initial, spec.backoff, spec.growth_factor, spec.growth_interval, spec.min_scale, spec.hysteresis);
   st_.scale = spec.initial;
+  st_.hysteresis_left = spec.hysteresis;
 }
 
 bool LossScaler::update(bool found_inf) {
   if (!enabled_) return false;
   if (found_inf) {
-    if (spec_.dynamic) {
+    const int64_t left = std::max<int64_t>(0, st_.hysteresis_left - 1);
+    if (spec_.dynamic && left == 0) {
       const double next = st_.scale * spec_.backoff;
       EXA_CHECK(next >= spec_.min_scale,
                 "fp16 loss scaling: the gradients overflowed (inf or NaN) at loss scale {}, and backing off to {} "
@@ -30,6 +32,7 @@ bool LossScaler::update(bool found_inf) {
                 st_.scale, next, spec_.min_scale, st_.skipped_steps + 1);
       st_.scale = next;
     }
+    st_.hysteresis_left = left;
     st_.good_steps = 0;
     st_.skipped_steps++;
     return true;
@@ -38,6 +41,7 @@ bool LossScaler::update(bool found_inf) {
     // Capped at kMaxLossScale (job/job.hpp): the backward's factor stays a finite float.
     st_.scale = std::min(kMaxLossScale, st_.scale * spec_.growth_factor);
     st_.good_steps = 0;
+    st_.hysteresis_left = spec_.hysteresis;
   }
   return false;
 }
@@ -52,6 +56,9 @@ void LossScaler::restore(const LossScalerState& saved, const std::string& where)
   }
   st_.good_steps = saved.good_steps;
   st_.skipped_steps = saved.skipped_steps;
+  st_.hysteresis_left = saved.hysteresis_left == kHysteresisNotSaved
+                            ? spec_.hysteresis
+                            : std::min(saved.hysteresis_left, spec_.hysteresis);
 }
 
 }  // namespace exatrain

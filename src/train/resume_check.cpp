@@ -11,12 +11,15 @@
 namespace exatrain {
 
 namespace {
-// "loss_scaler": {"format": 1, "scale": number in (0, 2^64], "good_steps": int, "skipped_steps": int}
-// (train/loss_scaler.hpp's state; LossScaler::restore checks the scale against the job's minimum).
+// "loss_scaler": {"format": 2, "scale": number in (0, 2^64], "good_steps": int, "skipped_steps": int,
+// "hysteresis_left": int} (train/loss_scaler.hpp's state; LossScaler::restore checks the scale
+// against the job's minimum and caps hysteresis_left at the job's hysteresis). Format 1 (before
+// hysteresis) has no hysteresis_left: kHysteresisNotSaved.
 LossScalerState parse_loss_scaler(const nlohmann::json& j, const std::string& where) {
   const std::string w = where + ": \"loss_scaler\"";
   const int64_t format = json_to_int(json_member(j, "format", w), w + ".format", 0, INT64_MAX);
-  EXA_CHECK(format == 1, "{}.format = {}: expected 1 (the loss scaler state this exatrain reads)", w, format);
+  EXA_CHECK(format == 1 || format == 2, "{}.format = {}: expected 1 or 2 (the loss scaler states this exatrain reads)",
+            w, format);
   const nlohmann::json& scale = json_member(j, "scale", w);
   LossScalerState st;
   EXA_CHECK(scale.is_number() && scale.get<double>() > 0 && scale.get<double>() <= kMaxLossScale,
@@ -24,6 +27,9 @@ LossScalerState parse_loss_scaler(const nlohmann::json& j, const std::string& wh
   st.scale = scale.get<double>();
   st.good_steps = json_to_int(json_member(j, "good_steps", w), w + ".good_steps", 0, checkpoint::kMaxStep);
   st.skipped_steps = json_to_int(json_member(j, "skipped_steps", w), w + ".skipped_steps", 0, checkpoint::kMaxStep);
+  st.hysteresis_left = format == 1 ? kHysteresisNotSaved
+                                   : json_to_int(json_member(j, "hysteresis_left", w), w + ".hysteresis_left", 0,
+                                                 (int64_t(1) << 31) - 1);
   return st;
 }
 }  // namespace

@@ -15,8 +15,8 @@
 namespace exatrain {
 
 // trainer_state.json: {"step": int in [0, 2^40], "seed", "data_cursor": object, "tokenizer_type":
-// "byte" | "sentencepiece-bpe", fp16 runs: "loss_scaler": {"format": 1, "scale", "good_steps",
-// "skipped_steps"}}. `where` names the file in errors. Fills data_cursor_json and
+// "byte" | "sentencepiece-bpe", fp16 runs: "loss_scaler": {"format": 2, "scale", "good_steps",
+// "skipped_steps", "hysteresis_left"} (format 1, without hysteresis_left, is read too)}. `where` names the file in errors. Fills data_cursor_json and
 // tokenizer_type of the result and *step.
 TrainerExtras parse_trainer_state(const std::string& text, const std::string& where, int64_t* step);
 

@@ -43,11 +43,12 @@ void add_trainer_blobs(checkpoint::CheckpointWriter& w, int64_t step, uint64_t s
                           {"seed", seed},
                           {"data_cursor", nlohmann::json::parse(extras.data_cursor_json)},
                           {"tokenizer_type", extras.tokenizer_type}};
-  // fp16's loss scaler, versioned on its own (train/resume_check.cpp reads format 1): the scale
-  // written as a JSON number with 17 significant digits, so it reads back exactly.
+  // fp16's loss scaler, versioned on its own (train/resume_check.cpp reads formats 1 and 2; 2 adds
+  // hysteresis_left): the scale written as a JSON number with 17 significant digits, so it reads
+  // back exactly.
   if (const auto& ls = extras.loss_scaler)
-    state["loss_scaler"] = {{"format", 1}, {"scale", ls->scale}, {"good_steps", ls->good_steps},
-                            {"skipped_steps", ls->skipped_steps}};
+    state["loss_scaler"] = {{"format", 2}, {"scale", ls->scale}, {"good_steps", ls->good_steps},
+                            {"skipped_steps", ls->skipped_steps}, {"hysteresis_left", ls->hysteresis_left}};
   w.add_blob("trainer_state.json", state.dump(2) + "\n");
   w.add_blob("job.toml", extras.job_toml);
   if (!extras.tokenizer_model.empty()) w.add_blob("tokenizer.model", extras.tokenizer_model);

@@ -23,6 +23,7 @@
 #include "job/parse.hpp"
 #include "../test_util/error_of.hpp"
 #include "../test_util/temp_dir.hpp"
+#include "train/loss_scaler.hpp"
 #include "train/resume_check.hpp"
 
 using namespace exatrain;
@@ -312,6 +313,34 @@ TEST(BadInputs, TrainerStateIsCheckedAgainstTheJobAndData) {
   EXPECT_TRUE(has(e, "checkpoint ck: the data cursor (epoch 11, position 20) does not fit step 10")) << e;
   e = r.error("cursor_position_float.json");
   EXPECT_TRUE(has(e, "data cursor \"position\" = 1e+300: expected an integer in [0, 48]")) << e;
+}
+
+// fp16's loss scaler in trainer_state.json (train/resume_check.cpp): format 2 with the hysteresis
+// left, format 1 (before the hysteresis) without it, and the refusals naming the field.
+TEST(BadInputs, TrainerStateLossScalerFormatsAndRanges) {
+  Resume r;
+  EXPECT_EQ(r.error("fp16_scaler_format2.json"), "");
+  EXPECT_EQ(r.error("fp16_scaler_format1.json"), "");
+  int64_t step = 0;
+  const auto scaler = [&](const std::string& file) {
+    return *parse_trainer_state(read(corpus("trainer_state", file)), "ck/trainer_state.json", &step).loss_scaler;
+  };
+  EXPECT_EQ(scaler("fp16_scaler_format2.json"), (LossScalerState{32768, 3, 2, 1}));
+  EXPECT_EQ(scaler("fp16_scaler_format1.json"), (LossScalerState{32768, 3, 2, kHysteresisNotSaved}));
+  const auto error = [&](const std::string& scaler_json) {
+    return error_of([&] {
+      parse_trainer_state("{\"step\": 1, \"data_cursor\": {}, \"loss_scaler\": " + scaler_json + "}",
+                          "ck/trainer_state.json", &step);
+    });
+  };
+  std::string e = error("{\"format\": 2, \"scale\": 8, \"good_steps\": 0, \"skipped_steps\": 0}");
+  EXPECT_TRUE(has(e, "ck/trainer_state.json: \"loss_scaler\"")) << e;
+  EXPECT_TRUE(has(e, "hysteresis_left")) << e;
+  e = error("{\"format\": 2, \"scale\": 8, \"good_steps\": 0, \"skipped_steps\": 0, \"hysteresis_left\": -1}");
+  EXPECT_TRUE(has(e, "ck/trainer_state.json: \"loss_scaler\".hysteresis_left = -1: expected an integer in [0, "
+                     "2147483647]")) << e;
+  e = error("{\"format\": 3, \"scale\": 8, \"good_steps\": 0, \"skipped_steps\": 0}");
+  EXPECT_TRUE(has(e, "\"loss_scaler\".format = 3: expected 1 or 2")) << e;
 }
 
 TEST(BadInputs, TrainerStepBeyondTheJobIsRefused) {

@@ -121,6 +121,9 @@ int main(int argc, char** argv) {
   for (const Config& cfg : configs) {
     Job job = dist_test::job_for(cfg, iterations);
     job.train.precision = Precision::fp16;
+    // Every overflow backs off (GradScaler's rule), so one overflow shows in the scale; the
+    // default hysteresis of 2 is tested on one rank (loss_scaler_test, session_test).
+    job.train.loss_scale.hysteresis = 1;
     const std::vector<double> ref = single_rank_losses(job, iterations, inject_at);
     for (int r = 0; r < world; r++) {  // a. only world rank r overflows
       dist_test::DistRun run = dist_test::make_run(*backend, job, [&](TrainerOptions& o) {

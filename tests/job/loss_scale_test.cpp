@@ -22,11 +22,12 @@ TEST(JobLossScale, DefaultsReadAndRoundTrip) {
   EXPECT_EQ(d.train.loss_scale.growth_factor, 2);
   EXPECT_EQ(d.train.loss_scale.backoff, 0.5);
   EXPECT_EQ(d.train.loss_scale.min_scale, 1);
+  EXPECT_EQ(d.train.loss_scale.hysteresis, 2);  // Megatron's --hysteresis, DeepSpeed's hysteresis
   const Job j = parse_job("[train]\nprecision = \"fp16\"\nloss_scale = \"dynamic\"\ninitial_loss_scale = 1024\n"
                           "loss_scale_growth_interval = 50\nloss_scale_growth_factor = 4\nloss_scale_backoff = 0.25\n"
-                          "min_loss_scale = 0.5\n", "job.toml");
+                          "min_loss_scale = 0.5\nloss_scale_hysteresis = 3\n", "job.toml");
   const LossScaleSpec& ls = j.train.loss_scale;
-  EXPECT_EQ(ls, (LossScaleSpec{true, 1024, 50, 4, 0.25, 0.5}));
+  EXPECT_EQ(ls, (LossScaleSpec{true, 1024, 50, 4, 0.25, 0.5, 3}));
   EXPECT_EQ(parse_job(job_to_toml(j), "roundtrip.toml").train.loss_scale, ls);
   const Job f = parse_job("[train]\nprecision = \"fp16\"\nloss_scale = 128\n", "job.toml");
   EXPECT_FALSE(f.train.loss_scale.dynamic);
@@ -59,6 +60,12 @@ TEST(JobLossScale, KeysAreRefusedByNameWhereTheyMeanNothing) {
   EXPECT_TRUE(contains(e, "[train] loss_scale_growth_factor = 1: expected a number in (1, ")) << e;
   e = parse_error("[train]\nprecision = \"fp16\"\nloss_scale_growth_interval = 0\n");
   EXPECT_TRUE(contains(e, "[train] loss_scale_growth_interval = 0: expected an integer in [1, ")) << e;
+  e = parse_error("[train]\nprecision = \"fp16\"\nloss_scale_hysteresis = 0\n");
+  EXPECT_TRUE(contains(e, "[train] loss_scale_hysteresis = 0: expected an integer in [1, 2147483647]")) << e;
+  e = parse_error("[train]\nprecision = \"fp16\"\nloss_scale = 64\nloss_scale_hysteresis = 2\n");
+  EXPECT_TRUE(contains(e, "[train] loss_scale_hysteresis = 2: [train] loss_scale = 64 is a fixed scale")) << e;
+  e = parse_error("[train]\nprecision = \"bf16\"\nloss_scale_hysteresis = 2\n");
+  EXPECT_TRUE(contains(e, "[train] loss_scale_hysteresis = 2: loss scaling is for [train] precision = \"fp16\"")) << e;
   e = parse_error("[train]\nprecision = \"fp16\"\ninitial_loss_scale = 2\nmin_loss_scale = 4\n");
   EXPECT_TRUE(contains(e, "job.toml: [train] initial_loss_scale = 2 is below min_loss_scale = 4")) << e;
 }

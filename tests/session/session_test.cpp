@@ -223,7 +223,8 @@ TEST(Session, Fp16TrainsCloseToFp32) {
 // 1..6 in order, and the count agrees everywhere (the result, the lines, the summary).
 TEST(Session, Fp16OverflowsAreSkippedAndCountedInMetrics) {
   const std::string run = fresh("fp16_overflow");
-  TrainRunResult r = run_training(tiny_job(run, {"train.precision=fp16", "train.initial_loss_scale=1099511627776"}),
+  TrainRunResult r = run_training(tiny_job(run, {"train.precision=fp16", "train.initial_loss_scale=1099511627776",
+                                                  "train.loss_scale_hysteresis=1"}),
                                   quiet());
   EXPECT_EQ(r.final_step, 6);
   const std::vector<ScaleRecord> recs = scale_records(run);
