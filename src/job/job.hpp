@@ -256,8 +256,8 @@ inline const std::vector<std::string>& comm_compressor_names() {
 // fp16 loss scaling ([train] precision = "fp16"; docs/precision.md "Loss scaling"): the loss is
 // multiplied by the scale before backward (the initial dlogits), the fp32 gradients are divided by
 // it before clipping and the optimizer, and a step whose gradients hold an inf or NaN on any rank
-// is skipped. Dynamic (the default) as PyTorch's torch.amp.GradScaler: initial 2^16 (GradScaler's
-// init_scale), x backoff (0.5) after an overflow, x growth_factor (2) after growth_interval
+// is skipped. Dynamic (the default): initial 2^16 (GradScaler's init_scale), x backoff (0.5) after
+// an overflow once the hysteresis is used up (below), x growth_factor (2) after growth_interval
 // consecutive good steps: 1000, Megatron's loss_scale_window and DeepSpeed's (GradScaler has
 // 2000), the trainers whose fp32 main_grad / master-weight layout this runtime follows. Below
 // min_scale (Megatron's and DeepSpeed's min_loss_scale, 1) the run stops (DeepSpeed's

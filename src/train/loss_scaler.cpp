@@ -22,7 +22,8 @@ LossScaler::LossScaler(const LossScaleSpec& spec) : spec_(spec), enabled_(true) 
 bool LossScaler::update(bool found_inf) {
   if (!enabled_) return false;
   if (found_inf) {
-    const int64_t left = std::max<int64_t>(0, st_.hysteresis_left - 1);
+    // A fixed scale never backs off or grows: its hysteresis stays whole.
+    const int64_t left = spec_.dynamic ? std::max<int64_t>(0, st_.hysteresis_left - 1) : st_.hysteresis_left;
     if (spec_.dynamic && left == 0) {
       const double next = st_.scale * spec_.backoff;
       EXA_CHECK(next >= spec_.min_scale,

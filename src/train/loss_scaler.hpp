@@ -17,7 +17,7 @@
 // torch.amp.GradScaler.update(): a backoff on every overflow.
 // A backoff below min_scale is an error (DeepSpeed's raise_error_at_min_scale): gradients that
 // overflow at the smallest allowed scale are non-finite at any useful scale (a diverged run).
-// The state (scale, counter, skipped steps) is saved in checkpoints (train/state_io.hpp), so a
+// The state (scale, counter, skipped steps, hysteresis left) is saved in checkpoints (train/state_io.hpp), so a
 // resumed run continues bit for bit.
 //
 // Owns: the loss-scale arithmetic and its state. May use: job/ (LossScaleSpec), core/check.

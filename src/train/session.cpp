@@ -239,9 +239,10 @@ void Session::open_outputs() {
   if (trainer_->loss_scaler().enabled()) {
     const LossScaleSpec& ls = job_.train.loss_scale;
     if (ls.dynamic)
-      fmt::print(opt_.out, "loss scaling: dynamic, scale {} (x{} after an overflow, x{} after {} good steps, at least "
-                 "{}); overflowing steps are skipped\n", trainer_->loss_scaler().scale(), ls.backoff,
-                 ls.growth_factor, ls.growth_interval, ls.min_scale);
+      fmt::print(opt_.out, "loss scaling: dynamic, scale {} (x{} on each overflow once {} since the last growth "
+                 "have been seen, x{} after {} good steps, at least {}); overflowing steps are skipped\n",
+                 trainer_->loss_scaler().scale(), ls.backoff, ls.hysteresis, ls.growth_factor, ls.growth_interval,
+                 ls.min_scale);
     else
       fmt::print(opt_.out, "loss scaling: fixed, scale {}; overflowing steps are skipped\n", ls.initial);
   }

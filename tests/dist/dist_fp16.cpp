@@ -131,7 +131,7 @@ int main(int argc, char** argv) {
       });
       std::vector<double> losses, scales;
       int bad = run_checked(*run.trainer, iterations, losses, scales, [&](int i) { return i == inject_at - 1; });
-      if (run.trainer->loss_scaler().state() != LossScalerState{32768, iterations - inject_at, 1}) bad++;
+      if (run.trainer->loss_scaler().state() != LossScalerState{32768, iterations - inject_at, 1, 0}) bad++;
       int bad_all = 0;
       MPI_Allreduce(&bad, &bad_all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
       bad_all += differs_over_ranks(scales);

@@ -107,7 +107,8 @@ TEST(LossScaler, HysteresisBacksOffAsMegatronsDynamicGradScaler) {
       skips += inf;
       ASSERT_EQ(ours.scale(), ref.scale) << "hysteresis " << h << " step " << step;
       ASSERT_EQ(ours.state().good_steps, ref.growth_tracker) << "hysteresis " << h << " step " << step;
-      ASSERT_EQ(ours.state().hysteresis_left, std::max<int64_t>(0, ref.hysteresis_tracker));
+      ASSERT_EQ(ours.state().hysteresis_left, std::max<int64_t>(0, ref.hysteresis_tracker))
+          << "hysteresis " << h << " step " << step;
     }
     EXPECT_EQ(ours.state().skipped_steps, skips);
   }
@@ -138,12 +139,19 @@ TEST(LossScaler, MinScaleStopsWithTheKeyAndFixedScaleNeverMoves) {
   EXPECT_EQ(fixed.scale(), 1024);
   EXPECT_EQ(fixed.state().skipped_steps, 1);
   // Restoring keeps the job's fixed scale; a dynamic one takes the checkpoint's, within the range.
-  fixed.restore(LossScalerState{8, 0, 5}, "ck");
+  fixed.restore(LossScalerState{8, 0, 5, 0}, "ck");
   EXPECT_EQ(fixed.scale(), 1024);
   EXPECT_EQ(fixed.state().skipped_steps, 5);
   LossScaler dyn(spec(65536, 10));
-  dyn.restore(LossScalerState{256, 7, 3}, "ck");
-  EXPECT_EQ(dyn.state(), (LossScalerState{256, 7, 3}));
+  dyn.restore(LossScalerState{256, 7, 3, 0}, "ck");
+  EXPECT_EQ(dyn.state(), (LossScalerState{256, 7, 3, 0}));
+  // A restored hysteresis matters: one overflow left of 2 (saved after one overflow), the next
+  // overflow backs off; a fresh scaler would not.
+  LossScaler resumed(spec(65536, 10, 2)), fresh(spec(65536, 10, 2));
+  resumed.restore(LossScalerState{65536, 0, 1, 1}, "ck");
+  resumed.update(true), fresh.update(true);
+  EXPECT_EQ(resumed.scale(), 32768);
+  EXPECT_EQ(fresh.scale(), 65536);
   EXPECT_THROW(dyn.restore(LossScalerState{0.25, 0, 0}, "ck"), Error);  // below min_loss_scale = 1
   // The hysteresis left: taken, capped at this job's hysteresis, or whole for a format-1 checkpoint.
   LossScaler h3(spec(65536, 10, 3));
