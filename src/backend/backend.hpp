@@ -142,6 +142,10 @@ class Backend {
   // Which kernel gemm_half runs for `type` on this machine, decided when the backend was created
   // (one line for the run's log, e.g. "oneDNN bf16 matmul (avx512_core_bf16)").
   virtual std::string gemm_half_path(Half type) const { return "unspecified"; }
+  // Working memory the backend holds itself, outside alloc_bytes (CPU: the conversion path's
+  // float32 copies of gemm_half's operands, grown to the largest GEMM so far; CUDA: cuBLASLt's
+  // workspace), for the trainer's accounted bytes. Default: none.
+  virtual int64_t scratch_bytes() const { return 0; }
 
   // ---- elementwise and reductions -----------------------------------------------------------
   virtual void add_inplace(float* y, const float* x, int64_t n) = 0;                 // y += x

@@ -249,8 +249,11 @@ void Gpt::allocate_activations() {
     owned_.push_back(s.tokens);
     owned_.push_back(s.targets);
     if (opt_.stage.has_head) {
-      s.lnf = alloc_act(N * C);
-      if (mixed_) s.lnf_h = alloc_half(N * C);
+      // Mixed precision: lnf is a GEMM input like ln1 (kept 16-bit; its float32 form in fwd32_).
+      if (mixed_)
+        s.lnf = fwd32_, s.lnf_h = alloc_half(N * C);
+      else
+        s.lnf = alloc_act(N * C);
       if (ln) s.lnf_mean = alloc_act(Ns_);
       s.lnf_rstd = alloc_act(Ns_);
       s.logits = alloc_act(N * vocab_local_);

@@ -194,7 +194,6 @@ class Gpt {
   std::vector<char> half_fresh_;     // per layout entry: its 16-bit copy matches params_
   float* fwd32_ = nullptr;           // [N, max(C, Hq*D, F)] float32 GEMM input before rounding
   uint16_t* dy16_ = nullptr;         // [N, max(C, QKV, FC, V)] the output gradient, rounded
-  float* obs32_ = nullptr;           // [N, max(C, Hq*D, F)] a kept input for the observer (on first use)
   uint16_t* alloc_half(int64_t n);
   const uint16_t* weight_half(int64_t offset, int64_t n);  // the 16-bit copy of params_[offset, +n)
   // y[N, O] = x[N, I] @ W[O, I]^T (W at parameter offset w). Mixed: x32 is rounded into x16 (the

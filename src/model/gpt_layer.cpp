@@ -110,9 +110,10 @@ void Gpt::layer_backward(int64_t l, const float* x, const float* dout, float* dx
 void Gpt::observe(size_t entry, const float* x, const uint16_t* x16, int64_t ldx, const float* dy, int64_t ldy) {
   if (!observer_ || !observer_->observing()) return;
   if (mixed_) {  // the GEMM's input as the GEMM saw it: the kept 16-bit copy
-    if (!obs32_) obs32_ = alloc_act(B_ * T_ * std::max({C_, Hq_ * D_, F_}));
-    be_.half_to_f32(half_, obs32_, x16, B_ * T_ * ldx);
-    x = obs32_;
+    // Widened into fwd32_ ([N, max(C, Hq*D, F)], the forward's staging of the GEMM inputs): the
+    // backward reads nothing from it, and the observer consumes x before this call returns.
+    be_.half_to_f32(half_, fwd32_, x16, B_ * T_ * ldx);
+    x = fwd32_;
   }
   observer_->linear_backward(layout_.entries()[entry], x, ldx, dy, ldy, B_ * T_);
 }

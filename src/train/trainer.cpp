@@ -160,7 +160,7 @@ int64_t Trainer::params_on_rank() const {
 }
 
 int64_t Trainer::accounted_bytes() const {
-  int64_t b = optimizer_->state_bytes() + optimizer_->scratch_bytes();
+  int64_t b = optimizer_->state_bytes() + optimizer_->scratch_bytes() + be_.scratch_bytes();
   for (const auto& ch : chunks_) {
     const ModelMemory m = ch->model->memory();
     b += m.params + m.grads + m.activations;

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -173,6 +174,26 @@ TEST_P(HalfFormats, GemmHalfAccumulatesInFloat32WithinTheFormatsBounds) {
       check_gemm(*this, be(), type, ta, tb, 17, 9, 3, rng);
       check_gemm(*this, be(), type, ta, tb, 64, 48, 1000, rng);  // long K: the accumulation's bound matters
     }
+}
+
+// The conversion path's float32 operand copies are working memory the backend holds outside its
+// allocations: scratch_bytes reports them (the trainer's accounted_bytes adds it), at least the
+// largest GEMM's op(A) and op(B) so far, and they are kept (not regrown) for a smaller GEMM.
+// fp16 always takes the conversion path on the CPU (oneDNN 2.6 has no fp16 matmul).
+TEST(HalfScratch, CpuConversionPathReportsItsOperandCopies) {
+  std::unique_ptr<Backend> be = make_cpu_backend(1);
+  EXPECT_EQ(be->scratch_bytes(), 0);
+  const int64_t M = 40, N = 24, K = 300;
+  auto* A = static_cast<uint16_t*>(be->alloc_bytes(2 * size_t(M * K)));
+  auto* B = static_cast<uint16_t*>(be->alloc_bytes(2 * size_t(K * N)));
+  float* C = be->alloc(M * N);
+  be->gemm_half(Half::f16, false, false, M, N, K, 1.0f, A, K, B, N, 0.0f, C, N);
+  const int64_t after = be->scratch_bytes();
+  EXPECT_GE(after, int64_t(sizeof(float)) * (M * K + K * N));
+  EXPECT_LE(after, 4 * int64_t(sizeof(float)) * (M * K + K * N + 2));  // capacity, not a leak per call
+  be->gemm_half(Half::f16, false, false, 8, 8, 8, 1.0f, A, 8, B, 8, 0.0f, C, 8);
+  EXPECT_EQ(be->scratch_bytes(), after);
+  be->free_bytes(A), be->free_bytes(B), be->free_bytes(C);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // whole model, and bad configurations fail with a message naming the problem.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <barrier>
 #include <cmath>
 #include <thread>
@@ -64,6 +65,27 @@ TEST(Gpt, RecomputeSavesActivationMemory) {
   };
   EXPECT_LT(mem(Recompute::selective), mem(Recompute::none));
   EXPECT_LT(mem(Recompute::full), mem(Recompute::selective));
+}
+
+// Mixed precision keeps the GEMM inputs (ln1, att, ln2, fc_act per layer, lnf at the head) in 16
+// bits instead of 32, and adds the float32 staging of one GEMM input (fwd32_: [N, max(C, HD, F)],
+// also where the observer widens a kept input) and the rounded output gradient (dy16_: [N, max(C,
+// QKV, FC, V)] in 16 bits): exactly that difference, nothing else (no float32 lnf beside its copy).
+TEST(Gpt, MixedPrecisionActivationBytesAreTheKeptInputsIn16Bits) {
+  auto be = make_cpu_backend(1);
+  const ModelSpec m = tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4);
+  auto mem = [&](Precision p) {
+    GptOptions o;
+    o.model = m;
+    o.micro_batch = 2;
+    o.precision = p;
+    return Gpt(*be, o).memory().activations;
+  };
+  const int64_t N = 2 * m.seq_len, C = m.hidden, HD = m.hidden, F = m.ffn_hidden, QKV = 3 * m.hidden;
+  const int64_t kept = m.layers * (N * C + N * HD + N * C + N * F) + N * C;
+  const int64_t staging = 4 * N * std::max({C, HD, F}) + 2 * N * std::max({C, QKV, F, m.vocab});
+  EXPECT_EQ(mem(Precision::bf16), mem(Precision::fp32) - 2 * kept + staging);
+  EXPECT_EQ(mem(Precision::fp16), mem(Precision::bf16));
 }
 
 TEST(Gpt, SameSeedIsBitIdenticalDifferentSeedIsNot) {

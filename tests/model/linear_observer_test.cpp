@@ -6,6 +6,7 @@
 // of a matrix gets its own shard's rows and columns (K-FAC's per-shard factors).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <thread>
 
@@ -28,14 +29,21 @@ class Recorder final : public LinearObserver {
     const std::vector<float> hx = host_copy(be_, x, (rows - 1) * ldx + in);
     const std::vector<float> hdy = host_copy(be_, dy, (rows - 1) * ldy + out);
     std::vector<double>& s = sums[&w];
+    std::vector<double>& a = abs_sums[&w];
     s.resize(size_t(out * in), 0.0);
+    a.resize(size_t(out * in), 0.0);
     for (int64_t r = 0; r < rows; r++)
       for (int64_t o = 0; o < out; o++)
-        for (int64_t i = 0; i < in; i++) s[size_t(o * in + i)] += double(hdy[size_t(r * ldy + o)]) * hx[size_t(r * ldx + i)];
+        for (int64_t i = 0; i < in; i++) {
+          const double p = double(hdy[size_t(r * ldy + o)]) * hx[size_t(r * ldx + i)];
+          s[size_t(o * in + i)] += p;
+          a[size_t(o * in + i)] += std::abs(p);
+        }
     calls[&w]++;
   }
   bool on = true;
   std::map<const ParamInfo*, std::vector<double>> sums;
+  std::map<const ParamInfo*, std::vector<double>> abs_sums;  // sum |dy x|: the rounding bound's scale
   std::map<const ParamInfo*, int> calls;
 
  private:
@@ -65,11 +73,17 @@ double worst_mismatch(Gpt& g, Backend& be, Recorder& rec, int calls, std::string
   return worst_rel;
 }
 
-void check_observer(const ModelSpec& m, Recompute rc) {
+// Mixed precision: the observer sees the GEMM's input as the GEMM saw it (the kept 16-bit copy,
+// widened) and the float32 dy, where the weight gradient's GEMM took dy rounded to 16 bits: each
+// element then differs from sum dy^T x by at most u sum |dy x| (u = 2^-8, bf16's unit roundoff),
+// plus float32 accumulation. A wrong input (another layer's, or overwritten scratch) is off by the
+// whole gradient.
+void check_observer(const ModelSpec& m, Recompute rc, Precision precision = Precision::fp32) {
   auto be = make_cpu_backend(2, 0);
   GptOptions o;
   o.model = m;
   o.recompute = rc;
+  o.precision = precision;
   o.micro_batch = 2;
   Gpt g(*be, o);
   g.init_weights(5);
@@ -93,13 +107,19 @@ void check_observer(const ModelSpec& m, Recompute rc) {
     matrices++;
     ASSERT_EQ(rec.calls[&p], micro_batches) << p.name;
     const std::vector<double>& s = rec.sums.at(&p);
-    double worst = 0, scale = 0;
+    const std::vector<double>& a = rec.abs_sums.at(&p);
+    double worst = 0, scale = 0, worst_over_bound = 0;
     for (int64_t k = 0; k < p.numel; k++) {
-      worst = std::max(worst, std::abs(s[size_t(k)] - double(grads[size_t(p.offset + k)])));
+      const double err = std::abs(s[size_t(k)] - double(grads[size_t(p.offset + k)]));
+      worst = std::max(worst, err);
       scale = std::max(scale, std::abs(double(grads[size_t(p.offset + k)])));
+      worst_over_bound = std::max(worst_over_bound, err / ((std::ldexp(1.0, -8) + 1e-5) * a[size_t(k)] + 1e-12));
     }
     EXPECT_GT(scale, 0) << p.name;
-    EXPECT_LT(worst, 1e-4 * scale) << p.name << ": sum dy^T x is not its gradient";
+    if (precision == Precision::fp32)
+      EXPECT_LT(worst, 1e-4 * scale) << p.name << ": sum dy^T x is not its gradient";
+    else
+      EXPECT_LE(worst_over_bound, 1.0) << p.name << ": sum dy^T x is not its gradient within bf16's rounding of dy";
   }
   EXPECT_EQ(matrices, int(m.layers) * (m.activation == Activation::swiglu ? 7 : 6));
 }
@@ -109,6 +129,11 @@ void check_observer(const ModelSpec& m, Recompute rc) {
 TEST(LinearObserver, InputsAndOutputGradientsGiveEachMatrixGradient) {
   check_observer(tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4), Recompute::none);
   check_observer(tiny_model(Activation::swiglu, Norm::rmsnorm, Position::rope, 2), Recompute::full);
+}
+
+TEST(LinearObserver, MixedPrecisionShowsTheGemmsOwn16BitInputs) {
+  check_observer(tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4), Recompute::none, Precision::bf16);
+  check_observer(tiny_model(Activation::swiglu, Norm::rmsnorm, Position::rope, 2), Recompute::full, Precision::bf16);
 }
 
 TEST(LinearObserver, EachTensorParallelShardSeesItsOwnRowsAndColumns) {

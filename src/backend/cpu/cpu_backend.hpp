@@ -48,6 +48,7 @@ class CpuBackend final : public Backend {
   void f32_to_half(Half type, uint16_t* dst, const float* src, int64_t n) override;
   void half_to_f32(Half type, float* dst, const uint16_t* src, int64_t n) override;
   std::string gemm_half_path(Half type) const override;
+  int64_t scratch_bytes() const override;
 
   void add_inplace(float* y, const float* x, int64_t n) override;
   void add(float* out, const float* a, const float* b, int64_t n) override;

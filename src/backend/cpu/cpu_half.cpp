@@ -96,6 +96,10 @@ std::string CpuBackend::gemm_half_path(Half type) const {
   return "fp16 -> fp32 conversion + OpenBLAS sgemm (oneDNN 2.6 reports no fp16 matmul ISA)";
 }
 
+int64_t CpuBackend::scratch_bytes() const {
+  return int64_t(sizeof(float) * (half_->a32.capacity() + half_->b32.capacity()));
+}
+
 void CpuBackend::f32_to_half(Half type, uint16_t* dst, const float* src, int64_t n) {
   if (type == Half::bf16) return f32_to_bf16(dst, src, n);
 #pragma omp parallel for schedule(static) if (n >= min_work_)

@@ -133,6 +133,7 @@ class GuardedCpuBackend final : public Backend {
     cpu_.half_to_f32(type, dst, src, n);
   }
   std::string gemm_half_path(Half type) const override { return cpu_.gemm_half_path(type); }
+  int64_t scratch_bytes() const override { return cpu_.scratch_bytes(); }
 
   // ---- elementwise and reductions -------------------------------------------------------------
   void add_inplace(float* y, const float* x, int64_t n) override {

@@ -172,6 +172,8 @@ struct LtPreference {
 
 }  // namespace
 
+int64_t CudaBackend::scratch_bytes() const { return int64_t(kWorkspaceBytes); }
+
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(cs());
   lt_plans_.clear();

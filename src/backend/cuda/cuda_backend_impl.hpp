@@ -160,6 +160,7 @@ class CudaBackend final : public Backend {
   std::string gemm_half_path(Half type) const override {
     return std::string("cuBLASLt ") + (type == Half::bf16 ? "bf16" : "fp16") + " matmul, fp32 accumulation";
   }
+  int64_t scratch_bytes() const override;  // cuBLASLt's workspace
   int64_t half_gemms = 0;  // gemm_half calls so far (bench_gpu: did a "bf16" run use 16-bit GEMMs?)
   void f32_to_half(Half type, uint16_t* dst, const float* src, int64_t n) override {
     cuda::f32_to_half(cs(), type == Half::bf16 ? 0 : 1, dst, src, n);
