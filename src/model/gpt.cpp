@@ -306,6 +306,8 @@ void Gpt::zero_grad() { be_.zero(grads_, sizeof(float) * size_t(layout_.total())
 
 void Gpt::params_changed() { std::fill(half_fresh_.begin(), half_fresh_.end(), 0); }
 
+void Gpt::half_written() { std::fill(half_fresh_.begin(), half_fresh_.end(), 1); }
+
 void Gpt::params_changed(int64_t unit) {
   for (size_t i = 0; i < half_fresh_.size(); i++)
     if (layout_.entries()[i].unit == unit) half_fresh_[i] = 0;
@@ -317,6 +319,10 @@ const uint16_t* Gpt::weight_half(int64_t offset, int64_t n) {
   const std::vector<ParamInfo>& e = layout_.entries();
   for (size_t i = 0; i < e.size(); i++) {
     if (half_fresh_[i] || e[i].offset < offset || e[i].offset + e[i].numel > offset + n) continue;
+    // A stale copy over sharded masters would be rounded from released pages (0 or NaN): refuse.
+    EXA_CHECK(!half_external_, "Gpt: the 16-bit copy of '{}' is stale but this rank keeps only a shard of its fp32 "
+              "masters (parallel/master_shards.hpp); after writing params() call Trainer::masters_changed(), "
+              "not Gpt::params_changed()", e[i].name);
     be_.f32_to_half(half_, params_half_ + e[i].offset, params_ + e[i].offset, e[i].numel);
     half_fresh_[i] = 1;
   }

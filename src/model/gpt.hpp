@@ -92,6 +92,22 @@ class Gpt {
   // that writes params() must call it before the next forward (no-op at fp32).
   void params_changed();
   void params_changed(int64_t unit);
+  // Mixed precision, for a caller that keeps the 16-bit copy itself (parallel/master_shards.hpp:
+  // under ZeRO 1/2 a rank holds only its shard of the fp32 masters of the entries the model reads
+  // in 16 bits): the copy [num_params] (device; null at fp32), its format, and half_written(),
+  // which says every entry's copy is current (no conversion from params() until the next
+  // params_changed). reads_float32: whether the passes read entry p from params() (embeddings,
+  // norms, biases: fp32 as under torch.autocast) or, under mixed precision, only its 16-bit copy
+  // (layer matrices and the untied head, which only GEMMs use).
+  uint16_t* params_half() { return params_half_; }
+  Half half_format() const { return half_; }
+  void half_written();
+  // From now on the caller keeps the 16-bit copy current (half_written after each write): a
+  // conversion from params() after params_changed() is refused, since params() is incomplete.
+  void keep_half_externally() { half_external_ = true; }
+  static bool reads_float32(const ParamInfo& p) {
+    return p.role == ParamRole::embedding || p.role == ParamRole::norm || p.role == ParamRole::bias;
+  }
   // Shows every backward's layer matrices' inputs and output gradients to `o` (null: nobody);
   // model/linear_observer.hpp. K-FAC's factors come from here.
   void set_linear_observer(LinearObserver* o) { observer_ = o; }
@@ -192,6 +208,7 @@ class Gpt {
   Half half_ = Half::bf16;
   uint16_t* params_half_ = nullptr;  // [num_params]: the 16-bit copy of params_
   std::vector<char> half_fresh_;     // per layout entry: its 16-bit copy matches params_
+  bool half_external_ = false;       // keep_half_externally(): params_ holds only a shard of the masters
   float* fwd32_ = nullptr;           // [N, max(C, Hq*D, F)] float32 GEMM input before rounding
   uint16_t* dy16_ = nullptr;         // [N, max(C, QKV, FC, V)] the output gradient, rounded
   uint16_t* alloc_half(int64_t n);

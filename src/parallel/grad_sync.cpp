@@ -45,6 +45,28 @@ void GradSync::add_arena_slices(std::vector<StateSlice>& out, int c, int state, 
   add(at, n, false);
 }
 
+void GradSync::masters_written() {
+  for (size_t c = 0; c < s_.chunks.size(); c++)
+    if (c < masters_.size() && masters_[c]) masters_[c]->masters_written();
+    else s_.chunks[c].model->params_changed();
+}
+
+int64_t GradSync::released_param_bytes() const {
+  int64_t b = 0;
+  for (const auto& m : masters_) b += m ? m->released_bytes() : 0;
+  return b;
+}
+
+void GradSync::gather_full_params() {
+  for (auto& m : masters_)
+    if (m) m->gather_full();
+}
+
+void GradSync::release_full_params() {
+  for (auto& m : masters_)
+    if (m) m->release();
+}
+
 ArenaPolicy arena_policy(int zero) {
   ArenaPolicy a;
   a.lazy_params = zero == 3;

@@ -37,6 +37,7 @@
 #include "optim/optimizer.hpp"
 #include "parallel/comm.hpp"
 #include "parallel/compressor.hpp"
+#include "parallel/master_shards.hpp"
 
 namespace exatrain::parallel {
 
@@ -101,13 +102,24 @@ class GradSync {
   virtual void micro_batch_done(int chunk) {}
   virtual void finish() = 0;
   virtual double grad_norm_squared() = 0;
+  // The optimizer on this rank's regions, then the gathers; under mixed precision it leaves every
+  // chunk's 16-bit weight copy current for the next forward (converted lazily from the fp32
+  // arena, or gathered: MasterShards).
   virtual void apply(const OptimStep& step) = 0;
+  // Mixed precision: the chunks' fp32 arenas hold every master, written from outside (the model's
+  // initialisation, a checkpoint load, a test): the 16-bit copies follow them (default: each entry
+  // converted again on first use), and a strategy that keeps only its shard of the masters
+  // (ZeRO 1/2, parallel/master_shards.hpp) drops the rest.
+  void masters_written();
+  // Bytes of the chunks' parameter arenas this rank does not hold (sharded fp32 masters).
+  int64_t released_param_bytes() const;
   virtual std::vector<StateSlice> state_slices() = 0;
   // A step not applied (non-finite): its gradients are dropped (begin_step starts afresh anyway).
   virtual void discard() {}
-  // ZeRO 3: every parameter into the chunks' arenas (collective over dp) and back; else no-ops.
-  virtual void gather_full_params() {}
-  virtual void release_full_params() {}
+  // Every parameter into the chunks' arenas (collective over dp) and back: ZeRO 3, and the fp32
+  // masters of mixed precision under ZeRO 1/2 (this default); else no-ops.
+  virtual void gather_full_params();
+  virtual void release_full_params();
   // Buckets launched during backward in the last step (the overlap achieved).
   virtual int64_t buckets_launched_early() const { return 0; }
 
@@ -123,6 +135,9 @@ class GradSync {
   Backend& be() const { return *s_.be; }
   Group& dp() const { return *s_.dp; }
   GradSyncSetup s_;
+  // [chunks] or empty: chunk c's sharded fp32 masters (ZeRO 1/2 under mixed precision at dp > 1),
+  // null where the chunk keeps every master.
+  std::vector<std::unique_ptr<MasterShards>> masters_;
 };
 
 // What a strategy needs of the model's arenas, decided with the strategy (before the model exists):

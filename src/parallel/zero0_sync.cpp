@@ -71,6 +71,7 @@ class Zero0Sync final : public GradSync {
     OptimStep s = step;
     s.grads_are_momentum = !bucketers_.empty() && s_.compressor->delivered_momentum();
     s_.optimizer->step(regions_, s);
+    masters_written();  // every master updated here: the 16-bit copies follow on first use
   }
 
   // Every replica holds everything; replica r saves chunk r of it.

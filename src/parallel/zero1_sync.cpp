@@ -2,9 +2,14 @@
 // locally, then one reduce-scatter of each chunk's gradient arena gives every rank the sum of its
 // shard; the optimizer runs on that shard (its state is 1/dp of the whole) and an all-gather
 // brings every rank the updated weights. The shards are equal (padded when dp does not divide the
-// arena), or cut between parameter entries (align_to_entries: one owner per matrix).
+// arena), or cut between parameter entries (align_to_entries: one owner per matrix). Mixed
+// precision at dp > 1: a rank keeps the fp32 masters of its shard only, and the all-gather moves
+// the 16-bit copy (parallel/master_shards.hpp).
+#include <memory>
+
 #include "core/check.hpp"
 #include "parallel/grad_sync_stages.hpp"
+#include "parallel/master_shards.hpp"
 #include "parallel/zero.hpp"
 
 namespace exatrain::parallel {
@@ -14,6 +19,7 @@ class Zero1Sync final : public GradSync {
  public:
   explicit Zero1Sync(GradSyncSetup setup) : GradSync(std::move(setup)) {
     const int dp_size = dp().size(), r = dp().rank();
+    masters_.resize(s_.chunks.size());
     for (SyncChunk& ch : s_.chunks) {
       Gpt& g = *ch.model;
       const int64_t n = g.num_params();
@@ -21,9 +27,15 @@ class Zero1Sync final : public GradSync {
       // align 1: no padding when dp divides the arena, so the bytes equal the planner's flat buffer
       // and the collectives work on the model's arenas themselves (padded copies otherwise).
       sh.zl = s_.align_to_entries ? ZeroLayout::aligned(g.layout(), 0, n, dp_size) : ZeroLayout::make(n, dp_size, 1);
+      std::unique_ptr<MasterShards>& masters = masters_[shards_.size()];
+      if (g.params_half() && dp_size > 1) {  // the shard's masters on the arena itself: no padded copy
+        GatherGroup all{0, {}};
+        for (int q = 0; q < dp_size; q++) all.counts.push_back(sh.zl.owned(q).size());
+        masters = std::make_unique<MasterShards>(be(), dp(), g, std::vector<GatherGroup>{all});
+      }
       if (sh.zl.padded != n) {
         sh.grad_pad = DeviceBuffer(be(), sh.zl.padded, "ZeRO-1 padded gradients");
-        sh.param_pad = DeviceBuffer(be(), sh.zl.padded, "ZeRO-1 padded parameters");
+        if (!masters) sh.param_pad = DeviceBuffer(be(), sh.zl.padded, "ZeRO-1 padded parameters");
       }
       sh.grads = DeviceBuffer(be(), sh.zl.range(r).size(), "ZeRO-1 gradient shard");
       sh.own = sh.zl.owned(r);
@@ -94,8 +106,13 @@ class Zero1Sync final : public GradSync {
     for (size_t c = 0; c < shards_.size(); c++) {
       Gpt& g = *s_.chunks[c].model;
       Shard& sh = shards_[c];
+      if (masters_[c]) {
+        masters_[c]->publish();
+        continue;
+      }
       all_gather_params(dp(), sh.zl, sh.param_pad.empty() ? g.params() : sh.param_pad.data());
       if (!sh.param_pad.empty()) be().copy(g.params(), sh.param_pad.data(), sizeof(float) * size_t(g.num_params()));
+      g.params_changed();
     }
   }
 

@@ -5,11 +5,15 @@
 // buckets in flight. The optimizer runs on those chunks, then they are all-gathered bucket by
 // bucket. A tied embedding (at offset 0 on the first and the last stage) ends a bucket, so its
 // buckets, and the chunks a dp rank owns of them, are the same on both stages: the tied gradient
-// exchange then moves only those chunks (the start of the shard).
+// exchange then moves only those chunks (the start of the shard). Mixed precision: a rank keeps
+// the fp32 masters of its chunks only, and the all-gather moves the 16-bit copy
+// (parallel/master_shards.hpp, one gather group per bucket).
 #include <algorithm>
+#include <memory>
 
 #include "core/check.hpp"
 #include "parallel/grad_sync_stages.hpp"
+#include "parallel/master_shards.hpp"
 #include "parallel/zero.hpp"
 
 namespace exatrain::parallel {
@@ -22,6 +26,7 @@ class Zero2Sync final : public GradSync {
     // Not clamped to the arena: the tied embedding's buckets must not depend on the stage's size.
     // dp divides it: equal chunks (bar the buckets that end at a split or at the arena's end).
     const int64_t bucket = std::max<int64_t>(p, s_.bucket_floats - s_.bucket_floats % p);
+    masters_.resize(s_.chunks.size());
     for (SyncChunk& ch : s_.chunks) {
       Gpt& g = *ch.model;
       EXA_CHECK(ch.tied.len == 0 || ch.tied.offset == 0,
@@ -38,6 +43,17 @@ class Zero2Sync final : public GradSync {
         regions_.push_back({&g.layout(), r.begin, r.end, g.params() + r.begin, k.bucketer->shard_grads() + at});
         at += r.size();
         if (r.end <= ch.tied.len) k.tied_shard = at;  // my chunks of the embedding's buckets
+      }
+      if (g.params_half()) {  // dp > 1 here (ZeRO 2 at dp 1 is ZeRO 1): each bucket cut into the ranks' chunks
+        std::vector<std::vector<ShardRange>> of(static_cast<size_t>(p));
+        for (int q = 0; q < p; q++) of[size_t(q)] = k.bucketer->owned_ranges(q);
+        std::vector<GatherGroup> groups;
+        for (size_t b = 0; b < k.owned.size(); b++) {
+          GatherGroup gg{of[0][b].begin, {}};
+          for (int q = 0; q < p; q++) gg.counts.push_back(of[size_t(q)][b].size());
+          groups.push_back(std::move(gg));
+        }
+        masters_[chunks_.size()] = std::make_unique<MasterShards>(be(), dp(), g, std::move(groups));
       }
       chunks_.push_back(std::move(k));
     }
@@ -82,7 +98,14 @@ class Zero2Sync final : public GradSync {
 
   void apply(const OptimStep& step) override {
     s_.optimizer->step(regions_, step);
-    for (size_t c = 0; c < chunks_.size(); c++) chunks_[c].bucketer->gather_params(s_.chunks[c].model->params());
+    for (size_t c = 0; c < chunks_.size(); c++) {
+      if (masters_[c]) {
+        masters_[c]->publish();
+        continue;
+      }
+      chunks_[c].bucketer->gather_params(s_.chunks[c].model->params());
+      s_.chunks[c].model->params_changed();
+    }
   }
 
   // The parameters over the whole arena (saver on my chunks), the state of my chunks.

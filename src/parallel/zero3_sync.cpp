@@ -67,7 +67,11 @@ class Zero3Sync final : public GradSync {
       }
     return s;
   }
-  void apply(const OptimStep& step) override { s_.optimizer->step(regions_, step); }
+  // The 16-bit copies follow the updated masters (a unit's again at its next gather anyway).
+  void apply(const OptimStep& step) override {
+    s_.optimizer->step(regions_, step);
+    masters_written();
+  }
   std::vector<StateSlice> state_slices() override;
   void gather_full_params() override {
     for (size_t c = 0; c < chunks_.size(); c++)

@@ -374,6 +374,7 @@ TrainerExtras load_checkpoint(Trainer& t, MPI_Comm world, const std::string& dir
     });
   }
   load_entry_states(t, *files[1], host);
+  t.masters_changed();  // every rank wrote its whole parameter arena
   int64_t step = 0;
   TrainerExtras extras = read_trainer_blobs(r, &step);
   t.set_step(step);

@@ -199,11 +199,13 @@ void Trainer::on_before_layer(int c, int64_t unit, ParallelHooks::Pass) {
   if (opt_.plan.zero >= 3) chunks_[size_t(c)]->model->params_changed(unit);
 }
 
-// The float32 masters may have changed since the last forward (an optimizer step, a checkpoint
-// loaded, weights set by a test): every chunk's 16-bit copy is converted again on first use, once
-// per step (no-op at fp32).
-void Trainer::masters_changed() {
-  for (auto& ch : chunks_) ch->model->params_changed();
+// The float32 masters were written from outside the optimizer since the last forward (the
+// initial weights, a checkpoint loaded, weights set by a test); an optimizer step refreshes the
+// 16-bit copies itself (GradSync::apply).
+void Trainer::refresh_masters() {
+  if (!masters_pending_) return;
+  sync_->masters_written();
+  masters_pending_ = false;
 }
 
 // After a unit's backward: an event marks its gradients final, then GradSync hands them over
@@ -275,7 +277,7 @@ StepMetrics Trainer::train_step() {
   sync_->begin_step();
   optimizer_->begin_step(step_ + 1);
   for (auto& ch : chunks_) ch->backward_count = 0;
-  masters_changed();
+  refresh_masters();
   // Every rank reads its replica's m micro-batches (all pipeline ranks alike, to stay in step).
   const int64_t n = B_ * T_;
   for (int64_t mb = 0; mb < m_; mb++) data_.next_batch(B_, T_, tokens_.data() + mb * n, targets_.data() + mb * n);
@@ -406,7 +408,7 @@ double Trainer::evaluate(int64_t batches, const ValBatchFn& val_batch) {
     for (int c = 0; c < pipe.vp; c++) owner[size_t(parallel::stage_of(pipe, r, c))] = {r, c};
   std::vector<int32_t> tokens(static_cast<size_t>(n)), targets(static_cast<size_t>(n));
   DeviceBuffer in = messages_->take(), out = messages_->take();
-  masters_changed();
+  refresh_masters();
   double sum = 0;
   for (int64_t round = 0; round < (batches + dp - 1) / dp; round++) {
     const int64_t i = round * dp + dp_rank;

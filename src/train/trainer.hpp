@@ -158,10 +158,16 @@ class Trainer {
   parallel::GradSync& grad_sync() { return *sync_; }
   void set_peak_gflops(double g) { opt_.peak_gflops = g; }
 
-  // ZeRO 3: every parameter into the chunks' arenas (collective over dp), e.g. to compare them in
-  // tests; release_full_params() drops them again. No-ops for ZeRO 0-2.
+  // Every parameter into the chunks' arenas (collective over dp), e.g. to compare them in tests;
+  // release_full_params() drops them again. ZeRO 3, and mixed precision's sharded fp32 masters
+  // under ZeRO 1/2 (parallel/master_shards.hpp); no-ops otherwise.
   void gather_full_params() { sync_->gather_full_params(); }
   void release_full_params() { sync_->release_full_params(); }
+  // The chunks' fp32 arenas were written from outside the optimizer, each whole on every rank (a
+  // checkpoint load, a test; a rank that keeps a shard of the masters has no other source for
+  // the rest): before the next forward the 16-bit copies follow them (mixed precision) and a rank that keeps
+  // only its shard of the masters drops the rest (GradSync::masters_written).
+  void masters_changed() { masters_pending_ = true; }
   // Checkpoints, slice by slice (train/checkpoint_io.hpp): where this rank's parameters and
   // optimizer state live (GradSync::state_slices).
   std::vector<parallel::StateSlice> state_slices() { return sync_->state_slices(); }
@@ -179,7 +185,7 @@ class Trainer {
   void run_micro_batches(double* loss_sum, double* compute_s, double* bubble_s);
   void run_pipeline_step(double* loss_sum, double* compute_s, double* bubble_s);
   void finish_local(int chunk, int64_t unit);
-  void masters_changed();  // every chunk's 16-bit weight copy is stale (mixed precision)
+  void refresh_masters();  // GradSync::masters_written once after masters_changed()
   double global_grad_norm_squared();
   StepMetrics skip_overflow(StepMetrics s, double t0);
   void tied_sum(int chunk, float* grads, int64_t n);
@@ -193,6 +199,7 @@ class Trainer {
   int64_t B_, T_, m_;
   int64_t act_;  // floats of one stage-boundary message: [B, T, C], or this rank's rows under sp
   int64_t step_ = 0;
+  bool masters_pending_ = true;  // the arenas hold the initial weights: refresh before the first forward
   LossScaler scaler_;            // fp16 only (enabled); see train/loss_scaler.hpp
   float backward_scale_ = 1;     // this step's d(loss the backward starts from) / d(micro-batch mean loss)
   std::vector<std::unique_ptr<Chunk>> chunks_;

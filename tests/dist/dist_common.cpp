@@ -174,10 +174,8 @@ Reference run_single_rank(const Job& job, int64_t inject_nan_at_step, bool skip,
     const StepMetrics m = trainer.train_step();
     r.losses.push_back(m.skipped ? std::nan("") : m.loss);
   }
-  // The single-rank evaluate(): mean forward loss over the validation batches. The model is driven
-  // directly here, so its 16-bit weight copy is marked stale first (mixed precision: without this
-  // the forward would read the copy of the last step's weights, before its update).
-  trainer.model().params_changed();
+  // The single-rank evaluate(): mean forward loss over the validation batches, the model driven
+  // directly (mixed precision: GradSync::apply left its 16-bit copy current after the last step).
   const int64_t B = o.plan.micro_batch, T = job.model.seq_len;
   std::vector<int32_t> tok(size_t(B * T)), tgt(size_t(B * T));
   for (int64_t i = 0; i < kValBatches; i++) {

@@ -187,7 +187,31 @@ int main(int argc, char** argv) {
       trace += fmt::format(" zero2 resident grad arena {:.1f}% (+ shard {:.0f}%)", 100 * worst_grad_frac,
                            100.0 / cfg.dp);
     // (ZeRO 2 at dp 1 has nothing to shard: the arena stays.)
-    const bool released = (cfg.zero != 3 || worst_frac <= 0.75) && (cfg.zero != 2 || cfg.dp == 1 || worst_excess <= 0);
+    // Mixed precision under ZeRO 1/2 at dp > 1 (parallel/master_shards.hpp): a rank keeps the fp32
+    // masters of its shard and of the entries the passes read in fp32 (embeddings, norms, biases);
+    // those of the other matrices are released. Released: every 16-bit-only float but the rank's
+    // share (n / dp, + one float per bucket and rank of rounding), and no more are resident than
+    // the arena less what is released, plus the two partial pages of each entry.
+    bool masters_ok = true;
+    if (precision != Precision::fp32 && (cfg.zero == 1 || cfg.zero == 2) && cfg.dp > 1) {
+      int64_t n16 = 0, n = 0, entries = 0, res = 0;
+      for (int c = 0; c < trainer.chunks(); c++) {
+        Gpt& g = trainer.chunk(c);
+        for (const ParamInfo& p : g.layout().entries()) n16 += Gpt::reads_float32(p) ? 0 : p.numel, entries++;
+        n += g.num_params();
+        res += dist_test::resident_bytes(g.params(), g.num_params() * 4);
+      }
+      const int64_t dropped = trainer.grad_sync().released_param_bytes() / 4;
+      const int64_t share = n / cfg.dp + n / 1000 * cfg.dp + 1;  // bucket_floats 1000: <= n/1000 + 1 buckets
+      int ok = dropped >= n16 - share && dropped <= n16 && res <= 4 * (n - dropped) + 2 * page * entries, all_ok = 0;
+      MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+      masters_ok = all_ok == 1;
+      trace += fmt::format(" fp32 masters kept {:.0f}% (resident {:.0f}%; 16-bit-only entries {:.0f}%)",
+                           100.0 * double(n - dropped) / double(n), 100.0 * double(res) / double(4 * n),
+                           100.0 * double(n16) / double(n));
+    }
+    const bool released = (cfg.zero != 3 || worst_frac <= 0.75) && (cfg.zero != 2 || cfg.dp == 1 || worst_excess <= 0) &&
+                          masters_ok;
     // Validation loss of the final weights (forward only, batches split over dp) against the
     // single-rank evaluate() of its final weights.
     const double val = trainer.evaluate(dist_test::kValBatches, [&](int64_t i, int32_t* tok, int32_t* tgt) {

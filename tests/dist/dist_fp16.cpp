@@ -29,10 +29,14 @@ using dist_test::Config;
 
 namespace {
 
-// Every state slice this rank holds (parameters and optimizer state), as bytes.
+// Every state slice this rank saves (parameters and optimizer state), as bytes. Each element has
+// one saver among its replicas, so the ranks' snapshots together cover the whole state; the rest
+// of a rank's arena is its replicas' (or, for mixed precision's sharded masters under ZeRO 1/2,
+// not kept at all: parallel/master_shards.hpp).
 std::string snapshot(Trainer& tr) {
   std::string out;
   for (const parallel::StateSlice& s : tr.state_slices()) {
+    if (!s.saver) continue;
     std::vector<float> h(size_t(s.end - s.begin));
     tr.backend().download(h.data(), s.data, h.size() * sizeof(float));
     out.append(reinterpret_cast<const char*>(h.data()), h.size() * sizeof(float));

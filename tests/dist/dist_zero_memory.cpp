@@ -8,8 +8,13 @@
 //   ZeRO 3: right after construction, at most 2 pages per unit of the parameter arena are resident
 //     (the partial pages at unit ends, set to NaN) and none of the gradient arena; every shard was
 //     initialised from the seed without the full arena.
-//   Both: the 3 steps' losses equal the single-rank trainer's (1e-5 relative), also for a model whose
-//   sizes dp does not divide (ZeRO 2 then pads the last bucket, ZeRO 3 its odd segments).
+//   bf16 under ZeRO 1 and 2 (parallel/master_shards.hpp): after the steps the fp32 parameter arena
+//     holds, resident, no more than the masters the rank keeps (its shard, and the entries the
+//     passes read in fp32: embeddings, norms, biases) plus 2 partial pages per entry; those it
+//     releases are every 16-bit-only float but at most its share n / dp (+ bucket rounding).
+//   All: the 3 steps' losses equal the single-rank trainer's (1e-5 relative; bf16 1e-4: dp changes
+//   the summation order, and bf16 rounds the difference), also for a model whose sizes dp does not
+//   divide (ZeRO 2 then pads the last bucket, ZeRO 3 its odd segments).
 // Run as `mpirun -np N dist_zero_memory` (N = 2 or 4); exits non-zero on any failure.
 #include <mpi.h>
 #include <unistd.h>
@@ -31,6 +36,7 @@ using dist_test::Config;
 struct Case {
   Config cfg;
   bool odd = false;  // hidden 63 (3 heads), ffn 250: arenas dp does not divide (padded buckets)
+  bool bf16 = false;  // mixed precision: the fp32 masters sharded (ZeRO 1/2)
 };
 
 static std::vector<Case> cases_for(int world) {
@@ -46,6 +52,9 @@ static std::vector<Case> cases_for(int world) {
     a = c(2, 1, 2, 2); a.odd = true; v.push_back(a);
     v.push_back(c(2, 1, 3, 2));
     a = c(2, 1, 3, 2); a.odd = true; v.push_back(a);  // ZeRO 3's padded segment collectives
+    a = c(2, 1, 1, 2); a.bf16 = true; v.push_back(a);
+    a = c(2, 1, 1, 2); a.bf16 = true, a.odd = true; v.push_back(a);
+    a = c(2, 1, 2, 2); a.bf16 = true; v.push_back(a);
   } else if (world == 4) {
     v.push_back(c(4, 1, 2, 2));
     v.push_back(c(2, 2, 2, 4));  // pipeline, tied embedding exchanged on the shards
@@ -53,8 +62,40 @@ static std::vector<Case> cases_for(int world) {
     a = c(4, 1, 2, 2); a.odd = true; v.push_back(a);
     v.push_back(c(4, 1, 3, 2));
     a = c(2, 2, 3, 4); a.cfg.untied = true; v.push_back(a);
+    a = c(4, 1, 1, 2); a.bf16 = true; v.push_back(a);
+    a = c(2, 2, 2, 4); a.bf16 = true; v.push_back(a);  // the tied embedding kept whole on both stages
   }
   return v;
+}
+
+// The bf16 cases' bounds (the header): the fp32 parameter arena after the steps.
+// Each released span may leave its two partial pages resident: the spans are the runs of adjacent
+// 16-bit-only entries, each cut once more by every gather group (ZeRO 1: one; ZeRO 2: a bucket).
+static void check_sharded_masters(Trainer& trainer, int dp, int zero, int64_t bucket_floats, int64_t page,
+                                  std::string* trace, std::string* problems) {
+  int64_t n = 0, n16 = 0, spans = 0, resident = 0;
+  for (int c = 0; c < trainer.chunks(); c++) {
+    Gpt& g = trainer.chunk(c);
+    bool in_run = false;
+    for (const ParamInfo& p : g.layout().entries()) {
+      const bool b16 = !Gpt::reads_float32(p);
+      n16 += b16 ? p.numel : 0;
+      spans += b16 && !in_run;
+      in_run = b16;
+    }
+    n += g.num_params();
+    spans += zero == 1 ? 1 : g.num_params() / (bucket_floats - bucket_floats % dp) + 2;
+    resident += dist_test::resident_bytes(g.params(), g.num_params() * 4);
+  }
+  const int64_t dropped = trainer.grad_sync().released_param_bytes() / 4;
+  const int64_t share = n / dp + n / bucket_floats * dp + 2 * dp;  // each bucket's chunk rounds up per rank
+  const int64_t allowed = 4 * (n - dropped) + 2 * page * spans;
+  if (dropped < n16 - share || dropped > n16)
+    *problems += fmt::format(" {} fp32 masters released, expected the 16-bit-only {} less at most {};", dropped, n16, share);
+  if (resident > allowed) *problems += fmt::format(" {} bytes of the fp32 arena resident, bound {};", resident, allowed);
+  *trace += fmt::format(" fp32 arena resident {} KiB of {} KiB ({:.0f}%, bound {} KiB; masters kept {:.0f}%, 16-bit-only"
+                        " entries {:.0f}% of the arena)", resident / 1024, 4 * n / 1024, 100.0 * double(resident) / double(4 * n),
+                        allowed / 1024, 100.0 * double(n - dropped) / double(n), 100.0 * double(n16) / double(n));
 }
 
 int main(int argc, char** argv) {
@@ -73,11 +114,13 @@ int main(int argc, char** argv) {
     job.model.heads = cs.odd ? 3 : 4;
     job.model.kv_heads = cs.odd ? 1 : 2;
     job.model.ffn_hidden = cs.odd ? 250 : 256;
+    if (cs.bf16) job.train.precision = Precision::bf16;
     const dist_test::Reference ref = dist_test::run_single_rank(job);
 
     Trainer* trainer_at = nullptr;
     std::vector<int64_t> peak;  // per chunk: most gradient-arena bytes resident at a backward hook
-    const int64_t bucket_floats = 4096, in_flight = 2;  // 4-page buckets, 2 in flight
+    // 4-page buckets, 2 in flight; bf16: 32-page buckets, so that a rank's chunk of one is pages to release.
+    const int64_t bucket_floats = cs.bf16 ? 32768 : 4096, in_flight = 2;
     dist_test::DistRun run = dist_test::make_run(*backend, job, [&](TrainerOptions& o) {
       o.bucket_floats = bucket_floats;
       o.buckets_in_flight = in_flight;
@@ -135,7 +178,22 @@ int main(int argc, char** argv) {
                            " shard {} KiB (1/dp)", most / 1024, arena / 1024, 100.0 * double(most) / double(arena),
                            bound / 1024, arena / cfg.dp / 1024);
     }
-    if (!(worst_loss <= 1e-5)) problems += fmt::format(" loss differs from one rank by {:.2e};", worst_loss);
+    if (cs.bf16) check_sharded_masters(trainer, cfg.dp, cfg.zero, bucket_floats, page, &trace, &problems);
+    if (cs.bf16 && cfg.dp == world) {  // dp only: a forward without collectives, so a throw cannot hang a peer
+      // Marking the 16-bit copy stale would round it from released masters: the forward refuses.
+      Gpt& g = trainer.chunk(0);
+      g.params_changed();
+      std::vector<int32_t> tok(size_t(cfg.micro_batch * job.model.seq_len), 1);
+      std::string what;
+      try {
+        g.forward(tok.data(), nullptr, tok.data());
+      } catch (const std::exception& e) {
+        what = e.what();
+      }
+      if (what.find("Trainer::masters_changed()") == std::string::npos)
+        problems += fmt::format(" a stale 16-bit copy over sharded masters was not refused (got '{}');", what);
+    }
+    if (!(worst_loss <= (cs.bf16 ? 1e-4 : 1e-5))) problems += fmt::format(" loss differs from one rank by {:.2e};", worst_loss);
     int bad = !problems.empty(), any_bad = 0;
     MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     // Each rank's own figures (the stages differ), in rank order.
