@@ -14,6 +14,19 @@ int64_t total(const std::vector<int64_t>& counts) {
   return n;
 }
 
+// The part of group g inside [lo, hi), cut by the ranks' pieces (consecutive, in rank order, so
+// it is a gather group itself).
+GatherGroup cut(const GatherGroup& g, int64_t lo, int64_t hi) {
+  GatherGroup part{lo, std::vector<int64_t>(g.counts.size(), 0)};
+  int64_t p0 = g.begin;
+  for (size_t r = 0; r < g.counts.size(); r++) {
+    const int64_t p1 = p0 + g.counts[r];
+    part.counts[r] = std::max<int64_t>(0, std::min(hi, p1) - std::max(lo, p0));
+    p0 = p1;
+  }
+  return part;
+}
+
 }  // namespace
 
 MasterShards::MasterShards(Backend& be, Group& dp, Gpt& model, std::vector<GatherGroup> groups)
@@ -41,7 +54,14 @@ MasterShards::MasterShards(Backend& be, Group& dp, Gpt& model, std::vector<Gathe
       if (r == dp.rank() && g.counts[size_t(r)] > 0) own_.push_back({piece, g.counts[size_t(r)]});
       piece += g.counts[size_t(r)];
     }
-    add_f32_gather(g, end, f32_runs);
+    // The 16-bit gathers skip the large fp32-read runs: their copy is rounded here from the fp32
+    // gather (an embedding would otherwise cross the wire twice, in 16 and in 32 bits).
+    int64_t from = g.begin;
+    for (const Span& big : add_f32_gather(g, end, f32_runs)) {
+      if (big.begin > from) half_groups_.push_back(cut(g, from, big.begin));
+      from = big.begin + big.len;
+    }
+    if (end > from) half_groups_.push_back(cut(g, from, end));
     at = end;
   }
   EXA_CHECK(at == n, "sharded masters: the gather groups cover [0, {}) of an arena of {}", at, n);
@@ -64,29 +84,28 @@ MasterShards::MasterShards(Backend& be, Group& dp, Gpt& model, std::vector<Gathe
 // The fp32-read runs' parts of group g ([g.begin, end)), each cut by the ranks' pieces. The small
 // ones (norms and biases, a few thousand elements each: latency-bound) are gathered in one
 // all_gather_v, rank r's parts of every run packed in run order forming its piece; a large one (an
-// embedding) is gathered in place on its own, so the staging buffer stays small.
-void MasterShards::add_f32_gather(const GatherGroup& g, int64_t end, const std::vector<Span>& f32_runs) {
+// embedding) is gathered in place on its own, so the staging buffer stays small. Returns the
+// large ones' spans, in order.
+std::vector<MasterShards::Span> MasterShards::add_f32_gather(const GatherGroup& g, int64_t end,
+                                                             const std::vector<Span>& f32_runs) {
   constexpr int64_t kInPlace = int64_t(1) << 16;  // elements (256 KiB): a gather of its own
   F32Gather f;
   f.counts.assign(size_t(dp_.size()), 0);
+  std::vector<Span> large;
   for (const Span& run : f32_runs) {
     const int64_t lo = std::max(run.begin, g.begin), hi = std::min(run.begin + run.len, end);
     if (lo >= hi) continue;
-    GatherGroup part{lo, std::vector<int64_t>(size_t(dp_.size()), 0)};
-    int64_t p0 = g.begin;
-    for (int r = 0; r < dp_.size(); r++) {
-      const int64_t p1 = p0 + g.counts[size_t(r)];
-      part.counts[size_t(r)] = std::max<int64_t>(0, std::min(hi, p1) - std::max(lo, p0));
-      p0 = p1;
-    }
+    GatherGroup part = cut(g, lo, hi);
     if (hi - lo >= kInPlace) {
       f32_gathers_.push_back({{part}, part.counts, true});
+      large.push_back({lo, hi - lo});
       continue;
     }
     for (int r = 0; r < dp_.size(); r++) f.counts[size_t(r)] += part.counts[size_t(r)];
     f.runs.push_back(std::move(part));
   }
   if (!f.runs.empty()) f32_gathers_.push_back(std::move(f));
+  return large;
 }
 
 // Copies rank r's parts of f's runs between the arena and its piece of the packed staging buffer
@@ -109,10 +128,12 @@ void MasterShards::publish() {
   uint16_t* half = model_.params_half();
   for (const Span& s : own_) be_.f32_to_half(model_.half_format(), half + s.begin, params + s.begin, s.len);
   // 2-byte elements moved as they are (the fp16 bits too: an all-gather computes nothing).
-  for (const GatherGroup& g : groups_) dp_.all_gather_v(half + g.begin, g.counts, DType::bf16);
+  for (const GatherGroup& g : half_groups_) dp_.all_gather_v(half + g.begin, g.counts, DType::bf16);
   for (const F32Gather& f : f32_gathers_) {
-    if (f.in_place) {
+    if (f.in_place) {  // and its 16-bit copy from the gathered masters
       dp_.all_gather_v(params + f.runs[0].begin, f.counts, DType::f32);
+      const int64_t at = f.runs[0].begin;
+      be_.f32_to_half(model_.half_format(), half + at, params + at, total(f.counts));
       continue;
     }
     pack(f, dp_.rank(), true);

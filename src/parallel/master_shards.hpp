@@ -6,8 +6,9 @@
 // whole. After each optimizer step (publish):
 //   1. each rank rounds its shard's updated masters into the 16-bit copy,
 //   2. the 16-bit copy is all-gathered over dp (2 bytes per parameter, where the fp32 gather sent 4),
+//      less the large fp32-read runs (embeddings),
 //   3. the fp32-read entries are all-gathered in fp32 (their own pieces only; the small ones
-//      packed into one all-gather per group, an embedding in place),
+//      packed into one all-gather per group, an embedding in place and then rounded locally),
 // and the fp32 pages of the 16-bit-only entries outside the shard stay released (Backend::release,
 // whole pages then read 0, partial ones NaN; Gpt refuses to convert a stale entry from them,
 // Gpt::keep_half_externally). The result is bit for bit the
@@ -58,14 +59,15 @@ class MasterShards {
   Backend& be_;
   Group& dp_;
   Gpt& model_;
-  std::vector<GatherGroup> groups_;      // the 16-bit copy's gathers (and the full fp32 gather's)
+  std::vector<GatherGroup> groups_;      // the shards (the full fp32 gather's groups)
+  std::vector<GatherGroup> half_groups_; // the 16-bit copy's gathers: groups_ less the large fp32-read runs
   // One group's fp32-read entries: runs of them cut by the ranks' pieces, and each rank's total.
   struct F32Gather {
     std::vector<GatherGroup> runs;
     std::vector<int64_t> counts;  // [dp]: rank r's parts of all runs
     bool in_place = false;        // one large run, gathered in the arena without staging
   };
-  void add_f32_gather(const GatherGroup& g, int64_t end, const std::vector<Span>& f32_runs);
+  std::vector<Span> add_f32_gather(const GatherGroup& g, int64_t end, const std::vector<Span>& f32_runs);
   void pack(const F32Gather& f, int r, bool to_staging);
   std::vector<F32Gather> f32_gathers_;   // per group with fp32-read entries: one packed gather
   DeviceBuffer staging_;                 // [widest packed gather]

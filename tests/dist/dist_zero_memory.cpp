@@ -11,8 +11,10 @@
 //   bf16 under ZeRO 1 and 2 (parallel/master_shards.hpp): after the steps the fp32 parameter arena
 //     holds, resident, no more than the masters the rank keeps (its shard, and the entries the
 //     passes read in fp32: embeddings, norms, biases) plus 2 partial pages per entry; those it
-//     releases are every 16-bit-only float but at most its share n / dp (+ bucket rounding).
-//   All: the 3 steps' losses equal the single-rank trainer's (1e-5 relative; bf16 1e-4: dp changes
+//     releases are every 16-bit-only float but at most its share n / dp (+ bucket rounding). The
+//     vocabulary is widened so that the tied embedding takes the large-run path (gathered in fp32,
+//     its 16-bit copy rounded locally), and a stale 16-bit copy must be refused.
+//   All: the 3 steps' losses equal the single-rank trainer's (1e-5 relative; bf16 3e-5: dp changes
 //   the summation order, and bf16 rounds the difference), also for a model whose sizes dp does not
 //   divide (ZeRO 2 then pads the last bucket, ZeRO 3 its odd segments).
 // Run as `mpirun -np N dist_zero_memory` (N = 2 or 4); exits non-zero on any failure.
@@ -114,7 +116,12 @@ int main(int argc, char** argv) {
     job.model.heads = cs.odd ? 3 : 4;
     job.model.kv_heads = cs.odd ? 1 : 2;
     job.model.ffn_hidden = cs.odd ? 250 : 256;
-    if (cs.bf16) job.train.precision = Precision::bf16;
+    if (cs.bf16) {
+      job.train.precision = Precision::bf16;
+      // An embedding of 64Ki elements or more: gathered in fp32 in place and rounded locally
+      // (MasterShards' large-run path; the tied head reads that copy), not in the 16-bit gather.
+      job.model.vocab = 1061;
+    }
     const dist_test::Reference ref = dist_test::run_single_rank(job);
 
     Trainer* trainer_at = nullptr;
@@ -193,7 +200,8 @@ int main(int argc, char** argv) {
       if (what.find("Trainer::masters_changed()") == std::string::npos)
         problems += fmt::format(" a stale 16-bit copy over sharded masters was not refused (got '{}');", what);
     }
-    if (!(worst_loss <= (cs.bf16 ? 1e-4 : 1e-5))) problems += fmt::format(" loss differs from one rank by {:.2e};", worst_loss);
+    // bf16: measured 1.7e-6 to 6.2e-6; a tied head reading a stale 16-bit embedding gave 1.1e-4.
+    if (!(worst_loss <= (cs.bf16 ? 3e-5 : 1e-5))) problems += fmt::format(" loss differs from one rank by {:.2e};", worst_loss);
     int bad = !problems.empty(), any_bad = 0;
     MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     // Each rank's own figures (the stages differ), in rank order.
