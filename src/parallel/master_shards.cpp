@@ -43,6 +43,7 @@ MasterShards::MasterShards(Backend& be, Group& dp, Gpt& model, std::vector<Gathe
       f32_runs.push_back({p.offset, p.numel});
   }
   std::vector<Span> kept = f32_runs;  // in fp32 on this rank: the fp32-read runs and its own pieces
+  std::vector<Span> large;            // the large fp32-read runs' parts, in arena order
   int64_t at = 0;                     // the groups tile [0, n) in order
   for (const GatherGroup& g : groups_) {
     EXA_CHECK(int(g.counts.size()) == dp.size() && g.begin == at,
@@ -60,11 +61,23 @@ MasterShards::MasterShards(Backend& be, Group& dp, Gpt& model, std::vector<Gathe
     for (const Span& big : add_f32_gather(g, end, f32_runs)) {
       if (big.begin > from) half_groups_.push_back(cut(g, from, big.begin));
       from = big.begin + big.len;
+      large.push_back(big);
     }
     if (end > from) half_groups_.push_back(cut(g, from, end));
     at = end;
   }
   EXA_CHECK(at == n, "sharded masters: the gather groups cover [0, {}) of an arena of {}", at, n);
+  // Step 1 rounds the own pieces less the large runs (those are rounded whole after their gather).
+  for (const Span& o : own_) {
+    int64_t lo = o.begin;
+    const int64_t hi = o.begin + o.len;
+    for (const Span& big : large) {
+      if (big.begin + big.len <= lo || big.begin >= hi) continue;
+      if (big.begin > lo) own_half_.push_back({lo, big.begin - lo});
+      lo = std::max(lo, big.begin + big.len);
+    }
+    if (hi > lo) own_half_.push_back({lo, hi - lo});
+  }
   kept.insert(kept.end(), own_.begin(), own_.end());
   std::sort(kept.begin(), kept.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
   int64_t covered = 0;  // the complement of the kept spans in [0, n)
@@ -126,7 +139,7 @@ void MasterShards::pack(const F32Gather& f, int r, bool to_staging) {
 void MasterShards::publish() {
   float* params = model_.params();
   uint16_t* half = model_.params_half();
-  for (const Span& s : own_) be_.f32_to_half(model_.half_format(), half + s.begin, params + s.begin, s.len);
+  for (const Span& s : own_half_) be_.f32_to_half(model_.half_format(), half + s.begin, params + s.begin, s.len);
   // 2-byte elements moved as they are (the fp16 bits too: an all-gather computes nothing).
   for (const GatherGroup& g : half_groups_) dp_.all_gather_v(half + g.begin, g.counts, DType::bf16);
   for (const F32Gather& f : f32_gathers_) {

@@ -72,6 +72,7 @@ class MasterShards {
   std::vector<F32Gather> f32_gathers_;   // per group with fp32-read entries: one packed gather
   DeviceBuffer staging_;                 // [widest packed gather]
   std::vector<Span> own_;                // this rank's pieces
+  std::vector<Span> own_half_;           // own_ less the large fp32-read runs: rounded in publish step 1
   std::vector<Span> dropped_;            // not kept in fp32: neither own nor read in fp32
   int64_t released_floats_ = 0;
 };

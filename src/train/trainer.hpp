@@ -165,8 +165,8 @@ class Trainer {
   void release_full_params() { sync_->release_full_params(); }
   // The chunks' fp32 arenas were written from outside the optimizer, each whole on every rank (a
   // checkpoint load, a test; a rank that keeps a shard of the masters has no other source for
-  // the rest): before the next forward the 16-bit copies follow them (mixed precision) and a rank that keeps
-  // only its shard of the masters drops the rest (GradSync::masters_written).
+  // the rest): before the next forward the 16-bit copies follow them (mixed precision) and a
+  // rank that keeps only its shard of the masters drops the rest (GradSync::masters_written).
   void masters_changed() { masters_pending_ = true; }
   // Checkpoints, slice by slice (train/checkpoint_io.hpp): where this rank's parameters and
   // optimizer state live (GradSync::state_slices).
