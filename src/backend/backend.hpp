@@ -217,6 +217,13 @@ class Backend {
                                   int64_t C) = 0;
   virtual void positional_backward(float* dwpe, const float* dout, int64_t B, int64_t T,
                                    int64_t C) = 0;
+  // Mixed precision: the same two lookups from the 16-bit copy (format `type`) of wte [V,C] and
+  // wpe [T,C], each element widened exactly (Megatron's bf16 embedding: the embeddings' fp32
+  // masters are then needed by the optimizer only, so ZeRO can shard them like the matrices).
+  virtual void embedding_forward_half(Half type, float* out, const int32_t* tokens, const uint16_t* wte,
+                                      int64_t vocab_start, int64_t V, int64_t N, int64_t C) = 0;
+  virtual void positional_forward_half(Half type, float* out, const uint16_t* wpe, int64_t B, int64_t T,
+                                       int64_t C) = 0;
 
   // ---- fused cross-entropy over a (possibly vocabulary-sharded) logits matrix ----------------
   // The three steps are separate so the tensor-parallel hooks can all-reduce between them:

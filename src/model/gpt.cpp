@@ -329,6 +329,20 @@ const uint16_t* Gpt::weight_half(int64_t offset, int64_t n) {
   return params_half_ + offset;
 }
 
+// Mixed precision reads the embeddings from their 16-bit copy, as Megatron's bf16 model does (the
+// fp32 masters are the optimizer's only): this is what lets ZeRO shard their masters too.
+void Gpt::lookup_tokens(float* out, const int32_t* tokens) {
+  const int64_t N = B_ * T_, C = C_;
+  if (!mixed_) return be_.embedding_forward(out, tokens, params_ + off_wte_, vocab_start_, vocab_local_, N, C);
+  be_.embedding_forward_half(half_, out, tokens, weight_half(off_wte_, vocab_local_ * C), vocab_start_,
+                             vocab_local_, N, C);
+}
+
+void Gpt::add_positions(float* out) {
+  if (!mixed_) return be_.positional_forward(out, params_ + off_wpe_, B_, T_, C_);
+  be_.positional_forward_half(half_, out, weight_half(off_wpe_, opt_.model.seq_len * C_), B_, T_, C_);
+}
+
 const float* Gpt::output(int64_t slot) const {
   return const_cast<Gpt*>(this)->slot_at(slot).res[size_t(L_)];
 }
@@ -352,14 +366,12 @@ float Gpt::forward(const int32_t* tokens, const float* input, const int32_t* tar
                 "outside the vocabulary [0, {})", tokens[i], i, m.vocab);
     be_.upload(s.tokens, tokens, sizeof(int32_t) * size_t(N));
     if (!sp_) {
-      be_.embedding_forward(x, s.tokens, params_ + off_wte_, vocab_start_, vocab_local_, N, C);
+      lookup_tokens(x, s.tokens);
       hooks_->partial_sum_allreduce(x, N * C);  // vocabulary-parallel embedding
-      if (off_wpe_ >= 0) be_.positional_forward(x, params_ + off_wpe_, B_, T_, C);
+      if (off_wpe_ >= 0) add_positions(x);
     } else {  // the positions are added once (rank 0) before the sum is scattered
-      be_.embedding_forward(sp_full_, s.tokens, params_ + off_wte_, vocab_start_, vocab_local_,
-                            N, C);
-      if (off_wpe_ >= 0 && opt_.tp.rank == 0)
-        be_.positional_forward(sp_full_, params_ + off_wpe_, B_, T_, C);
+      lookup_tokens(sp_full_, s.tokens);
+      if (off_wpe_ >= 0 && opt_.tp.rank == 0) add_positions(sp_full_);
       hooks_->sp_reduce_scatter(sp_full_, x, Ns_ * C);
     }
     hooks_->after_layer(ParallelHooks::kEmbedding, Pass::forward);

@@ -62,8 +62,9 @@ struct GptOptions {
   // entry on first use after params_changed(), and every linear layer's GEMM (forward, dX, dW)
   // takes 16-bit operands with float32 accumulation and float32 outputs. The inputs of those GEMMs
   // that are saved for backward (norm outputs, attention output, activation output) are kept in
-  // 16 bits; dY is rounded to 16 bits before the backward GEMMs. Norms, attention, activations,
-  // embeddings, the loss and the gradients stay float32. fp8 is not a training precision here.
+  // 16 bits; dY is rounded to 16 bits before the backward GEMMs. The embeddings are looked up from
+  // the 16-bit copy (widened exactly). Norms, attention, activations, the residual stream, the loss
+  // and the gradients stay float32. fp8 is not a training precision here.
   Precision precision = Precision::fp32;
 };
 
@@ -96,9 +97,10 @@ class Gpt {
   // under ZeRO 1/2 a rank holds only its shard of the fp32 masters of the entries the model reads
   // in 16 bits): the copy [num_params] (device; null at fp32), its format, and half_written(),
   // which says every entry's copy is current (no conversion from params() until the next
-  // params_changed). reads_float32: whether the passes read entry p from params() (embeddings,
-  // norms, biases: fp32 as under torch.autocast) or, under mixed precision, only its 16-bit copy
-  // (layer matrices and the untied head, which only GEMMs use).
+  // params_changed). reads_float32: whether the passes read entry p from params() (norms and
+  // biases: fp32 as under torch.autocast) or, under mixed precision, only its 16-bit copy (layer
+  // matrices and the untied head, which only GEMMs use, and the embeddings, looked up in 16 bits as
+  // Megatron's bf16 model does).
   uint16_t* params_half() { return params_half_; }
   Half half_format() const { return half_; }
   void half_written();
@@ -106,7 +108,7 @@ class Gpt {
   // conversion from params() after params_changed() is refused, since params() is incomplete.
   void keep_half_externally() { half_external_ = true; }
   static bool reads_float32(const ParamInfo& p) {
-    return p.role == ParamRole::embedding || p.role == ParamRole::norm || p.role == ParamRole::bias;
+    return p.role == ParamRole::norm || p.role == ParamRole::bias;
   }
   // Shows every backward's layer matrices' inputs and output gradients to `o` (null: nobody);
   // model/linear_observer.hpp. K-FAC's factors come from here.
@@ -213,6 +215,10 @@ class Gpt {
   uint16_t* dy16_ = nullptr;         // [N, max(C, QKV, FC, V)] the output gradient, rounded
   uint16_t* alloc_half(int64_t n);
   const uint16_t* weight_half(int64_t offset, int64_t n);  // the 16-bit copy of params_[offset, +n)
+  // out[N, C] = wte[tokens] of this vocabulary slice (0 outside it); out[B,T,C] += wpe[T,C].
+  // Mixed precision: from the 16-bit copies.
+  void lookup_tokens(float* out, const int32_t* tokens);
+  void add_positions(float* out);
   // y[N, O] = x[N, I] @ W[O, I]^T (W at parameter offset w). Mixed: x32 is rounded into x16 (the
   // kept copy) first and the GEMM is 16-bit; fp32: x32 is used as it is.
   void linear_forward(const float* x32, uint16_t* x16, int64_t I, int64_t w, int64_t O, float* y);

@@ -1,25 +1,25 @@
 // Sharded fp32 masters under mixed precision, ZeRO 1 and 2 at dp > 1 (Megatron's distributed
 // optimizer: each data-parallel rank keeps the fp32 main parameters of its shard only, beside the
-// whole 16-bit model). The model's GEMMs read the layer matrices and the head through their 16-bit
-// copy only (Gpt::reads_float32), so outside its shard a rank needs no fp32 master of those; it
-// keeps the entries the passes read in fp32 (embeddings, norms, biases, as torch.autocast does)
-// whole. After each optimizer step (publish):
+// whole 16-bit model). The model reads the layer matrices, the head and the embeddings through
+// their 16-bit copy only (Gpt::reads_float32), so outside its shard a rank needs no fp32 master of
+// those; it keeps the entries the passes read in fp32 (norms and biases, as torch.autocast does;
+// about 0.1% of a GPT-2's parameters) whole. After each optimizer step (publish):
 //   1. each rank rounds its shard's updated masters into the 16-bit copy,
 //   2. the 16-bit copy is all-gathered over dp (2 bytes per parameter, where the fp32 gather sent 4),
-//      less the large fp32-read runs (embeddings),
-//   3. the fp32-read entries are all-gathered in fp32 (their own pieces only; the small ones
-//      packed into one all-gather per group, an embedding in place and then rounded locally),
+//   3. the fp32-read entries are all-gathered in fp32 (their own pieces only, packed into one
+//      all-gather per group),
 // and the fp32 pages of the 16-bit-only entries outside the shard stay released (Backend::release,
 // whole pages then read 0, partial ones NaN; Gpt refuses to convert a stale entry from them,
-// Gpt::keep_half_externally). The result is bit for bit the
-// fp32 gather's: rounding is elementwise, so who rounds does not matter.
+// Gpt::keep_half_externally). The result is bit for bit the fp32 gather's: rounding is
+// elementwise, so who rounds does not matter.
 //
 // The shards are given as gather groups: contiguous ranges of the arena cut into dp consecutive
-// pieces in rank order (ZeRO 1: one group, the whole arena; ZeRO 2: one per gradient bucket).
-// Every rank builds the same groups, so every collective is called in the same order everywhere.
+// pieces in rank order (ZeRO 1: one group, the whole arena; ZeRO 2: one per gradient bucket;
+// ZeRO 3: one per segment). Every rank builds the same groups, so every collective is called in
+// the same order everywhere.
 //
-// Owns: which fp32 masters a rank keeps, and the gathers that refresh the rest. May use: backend/,
-// model/ (Gpt, its layout), parallel/comm (the dp group).
+// Owns: which fp32 masters a rank keeps under ZeRO 1/2, and the 16-bit gathers that refresh the
+// rest (ZeRO 1-3). May use: backend/, model/ (Gpt, its layout), parallel/comm (the dp group).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -35,6 +35,45 @@ struct GatherGroup {
   std::vector<int64_t> counts;  // [dp]: rank r's piece is counts[r] elements, after rank r-1's
 };
 
+struct ArenaSpan {
+  int64_t begin = 0, len = 0;  // elements [begin, begin + len) of a model's arena
+};
+
+// The 16-bit all-gathers of a mixed-precision model whose fp32 masters are sharded over dp by
+// gather groups (disjoint ranges of the arena, each cut into dp consecutive pieces in rank order).
+// publish(i), with this rank's piece of group i's fp32 masters in the arena: steps 1-3 above for
+// group i. Used by MasterShards (ZeRO 1/2: every group after each step) and by ZeRO 3 (a unit's
+// segments before each pass over it, parallel/zero3_sync.cpp).
+class HalfGathers {
+ public:
+  HalfGathers(Backend& be, Group& dp, Gpt& model, std::vector<GatherGroup> groups);
+  size_t size() const { return groups_.size(); }
+  const GatherGroup& group(size_t i) const { return groups_[i]; }
+  ArenaSpan own(size_t i) const { return own_[i]; }  // this rank's piece of group i (len may be 0)
+  // The spans of the entries the passes read in fp32 (norms, biases), in arena order.
+  const std::vector<ArenaSpan>& f32_runs() const { return f32_runs_; }
+  void publish(size_t i);
+
+ private:
+  // One group's fp32-read entries: runs of them cut by the ranks' pieces, and each rank's total.
+  struct F32Gather {
+    std::vector<GatherGroup> runs;
+    std::vector<int64_t> counts;  // [dp]: rank r's parts of all runs
+  };
+  F32Gather f32_gather(const GatherGroup& g) const;
+  void pack(const F32Gather& f, int r, bool to_staging);
+  Backend& be_;
+  Group& dp_;
+  Gpt& model_;
+  std::vector<GatherGroup> groups_;
+  std::vector<ArenaSpan> own_;       // [groups]
+  std::vector<ArenaSpan> f32_runs_;
+  std::vector<F32Gather> f32_;       // [groups]: runs empty where the group has no fp32-read entry
+  DeviceBuffer staging_;             // [widest packed gather]
+};
+
+// ZeRO 1 and 2: the groups tile the arena; this rank keeps in fp32 its pieces and the fp32-read
+// entries, and releases the rest.
 class MasterShards {
  public:
   MasterShards(Backend& be, Group& dp, Gpt& model, std::vector<GatherGroup> groups);
@@ -53,27 +92,11 @@ class MasterShards {
   int64_t released_bytes() const { return int64_t(sizeof(float)) * released_floats_; }
 
  private:
-  struct Span {
-    int64_t begin = 0, len = 0;
-  };
   Backend& be_;
   Group& dp_;
   Gpt& model_;
-  std::vector<GatherGroup> groups_;      // the shards (the full fp32 gather's groups)
-  std::vector<GatherGroup> half_groups_; // the 16-bit copy's gathers: groups_ less the large fp32-read runs
-  // One group's fp32-read entries: runs of them cut by the ranks' pieces, and each rank's total.
-  struct F32Gather {
-    std::vector<GatherGroup> runs;
-    std::vector<int64_t> counts;  // [dp]: rank r's parts of all runs
-    bool in_place = false;        // one large run, gathered in the arena without staging
-  };
-  std::vector<Span> add_f32_gather(const GatherGroup& g, int64_t end, const std::vector<Span>& f32_runs);
-  void pack(const F32Gather& f, int r, bool to_staging);
-  std::vector<F32Gather> f32_gathers_;   // per group with fp32-read entries: one packed gather
-  DeviceBuffer staging_;                 // [widest packed gather]
-  std::vector<Span> own_;                // this rank's pieces
-  std::vector<Span> own_half_;           // own_ less the large fp32-read runs: rounded in publish step 1
-  std::vector<Span> dropped_;            // not kept in fp32: neither own nor read in fp32
+  HalfGathers gathers_;
+  std::vector<ArenaSpan> dropped_;  // not kept in fp32: neither own nor read in fp32
   int64_t released_floats_ = 0;
 };
 

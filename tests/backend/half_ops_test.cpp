@@ -1,7 +1,8 @@
 // Per-op harness for the 16-bit ops (mixed precision), on every backend: gemm_half against a
 // float64 GEMM of the 16-bit-rounded inputs, within the error bound of float32 accumulation; the
 // proof that the inputs really are rounded (the result is farther from the GEMM of the unrounded
-// inputs than that bound); f32_to_half / half_to_f32 for bf16 and fp16 (nearest even, exact).
+// inputs than that bound); f32_to_half / half_to_f32 for bf16 and fp16 (nearest even, exact); the
+// embedding lookups from a 16-bit copy (exact).
 // tests/CMakeLists.txt runs the GemmHalf tests a second time with DNNL_MAX_CPU_ISA=AVX512_CORE,
 // which makes the CPU backend take its conversion + sgemm path instead of oneDNN's bf16 matmul.
 #include <gtest/gtest.h>
@@ -168,6 +169,37 @@ void check_gemm(Half t, const Shape& s, float alpha, float beta, std::mt19937& r
   // The padding between rows of C is not written.
   for (int64_t i = 0; i < s.M; i++)
     for (int64_t j = s.N; j < ldc; j++) EXPECT_EQ(got[size_t(i * ldc + j)], float(C0[size_t(i * ldc + j)]));
+}
+
+// The lookups from a 16-bit copy (mixed precision reads the embeddings so): each element is the
+// exact decoding of the copy's bits (rows outside the vocabulary slice 0, positions added to what
+// out holds), on a slice that does not start at 0 and tokens on both sides of it.
+TEST_P(HalfOps, EmbeddingLookupsWidenTheSixteenBitCopyExactly) {
+  std::mt19937 rng(11);
+  const int64_t B = 2, T = 5, C = 7, V = 9, start = 4, N = B * T;
+  std::vector<int32_t> tok(static_cast<size_t>(N));
+  std::uniform_int_distribution<int32_t> pick(0, int32_t(start + V + 2));
+  for (auto& t : tok) t = pick(rng);
+  tok[0] = int32_t(start), tok[1] = int32_t(start + V - 1), tok[2] = int32_t(start - 1), tok[3] = int32_t(start + V);
+  auto* dtok = static_cast<int32_t*>(be().alloc_bytes(sizeof(int32_t) * size_t(N)));
+  be().upload(dtok, tok.data(), sizeof(int32_t) * size_t(N));
+  for (Half t : {Half::bf16, Half::f16}) {
+    HalfBuf wte(be(), t, to_f(random_vec(rng, size_t(V * C)))), wpe(be(), t, to_f(random_vec(rng, size_t(T * C))));
+    const Vec base = random_vec(rng, size_t(N * C));
+    Buf out(be(), size_t(N * C)), pos(be(), base);
+    be().embedding_forward_half(t, out.p, dtok, wte.p, start, V, N, C);
+    be().positional_forward_half(t, pos.p, wpe.p, B, T, C);
+    const Vec got = out.get(), got_pos = pos.get();
+    const std::vector<uint16_t> w = wte.get(), p = wpe.get();
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t c = 0; c < C; c++) {
+        const int64_t r = tok[size_t(n)] - start;
+        const size_t i = size_t(n * C + c);
+        EXPECT_EQ(got[i], r >= 0 && r < V ? decode(t, w[size_t(r * C + c)]) : 0.0) << "row " << n << " col " << c;
+        EXPECT_EQ(got_pos[i], double(float(base[i]) + float(decode(t, p[size_t((n % T) * C + c)])))) << i;
+      }
+  }
+  be().free_bytes(dtok);
 }
 
 TEST_P(HalfOps, GemmHalfMatchesRoundedFloat64Reference) {

@@ -188,10 +188,10 @@ int main(int argc, char** argv) {
                            100.0 / cfg.dp);
     // (ZeRO 2 at dp 1 has nothing to shard: the arena stays.)
     // Mixed precision under ZeRO 1/2 at dp > 1 (parallel/master_shards.hpp): a rank keeps the fp32
-    // masters of its shard and of the entries the passes read in fp32 (embeddings, norms, biases);
-    // those of the other matrices are released. Released: every 16-bit-only float but the rank's
-    // share (n / dp, + one float per bucket and rank of rounding), and no more are resident than
-    // the arena less what is released, plus the two partial pages of each entry.
+    // masters of its shard and of the entries the passes read in fp32 (norms, biases); those of the
+    // matrices, the head and the embeddings are released. Released: every 16-bit-only float but
+    // the rank's share (n / dp, + one float per bucket and rank of rounding), and no more are
+    // resident than the arena less what is released, plus the two partial pages of each entry.
     bool masters_ok = true;
     if (precision != Precision::fp32 && (cfg.zero == 1 || cfg.zero == 2) && cfg.dp > 1) {
       int64_t n16 = 0, n = 0, entries = 0, res = 0;

@@ -10,10 +10,10 @@
 //     initialised from the seed without the full arena.
 //   bf16 under ZeRO 1 and 2 (parallel/master_shards.hpp): after the steps the fp32 parameter arena
 //     holds, resident, no more than the masters the rank keeps (its shard, and the entries the
-//     passes read in fp32: embeddings, norms, biases) plus 2 partial pages per entry; those it
-//     releases are every 16-bit-only float but at most its share n / dp (+ bucket rounding). The
-//     vocabulary is widened so that the tied embedding takes the large-run path (gathered in fp32,
-//     its 16-bit copy rounded locally), and a stale 16-bit copy must be refused.
+//     passes read in fp32: norms, biases) plus 2 partial pages per entry; those it releases are
+//     every 16-bit-only float but at most its share n / dp (+ bucket rounding). The vocabulary is
+//     widened so that the tied embedding (looked up from its 16-bit copy, its masters sharded like
+//     the matrices') is most of the arena, and a stale 16-bit copy must be refused.
 //   All: the 3 steps' losses equal the single-rank trainer's (1e-5 relative; bf16 3e-5: dp changes
 //   the summation order, and bf16 rounds the difference), also for a model whose sizes dp does not
 //   divide (ZeRO 2 then pads the last bucket, ZeRO 3 its odd segments).
@@ -65,7 +65,7 @@ static std::vector<Case> cases_for(int world) {
     v.push_back(c(4, 1, 3, 2));
     a = c(2, 2, 3, 4); a.cfg.untied = true; v.push_back(a);
     a = c(4, 1, 1, 2); a.bf16 = true; v.push_back(a);
-    a = c(2, 2, 2, 4); a.bf16 = true; v.push_back(a);  // the tied embedding kept whole on both stages
+    a = c(2, 2, 2, 4); a.bf16 = true; v.push_back(a);  // the tied embedding's two copies sharded
   }
   return v;
 }
@@ -118,8 +118,8 @@ int main(int argc, char** argv) {
     job.model.ffn_hidden = cs.odd ? 250 : 256;
     if (cs.bf16) {
       job.train.precision = Precision::bf16;
-      // An embedding of 64Ki elements or more: gathered in fp32 in place and rounded locally
-      // (MasterShards' large-run path; the tied head reads that copy), not in the 16-bit gather.
+      // An embedding of 68K elements, over half the arena: sharded like the matrices (the lookup
+      // and the tied head read its 16-bit copy), so a rank keeps about 1/dp of the arena.
       job.model.vocab = 1061;
     }
     const dist_test::Reference ref = dist_test::run_single_rank(job);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <thread>
 
+#include "backend/half_convert.hpp"
 #include "core/check.hpp"
 #include "model/gpt.hpp"
 #include "model_util.hpp"
@@ -86,6 +87,48 @@ TEST(Gpt, MixedPrecisionActivationBytesAreTheKeptInputsIn16Bits) {
   const int64_t staging = 4 * N * std::max({C, HD, F}) + 2 * N * std::max({C, QKV, F, m.vocab});
   EXPECT_EQ(mem(Precision::bf16), mem(Precision::fp32) - 2 * kept + staging);
   EXPECT_EQ(mem(Precision::fp16), mem(Precision::bf16));
+}
+
+// Mixed precision looks the token and position embeddings up through their 16-bit copy (as the
+// GEMMs read the matrices; what lets ZeRO shard their fp32 masters): with every embedding master
+// made bf16-representable and then moved by 2^-10 of itself (less than half a bf16 step, so the
+// copy rounds back to the same bits), the loss and the gradients are bit for bit unchanged; at
+// fp32 the same move changes the loss.
+TEST(Gpt, MixedPrecisionLooksUpTheEmbeddingsThroughTheSixteenBitCopy) {
+  auto be = make_cpu_backend(1);
+  const ModelSpec m = tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4);
+  auto run = [&](Precision p, bool nudge) {
+    GptOptions o;
+    o.model = m;
+    o.micro_batch = 2;
+    o.precision = p;
+    Gpt g(*be, o);
+    g.init_weights(42);
+    std::vector<float> w = host_copy(*be, g.params(), g.num_params());
+    int embeddings = 0;
+    for (const ParamInfo& e : g.layout().entries()) {
+      if (e.role != ParamRole::embedding) continue;
+      embeddings++;
+      for (int64_t i = e.offset; i < e.offset + e.numel; i++) {
+        float& x = w[size_t(i)];
+        x = half_convert::bf16_to_f32(half_convert::f32_to_bf16(x));
+        if (nudge) x += std::ldexp(x, -10);
+      }
+    }
+    EXPECT_EQ(embeddings, 2);  // wte and wpe
+    be->upload(g.params(), w.data(), sizeof(float) * w.size());
+    g.params_changed();
+    auto tok = random_tokens(size_t(2 * m.seq_len), m.vocab, 5);
+    auto tgt = random_tokens(size_t(2 * m.seq_len), m.vocab, 6);
+    g.zero_grad();
+    const float loss = g.forward(tok.data(), nullptr, tgt.data());
+    g.backward(nullptr, 1.0f);
+    return Result{loss, host_copy(*be, g.grads(), g.num_params())};
+  };
+  const Result bf16 = run(Precision::bf16, false), bf16_nudged = run(Precision::bf16, true);
+  EXPECT_EQ(bf16.loss, bf16_nudged.loss);
+  EXPECT_EQ(bf16.grads, bf16_nudged.grads);
+  EXPECT_NE(run(Precision::fp32, false).loss, run(Precision::fp32, true).loss);
 }
 
 TEST(Gpt, SameSeedIsBitIdenticalDifferentSeedIsNot) {

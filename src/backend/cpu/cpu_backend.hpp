@@ -1,7 +1,8 @@
 // CPU implementation of the Backend interface: OpenBLAS sgemm for matrix products, OpenMP
 // loops (static schedules, no atomics, fixed reduction orders) for everything else.
 // Split over six files: cpu_backend.cpp (memory, GEMM, elementwise, AdamW), cpu_half.cpp (16-bit
-// conversions and the 16-bit GEMM: oneDNN or conversion + sgemm),
+// conversions, the embedding lookups from 16-bit copies and the 16-bit GEMM: oneDNN or conversion
+// + sgemm),
 // cpu_norm_act.cpp (norms, activations), cpu_attention.cpp (rope, attention, embeddings,
 // cross-entropy), cpu_optimizer_ops.cpp (SGD, Lion, LAMB, Adafactor), cpu_compress_ops.cpp (gradient
 // compression: top-k, sampling, gather/scatter, blocks, signs, Gram-Schmidt).
@@ -90,6 +91,11 @@ class CpuBackend final : public Backend {
   void positional_forward(float* out, const float* wpe, int64_t B, int64_t T, int64_t C) override;
   void positional_backward(float* dwpe, const float* dout, int64_t B, int64_t T,
                            int64_t C) override;
+  // cpu_half.cpp
+  void embedding_forward_half(Half type, float* out, const int32_t* tokens, const uint16_t* wte,
+                              int64_t vocab_start, int64_t V, int64_t N, int64_t C) override;
+  void positional_forward_half(Half type, float* out, const uint16_t* wpe, int64_t B, int64_t T,
+                               int64_t C) override;
 
   void xent_max(float* rowmax, const float* logits, int64_t N, int64_t V) override;
   void xent_stats(float* sumexp, float* target_logit, const float* logits, const float* rowmax,

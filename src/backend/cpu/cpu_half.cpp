@@ -1,5 +1,5 @@
-// CPU backend: 16-bit float conversions and the 16-bit GEMM with float32 accumulation (mixed
-// precision, docs/precision.md).
+// CPU backend: 16-bit float conversions, the embedding lookups from 16-bit copies and the 16-bit
+// GEMM with float32 accumulation (mixed precision, docs/precision.md).
 //
 // Two GEMM paths, chosen once when the backend is created (CpuBackend::CpuBackend):
 //  * oneDNN's matmul primitive (bf16 x bf16 -> f32) when oneDNN reports that the CPU has
@@ -110,6 +110,35 @@ void CpuBackend::half_to_f32(Half type, float* dst, const uint16_t* src, int64_t
   if (type == Half::bf16) return bf16_to_f32(dst, src, n);
 #pragma omp parallel for schedule(static) if (n >= min_work_)
   for (int64_t i = 0; i < n; i++) dst[i] = half_convert::f16_to_f32(src[i]);
+}
+
+namespace {
+inline float widen(Half type, uint16_t h) {
+  return type == Half::bf16 ? half_convert::bf16_to_f32(h) : half_convert::f16_to_f32(h);
+}
+}  // namespace
+
+void CpuBackend::embedding_forward_half(Half type, float* out, const int32_t* tokens, const uint16_t* wte,
+                                        int64_t vocab_start, int64_t V, int64_t N, int64_t C) {
+#pragma omp parallel for schedule(static) if (N * C >= min_work_)
+  for (int64_t n = 0; n < N; n++) {
+    const int64_t tok = int64_t(tokens[n]) - vocab_start;
+    float* y = out + n * C;
+    const uint16_t* e = wte + tok * C;
+    const bool here = tok >= 0 && tok < V;
+    for (int64_t c = 0; c < C; c++) y[c] = here ? widen(type, e[c]) : 0.0f;
+  }
+}
+
+void CpuBackend::positional_forward_half(Half type, float* out, const uint16_t* wpe, int64_t B, int64_t T,
+                                         int64_t C) {
+#pragma omp parallel for collapse(2) schedule(static) if (B * T * C >= min_work_)
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < T; t++) {
+      float* y = out + (b * T + t) * C;
+      const uint16_t* p = wpe + t * C;
+      for (int64_t c = 0; c < C; c++) y[c] += widen(type, p[c]);
+    }
 }
 
 void CpuBackend::gemm_half(Half type, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,

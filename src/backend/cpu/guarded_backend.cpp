@@ -261,6 +261,16 @@ class GuardedCpuBackend final : public Backend {
     OpScope s("positional_backward", {span(dwpe, T * C), span(dout, B * T * C)});
     cpu_.positional_backward(dwpe, dout, B, T, C);
   }
+  void embedding_forward_half(Half type, float* out, const int32_t* tokens, const uint16_t* wte,
+                              int64_t vocab_start, int64_t V, int64_t N, int64_t C) override {
+    OpScope s("embedding_forward_half", {span(out, N * C), span(tokens, N), span(wte, V * C)});
+    cpu_.embedding_forward_half(type, out, tokens, wte, vocab_start, V, N, C);
+  }
+  void positional_forward_half(Half type, float* out, const uint16_t* wpe, int64_t B, int64_t T,
+                               int64_t C) override {
+    OpScope s("positional_forward_half", {span(out, B * T * C), span(wpe, T * C)});
+    cpu_.positional_forward_half(type, out, wpe, B, T, C);
+  }
 
   // ---- cross-entropy ---------------------------------------------------------------------------
   void xent_max(float* rowmax, const float* logits, int64_t N, int64_t V) override {

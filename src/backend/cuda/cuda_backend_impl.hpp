@@ -260,6 +260,16 @@ class CudaBackend final : public Backend {
     cuda::positional_backward(cs(), dwpe, dout, B, T, C);
     launched("positional_backward");
   }
+  void embedding_forward_half(Half type, float* out, const int32_t* tokens, const uint16_t* wte,
+                              int64_t vocab_start, int64_t V, int64_t N, int64_t C) override {
+    cuda::embedding_forward_half(cs(), type == Half::bf16 ? 0 : 1, out, tokens, wte, vocab_start, V, N, C);
+    launched("embedding_forward_half");
+  }
+  void positional_forward_half(Half type, float* out, const uint16_t* wpe, int64_t B, int64_t T,
+                               int64_t C) override {
+    cuda::positional_forward_half(cs(), type == Half::bf16 ? 0 : 1, out, wpe, B, T, C);
+    launched("positional_forward_half");
+  }
   void xent_max(float* rowmax, const float* logits, int64_t N, int64_t V) override {
     cuda::xent_max(cs(), rowmax, logits, N, V);
     launched("xent_max");

@@ -322,6 +322,20 @@ __global__ void k_embedding_backward(float* dwte, const float* dout, const int32
 __global__ void k_positional_forward(float* out, const float* wpe, int64_t B, int64_t T, int64_t C) {
   EXA_GRID_STRIDE(i, B * T * C) out[i] += wpe[i % (T * C)];
 }
+__device__ inline float widen(int half, uint16_t h) {
+  return half == 0 ? half_convert::bf16_to_f32(h) : half_convert::f16_to_f32(h);
+}
+__global__ void k_embedding_forward_half(int half, float* out, const int32_t* tokens, const uint16_t* wte,
+                                         int64_t vocab_start, int64_t V, int64_t N, int64_t C) {
+  EXA_GRID_STRIDE(i, N * C) {
+    const int64_t n = i / C, c = i % C, tok = int64_t(tokens[n]) - vocab_start;
+    out[i] = (tok >= 0 && tok < V) ? widen(half, wte[tok * C + c]) : 0.0f;
+  }
+}
+__global__ void k_positional_forward_half(int half, float* out, const uint16_t* wpe, int64_t B, int64_t T,
+                                          int64_t C) {
+  EXA_GRID_STRIDE(i, B * T * C) out[i] += widen(half, wpe[i % (T * C)]);
+}
 __global__ void k_positional_backward(float* dwpe, const float* dout, int64_t B, int64_t T, int64_t C) {
   EXA_GRID_STRIDE(i, T * C) {
     float s = 0;
@@ -515,6 +529,14 @@ void embedding_backward(cudaStream_t s, float* dwte, const float* dout, const in
 }
 void positional_forward(cudaStream_t s, float* out, const float* wpe, int64_t B, int64_t T, int64_t C) {
   EXA_LAUNCH(k_positional_forward, B * T * C, s, out, wpe, B, T, C);
+}
+void embedding_forward_half(cudaStream_t s, int half, float* out, const int32_t* tokens, const uint16_t* wte,
+                            int64_t vocab_start, int64_t V, int64_t N, int64_t C) {
+  EXA_LAUNCH(k_embedding_forward_half, N * C, s, half, out, tokens, wte, vocab_start, V, N, C);
+}
+void positional_forward_half(cudaStream_t s, int half, float* out, const uint16_t* wpe, int64_t B, int64_t T,
+                             int64_t C) {
+  EXA_LAUNCH(k_positional_forward_half, B * T * C, s, half, out, wpe, B, T, C);
 }
 void positional_backward(cudaStream_t s, float* dwpe, const float* dout, int64_t B, int64_t T, int64_t C) {
   EXA_LAUNCH(k_positional_backward, T * C, s, dwpe, dout, B, T, C);

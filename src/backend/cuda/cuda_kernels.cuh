@@ -63,6 +63,11 @@ void embedding_forward(cudaStream_t s, float* out, const int32_t* tokens, const 
 void embedding_backward(cudaStream_t s, float* dwte, const float* dout, const int32_t* tokens,
                         int64_t vocab_start, int64_t V, int64_t N, int64_t C);
 void positional_forward(cudaStream_t s, float* out, const float* wpe, int64_t B, int64_t T, int64_t C);
+// half: 0 = bf16, 1 = fp16 (as half_to_f32).
+void embedding_forward_half(cudaStream_t s, int half, float* out, const int32_t* tokens, const uint16_t* wte,
+                            int64_t vocab_start, int64_t V, int64_t N, int64_t C);
+void positional_forward_half(cudaStream_t s, int half, float* out, const uint16_t* wpe, int64_t B, int64_t T,
+                             int64_t C);
 void positional_backward(cudaStream_t s, float* dwpe, const float* dout, int64_t B, int64_t T, int64_t C);
 void xent_max(cudaStream_t s, float* rowmax, const float* logits, int64_t N, int64_t V);
 void xent_stats(cudaStream_t s, float* sumexp, float* target_logit, const float* logits, const float* rowmax,
