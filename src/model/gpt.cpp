@@ -308,9 +308,10 @@ void Gpt::params_changed() { std::fill(half_fresh_.begin(), half_fresh_.end(), 0
 
 void Gpt::half_written() { std::fill(half_fresh_.begin(), half_fresh_.end(), 1); }
 
-void Gpt::params_changed(int64_t unit) {
+void Gpt::half_written(int64_t begin, int64_t end, bool current) {
+  const std::vector<ParamInfo>& e = layout_.entries();
   for (size_t i = 0; i < half_fresh_.size(); i++)
-    if (layout_.entries()[i].unit == unit) half_fresh_[i] = 0;
+    if (e[i].offset >= begin && e[i].offset + e[i].numel <= end) half_fresh_[i] = current ? 1 : 0;
 }
 
 // The entries inside [offset, offset + n) (a matrix, or the fused q|k|v and gate|up) converted

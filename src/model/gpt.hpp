@@ -88,11 +88,10 @@ class Gpt {
   float* grads() { return grads_; }                        // device arena [num_params]
   void init_weights(uint64_t seed);                        // seeded, split-independent
   void zero_grad();
-  // Mixed precision: the float32 arena changed (an optimizer step, a load, a ZeRO-3 gather of
-  // `unit`), so the 16-bit copy of those entries is converted again before its next use. A caller
-  // that writes params() must call it before the next forward (no-op at fp32).
+  // Mixed precision: the float32 arena changed (an optimizer step, a load), so the 16-bit copy is
+  // converted again, entry by entry, before its next use. A caller that writes params() must call
+  // it before the next forward (no-op at fp32).
   void params_changed();
-  void params_changed(int64_t unit);
   // Mixed precision, for a caller that keeps the 16-bit copy itself (parallel/master_shards.hpp:
   // under ZeRO 1/2 a rank holds only its shard of the fp32 masters of the entries the model reads
   // in 16 bits): the copy [num_params] (device; null at fp32), its format, and half_written(),
@@ -104,6 +103,9 @@ class Gpt {
   uint16_t* params_half() { return params_half_; }
   Half half_format() const { return half_; }
   void half_written();
+  // The same for the entries inside [begin, end) only, or (current = false) their copy no longer
+  // valid: for a caller that keeps the copy one range at a time (ZeRO 3 gathers and releases it).
+  void half_written(int64_t begin, int64_t end, bool current);
   // From now on the caller keeps the 16-bit copy current (half_written after each write): a
   // conversion from params() after params_changed() is refused, since params() is incomplete.
   void keep_half_externally() { half_external_ = true; }

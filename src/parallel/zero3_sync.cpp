@@ -7,11 +7,16 @@
 // the unit's gradients into the owners' shards and returns their pages. A tied embedding's copy
 // (first and last stage) is a segment of its own with the same layout on both stages, so a dp rank
 // owns the same shard of it on each and the tied gradient exchange moves only that shard.
+// Under mixed precision a pass needs the unit's 16-bit copy only (and its norms and biases in
+// fp32), so that is what is gathered (FSDP's param_dtype = bf16: 2 bytes per parameter where the
+// fp32 gather sent 4; parallel/master_shards.hpp's HalfGathers, one group per segment), and
+// released after the pass like the fp32 arena.
 #include <algorithm>
 #include <limits>
 
 #include "core/check.hpp"
 #include "parallel/grad_sync_stages.hpp"
+#include "parallel/master_shards.hpp"
 #include "parallel/zero.hpp"
 
 namespace exatrain::parallel {
@@ -28,6 +33,7 @@ class Zero3Sync final : public GradSync {
                             seg.param.data(), seg.grad.data()});
       }
     init_optimizer(regions_, /*replicated=*/false);
+    for (size_t c = 0; c < chunks_.size(); c++) half_.push_back(make_half_gathers(int(c)));
     // Every segment starts released (its pages returned to the OS, its partial pages NaN).
     for (size_t c = 0; c < chunks_.size(); c++)
       for (size_t i = 0; i < chunks_[c].segments.size(); i++) release_segment(int(c), int(i));
@@ -39,7 +45,7 @@ class Zero3Sync final : public GradSync {
       for (Segment& seg : k.segments) be().zero(seg.grad.data(), sizeof(float) * size_t(seg.grad.size()));
   }
   void before_unit(int c, int64_t unit) override {
-    for (int i : chunks_[size_t(c)].gather[unit]) gather_segment(c, i);
+    for (int i : chunks_[size_t(c)].gather[unit]) half_[size_t(c)] ? gather_half(c, i) : gather_segment(c, i);
   }
   void after_unit(int c, int64_t unit) override {
     for (int i : chunks_[size_t(c)].gather[unit]) release_segment(c, i);
@@ -98,11 +104,14 @@ class Zero3Sync final : public GradSync {
   Chunk make_chunk(const SyncChunk& ch);
   Segment make_segment(const SyncChunk& ch, Range x);
   void gather_segment(int c, int i);
+  std::unique_ptr<HalfGathers> make_half_gathers(int c);
+  void gather_half(int c, int i);
   void release_segment(int c, int i);
   void reduce_scatter_segment(int c, int i);
 
   std::vector<Chunk> chunks_;
   std::vector<ParamRegion> regions_;  // per segment, in chunk order
+  std::vector<std::unique_ptr<HalfGathers>> half_;  // [chunks]: the 16-bit gathers (null at fp32)
 };
 
 // Segments: each unit's entries merged where contiguous, the tied embedding's on its own.
@@ -177,11 +186,44 @@ void Zero3Sync::gather_segment(int c, int i) {
   be().copy(dst, k.param_pad.data(), sizeof(float) * size_t(seg.range.len));
 }
 
+// Mixed precision: one gather group per segment, rank r's piece its owned range.
+std::unique_ptr<HalfGathers> Zero3Sync::make_half_gathers(int c) {
+  Gpt& model = *s_.chunks[size_t(c)].model;
+  if (model.params_half() == nullptr) return nullptr;
+  std::vector<GatherGroup> groups;
+  for (const Segment& seg : chunks_[size_t(c)].segments) {
+    GatherGroup g{seg.range.offset, {}};
+    for (int r = 0; r < dp().size(); r++) g.counts.push_back(seg.zl.owned(r).size());
+    groups.push_back(std::move(g));
+  }
+  return std::make_unique<HalfGathers>(be(), dp(), model, std::move(groups));
+}
+
+// A pass's gather under mixed precision: this rank's masters of the segment into the arena (its
+// piece), then its 16-bit copy (and the norms' and biases' fp32) from every rank's piece.
+void Zero3Sync::gather_half(int c, int i) {
+  const Segment& seg = chunks_[size_t(c)].segments[size_t(i)];
+  const ArenaSpan own = half_[size_t(c)]->own(size_t(i));
+  Gpt& model = *s_.chunks[size_t(c)].model;
+  if (own.len > 0)  // the owned range starts the shard (ZeroLayout: rank r's range begins at r * shard)
+    be().copy(model.params() + own.begin, seg.param.data(), sizeof(float) * size_t(own.len));
+  half_[size_t(c)]->publish(size_t(i));
+  model.half_written(seg.range.offset, seg.range.end(), true);
+}
+
 // The memory of a released segment goes back to the OS (Backend::release); its floats on pages
 // shared with neighbours read NaN, so a pass that used a released weight still poisons the loss.
+// Mixed precision: its 16-bit copy too (the 2-byte words of whole 4-byte words inside it; Gpt
+// refuses to read an entry marked not current, so the values left on shared pages are never used).
 void Zero3Sync::release_segment(int c, int i) {
   const Range& x = chunks_[size_t(c)].segments[size_t(i)].range;
-  be().release(s_.chunks[size_t(c)].model->params() + x.offset, x.len, std::numeric_limits<float>::quiet_NaN());
+  Gpt& model = *s_.chunks[size_t(c)].model;
+  be().release(model.params() + x.offset, x.len, std::numeric_limits<float>::quiet_NaN());
+  if (half_.size() <= size_t(c) || !half_[size_t(c)]) return;
+  model.half_written(x.offset, x.end(), false);
+  const auto lo = (reinterpret_cast<uintptr_t>(model.params_half() + x.offset) + 3) & ~uintptr_t(3);
+  const auto hi = reinterpret_cast<uintptr_t>(model.params_half() + x.end()) & ~uintptr_t(3);
+  if (hi > lo) be().release(reinterpret_cast<float*>(lo), int64_t(hi - lo) / 4, 0.0f);
 }
 
 // This micro-batch's gradients of a segment, reduce-scattered over dp and added to my shard; the

@@ -193,11 +193,8 @@ void Trainer::tied_sum(int c, float* grads, int64_t n) {
   be_.add_inplace(grads, tied_other_.data(), n);
 }
 
-void Trainer::on_before_layer(int c, int64_t unit, ParallelHooks::Pass) {
-  sync_->before_unit(c, unit);
-  // ZeRO 3 has just gathered the unit's float32 weights: its 16-bit copy follows them.
-  if (opt_.plan.zero >= 3) chunks_[size_t(c)]->model->params_changed(unit);
-}
+// (Under mixed precision ZeRO 3 gathers the unit's 16-bit copy itself: parallel/zero3_sync.cpp.)
+void Trainer::on_before_layer(int c, int64_t unit, ParallelHooks::Pass) { sync_->before_unit(c, unit); }
 
 // The float32 masters were written from outside the optimizer since the last forward (the
 // initial weights, a checkpoint loaded, weights set by a test); an optimizer step refreshes the

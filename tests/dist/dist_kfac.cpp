@@ -10,8 +10,8 @@
 //      eigendecompositions per matrix on inverse steps and "dp_kfac_grad" is (world - g)
 //      preconditioned gradients per matrix every step (g gradient workers);
 //   C. tensor parallelism (per-shard factors, the documented approximation): tp 2 runs, is finite
-//      and differs from tp 1 (> 1e-6); at 4 ranks tp2 x dp2 (ZeRO 0, MEM-OPT, and ZeRO 1) and
-//      tp2 x pp2 agree with each other (1e-5);
+//      and differs from tp 1 (> 1e-6); at 4 ranks tp2 x dp2 (ZeRO 0, MEM-OPT, and ZeRO 1) agree
+//      with each other (1e-5) and tp2 x pp2 with them (1e-4: rounding amplified, below);
 //   D. exact resume: saved at step 5 at dp = world ZeRO 0 MEM-OPT (each matrix's eigenbases on one
 //      rank, saved by it) and resumed there: steps 6-10 and the final weights bit for bit;
 //      resumed at another layout (np 2: pp 2 at dp 1; np 4: dp2 x pp2 ZeRO 1) to 1e-5; resumed
@@ -160,10 +160,16 @@ int tensor_parallel(Backend& be, int world, int rank) {
   Config z1 = tp2, tp2_pp2;
   z1.zero = 1;
   tp2_pp2.tp = 2, tp2_pp2.pp = 2, tp2_pp2.micro_batches = 8;
+  // dp 2 x tp 2 sums the gradients and factors of its 8 micro-batches over the dp ranks, tp 2 x pp 2
+  // in one rank's accumulation: float32 rounding apart (1.4e-8 at step 4), which K-FAC's damped
+  // inverses then amplify about tenfold a step from step 7 (measured 2.8e-7, 2.5e-6, 1.2e-5,
+  // 1.3e-5 at steps 7-10 on an AMD EPYC host, where OpenBLAS sums in another order than on the
+  // hosts that gave under 1e-5): 1e-4, still 18x below the per-shard approximation's 1.8e-3.
+  // The other two layouts sum alike (measured 0).
   for (const Kf& k : {Kf{tp2, 0.5}, Kf{z1, 1.0}, Kf{tp2_pp2, 1.0}}) {
-    const double e = worst_over_ranks(losses_of(be, k), l);
-    failures += report(e <= 1e-5, fmt::format("C: [{}] vs [{}]: loss rel diff {:.2e} (tolerance 1e-5)", name(k),
-                                              tp2.name(), e), rank);
+    const double e = worst_over_ranks(losses_of(be, k), l), tol = k.c.pp > 1 ? 1e-4 : 1e-5;
+    failures += report(e <= tol, fmt::format("C: [{}] vs [{}]: loss rel diff {:.2e} (tolerance {:g})", name(k),
+                                             tp2.name(), e, tol), rank);
   }
   return failures;
 }

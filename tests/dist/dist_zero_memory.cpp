@@ -8,6 +8,8 @@
 //   ZeRO 3: right after construction, at most 2 pages per unit of the parameter arena are resident
 //     (the partial pages at unit ends, set to NaN) and none of the gradient arena; every shard was
 //     initialised from the seed without the full arena.
+//   bf16 under ZeRO 3: after the steps neither the fp32 arena nor the 16-bit copy holds more than
+//     the partial pages at segment ends (the passes gathered the 16-bit copy, and released it).
 //   bf16 under ZeRO 1 and 2 (parallel/master_shards.hpp): after the steps the fp32 parameter arena
 //     holds, resident, no more than the masters the rank keeps (its shard, and the entries the
 //     passes read in fp32: norms, biases) plus 2 partial pages per entry; those it releases are
@@ -29,6 +31,8 @@
 
 #include "backend/backend.hpp"
 #include "dist_common.hpp"
+#include "plan/comm.hpp"
+#include "plan/plan.hpp"
 #include "train/trainer.hpp"
 
 using namespace exatrain;
@@ -57,6 +61,8 @@ static std::vector<Case> cases_for(int world) {
     a = c(2, 1, 1, 2); a.bf16 = true; v.push_back(a);
     a = c(2, 1, 1, 2); a.bf16 = true, a.odd = true; v.push_back(a);
     a = c(2, 1, 2, 2); a.bf16 = true; v.push_back(a);
+    a = c(2, 1, 3, 2); a.bf16 = true; v.push_back(a);
+    a = c(2, 1, 3, 2); a.bf16 = true, a.odd = true; v.push_back(a);  // padded segments: unequal 16-bit pieces
   } else if (world == 4) {
     v.push_back(c(4, 1, 2, 2));
     v.push_back(c(2, 2, 2, 4));  // pipeline, tied embedding exchanged on the shards
@@ -66,6 +72,7 @@ static std::vector<Case> cases_for(int world) {
     a = c(2, 2, 3, 4); a.cfg.untied = true; v.push_back(a);
     a = c(4, 1, 1, 2); a.bf16 = true; v.push_back(a);
     a = c(2, 2, 2, 4); a.bf16 = true; v.push_back(a);  // the tied embedding's two copies sharded
+    a = c(2, 2, 3, 4); a.bf16 = true; v.push_back(a);  // ZeRO 3's 16-bit gathers on both tied copies
   }
   return v;
 }
@@ -98,6 +105,47 @@ static void check_sharded_masters(Trainer& trainer, int dp, int zero, int64_t bu
   *trace += fmt::format(" fp32 arena resident {} KiB of {} KiB ({:.0f}%, bound {} KiB; masters kept {:.0f}%, 16-bit-only"
                         " entries {:.0f}% of the arena)", resident / 1024, 4 * n / 1024, 100.0 * double(resident) / double(4 * n),
                         allowed / 1024, 100.0 * double(n - dropped) / double(n), 100.0 * double(n16) / double(n));
+}
+
+// bf16 under ZeRO 3: a pass gathers the unit's 16-bit copy (and its norms' and biases' fp32), never
+// its fp32 matrices, and releases both after it; so after the steps neither arena holds more
+// than the partial pages at the ends of its segments (one segment per unit, the tied embedding's
+// copy one of its own, two ends each).
+static void check_zero3_half(Trainer& trainer, int64_t page, std::string* trace, std::string* problems) {
+  int64_t f32 = 0, b16 = 0, allowed32 = 0, allowed16 = 0, n = 0;
+  for (int c = 0; c < trainer.chunks(); c++) {
+    Gpt& g = trainer.chunk(c);
+    const StageRange& st = g.options().stage;
+    const int64_t units = (st.last_layer - st.first_layer) + (st.has_embedding ? 1 : 0) + (st.has_head ? 1 : 0);
+    f32 += dist_test::resident_bytes(g.params(), g.num_params() * 4);
+    b16 += dist_test::resident_bytes(g.params_half(), g.num_params() * 2);
+    allowed32 += 2 * (units + 1) * page, allowed16 += 2 * (units + 1) * page;  // + 1: a tied copy's own segment
+    n += g.num_params();
+  }
+  if (f32 > allowed32 || b16 > allowed16)
+    *problems += fmt::format(" after the steps {} bytes of the fp32 arena and {} of the 16-bit copy resident, bounds {} and {};",
+                             f32, b16, allowed32, allowed16);
+  *trace += fmt::format(" after the steps: fp32 arena {} KiB resident of {} KiB, 16-bit copy {} KiB of {} KiB (bounds {} / {} KiB)",
+                        f32 / 1024, 4 * n / 1024, b16 / 1024, 2 * n / 1024, allowed32 / 1024, allowed16 / 1024);
+}
+
+// bf16: the parameter all-gather of a step sends the 16-bit copy (the planner's 2 bytes per
+// parameter, plan::bytes_sent_per_step) plus the norms and biases once more in fp32: at least the
+// planner's bytes less the rounding of the pieces (a few elements per group and rank), at most
+// that plus 4 bytes of every norm and bias element per gather (ZeRO 1/2: one per step; ZeRO 3: a
+// forward and a backward gather per micro-batch).
+static void check_gather_bytes(const Job& job, const Config& cfg, int rank, int64_t got, std::string* trace,
+                               std::string* problems) {
+  const plan::Plan p = plan::resolve_plan(job.parallel, job.train.precision);
+  const int64_t want = plan::bytes_sent_per_step(job.model, p, plan::rank_position(p, rank))
+                           .bytes[size_t(plan::CommKind::dp_all_gather)];
+  const ModelSpec& m = job.model;
+  const int64_t norms = m.layers * 2 * m.hidden + m.hidden, biases = m.layers * (3 * m.hidden + m.hidden + m.ffn_hidden + m.hidden);
+  const int64_t gathers = cfg.zero == 3 ? 2 * cfg.micro_batches : 1;
+  const int64_t extra = 4 * (2 * norms + biases) * gathers;  // layernorm: a weight and a bias
+  if (got < want - 4096 || got > want + extra)
+    *problems += fmt::format(" dp_all_gather {} bytes, the planner's {} (+ at most {} of norms and biases in fp32);", got, want, extra);
+  *trace += fmt::format(" dp_all_gather {} bytes, planner {} ({:+.2f}%)", got, want, 100.0 * double(got - want) / double(want));
 }
 
 int main(int argc, char** argv) {
@@ -157,12 +205,14 @@ int main(int argc, char** argv) {
       if (params > allowed || grads > 0) problems += " too much of the arenas resident after construction;";
     }
     double worst_loss = 0;
-    int64_t early = 0;
+    int64_t early = 0, gathered = 0;
     for (int s = 0; s < steps; s++) {
       const StepMetrics m = trainer.train_step();
       worst_loss = dist_test::worst_of(worst_loss, dist_test::rel_diff(m.loss, ref.losses[size_t(s)]));
       early += m.buckets_launched_early;
+      gathered = m.bytes.count("dp_all_gather") ? m.bytes.at("dp_all_gather") : 0;
     }
+    if (cs.bf16) check_gather_bytes(job, cfg, rank, gathered, &trace, &problems);
     if (cfg.zero == 2) {
       int64_t most = 0, bound = 0, arena = 0, total = 0;
       for (int c = 0; c < trainer.chunks(); c++) {
@@ -185,8 +235,9 @@ int main(int argc, char** argv) {
                            " shard {} KiB (1/dp)", most / 1024, arena / 1024, 100.0 * double(most) / double(arena),
                            bound / 1024, arena / cfg.dp / 1024);
     }
-    if (cs.bf16) check_sharded_masters(trainer, cfg.dp, cfg.zero, bucket_floats, page, &trace, &problems);
-    if (cs.bf16 && cfg.dp == world) {  // dp only: a forward without collectives, so a throw cannot hang a peer
+    if (cs.bf16 && cfg.zero < 3) check_sharded_masters(trainer, cfg.dp, cfg.zero, bucket_floats, page, &trace, &problems);
+    if (cs.bf16 && cfg.zero == 3) check_zero3_half(trainer, page, &trace, &problems);
+    if (cs.bf16 && cfg.zero < 3 && cfg.dp == world) {  // dp only: a forward without collectives, so a throw cannot hang a peer
       // Marking the 16-bit copy stale would round it from released masters: the forward refuses.
       Gpt& g = trainer.chunk(0);
       g.params_changed();
