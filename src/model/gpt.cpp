@@ -322,8 +322,9 @@ const uint16_t* Gpt::weight_half(int64_t offset, int64_t n) {
     if (half_fresh_[i] || e[i].offset < offset || e[i].offset + e[i].numel > offset + n) continue;
     // A stale copy over sharded masters would be rounded from released pages (0 or NaN): refuse.
     EXA_CHECK(!half_external_, "Gpt: the 16-bit copy of '{}' is stale but this rank keeps only a shard of its fp32 "
-              "masters (parallel/master_shards.hpp); after writing params() call Trainer::masters_changed(), "
-              "not Gpt::params_changed()", e[i].name);
+              "masters (parallel/master_shards.hpp): under ZeRO 1/2, after writing params() call "
+              "Trainer::masters_changed(), not Gpt::params_changed(); under ZeRO 3 a unit is read only between "
+              "its gather and its release (GradSync::before_unit / after_unit)", e[i].name);
     be_.f32_to_half(half_, params_half_ + e[i].offset, params_ + e[i].offset, e[i].numel);
     half_fresh_[i] = 1;
   }

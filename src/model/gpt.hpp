@@ -94,7 +94,7 @@ class Gpt {
   void params_changed();
   // Mixed precision, for a caller that keeps the 16-bit copy itself (parallel/master_shards.hpp:
   // under ZeRO 1/2 a rank holds only its shard of the fp32 masters of the entries the model reads
-  // in 16 bits): the copy [num_params] (device; null at fp32), its format, and half_written(),
+  // in 16 bits; ZeRO 3 gathers the copy unit by unit): the copy [num_params] (device; null at fp32), its format, and half_written(),
   // which says every entry's copy is current (no conversion from params() until the next
   // params_changed). reads_float32: whether the passes read entry p from params() (norms and
   // biases: fp32 as under torch.autocast) or, under mixed precision, only its 16-bit copy (layer

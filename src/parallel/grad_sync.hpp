@@ -103,13 +103,13 @@ class GradSync {
   virtual void finish() = 0;
   virtual double grad_norm_squared() = 0;
   // The optimizer on this rank's regions, then the gathers; under mixed precision it leaves every
-  // chunk's 16-bit weight copy current for the next forward (converted lazily from the fp32
-  // arena, or gathered: MasterShards).
+  // chunk's 16-bit weight copy ready for the next forward (converted lazily from the fp32 arena,
+  // or gathered: MasterShards; ZeRO 3 gathers it unit by unit before each pass).
   virtual void apply(const OptimStep& step) = 0;
   // Mixed precision: the chunks' fp32 arenas hold every master, written from outside (the model's
   // initialisation, a checkpoint load, a test): the 16-bit copies follow them (default: each entry
-  // converted again on first use), and a strategy that keeps only its shard of the masters
-  // (ZeRO 1/2, parallel/master_shards.hpp) drops the rest.
+  // converted again on first use; ZeRO 3: gathered at the next pass), and a strategy that keeps
+  // only its shard of the masters (ZeRO 1/2, parallel/master_shards.hpp) drops the rest.
   void masters_written();
   // Bytes of the chunks' parameter arenas this rank does not hold (sharded fp32 masters).
   int64_t released_param_bytes() const;

@@ -56,7 +56,7 @@ HalfGathers::HalfGathers(Backend& be, Group& dp, Gpt& model, std::vector<GatherG
 
 // The fp32-read runs' parts of group g, each cut by the ranks' pieces, gathered in one
 // all_gather_v: rank r's parts of every run packed in run order form its piece. They are norms
-// and biases (a few thousand elements each: latency-bound), under 0.2% of a GPT-2's parameters,
+// and biases (a few thousand elements each: latency-bound), about 0.1% of a GPT-2's parameters,
 // so they also ride in the 16-bit gather rather than cutting it into many small ones.
 HalfGathers::F32Gather HalfGathers::f32_gather(const GatherGroup& g) const {
   F32Gather f;

@@ -1,6 +1,6 @@
-// Sharded fp32 masters under mixed precision, ZeRO 1 and 2 at dp > 1 (Megatron's distributed
+// Sharded fp32 masters under mixed precision: ZeRO 1 and 2 at dp > 1 (Megatron's distributed
 // optimizer: each data-parallel rank keeps the fp32 main parameters of its shard only, beside the
-// whole 16-bit model). The model reads the layer matrices, the head and the embeddings through
+// whole 16-bit model), and the 16-bit gathers ZeRO 3 runs per unit (HalfGathers, below). The model reads the layer matrices, the head and the embeddings through
 // their 16-bit copy only (Gpt::reads_float32), so outside its shard a rank needs no fp32 master of
 // those; it keeps the entries the passes read in fp32 (norms and biases, as torch.autocast does;
 // about 0.1% of a GPT-2's parameters) whole. After each optimizer step (publish):

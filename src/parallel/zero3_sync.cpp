@@ -73,7 +73,9 @@ class Zero3Sync final : public GradSync {
       }
     return s;
   }
-  // The 16-bit copies follow the updated masters (a unit's again at its next gather anyway).
+  // fp32: the 16-bit copy is unused; mixed precision: a unit's copy is gathered from the updated
+  // shards at its next pass (gather_half), so marking it stale here only guards against a read
+  // outside a gather.
   void apply(const OptimStep& step) override {
     s_.optimizer->step(regions_, step);
     masters_written();
@@ -205,8 +207,12 @@ void Zero3Sync::gather_half(int c, int i) {
   const Segment& seg = chunks_[size_t(c)].segments[size_t(i)];
   const ArenaSpan own = half_[size_t(c)]->own(size_t(i));
   Gpt& model = *s_.chunks[size_t(c)].model;
-  if (own.len > 0)  // the owned range starts the shard (ZeroLayout: rank r's range begins at r * shard)
-    be().copy(model.params() + own.begin, seg.param.data(), sizeof(float) * size_t(own.len));
+  // seg.param[0] is element zl.range(rank).begin of the segment: the owned range starts there
+  // (ZeroLayout::make, the even layout: rank r's range begins at r * shard).
+  EXA_CHECK(own.len == 0 || own.begin - seg.range.offset == seg.zl.range(dp().rank()).begin,
+            "ZeRO 3: rank {}'s piece of a segment at {} starts at {}, its shard at {}", dp().rank(),
+            seg.range.offset, own.begin - seg.range.offset, seg.zl.range(dp().rank()).begin);
+  if (own.len > 0) be().copy(model.params() + own.begin, seg.param.data(), sizeof(float) * size_t(own.len));
   half_[size_t(c)]->publish(size_t(i));
   model.half_written(seg.range.offset, seg.range.end(), true);
 }

@@ -186,7 +186,7 @@ TEST_P(HalfOps, EmbeddingLookupsWidenTheSixteenBitCopyExactly) {
   for (Half t : {Half::bf16, Half::f16}) {
     HalfBuf wte(be(), t, to_f(random_vec(rng, size_t(V * C)))), wpe(be(), t, to_f(random_vec(rng, size_t(T * C))));
     const Vec base = random_vec(rng, size_t(N * C));
-    Buf out(be(), size_t(N * C)), pos(be(), base);
+    Buf out(be(), Vec(size_t(N * C), std::nan(""))), pos(be(), base);  // NaN: every element must be written
     be().embedding_forward_half(t, out.p, dtok, wte.p, start, V, N, C);
     be().positional_forward_half(t, pos.p, wpe.p, B, T, C);
     const Vec got = out.get(), got_pos = pos.get();

@@ -162,9 +162,9 @@ int tensor_parallel(Backend& be, int world, int rank) {
   tp2_pp2.tp = 2, tp2_pp2.pp = 2, tp2_pp2.micro_batches = 8;
   // dp 2 x tp 2 sums the gradients and factors of its 8 micro-batches over the dp ranks, tp 2 x pp 2
   // in one rank's accumulation: float32 rounding apart (1.4e-8 at step 4), which K-FAC's damped
-  // inverses then amplify about tenfold a step from step 7 (measured 2.8e-7, 2.5e-6, 1.2e-5,
-  // 1.3e-5 at steps 7-10 on an AMD EPYC host, where OpenBLAS sums in another order than on the
-  // hosts that gave under 1e-5): 1e-4, still 18x below the per-shard approximation's 1.8e-3.
+  // inverses then amplify (measured 2.8e-7, 2.5e-6, 1.2e-5, 1.3e-5 at steps 7-10 on an AMD EPYC
+  // host, where OpenBLAS sums in another order than on the hosts that gave under 1e-5): 1e-4,
+  // still 18x below the per-shard approximation's 1.8e-3.
   // The other two layouts sum alike (measured 0).
   for (const Kf& k : {Kf{tp2, 0.5}, Kf{z1, 1.0}, Kf{tp2_pp2, 1.0}}) {
     const double e = worst_over_ranks(losses_of(be, k), l), tol = k.c.pp > 1 ? 1e-4 : 1e-5;

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <barrier>
 #include <cmath>
+#include <string>
 #include <thread>
+#include <tuple>
 
 #include "backend/half_convert.hpp"
 #include "core/check.hpp"
@@ -91,13 +93,14 @@ TEST(Gpt, MixedPrecisionActivationBytesAreTheKeptInputsIn16Bits) {
 
 // Mixed precision looks the token and position embeddings up through their 16-bit copy (as the
 // GEMMs read the matrices; what lets ZeRO shard their fp32 masters): with every embedding master
-// made bf16-representable and then moved by 2^-10 of itself (less than half a bf16 step, so the
-// copy rounds back to the same bits), the loss and the gradients are bit for bit unchanged; at
-// fp32 the same move changes the loss.
+// made representable in the 16-bit format and then moved by less than half a step of it (bf16
+// 2^-10 of itself, fp16 2^-13), so that the copy rounds back to the same bits, the loss and the
+// gradients are bit for bit unchanged; moved by more than a step (2^-6, 2^-9) the loss changes
+// (the copy is read, not zeros); at fp32 the small move changes the loss.
 TEST(Gpt, MixedPrecisionLooksUpTheEmbeddingsThroughTheSixteenBitCopy) {
   auto be = make_cpu_backend(1);
   const ModelSpec m = tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4);
-  auto run = [&](Precision p, bool nudge) {
+  auto run = [&](Precision p, int nudge_exp) {  // nudge_exp 0: no move
     GptOptions o;
     o.model = m;
     o.micro_batch = 2;
@@ -111,8 +114,9 @@ TEST(Gpt, MixedPrecisionLooksUpTheEmbeddingsThroughTheSixteenBitCopy) {
       embeddings++;
       for (int64_t i = e.offset; i < e.offset + e.numel; i++) {
         float& x = w[size_t(i)];
-        x = half_convert::bf16_to_f32(half_convert::f32_to_bf16(x));
-        if (nudge) x += std::ldexp(x, -10);
+        x = p == Precision::fp16 ? half_convert::f16_to_f32(half_convert::f32_to_f16(x))
+                                 : half_convert::bf16_to_f32(half_convert::f32_to_bf16(x));
+        if (nudge_exp != 0) x += std::ldexp(x, nudge_exp);
       }
     }
     EXPECT_EQ(embeddings, 2);  // wte and wpe
@@ -125,10 +129,37 @@ TEST(Gpt, MixedPrecisionLooksUpTheEmbeddingsThroughTheSixteenBitCopy) {
     g.backward(nullptr, 1.0f);
     return Result{loss, host_copy(*be, g.grads(), g.num_params())};
   };
-  const Result bf16 = run(Precision::bf16, false), bf16_nudged = run(Precision::bf16, true);
-  EXPECT_EQ(bf16.loss, bf16_nudged.loss);
-  EXPECT_EQ(bf16.grads, bf16_nudged.grads);
-  EXPECT_NE(run(Precision::fp32, false).loss, run(Precision::fp32, true).loss);
+  for (auto [p, below, above] : {std::tuple{Precision::bf16, -10, -6}, std::tuple{Precision::fp16, -13, -9}}) {
+    const Result base = run(p, 0), small = run(p, below);
+    EXPECT_EQ(base.loss, small.loss) << to_string(p);
+    EXPECT_EQ(base.grads, small.grads) << to_string(p);
+    EXPECT_NE(base.loss, run(p, above).loss) << to_string(p);
+  }
+  EXPECT_NE(run(Precision::fp32, 0).loss, run(Precision::fp32, -10).loss);
+}
+
+// A range marked released (ZeRO 3 after a pass: Gpt::half_written(begin, end, false)) under a
+// caller that keeps the 16-bit copy itself is refused, not converted from the fp32 arena.
+TEST(Gpt, ARangeMarkedReleasedIsRefusedWhenTheCopyIsKeptOutside) {
+  auto be = make_cpu_backend(1);
+  const ModelSpec m = tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4);
+  GptOptions o;
+  o.model = m;
+  o.precision = Precision::bf16;
+  Gpt g(*be, o);
+  g.init_weights(1);
+  auto tok = random_tokens(size_t(m.seq_len), m.vocab, 2);
+  g.forward(tok.data(), nullptr, tok.data());  // converts every entry
+  g.keep_half_externally();
+  g.forward(tok.data(), nullptr, tok.data());  // the copy is current: fine
+  g.half_written(0, g.num_params(), false);
+  EXPECT_THROW(
+      try { g.forward(tok.data(), nullptr, tok.data()); } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("under ZeRO 3 a unit is read only between its gather"), std::string::npos)
+            << e.what();
+        throw;
+      },
+      std::exception);
 }
 
 TEST(Gpt, SameSeedIsBitIdenticalDifferentSeedIsNot) {
