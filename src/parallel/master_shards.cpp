@@ -73,8 +73,8 @@ HalfGathers::F32Gather HalfGathers::f32_gather(const GatherGroup& g) const {
 }
 
 // Copies rank r's parts of f's runs between the arena and its piece of the packed staging buffer
-// (to_staging: arena -> staging).
-void HalfGathers::pack(const F32Gather& f, int r, bool to_staging) {
+// (to_staging: arena -> staging; or from[] -> staging, from[0] being arena element from_begin).
+void HalfGathers::pack(const F32Gather& f, int r, bool to_staging, const float* from, int64_t from_begin) {
   float* params = model_.params();
   float* packed = staging_.data();
   for (int q = 0; q < r; q++) packed += f.counts[size_t(q)];
@@ -82,24 +82,25 @@ void HalfGathers::pack(const F32Gather& f, int r, bool to_staging) {
     int64_t at = run.begin;  // rank r's part of the run starts after the lower ranks' parts
     for (int q = 0; q < r; q++) at += run.counts[size_t(q)];
     const size_t bytes = sizeof(float) * size_t(run.counts[size_t(r)]);
-    if (bytes > 0) to_staging ? be_.copy(packed, params + at, bytes) : be_.copy(params + at, packed, bytes);
+    const float* src = from ? from + (at - from_begin) : params + at;
+    if (bytes > 0) to_staging ? be_.copy(packed, src, bytes) : be_.copy(params + at, packed, bytes);
     packed += run.counts[size_t(r)];
   }
 }
 
-void HalfGathers::publish(size_t i) {
-  float* params = model_.params();
+void HalfGathers::publish(size_t i, const float* own_masters) {
   uint16_t* half = model_.params_half();
   const ArenaSpan& o = own_[i];
-  if (o.len > 0) be_.f32_to_half(model_.half_format(), half + o.begin, params + o.begin, o.len);
+  const float* own = own_masters ? own_masters : model_.params() + o.begin;
+  if (o.len > 0) be_.f32_to_half(model_.half_format(), half + o.begin, own, o.len);
   // 2-byte elements moved as they are (the fp16 bits too: an all-gather computes nothing).
   dp_.all_gather_v(half + groups_[i].begin, groups_[i].counts, DType::bf16);
   const F32Gather& f = f32_[i];
   if (f.runs.empty()) return;
-  pack(f, dp_.rank(), true);
+  pack(f, dp_.rank(), true, own_masters, o.begin);
   dp_.all_gather_v(staging_.data(), f.counts, DType::f32);
   for (int r = 0; r < dp_.size(); r++)
-    if (r != dp_.rank()) pack(f, r, false);
+    if (r != dp_.rank() || own_masters) pack(f, r, false);
 }
 
 MasterShards::MasterShards(Backend& be, Group& dp, Gpt& model, std::vector<GatherGroup> groups)

@@ -41,8 +41,9 @@ struct ArenaSpan {
 
 // The 16-bit all-gathers of a mixed-precision model whose fp32 masters are sharded over dp by
 // gather groups (disjoint ranges of the arena, each cut into dp consecutive pieces in rank order).
-// publish(i), with this rank's piece of group i's fp32 masters in the arena: steps 1-3 above for
-// group i. Used by MasterShards (ZeRO 1/2: every group after each step) and by ZeRO 3 (a unit's
+// publish(i), with this rank's piece of group i's fp32 masters in the arena (or at own_masters:
+// ZeRO 3 keeps them in its shard buffers, and the arena then receives only the fp32-read
+// entries, every rank's parts): steps 1-3 above for group i. Used by MasterShards (ZeRO 1/2: every group after each step) and by ZeRO 3 (a unit's
 // segments before each pass over it, parallel/zero3_sync.cpp).
 class HalfGathers {
  public:
@@ -52,7 +53,7 @@ class HalfGathers {
   ArenaSpan own(size_t i) const { return own_[i]; }  // this rank's piece of group i (len may be 0)
   // The spans of the entries the passes read in fp32 (norms, biases), in arena order.
   const std::vector<ArenaSpan>& f32_runs() const { return f32_runs_; }
-  void publish(size_t i);
+  void publish(size_t i, const float* own_masters = nullptr);
 
  private:
   // One group's fp32-read entries: runs of them cut by the ranks' pieces, and each rank's total.
@@ -61,7 +62,8 @@ class HalfGathers {
     std::vector<int64_t> counts;  // [dp]: rank r's parts of all runs
   };
   F32Gather f32_gather(const GatherGroup& g) const;
-  void pack(const F32Gather& f, int r, bool to_staging);
+  // from: where rank r's parts are read when packing (null: the arena).
+  void pack(const F32Gather& f, int r, bool to_staging, const float* from = nullptr, int64_t from_begin = 0);
   Backend& be_;
   Group& dp_;
   Gpt& model_;

@@ -201,8 +201,8 @@ std::unique_ptr<HalfGathers> Zero3Sync::make_half_gathers(int c) {
   return std::make_unique<HalfGathers>(be(), dp(), model, std::move(groups));
 }
 
-// A pass's gather under mixed precision: this rank's masters of the segment into the arena (its
-// piece), then its 16-bit copy (and the norms' and biases' fp32) from every rank's piece.
+// A pass's gather under mixed precision: the segment's 16-bit copy rounded from every rank's shard
+// buffer, and its norms and biases in fp32 into the arena (the rest of the fp32 arena untouched).
 void Zero3Sync::gather_half(int c, int i) {
   const Segment& seg = chunks_[size_t(c)].segments[size_t(i)];
   const ArenaSpan own = half_[size_t(c)]->own(size_t(i));
@@ -212,8 +212,7 @@ void Zero3Sync::gather_half(int c, int i) {
   EXA_CHECK(own.len == 0 || own.begin - seg.range.offset == seg.zl.range(dp().rank()).begin,
             "ZeRO 3: rank {}'s piece of a segment at {} starts at {}, its shard at {}", dp().rank(),
             seg.range.offset, own.begin - seg.range.offset, seg.zl.range(dp().rank()).begin);
-  if (own.len > 0) be().copy(model.params() + own.begin, seg.param.data(), sizeof(float) * size_t(own.len));
-  half_[size_t(c)]->publish(size_t(i));
+  half_[size_t(c)]->publish(size_t(i), seg.param.data());
   model.half_written(seg.range.offset, seg.range.end(), true);
 }
 
