@@ -307,6 +307,16 @@ struct TrainSpec {
   // in fp32 per pair and rounded back, as NCCL's bf16 sum; parallel/compressor.hpp). The gradients
   // are accumulated in fp32 either way.
   std::string grad_reduce_dtype = "fp32";
+  // The dtype of the pipeline's stage-to-stage messages (activations forward, their gradients
+  // backward): "auto", the compute dtype (fp32, or under bf16/fp16 their 16-bit format, half the
+  // bytes: Megatron-core's pipeline_dtype = params_dtype), or "fp32" (Megatron's
+  // fp32_residual_connection: the residual stream crosses the stage boundary unrounded).
+  std::string pipeline_dtype = "auto";
+  // The dtype of the tensor-parallel regions' messages (the row-parallel outputs' all-reduce, the
+  // column-parallel inputs' gradient all-reduce, sequence parallelism's all-gathers and
+  // reduce-scatters): "auto", the compute dtype (16 bits under bf16/fp16, as Megatron's bf16
+  // activations are), or "fp32".
+  std::string tp_comm_dtype = "auto";
   // Where the model trains (docs/job-file.md): "cpu", "cuda" (one GPU per rank), or "auto" (the
   // default): "cuda" when this exatrain has the CUDA backend and a GPU is visible, else "cpu"
   // (resolved where the backend is made: resolved_backend below).

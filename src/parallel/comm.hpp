@@ -68,9 +68,10 @@ struct CommLedger {
 // "pp_comm" the time blocked completing pipeline sends. Other groups (e.g. "world") are ignored.
 std::map<std::string, double> comm_breakdown_s(const CommLedger& ledger);
 
-// Element types of communication buffers. bf16 is bfloat16 storage (Backend::f32_to_bf16);
-// its sum is computed in fp32 and rounded back (per pairwise step of the reduction).
-enum class DType { f32, bf16, i32, f64 };
+// Element types of communication buffers. bf16 is bfloat16 storage (Backend::f32_to_bf16), f16
+// IEEE half (Backend::f32_to_half(Half::f16, ...)); their sums are computed in fp32 and rounded
+// back (per pairwise step of the reduction). Moved without reducing, both are 16-bit payloads.
+enum class DType { f32, bf16, i32, f64, f16 };
 int64_t dtype_bytes(DType t);
 const char* to_string(DType t);
 enum class ReduceOp { sum, max };

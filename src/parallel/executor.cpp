@@ -32,6 +32,35 @@ DeviceBuffer BufferPool::take() {
   return b;
 }
 
+DeviceBuffer BufferPool::take_wire() {
+  if (!half_) return take();
+  if (free_wire_.empty()) return DeviceBuffer(be_, (floats_ + 1) / 2, "pipeline message (16-bit)");
+  DeviceBuffer b = std::move(free_wire_.back());
+  free_wire_.pop_back();
+  return b;
+}
+
+void BufferPool::give_wire(DeviceBuffer w) {
+  if (!half_) return give(std::move(w));
+  free_wire_.push_back(std::move(w));
+}
+
+DeviceBuffer BufferPool::to_wire(DeviceBuffer f32) {
+  if (!half_) return f32;
+  DeviceBuffer w = take_wire();
+  be_.f32_to_half(*half_, reinterpret_cast<uint16_t*>(w.data()), f32.data(), floats_);
+  give(std::move(f32));
+  return w;
+}
+
+DeviceBuffer BufferPool::from_wire(DeviceBuffer w) {
+  if (!half_) return w;
+  DeviceBuffer f32 = take();
+  be_.half_to_f32(*half_, f32.data(), reinterpret_cast<const uint16_t*>(w.data()), floats_);
+  give_wire(std::move(w));
+  return f32;
+}
+
 namespace {
 
 // One rank's run of its table row: the messages in flight and one method per action kind.
@@ -70,7 +99,7 @@ class RankRun {
     timed(false, [] { return std::string("wait sends"); }, [&] {
       for (Pending& msg : sending_) {
         pp_.wait(msg.req);
-        pool_.give(std::move(msg.buf));
+        pool_.give_wire(std::move(msg.buf));
       }
     });
     EXA_CHECK(act_in_.empty() && grad_in_.empty(), "rank {} finished its table with {} unused receives", r_,
@@ -92,8 +121,8 @@ class RankRun {
   }
 
   void post_recv(Pending& in, int peer, int tag) {
-    in.buf = pool_.take();
-    in.req = pp_.irecv(in.buf.data(), floats_, peer, tag);
+    in.buf = pool_.take_wire();
+    in.req = pp_.irecv(in.buf.data(), floats_, pool_.wire_dtype(), peer, tag);
   }
 
   // The received message of unit u (waited for), or null on the stage without a sender.
@@ -102,6 +131,7 @@ class RankRun {
     EXA_CHECK(it != in.end(), "rank {} {}(mb {}, chunk {}) has no posted receive", r_, what, a.mb, a.chunk);
     timed(false, [&] { return fmt::format("wait {} mb{} c{}", what[0] == 'F' ? "act" : "grad", a.mb, a.chunk); },
           [&] { pp_.wait(it->second.req); });
+    it->second.buf = pool_.from_wire(std::move(it->second.buf));
     return it->second.buf.data();
   }
 
@@ -138,11 +168,12 @@ class RankRun {
     EXA_CHECK(it != out.end(), "rank {} {}(mb {}) before its {}", r_, what, a.mb, producer);
     Pending msg = std::move(it->second);
     out.erase(it);
-    msg.req = pp_.isend(msg.buf.data(), floats_, a.peer, tag);
+    msg.buf = pool_.to_wire(std::move(msg.buf));
+    msg.req = pp_.isend(msg.buf.data(), floats_, pool_.wire_dtype(), a.peer, tag);
     sending_.push_back(std::move(msg));
     for (size_t i = 0; i < sending_.size();) {
       if (!pp_.test(sending_[i].req)) { i++; continue; }
-      pool_.give(std::move(sending_[i].buf));
+      pool_.give_wire(std::move(sending_[i].buf));
       sending_[i] = std::move(sending_.back());
       sending_.pop_back();
     }

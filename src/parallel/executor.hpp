@@ -17,6 +17,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <optional>
 
 #include "backend/backend.hpp"
 #include "parallel/comm.hpp"
@@ -26,18 +27,28 @@
 namespace exatrain::parallel {
 
 // Device buffers of one size, reused: take() hands out a free one (allocating when none is),
-// give() returns it.
+// give() returns it. And the format a message crosses the wire in: fp32, or under mixed precision
+// its 16-bit format (Megatron's pipeline messages in the parameters' dtype, half the bytes): the
+// sender rounds the activation or gradient it produced, the receiver widens it exactly.
 class BufferPool {
  public:
-  BufferPool(Backend& be, int64_t floats) : be_(be), floats_(floats) {}
+  BufferPool(Backend& be, int64_t floats, std::optional<Half> wire_half = std::nullopt)
+      : be_(be), floats_(floats), half_(wire_half) {}
   int64_t floats() const { return floats_; }
-  DeviceBuffer take();
+  DeviceBuffer take();  // [floats] fp32
   void give(DeviceBuffer b) { free_.push_back(std::move(b)); }
+  // A message on the wire is floats() elements of wire_dtype().
+  DType wire_dtype() const { return !half_ ? DType::f32 : *half_ == Half::f16 ? DType::f16 : DType::bf16; }
+  DeviceBuffer take_wire();                // to receive a message into
+  DeviceBuffer to_wire(DeviceBuffer f32);  // a produced message, ready to send (16-bit: rounded, f32 given back)
+  DeviceBuffer from_wire(DeviceBuffer w);  // a received message as fp32 (16-bit: widened, w given back)
+  void give_wire(DeviceBuffer w);
 
  private:
   Backend& be_;
   int64_t floats_;
-  std::vector<DeviceBuffer> free_;
+  std::optional<Half> half_;
+  std::vector<DeviceBuffer> free_, free_wire_;  // fp32; 16-bit ([ceil(floats / 2)] floats of storage)
 };
 
 struct StageCallbacks {
@@ -57,7 +68,7 @@ struct PipelineTiming {
 
 // pp.rank() selects the table row; pp.size() must equal table.plan.pp. Returns when every action
 // has run and every send has completed (so the next step may reuse tags).
-// Every message has pool.floats() elements.
+// Every message has pool.floats() elements of pool.wire_dtype().
 void run_pipeline(Group& pp, BufferPool& pool, const PipelineTable& table, const StageCallbacks& cb,
                   PipelineTiming* timing = nullptr);
 

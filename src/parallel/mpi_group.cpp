@@ -34,10 +34,26 @@ void bf16_max(void* in, void* inout, int* len, MPI_Datatype*) {
   }
 }
 
+void f16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const uint16_t* a = static_cast<const uint16_t*>(in);
+  uint16_t* b = static_cast<uint16_t*>(inout);
+  using half_convert::f16_to_f32, half_convert::f32_to_f16;
+  for (int i = 0; i < *len; i++) b[i] = f32_to_f16(f16_to_f32(a[i]) + f16_to_f32(b[i]));
+}
+void f16_max(void* in, void* inout, int* len, MPI_Datatype*) {
+  const uint16_t* a = static_cast<const uint16_t*>(in);
+  uint16_t* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; i++) {
+    const float x = half_convert::f16_to_f32(a[i]), y = half_convert::f16_to_f32(b[i]);
+    if (x > y || x != x) b[i] = a[i];
+  }
+}
+
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
     case DType::f32: return MPI_FLOAT;
     case DType::bf16: return MPI_UINT16_T;
+    case DType::f16: return MPI_UINT16_T;
     case DType::i32: return MPI_INT32_T;
     case DType::f64: return MPI_DOUBLE;
   }
@@ -45,12 +61,15 @@ MPI_Datatype mpi_type(DType t) {
 }
 
 MPI_Op mpi_op(DType t, ReduceOp op) {
-  if (t != DType::bf16) return op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
-  static MPI_Op sum = MPI_OP_NULL, max = MPI_OP_NULL;  // created once, on first use
+  if (t != DType::bf16 && t != DType::f16) return op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
+  static MPI_Op sum = MPI_OP_NULL, max = MPI_OP_NULL, sum16 = MPI_OP_NULL, max16 = MPI_OP_NULL;  // once, on first use
   if (sum == MPI_OP_NULL) {
     mpi_check(MPI_Op_create(&bf16_sum, 1, &sum), "MPI_Op_create (bf16 sum)");
     mpi_check(MPI_Op_create(&bf16_max, 1, &max), "MPI_Op_create (bf16 max)");
+    mpi_check(MPI_Op_create(&f16_sum, 1, &sum16), "MPI_Op_create (fp16 sum)");
+    mpi_check(MPI_Op_create(&f16_max, 1, &max16), "MPI_Op_create (fp16 max)");
   }
+  if (t == DType::f16) return op == ReduceOp::sum ? sum16 : max16;
   return op == ReduceOp::sum ? sum : max;
 }
 
@@ -60,6 +79,7 @@ int64_t dtype_bytes(DType t) {
   switch (t) {
     case DType::f32: return 4;
     case DType::bf16: return 2;
+    case DType::f16: return 2;
     case DType::i32: return 4;
     case DType::f64: return 8;
   }
@@ -70,6 +90,7 @@ const char* to_string(DType t) {
   switch (t) {
     case DType::f32: return "fp32";
     case DType::bf16: return "bf16";
+    case DType::f16: return "fp16";
     case DType::i32: return "int32";
     case DType::f64: return "fp64";
   }

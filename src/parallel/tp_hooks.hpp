@@ -11,7 +11,9 @@ namespace exatrain::parallel {
 // after_layer) for the gradient sync.
 class MpiParallelHooks : public ParallelHooks {
  public:
+  // fp32 messages, or (the three-argument form) the regions' tensors in 16 bits: TpComm.
   explicit MpiParallelHooks(Group& tp) : tp_(tp) {}
+  MpiParallelHooks(Group& tp, Backend& be, Half wire) : tp_(tp, be, wire) {}
   // Megatron f backward: gradient w.r.t. the replicated input of a column-parallel region.
   void input_grad_allreduce(float* grad, int64_t n) override {
     copy_to_tp_region_backward(tp_, grad, n);
@@ -20,8 +22,8 @@ class MpiParallelHooks : public ParallelHooks {
   void partial_sum_allreduce(float* data, int64_t n) override {
     reduce_from_tp_region_forward(tp_, data, n);
   }
-  void vocab_max_allreduce(float* data, int64_t n) override { vocab_parallel_max(tp_, data, n); }
-  void vocab_sum_allreduce(float* data, int64_t n) override { vocab_parallel_sum(tp_, data, n); }
+  void vocab_max_allreduce(float* data, int64_t n) override { vocab_parallel_max(tp_.group(), data, n); }
+  void vocab_sum_allreduce(float* data, int64_t n) override { vocab_parallel_sum(tp_.group(), data, n); }
   // Sequence parallelism over the engine's flat token rows. The engine calls one all-gather hook
   // for f~ forward and g~ backward, and one reduce-scatter hook for g~ forward and f~ backward
   // (model/parallel_hooks.hpp): the same collectives, named here by their forward use.
@@ -33,7 +35,7 @@ class MpiParallelHooks : public ParallelHooks {
   }
 
  private:
-  Group& tp_;
+  TpComm tp_;
 };
 
 }  // namespace exatrain::parallel

@@ -67,9 +67,11 @@ CommBytes bytes_sent_per_step(const ModelSpec& m, const Plan& p, const RankPosit
       if (first) per_mb_ar += 1;
       if (last) per_mb_ar += 1;
     }
-    out[CommKind::tp_all_reduce] = mb * per_mb_ar * ring_all_reduce_sent(act, q, r) * elem;
-    out[CommKind::tp_reduce_scatter] = mb * per_mb_rs * ring_reduce_scatter_sent(act, q, r) * elem;
-    out[CommKind::tp_all_gather] = mb * per_mb_ag * ring_all_gather_sent(act, q, r) * elem;
+    // The regions' messages in the tp dtype ([train] tp_comm_dtype: the compute dtype, or fp32).
+    const int64_t tp_elem = p.tp_element_bytes();
+    out[CommKind::tp_all_reduce] = mb * per_mb_ar * ring_all_reduce_sent(act, q, r) * tp_elem;
+    out[CommKind::tp_reduce_scatter] = mb * per_mb_rs * ring_reduce_scatter_sent(act, q, r) * tp_elem;
+    out[CommKind::tp_all_gather] = mb * per_mb_ag * ring_all_gather_sent(act, q, r) * tp_elem;
     if (last)  // cross entropy: 3 fp32 all-reduces of t elements per micro-batch
       out[CommKind::tp_all_reduce] += mb * 3 * ring_all_reduce_sent(t, q, r) * 4;
     if (p.seq_parallel) {
@@ -83,7 +85,8 @@ CommBytes bytes_sent_per_step(const ModelSpec& m, const Plan& p, const RankPosit
       if (m.bias) per_layer += 2 * h;  // o_proj and fc2 (down_proj) biases
       int64_t sp_elems = layers * per_layer;
       if (last) sp_elems += norm_parameters(m);  // ln_f
-      out[CommKind::tp_all_reduce] += (p.zero >= 2 ? mb : 1) * ring_all_reduce_sent(sp_elems, q, r) * elem;
+      // Gradients: their dtype (fp32, Megatron's main_grad; 16-bit for Plan::grads_16bit).
+      out[CommKind::tp_all_reduce] += (p.zero >= 2 ? mb : 1) * ring_all_reduce_sent(sp_elems, q, r) * (p.grads_16bit ? 2 : 4);
     }
   }
   if (p.cp > 1) {
@@ -95,7 +98,8 @@ CommBytes bytes_sent_per_step(const ModelSpec& m, const Plan& p, const RankPosit
   if (p.pp > 1) {
     int64_t sends = mb * (p.vp - (last ? 1 : 0)) + mb * (p.vp - (first ? 1 : 0));
     // Under sequence parallelism a stage boundary carries this rank's t/tp rows only.
-    out[CommKind::pp_send] = sends * (p.seq_parallel ? act / p.tp : act) * elem;
+    // Each message in the pipeline's dtype ([train] pipeline_dtype: the compute dtype, or fp32).
+    out[CommKind::pp_send] = sends * (p.seq_parallel ? act / p.tp : act) * p.pipeline_element_bytes();
     // Tied embeddings: the first and last stage send each other their copy's gradient (this tp
     // rank's vocabulary rows) once per step, to sum them. ZeRO 2/3 have reduce-scattered it over
     // the replicas already: each rank sends only the 1/(dp cp) it owns.

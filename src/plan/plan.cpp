@@ -12,6 +12,8 @@
 namespace exatrain::plan {
 
 int64_t element_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
+int64_t Plan::pipeline_element_bytes() const { return pipeline_fp32 ? 4 : element_bytes(precision); }
+int64_t Plan::tp_element_bytes() const { return tp_comm_fp32 ? 4 : element_bytes(precision); }
 
 Plan resolve_plan(const ParallelSpec& par, Precision precision) {
   auto need = [](const auto& opt, const char* key) {
@@ -82,6 +84,14 @@ std::vector<std::string> plan_notes(const Job& job, const Plan& p) {
                                 "their GEMM inputs)", to_string(p.fp8_recipe), to_string(p.precision)));
   if (set("parallel.schedule") && p.schedule == Schedule::gpipe && p.pp == 1)
     notes.push_back("schedule = \"gpipe\" has no effect at pp = 1 (no pipeline)");
+  if (set("train.tp_comm_dtype") && p.tp_comm_fp32 && (p.tp == 1 || p.precision == Precision::fp32))
+    notes.push_back(p.tp == 1 ? "tp_comm_dtype = \"fp32\" has no effect at tp = 1 (no tensor-parallel messages)"
+                              : "tp_comm_dtype = \"fp32\" has no effect at precision = \"fp32\" (the messages are "
+                                "fp32 already)");
+  if (set("train.pipeline_dtype") && p.pipeline_fp32 && (p.pp == 1 || p.precision == Precision::fp32))
+    notes.push_back(p.pp == 1 ? "pipeline_dtype = \"fp32\" has no effect at pp = 1 (no pipeline messages)"
+                              : "pipeline_dtype = \"fp32\" has no effect at precision = \"fp32\" (the messages are "
+                                "fp32 already)");
   return notes;
 }
 

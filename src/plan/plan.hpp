@@ -83,6 +83,17 @@ struct Plan {
   // (parallel/compressor.hpp Bf16ReduceCompressor). comm.cpp's dp reduction bytes and predict's dp
   // time use it; memory does not change.
   bool grad_reduce_bf16 = false;
+  // [train] pipeline_dtype = "fp32" (set with the optimizer, from the job): the stage-to-stage
+  // messages stay fp32 under mixed precision; otherwise they have the compute dtype, 16 bits
+  // under bf16/fp16 (Megatron-core's pipeline_dtype). comm.cpp's pp_send bytes and predict's p2p
+  // time use pipeline_element_bytes(); the runtime's BufferPool sends the same (parallel/executor.hpp).
+  bool pipeline_fp32 = false;
+  // [train] tp_comm_dtype = "fp32" (likewise): the tensor-parallel regions' activations and
+  // activation gradients cross the tp group in fp32 under mixed precision; otherwise in the compute
+  // dtype (Megatron's). comm.cpp's tp bytes and predict's tp time use tp_element_bytes(); the
+  // runtime's TpComm sends the same (parallel/tp_regions.hpp). The cross-entropy statistics are
+  // fp32 and the sequence-parallel weight gradients have the gradients' dtype either way.
+  bool tp_comm_fp32 = false;
   // Pipeline sends across nodes with tp > 1: Megatron's scatter/gather (each tp rank sends 1/tp of
   // the replicated activation, the receiving node all-gathers it; Narayanan et al. SC21 Sec. 4.1),
   // or every tp rank the whole tensor (DeepSpeed's pipeline engine). Not a job key: validation
@@ -115,6 +126,8 @@ struct Plan {
     optimizer_knobs.others = t.mixed.active() ? t.mixed.first_order() : "";
     comm = t.comm;
     grad_reduce_bf16 = t.grad_reduce_dtype == "bf16";
+    pipeline_fp32 = t.pipeline_dtype == "fp32";
+    tp_comm_fp32 = t.tp_comm_dtype == "fp32";
   }
   // [train] fp8_recipe and attention (what set_optimizer is to [train] optimizer).
   void set_kernels(const TrainSpec& t) {
@@ -122,6 +135,10 @@ struct Plan {
     attention = t.attention;
   }
   bool interleaved() const { return vp > 1; }
+  // Bytes of one element of a pipeline message (pipeline_fp32 above).
+  int64_t pipeline_element_bytes() const;
+  // Bytes of one element of a tensor-parallel region's message (tp_comm_fp32 above).
+  int64_t tp_element_bytes() const;
   bool flash_attention() const { return attention != Attention::unfused; }
 };
 

@@ -162,7 +162,7 @@ double tp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, 
                     double layers) {
   if (p.tp == 1) return 0;
   const Group g = group_on_machine(p.tp, 1, mach.gpus_per_node);
-  const double act = double(element_bytes(p.precision)) * tokens_per_micro_batch(m, p) * double(m.hidden);
+  const double act = double(p.tp_element_bytes()) * tokens_per_micro_batch(m, p) * double(m.hidden);
   const double pass = p.seq_parallel ? 2 * (best_all_gather_time(act, g, mach) + best_reduce_scatter_time(act, g, mach))
                                      : 2 * best_all_reduce_time(act, g, mach);
   const double ends = 2 * best_all_reduce_time(act, g, mach);
@@ -189,7 +189,7 @@ double cp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, 
 double pp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach) {
   if (p.pp == 1) return 0;
   const int64_t G = mach.gpus_per_node;
-  const double msg = double(element_bytes(p.precision)) * tokens_per_micro_batch(m, p) * double(m.hidden);
+  const double msg = double(p.pipeline_element_bytes()) * tokens_per_micro_batch(m, p) * double(m.hidden);
   const bool same_node = p.tp * p.cp * p.dp < G;
   double t = p2p_time(msg, same_node, mach);
   // Megatron's scatter/gather optimisation (SC21 Sec. 4.1): across nodes each tp rank sends

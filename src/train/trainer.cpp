@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -21,11 +22,22 @@ namespace exatrain {
 
 using parallel::Range;
 
+namespace {
+// The 16-bit format a mixed precision computes in (its tp and pp messages' format); none at fp32.
+std::optional<Half> half_format(Precision p) {
+  if (p == Precision::bf16) return Half::bf16;
+  if (p == Precision::fp16) return Half::f16;
+  return std::nullopt;
+}
+}  // namespace
+
 // The engine's ParallelHooks over the tp group (MpiParallelHooks: the named tensor-parallel
 // regions) plus the layer boundaries, which drive the data-parallel side.
 class TrainerHooks final : public parallel::MpiParallelHooks {
  public:
   TrainerHooks(parallel::Group& tp, Trainer& owner, int chunk) : MpiParallelHooks(tp), owner_(owner), chunk_(chunk) {}
+  TrainerHooks(parallel::Group& tp, Backend& be, Half wire, Trainer& owner, int chunk)
+      : MpiParallelHooks(tp, be, wire), owner_(owner), chunk_(chunk) {}
   void before_layer(int64_t unit, Pass pass) override { owner_.on_before_layer(chunk_, unit, pass); }
   void after_layer(int64_t unit, Pass pass) override { owner_.on_after_layer(chunk_, unit, pass); }
 
@@ -106,7 +118,10 @@ Trainer::Trainer(Backend& backend, parallel::ParallelRuntime& rt, const TrainerO
   s.tied_sum = [this](int c, float* g, int64_t n) { tied_sum(c, g, n); };
   sync_ = parallel::make_grad_sync(int(p.zero), std::move(s));
   unit_done_ = be_.create_event();
-  messages_ = std::make_unique<parallel::BufferPool>(be_, act_);
+  // Pipeline messages in the 16-bit format under mixed precision (Megatron-core's pipeline_dtype =
+  // params_dtype) unless [train] pipeline_dtype = "fp32" (Plan::pipeline_fp32, as the planner counts them).
+  const std::optional<Half> wire = p.pipeline_fp32 ? std::nullopt : half_format(p.precision);
+  messages_ = std::make_unique<parallel::BufferPool>(be_, act_, wire);
   // The schedule as data, built once (the plan was validated when it was resolved).
   if (p.pp > 1)
     pipeline_ = std::make_unique<parallel::PipelineTable>(parallel::build_pipeline(parallel::pipeline_plan(p)));
@@ -142,7 +157,12 @@ void Trainer::build_chunks() {
     g.lazy_params = arenas.lazy_params;
     g.lazy_grads = arenas.lazy_grads;
     g.precision = p.precision;  // mixed precision: the model's 16-bit copy and GEMMs (model/gpt.hpp)
-    ch->hooks = std::make_unique<TrainerHooks>(rt_.tp(), *this, c);
+    // The tensor-parallel regions' messages in the 16-bit format under mixed precision
+    // (Megatron's) unless [train] tp_comm_dtype = "fp32" (Plan::tp_comm_fp32, as the planner counts them).
+    if (const std::optional<Half> wire = p.tp_comm_fp32 ? std::nullopt : half_format(p.precision))
+      ch->hooks = std::make_unique<TrainerHooks>(rt_.tp(), be_, *wire, *this, c);
+    else
+      ch->hooks = std::make_unique<TrainerHooks>(rt_.tp(), *this, c);
     ch->model = std::make_unique<Gpt>(be_, g, ch->hooks.get());
     if (arenas.init_weights) ch->model->init_weights(opt_.train.seed);
     for (const ParamInfo& e : ch->model->layout().entries())
@@ -414,8 +434,14 @@ double Trainer::evaluate(int64_t batches, const ValBatchFn& val_batch) {
     for (int s = 0; s < S; s++) {
       const auto [r, c] = owner[size_t(s)];
       if (r != pp_rank) continue;
-      if (s > 0 && owner[size_t(s - 1)].first != pp_rank) rt_.pp().recv(in.data(), act_, owner[size_t(s - 1)].first, 7101);
-      else if (s > 0) be_.copy(in.data(), out.data(), sizeof(float) * size_t(act_));
+      if (s > 0 && owner[size_t(s - 1)].first != pp_rank) {
+        DeviceBuffer w = messages_->take_wire();
+        rt_.pp().recv(w.data(), act_, messages_->wire_dtype(), owner[size_t(s - 1)].first, 7101);
+        messages_->give(std::move(in));
+        in = messages_->from_wire(std::move(w));
+      } else if (s > 0) {
+        be_.copy(in.data(), out.data(), sizeof(float) * size_t(act_));
+      }
       Gpt& g = *chunks_[size_t(c)]->model;
       const float loss = g.forward(s == 0 ? tokens.data() : nullptr, s == 0 ? nullptr : in.data(),
                                    s == S - 1 ? targets.data() : nullptr, 0);
@@ -424,7 +450,12 @@ double Trainer::evaluate(int64_t batches, const ValBatchFn& val_batch) {
         continue;
       }
       be_.copy(out.data(), g.output(0), sizeof(float) * size_t(act_));
-      if (owner[size_t(s + 1)].first != pp_rank) rt_.pp().send(out.data(), act_, owner[size_t(s + 1)].first, 7101, "pp_eval");
+      if (owner[size_t(s + 1)].first != pp_rank) {  // as the training pipeline sends it
+        DeviceBuffer w = messages_->to_wire(std::move(out));
+        rt_.pp().send(w.data(), act_, messages_->wire_dtype(), owner[size_t(s + 1)].first, 7101, "pp_eval");
+        messages_->give_wire(std::move(w));
+        out = messages_->take();
+      }
     }
   }
   messages_->give(std::move(in));

@@ -10,7 +10,9 @@
 // tied unless a config says untied: with pp > 1 the first and last stage's exchange of the
 // embedding's gradient is counted under pp_send on both sides (pp 4: the middle stages send none).
 // Every case also checks that both sides place the same layers on each pipeline rank; vocab 256 at
-// pp 2 makes the default (cost-balanced) split uneven, 3 + 1.
+// pp 2 makes the default (cost-balanced) split uneven, 3 + 1. bf16 cases (ZeRO 0): the pipeline
+// and tensor-parallel messages are 16-bit, as the planner counts them, or fp32 with [train]
+// pipeline_dtype / tp_comm_dtype = "fp32".
 #include <mpi.h>
 #include <omp.h>
 
@@ -32,7 +34,14 @@ struct Case {
   Config cfg;
   int64_t vocab = 64;
   bool bias = true;
-  std::string name() const { return fmt::format("{} vocab={}{}", cfg.name(), vocab, bias ? "" : " bias=false"); }
+  Precision precision = Precision::fp32;
+  std::string pipeline_dtype = "auto", tp_comm_dtype = "auto";  // [train] pipeline_dtype, tp_comm_dtype
+  std::string name() const {
+    return fmt::format("{} vocab={}{}{}{}{}", cfg.name(), vocab, bias ? "" : " bias=false",
+                       precision == Precision::fp32 ? "" : " bf16",
+                       pipeline_dtype == "auto" ? "" : " pipeline_dtype=" + pipeline_dtype,
+                       tp_comm_dtype == "auto" ? "" : " tp_comm_dtype=" + tp_comm_dtype);
+  }
 };
 
 static std::vector<Case> configs_for(int world) {
@@ -74,6 +83,18 @@ static std::vector<Case> configs_for(int world) {
     // tiny model, so pp 2 places 3 + 1 layers (plan/stages.hpp), in the planner as in the runtime.
     a = c(2, 1, 2); v.push_back({a, 256});
     a = c(1, 2, 2); a.sp = true; v.push_back(llama(a, 256, true));
+    // bf16 at tp 1 and ZeRO 0: the pipeline messages in 16 bits (as the planner counts them), the
+    // gradients' reduction and the tied embedding's exchange in their reduce dtype (fp32).
+    v.push_back({c(1, 1, 4), 64, true, Precision::bf16});
+    v.push_back({c(2, 1, 2), 64, true, Precision::bf16});
+    a = c(2, 1, 2); a.vp = 2; v.push_back({a, 64, true, Precision::bf16});
+    v.push_back({c(2, 1, 2), 64, true, Precision::bf16, "fp32"});  // the messages kept fp32, counted so
+    // bf16 at tp 2 (ZeRO 0): the regions' messages in 16 bits, the cross-entropy statistics and
+    // sequence parallelism's weight gradients in fp32; and with tp_comm_dtype = "fp32".
+    v.push_back({c(2, 2, 1), 64, true, Precision::bf16});
+    a = c(1, 2, 2); a.sp = true; v.push_back({a, 67, true, Precision::bf16});
+    a = c(2, 2, 1); a.sp = true; a.llama = true; v.push_back({a, 64, true, Precision::bf16});
+    v.push_back({c(2, 2, 1), 64, true, Precision::bf16, "auto", "fp32"});
   } else if (world == 8) {
     Config a = c(2, 2, 2); a.sp = true; a.zero = 1; a.recompute = Recompute::full; v.push_back({a});
     a = c(2, 2, 2); a.vp = 2; v.push_back({a});
@@ -93,7 +114,9 @@ int main(int argc, char** argv) {
     Job job = dist_test::job_for(cfg, 2);
     job.model.vocab = cs.vocab;
     job.model.bias = cs.bias;
-    job.train.precision = Precision::fp32;
+    job.train.precision = cs.precision;
+    job.train.pipeline_dtype = cs.pipeline_dtype;
+    job.train.tp_comm_dtype = cs.tp_comm_dtype;
     dist_test::DistRun run = dist_test::make_run(*backend, job, [](TrainerOptions& o) {
       o.bucket_floats = int64_t(1) << 40;  // one bucket per arena: the planner's flat all-reduce
     });
@@ -102,7 +125,7 @@ int main(int argc, char** argv) {
     trainer.train_step();
     const StepMetrics m = trainer.train_step();  // a steady step: the ledger was reset at its start
 
-    const plan::Plan p = plan::resolve_plan(job.parallel, Precision::fp32);
+    const plan::Plan p = plan::resolve_plan(job);  // with the job's [train] keys (pipeline_dtype)
     const plan::RankPosition pos = plan::rank_position(p, rank);
     const MeshCoord& mc = rt.mesh().coord;
     std::string problems;

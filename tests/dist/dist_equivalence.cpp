@@ -9,7 +9,10 @@
 // (dist_common.hpp), proved on the first configuration with a NaN loss and weight. Run as
 // `mpirun -np N dist_equivalence`; exits non-zero on any mismatch. `--precision bf16` runs every
 // configuration in bf16 mixed precision against the single-rank bf16 run, with the tolerances of
-// tolerance_for (bf16's rounding, measured).
+// tolerance_for (bf16's rounding, measured), its tensor- and pipeline-parallel messages in fp32
+// ([train] tp_comm_dtype = pipeline_dtype = "fp32": the layouts alone). `--precision bf16 --comm16`
+// runs the configurations with tp > 1 or pp > 1 with the defaults ("auto": 16-bit messages, each
+// one more rounding) under their own tolerance.
 #include <mpi.h>
 #include <omp.h>
 #include <unistd.h>
@@ -102,9 +105,28 @@ struct Tolerance {
 // and 1.1e-2 of the tensor's largest weight element-wise (tp2+sp with ZeRO 2/3). The bounds keep a
 // margin of 4-6x. The loss bound is the sharp one: a 16-bit weight copy one step stale (the forward
 // reading the weights from before the last update) moved the validation loss by 2.0e-4 here.
-Tolerance tolerance_for(Precision p) {
+//
+// bf16 with 16-bit tensor- and pipeline-parallel messages (--comm16): the activation leaving a
+// stage and its gradient coming back, and every tp region's tensor, are rounded to bf16 once more
+// (and tp's sums are bf16 sums), which the single-rank run does not do (the roundings themselves
+// are checked exactly by test_parallel_mpi's PipelineMpi.SixteenBitWireRoundsEveryMessageOnceAndSendsHalfTheBytes
+// and TpHooksMpi.SixteenBitHooksRoundSumAndWidenAndSendHalfTheBytes). Measured after 10 steps
+// (4 Dec 2026, np 2 and np 4, every configuration with tp or pp > 1): losses and validation losses
+// within 3.9e-5 of the single-rank run; weights within 5.3e-2 norm-wise and 1.24e-1 element-wise
+// (the matrices within 3.8e-2), most in the biases (a layernorm's, k/v's) and in the embedding
+// rows of rare tokens, whose change after 10 steps is their AdamW updates, each of size lr
+// whatever the gradient's size, so that a sign a rounding flips moves it fully. Bounds: 1e-4 (the
+// sharp one, as above), 0.15 and 0.3.
+Tolerance tolerance_for(Precision p, bool comm16) {
+  if (p == Precision::bf16 && comm16) return {1e-4, 0.15, 0.3};
   if (p == Precision::bf16) return {1e-4, 2e-2, 5e-2};
   return {1e-5, 1e-5, 1e-5};
+}
+
+bool flag_arg(int argc, char** argv, const char* flag) {
+  for (int i = 1; i < argc; i++)
+    if (std::string(argv[i]) == flag) return true;
+  return false;
 }
 
 Precision precision_arg(int argc, char** argv) {
@@ -123,10 +145,13 @@ int main(int argc, char** argv) {
   const int steps = 10;
   auto backend = dist_test::test_backend(argc, argv);  // --backend cpu-guarded: the device boundary's proof
   const Precision precision = precision_arg(argc, argv);  // --precision bf16: every layout in bf16
-  const Tolerance tol = tolerance_for(precision);
+  const bool comm16 = flag_arg(argc, argv, "--comm16");  // bf16's tp/pp configurations, 16-bit messages
+  EXA_CHECK(!comm16 || precision == Precision::bf16, "dist_equivalence: --comm16 needs --precision bf16");
+  const Tolerance tol = tolerance_for(precision, comm16);
   std::map<std::tuple<bool, bool, bool, int64_t, int64_t>, dist_test::Reference> refs;
   int failures = 0;
-  const std::vector<Config> configs = configs_for(world);
+  std::vector<Config> configs = configs_for(world);
+  if (comm16) std::erase_if(configs, [](const Config& c) { return c.pp == 1 && c.tp == 1; });
   for (const Config& cfg : configs) {
     Job job = dist_test::job_for(cfg, steps);
     // AdamW's eps = 1e-5 (LLaMA's setting; the default is 1e-8). With 1e-8, an element whose
@@ -138,6 +163,7 @@ int main(int argc, char** argv) {
     // "Equivalence with one rank"). EXATRAIN_TEST_EPS overrides it to see that for oneself.
     job.train.eps = std::getenv("EXATRAIN_TEST_EPS") ? std::atof(std::getenv("EXATRAIN_TEST_EPS")) : 1e-5;
     job.train.precision = precision;
+    job.train.pipeline_dtype = job.train.tp_comm_dtype = comm16 ? "auto" : "fp32";  // fp32 precision: the same
     // One single-rank reference per model and batch (every field that changes the reference).
     auto key = std::make_tuple(job.model.activation == Activation::swiglu, job.model.tie_embeddings, job.model.bias,
                                cfg.micro_batch, job.parallel.global_batch);
@@ -254,7 +280,7 @@ int main(int argc, char** argv) {
     if (rank == 0)
       std::printf("%s np%d %s%-58s loss rel diff %.2e; weights per tensor: norm rel %.2e, max rel %.2e (key bias, "
                   "gradient 0: %.2e of max|w|); dp buckets launched in backward %lld;%s\n",
-                  ok ? "OK  " : "FAIL", world, precision == Precision::bf16 ? "bf16 " : "", cfg.name().c_str(), all[0], all[1], all[2], all[3],
+                  ok ? "OK  " : "FAIL", world, precision == Precision::fp32 ? "" : comm16 ? "bf16 comm16 " : "bf16 ", cfg.name().c_str(), all[0], all[1], all[2], all[3],
                   (long long)early_all, trace.c_str());
     std::fflush(stdout);
   }

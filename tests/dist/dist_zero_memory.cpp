@@ -170,6 +170,9 @@ int main(int argc, char** argv) {
       // An embedding of 68K elements, over half the arena: sharded like the matrices (the lookup
       // and the tied head read its 16-bit copy), so a rank keeps about 1/dp of the arena.
       job.model.vocab = 1061;
+      // fp32 tp and pp messages: the comparison with one rank is of the sharding alone (the
+      // 16-bit messages' own rounding has its tests: dist_equivalence --comm16).
+      job.train.pipeline_dtype = job.train.tp_comm_dtype = "fp32";
     }
     const dist_test::Reference ref = dist_test::run_single_rank(job);
 

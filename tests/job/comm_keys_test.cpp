@@ -200,6 +200,24 @@ TEST(JobComm, ThePlanRefusesZero3AndZero1WithWholeTensorOptimizers) {
   EXPECT_FALSE(plan::plan_problem(m.model, mp, plan::Purpose::train).has_value());
 }
 
+// [train] pipeline_dtype and tp_comm_dtype: read, round-tripped, "auto" by default, anything else
+// refused by name.
+TEST(JobComm, PipelineAndTpCommDtypesAreReadAndChecked) {
+  const Job j = parse_job("[train]\npipeline_dtype = \"fp32\"\n", "job.toml");
+  EXPECT_EQ(j.train.pipeline_dtype, "fp32");
+  EXPECT_EQ(j.train.tp_comm_dtype, "auto");
+  EXPECT_EQ(parse_job("", "job.toml").train.pipeline_dtype, "auto");
+  EXPECT_EQ(parse_job(job_to_toml(j), "roundtrip.toml").train.pipeline_dtype, "fp32");
+  std::string e = parse_error("[train]\npipeline_dtype = \"bf16\"\n");
+  EXPECT_TRUE(contains(e, "[train] pipeline_dtype = \"bf16\": expected one of \"auto\" \"fp32\"")) << e;
+  const Job t = parse_job("[train]\ntp_comm_dtype = \"fp32\"\n", "job.toml");
+  EXPECT_EQ(t.train.tp_comm_dtype, "fp32");
+  EXPECT_EQ(t.train.pipeline_dtype, "auto");
+  EXPECT_EQ(parse_job(job_to_toml(t), "roundtrip.toml").train.tp_comm_dtype, "fp32");
+  e = parse_error("[train]\ntp_comm_dtype = \"fp16\"\n");
+  EXPECT_TRUE(contains(e, "[train] tp_comm_dtype = \"fp16\": expected one of \"auto\" \"fp32\"")) << e;
+}
+
 // [train] grad_reduce_dtype (docs/precision.md): read, round-tripped, refused by name with a
 // compressor, with ZeRO 3 and with ZeRO 1's unequal shards; it halves the planner's dp gradient
 // reduction bytes and nothing else.

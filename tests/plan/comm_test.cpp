@@ -7,6 +7,7 @@
 #include "catalog/device.hpp"
 #include "core/check.hpp"
 #include "plan/comm.hpp"
+#include "plan/flops.hpp"
 #include "plan/memory.hpp"
 
 using namespace exatrain;
@@ -203,6 +204,56 @@ TEST(Comm, GradientBytesFollowTheReduceDtypeNotThePrecision) {
       EXPECT_EQ(bytes_sent_per_step(m, p, pos)[CommKind::pp_send], 2 * act + tied * 2) << to_string(prec);
     }
     EXPECT_EQ(by_precision[Precision::fp16].bytes, by_precision[Precision::bf16].bytes) << "zero " << zero;
+  }
+}
+
+// [train] pipeline_dtype: the stage-to-stage messages have the compute dtype by default (2 bytes
+// under bf16/fp16, Megatron-core's pipeline_dtype), 4 bytes with pipeline_fp32; the tied
+// embedding's gradient exchange keeps the gradients' dtype (fp32) either way.
+TEST(Comm, PipelineMessagesFollowThePipelineDtype) {
+  ModelSpec m;
+  Plan p;
+  p.pp = 2; p.gpus = 2; p.micro_batch = 1; p.global_batch = 4;
+  const RankPosition first = rank_position(p, 0);
+  const int64_t msgs = 4 * 1024 * 768;  // elements: 4 micro-batches' activations sent forward by stage 0
+  const int64_t tied = 50257 * 768 * 4;
+  for (Precision prec : {Precision::bf16, Precision::fp16, Precision::fp32}) {
+    p.precision = prec;
+    p.pipeline_fp32 = false;
+    EXPECT_EQ(bytes_sent_per_step(m, p, first)[CommKind::pp_send], msgs * (prec == Precision::fp32 ? 4 : 2) + tied)
+        << to_string(prec);
+    p.pipeline_fp32 = true;
+    EXPECT_EQ(bytes_sent_per_step(m, p, first)[CommKind::pp_send], msgs * 4 + tied) << to_string(prec);
+  }
+}
+
+// [train] tp_comm_dtype: the tensor-parallel regions' messages have the compute dtype by default,
+// 4 bytes with tp_comm_fp32; the cross-entropy statistics (3 fp32 all-reduces of t elements per
+// micro-batch on the last stage) and sequence parallelism's weight gradients (fp32, Megatron's
+// main_grad) do not follow it.
+TEST(Comm, TensorParallelMessagesFollowTheTpCommDtype) {
+  ModelSpec m;
+  for (bool sp : {false, true}) {
+    Plan p;
+    p.tp = 2; p.gpus = 2; p.micro_batch = 1; p.global_batch = 1; p.seq_parallel = sp;
+    const RankPosition pos = rank_position(p, 0);
+    p.precision = Precision::fp32;
+    const CommBytes f = bytes_sent_per_step(m, p, pos);
+    p.precision = Precision::bf16;
+    const CommBytes h = bytes_sent_per_step(m, p, pos);
+    p.tp_comm_fp32 = true;
+    const CommBytes h32 = bytes_sent_per_step(m, p, pos);
+    EXPECT_EQ(h32.bytes, f.bytes) << "sp " << sp;  // fp32 messages: the fp32 plan's bytes, kind by kind
+    const int64_t t = 1024;
+    const int64_t xent = 3 * ring_all_reduce_sent(t, 2, 0) * 4;  // fp32 at every precision
+    int64_t sp_grads = 0;
+    if (sp) sp_grads = ring_all_reduce_sent(m.layers * (2 * norm_parameters(m) + (m.bias ? 2 * m.hidden : 0)) + norm_parameters(m), 2, 0) * 4;
+    for (CommKind k : {CommKind::tp_reduce_scatter, CommKind::tp_all_gather})
+      EXPECT_EQ(2 * h[k], f[k]) << to_string(k) << " sp " << sp;
+    EXPECT_EQ(2 * (h[CommKind::tp_all_reduce] - xent - sp_grads), f[CommKind::tp_all_reduce] - xent - sp_grads)
+        << "sp " << sp;
+    if (!sp) EXPECT_GT(h[CommKind::tp_all_reduce], 0);
+    else EXPECT_GT(h[CommKind::tp_all_gather], 0);
   }
 }
 

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -25,6 +26,7 @@
 #include "parallel/zero.hpp"
 
 #include "backend/backend.hpp"
+#include "backend/half_convert.hpp"
 
 using namespace exatrain::parallel;
 
@@ -61,7 +63,7 @@ static std::vector<double> reference_grads(int S, int m, double* loss) {
 // Runs the toy model through the executor on micro-batches [mb_offset, mb_offset + m) and
 // returns dL/dw of this rank's chunks [vp]; *loss gets the last stage's loss (0 elsewhere).
 static std::vector<float> run_toy(Group& pp, const PipelinePlan& plan, int mb_offset, float* loss,
-                                  PipelineTiming* timing) {
+                                  PipelineTiming* timing, std::optional<exatrain::Half> wire = std::nullopt) {
   PipelineTable table = build_pipeline(plan);
   int r = pp.rank();
   std::map<std::pair<int, int>, std::vector<float>> stash;  // (mb, chunk) -> stage input
@@ -95,7 +97,7 @@ static std::vector<float> run_toy(Group& pp, const PipelinePlan& plan, int mb_of
     }
     stash.erase(it);
   };
-  BufferPool pool(backend(), kWidth);
+  BufferPool pool(backend(), kWidth, wire);
   run_pipeline(pp, pool, table, cb, timing);
   EXPECT_TRUE(stash.empty());
   return dw;
@@ -149,6 +151,55 @@ TEST(PipelineMpi, EverySchedulesGradientsEqualTheSingleProcessResult) {
     }
     EXPECT_EQ(ledger.bytes["pp_send"], 4 * kWidth * sends);
     mesh.free();
+  }
+}
+
+// The toy in float with every stage-to-stage message rounded to bf16 (the activation forward, its
+// gradient backward), as a 16-bit wire sends it: dL/dw_s summed over micro-batches.
+static std::vector<float> reference_grads_bf16_wire(int S, int m) {
+  auto wire = [](float v) { return exatrain::half_convert::bf16_to_f32(exatrain::half_convert::f32_to_bf16(v)); };
+  std::vector<float> dw(S, 0.f);
+  for (int mb = 0; mb < m; mb++) {
+    std::vector<std::vector<float>> xs(S, std::vector<float>(kWidth));  // stage inputs
+    for (int64_t i = 0; i < kWidth; i++) xs[0][i] = static_cast<float>(input(mb, i));
+    for (int s = 0; s + 1 < S; s++)
+      for (int64_t i = 0; i < kWidth; i++) xs[s + 1][i] = wire(std::tanh(static_cast<float>(weight(s)) * xs[s][i]));
+    std::vector<float> g(kWidth, 1.0f);
+    for (int s = S - 1; s >= 0; s--)
+      for (int64_t i = 0; i < kWidth; i++) {
+        const float w = static_cast<float>(weight(s)), y = std::tanh(w * xs[s][i]), dpre = g[i] * (1 - y * y);
+        dw[s] += dpre * xs[s][i];
+        g[i] = wire(dpre * w);
+      }
+  }
+  return dw;
+}
+
+// A BufferPool with a 16-bit wire (the trainer's under mixed precision, [train] pipeline_dtype =
+// "auto"): every message crosses as bf16, so the gradients are those of the toy with each message
+// rounded (not the fp32 ones), and pp_send counts 2 bytes per element.
+TEST(PipelineMpi, SixteenBitWireRoundsEveryMessageOnceAndSendsHalfTheBytes) {
+  int W = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  if (W < 2) GTEST_SKIP() << "needs a pipeline";
+  for (const PipelinePlan& plan : {PipelinePlan{PipeSchedule::one_f_one_b, W, 1, W + 1},
+                                   PipelinePlan{PipeSchedule::interleaved, W, 2, W}}) {
+    CommLedger ledger;
+    MpiGroup pp(MPI_COMM_WORLD, "pp", &ledger, nullptr);
+    float loss = 0;
+    const std::vector<float> dw = run_toy(pp, plan, 0, &loss, nullptr, exatrain::Half::bf16);
+    const std::vector<float> want = reference_grads_bf16_wire(plan.stages(), plan.micro_batches);
+    double ref_loss = 0;
+    const std::vector<double> fp32 = reference_grads(plan.stages(), plan.micro_batches, &ref_loss);
+    int64_t sends = 0;
+    for (int c = 0; c < plan.vp; c++) {
+      const int s = stage_of(plan, pp.rank(), c);
+      EXPECT_NEAR(dw[c], want[s], 1e-5 * (1 + std::fabs(want[s]))) << "stage " << s;
+      // The first stage's gradient has come through every rounded message: far from the fp32 one.
+      if (s == 0) EXPECT_GT(std::fabs(dw[c] - fp32[0]), 1e-4 * std::fabs(fp32[0])) << "stage 0: not rounded?";
+      sends += plan.micro_batches * ((s < plan.stages() - 1) + (s > 0));
+    }
+    EXPECT_EQ(ledger.bytes["pp_send"], 2 * kWidth * sends);
   }
 }
 

@@ -25,8 +25,9 @@ static float value(int rank, int64_t i) {
 
 TEST(TpRegionsMpi, RegionPairsAreAllReduceOrIdentity) {
   CommLedger ledger;
-  MpiGroup tp(MPI_COMM_WORLD, "tp", &ledger, nullptr);
-  int p = tp.size(), me = tp.rank();
+  MpiGroup tp_group(MPI_COMM_WORLD, "tp", &ledger, nullptr);
+  TpComm tp(tp_group);  // fp32 messages
+  int p = tp_group.size(), me = tp_group.rank();
   const int64_t n = 64;
   std::vector<float> x(n), ref(n, 0.f);
   double tol = 0;  // |value(r, .)| <= 1 + r: float sums of p such terms
@@ -51,8 +52,9 @@ TEST(TpRegionsMpi, RegionPairsAreAllReduceOrIdentity) {
 
 TEST(TpRegionsMpi, SequenceParallelPairsShardTheFlatTokenRows) {
   CommLedger ledger;
-  MpiGroup tp(MPI_COMM_WORLD, "tp", &ledger, nullptr);
-  int p = tp.size(), me = tp.rank();
+  MpiGroup tp_group(MPI_COMM_WORLD, "tp", &ledger, nullptr);
+  TpComm tp(tp_group);  // fp32 messages
+  int p = tp_group.size(), me = tp_group.rank();
   // The engine's layout: N = B*T token rows of C floats, rank r holding rows [r*N/tp, (r+1)*N/tp)
   // (B = 3, T = 4p: for p > 2 a shard's rows span two sequences, which a [B, T, C] split would not).
   const int64_t N = 3 * 4 * p, C = 5, Ns = N / p, n_shard = Ns * C;
