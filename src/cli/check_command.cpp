@@ -1,7 +1,8 @@
 // `exatrain check JOB.toml [--set k=v ...]`: validate a job file and print it fully resolved
 // (presets applied, defaults explicit) — the quickest way to see what a run will use. When every
 // [parallel] degree is set, the plan is validated as `predict` does (gpus = tp*pp*dp*cp, batch
-// arithmetic, micro-batches >= stages, ...), with the failing equation.
+// arithmetic, micro-batches >= stages, ...), with the failing equation, and the settings that have
+// no effect on it get a note (plan::plan_notes) as comment lines.
 #include <fmt/format.h>
 
 #include "cli/commands.hpp"
@@ -20,7 +21,10 @@ void add_check_command(CLI::App& app) {
   cmd->add_option("--set", *sets, "override a key: section.key=value (repeatable)");
   cmd->callback([path, sets] {
     const Job job = load_job(*path, *sets, check_job_catalog);
-    if (parallel_is_resolved(job.parallel)) resolved_plan_of(job, *path);
+    // A resolved plan is validated; settings without effect on it get a note, as `predict` gives them.
+    if (parallel_is_resolved(job.parallel))
+      for (const std::string& note : plan::plan_notes(job, resolved_plan_of(job, *path)))
+        fmt::print("# note: {}\n", note);
     // Where each section started from: a catalog preset by name, or a file of the user's own
     // (comments: the resolved TOML below is all a run uses).
     for (const auto& [section, preset, file] : {std::tuple("model", job.model.preset, job.model.preset_file),

@@ -911,7 +911,8 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     s.report_unknown({"precision", "optimizer", "steps", "seed", "lr", "min_lr", "warmup_steps",
                       "weight_decay", "beta1", "beta2", "eps", "grad_clip", "data", "run_dir",
                       "checkpoint_every", "keep_checkpoints", "eval_every", "eval_batches", "log_every",
-                      "threads", "nan_policy", "grad_reduce_dtype", "pipeline_dtype", "tp_comm_dtype", "device", "backend", "fp8_recipe", "attention",
+                      "threads", "nan_policy", "grad_reduce_dtype", "pipeline_dtype", "tp_comm_dtype", "device",
+                      "backend", "fp8_recipe", "attention",
                       "loss_scale", "initial_loss_scale", "loss_scale_growth_interval", "loss_scale_growth_factor",
                       "loss_scale_backoff", "min_loss_scale", "loss_scale_hysteresis"});
     parse_optimizer_section(sections.at("optimizer"), t);
@@ -1050,7 +1051,8 @@ std::string job_to_toml(const Job& job) {
          line("keep_checkpoints", t.keep_checkpoints) + line("eval_every", t.eval_every) +
          line("eval_batches", t.eval_batches) + line("log_every", t.log_every) + line("threads", t.threads) +
          line("nan_policy", t.nan_policy) + line("grad_reduce_dtype", t.grad_reduce_dtype) +
-         line("pipeline_dtype", t.pipeline_dtype) + line("tp_comm_dtype", t.tp_comm_dtype) + line("device", t.device) +
+         line("pipeline_dtype", t.pipeline_dtype) + line("tp_comm_dtype", t.tp_comm_dtype) +
+         line("device", t.device) +
          (t.backend.empty() ? "" : line("backend", t.backend)) + line("fp8_recipe", to_string(t.fp8_recipe)) +
          line("attention", to_string(t.attention));
   if (t.precision == Precision::fp16 && t.loss_scale.dynamic)

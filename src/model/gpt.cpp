@@ -8,6 +8,12 @@
 
 namespace exatrain {
 
+std::optional<Half> half_format(Precision p) {
+  if (p == Precision::bf16) return Half::bf16;
+  if (p == Precision::fp16) return Half::f16;
+  return std::nullopt;
+}
+
 Gpt::Gpt(Backend& backend, const GptOptions& options, ParallelHooks* hooks)
     : be_(backend), opt_(options), recompute_{options.recompute}, no_hooks_(backend),
       hooks_(hooks ? hooks : &no_hooks_) {
@@ -65,7 +71,7 @@ Gpt::Gpt(Backend& backend, const GptOptions& options, ParallelHooks* hooks)
   EXA_CHECK(opt_.precision != Precision::fp8, "model: fp8 is not a training precision (expected fp32, bf16 or fp16)");
   mixed_ = opt_.precision != Precision::fp32;
   if (mixed_) {
-    half_ = opt_.precision == Precision::fp16 ? Half::f16 : Half::bf16;
+    half_ = *exatrain::half_format(opt_.precision);  // (Gpt::half_format() is the member)
     const size_t half_bytes = sizeof(uint16_t) * size_t(layout_.total());
     params_half_ = static_cast<uint16_t*>(opt_.lazy_params ? be_.alloc_bytes_lazy(half_bytes) : be_.alloc_bytes(half_bytes));
     be_.label(params_half_, "16-bit parameter copy");

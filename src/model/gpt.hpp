@@ -20,6 +20,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -72,6 +73,10 @@ struct GptOptions {
 struct ModelMemory {
   int64_t params = 0, grads = 0, activations = 0;
 };
+
+// The 16-bit format a training precision computes in (Gpt's weight copy and GEMM inputs, and the
+// runtime's tensor- and pipeline-parallel messages): bf16 or fp16; none at fp32. The one mapping.
+std::optional<Half> half_format(Precision p);
 
 class Gpt {
  public:

@@ -1,7 +1,7 @@
 // Collectives over one process group ("group": tp, cp, dp, pp or world) with byte accounting.
 // `Group` is the interface the runtime is written against; MpiGroup (parallel/mpi_group.hpp)
 // implements it with MPI now, an NCCL group can implement it later. Buffers are device memory
-// (Backend::alloc) unless said otherwise; every element has a DType (fp32, bf16, int32, fp64).
+// (Backend::alloc) unless said otherwise; every element has a DType (fp32, bf16, fp16, int32, fp64).
 //
 // Owns: the Group interface, the byte ledger and its convention. May use: core/, plan/ (the
 // convention's pure functions), backend/ (events, memory access).
@@ -29,7 +29,7 @@
 //                                                         scatter + ring all-gather; start-up only)
 //   send            E                                     kind "<g>_send" (pp_send, cp_send)
 //   receive         nothing
-// times the element size of the call's DType (4 for fp32, 2 for bf16). p = 1 sends nothing (the call returns without MPI).
+// times the element size of the call's DType (4 for fp32, 2 for bf16 and fp16). p = 1 sends nothing (the call returns without MPI).
 // <g> is the group name: "tp", "cp", "dp" (the dp x cp group that holds the same weights, as in
 // the planner), "pp". ledger.calls[kind] counts calls, ledger.seconds[kind] the wall time blocked
 // in them (blocking calls and waits; receives are timed under "<g>_recv"). The caller resets the

@@ -17,34 +17,21 @@ int as_count(int64_t n) {
   return static_cast<int>(n);
 }
 
-// MPI has no bfloat16: the elements travel as 16-bit integers and these operators reduce them
-// (in fp32, rounded back to bf16 at every pairwise step, as NCCL's bf16 reductions do).
-void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+// MPI has no bfloat16 or half: the elements travel as 16-bit integers and these operators reduce
+// them (in fp32, rounded back to the format at every pairwise step, as NCCL's bf16 and fp16
+// reductions do). Widen / Round: half_convert's pair of the format.
+template <float (*Widen)(uint16_t), uint16_t (*Round)(float)>
+void half_sum(void* in, void* inout, int* len, MPI_Datatype*) {
   const uint16_t* a = static_cast<const uint16_t*>(in);
   uint16_t* b = static_cast<uint16_t*>(inout);
-  using half_convert::bf16_to_f32, half_convert::f32_to_bf16;
-  for (int i = 0; i < *len; i++) b[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+  for (int i = 0; i < *len; i++) b[i] = Round(Widen(a[i]) + Widen(b[i]));
 }
-void bf16_max(void* in, void* inout, int* len, MPI_Datatype*) {
+template <float (*Widen)(uint16_t)>
+void half_max(void* in, void* inout, int* len, MPI_Datatype*) {
   const uint16_t* a = static_cast<const uint16_t*>(in);
   uint16_t* b = static_cast<uint16_t*>(inout);
   for (int i = 0; i < *len; i++) {
-    const float x = half_convert::bf16_to_f32(a[i]), y = half_convert::bf16_to_f32(b[i]);
-    if (x > y || x != x) b[i] = a[i];
-  }
-}
-
-void f16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
-  const uint16_t* a = static_cast<const uint16_t*>(in);
-  uint16_t* b = static_cast<uint16_t*>(inout);
-  using half_convert::f16_to_f32, half_convert::f32_to_f16;
-  for (int i = 0; i < *len; i++) b[i] = f32_to_f16(f16_to_f32(a[i]) + f16_to_f32(b[i]));
-}
-void f16_max(void* in, void* inout, int* len, MPI_Datatype*) {
-  const uint16_t* a = static_cast<const uint16_t*>(in);
-  uint16_t* b = static_cast<uint16_t*>(inout);
-  for (int i = 0; i < *len; i++) {
-    const float x = half_convert::f16_to_f32(a[i]), y = half_convert::f16_to_f32(b[i]);
+    const float x = Widen(a[i]), y = Widen(b[i]);
     if (x > y || x != x) b[i] = a[i];
   }
 }
@@ -64,10 +51,11 @@ MPI_Op mpi_op(DType t, ReduceOp op) {
   if (t != DType::bf16 && t != DType::f16) return op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
   static MPI_Op sum = MPI_OP_NULL, max = MPI_OP_NULL, sum16 = MPI_OP_NULL, max16 = MPI_OP_NULL;  // once, on first use
   if (sum == MPI_OP_NULL) {
-    mpi_check(MPI_Op_create(&bf16_sum, 1, &sum), "MPI_Op_create (bf16 sum)");
-    mpi_check(MPI_Op_create(&bf16_max, 1, &max), "MPI_Op_create (bf16 max)");
-    mpi_check(MPI_Op_create(&f16_sum, 1, &sum16), "MPI_Op_create (fp16 sum)");
-    mpi_check(MPI_Op_create(&f16_max, 1, &max16), "MPI_Op_create (fp16 max)");
+    using namespace half_convert;
+    mpi_check(MPI_Op_create(&half_sum<bf16_to_f32, f32_to_bf16>, 1, &sum), "MPI_Op_create (bf16 sum)");
+    mpi_check(MPI_Op_create(&half_max<bf16_to_f32>, 1, &max), "MPI_Op_create (bf16 max)");
+    mpi_check(MPI_Op_create(&half_sum<f16_to_f32, f32_to_f16>, 1, &sum16), "MPI_Op_create (fp16 sum)");
+    mpi_check(MPI_Op_create(&half_max<f16_to_f32>, 1, &max16), "MPI_Op_create (fp16 max)");
   }
   if (t == DType::f16) return op == ReduceOp::sum ? sum16 : max16;
   return op == ReduceOp::sum ? sum : max;

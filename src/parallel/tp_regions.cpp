@@ -29,6 +29,7 @@ void TpComm::all_reduce_sum(float* x, int64_t n) {
 
 void TpComm::all_gather(const float* shard, float* full, int64_t n_shard) {
   if (!sixteen_bit()) return tp_.all_gather(shard, full, n_shard);
+  EXA_CHECK(shard != nullptr, "TpComm::all_gather: the 16-bit path takes no in-place (null) shard");
   const int64_t n_full = n_shard * tp_.size();
   uint16_t* in = staging(n_shard + n_full);  // [n_shard] own rows | [n_full] gathered
   be_->f32_to_half(wire_, in, shard, n_shard);
@@ -38,6 +39,7 @@ void TpComm::all_gather(const float* shard, float* full, int64_t n_shard) {
 
 void TpComm::reduce_scatter_sum(const float* full, float* shard, int64_t n_shard) {
   if (!sixteen_bit()) return tp_.reduce_scatter_sum(full, shard, n_shard);
+  EXA_CHECK(full != nullptr, "TpComm::reduce_scatter_sum: the 16-bit path takes no in-place (null) input");
   const int64_t n_full = n_shard * tp_.size();
   uint16_t* in = staging(n_full + n_shard);  // [n_full] partial sums | [n_shard] this rank's sum
   be_->f32_to_half(wire_, in, full, n_full);

@@ -13,7 +13,8 @@
 // model/parallel_hooks.hpp). A shard is therefore one contiguous block and the pairs are plain
 // flat all-gather / reduce-scatter, chunks in rank order; n_shard = (N/tp) * C floats.
 //
-// The regions' activations and activation gradients cross the tp group as TpComm says: fp32, or
+// The regions' activations and activation gradients (and the vocabulary-parallel embedding's
+// output, whose all-reduce is g's) cross the tp group as TpComm says: fp32, or
 // under mixed precision in 16 bits ([train] tp_comm_dtype, docs/precision.md "Tensor-parallel
 // messages"). The vocabulary-parallel cross-entropy statistics stay fp32 either way.
 #pragma once

@@ -224,7 +224,7 @@ void Zero3Sync::release_segment(int c, int i) {
   const Range& x = chunks_[size_t(c)].segments[size_t(i)].range;
   Gpt& model = *s_.chunks[size_t(c)].model;
   be().release(model.params() + x.offset, x.len, std::numeric_limits<float>::quiet_NaN());
-  if (half_.size() <= size_t(c) || !half_[size_t(c)]) return;
+  if (!half_[size_t(c)]) return;  // fp32: no 16-bit copy (half_ is filled before the first release)
   model.half_written(x.offset, x.end(), false);
   const auto lo = (reinterpret_cast<uintptr_t>(model.params_half() + x.offset) + 3) & ~uintptr_t(3);
   const auto hi = reinterpret_cast<uintptr_t>(model.params_half() + x.end()) & ~uintptr_t(3);

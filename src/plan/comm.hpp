@@ -13,9 +13,12 @@
 //  * ring all-reduce = reduce-scatter + all-gather:  2E - chunk(r) - chunk((r+1) mod p)
 //    (= 2 (p-1)/p E when p divides E). p = 1 sends nothing.
 //  * point-to-point sends count the whole message.
-//  * bytes = elements x element size: 4 for fp32 runs (our CPU runtime), 2 for fp16/bf16/fp8
-//    (Megatron's 16-bit traffic; this runtime's bf16 and fp16 runs keep fp32 messages,
-//    docs/precision.md); the dp gradient reductions follow the gradients' reduce dtype, not the
+//  * bytes = elements x element size: 4 for fp32 runs, 2 for fp16/bf16/fp8 (Megatron's 16-bit
+//    traffic, and this runtime's under mixed precision, docs/precision.md), except: the tp regions'
+//    messages with [train] tp_comm_dtype = "fp32" and the pipeline's with pipeline_dtype = "fp32"
+//    (Plan::tp_element_bytes, pipeline_element_bytes) are 4; the cross entropy's statistics and
+//    sequence parallelism's weight-gradient all-reduce are fp32 at every precision (4; 2 with
+//    Plan::grads_16bit for the latter); the dp gradient reductions follow the gradients' reduce dtype, not the
 //    precision: 4 (fp32 gradients, at every precision), 2 with [train] grad_reduce_dtype = "bf16"
 //    (Plan::grad_reduce_bf16) or a framework's 16-bit gradients (Plan::grads_16bit).
 // WHAT IS COUNTED per step (m = micro-batches, t = micro_batch * seq_len / cp tokens, h hidden,

@@ -149,10 +149,11 @@ Plan resolve_plan(const ParallelSpec& parallel, Precision precision);
 Plan resolve_plan(const Job& job);
 
 // Settings of the job that have no effect on this plan, as the frameworks accept them (a
-// published configuration may carry them), one line each for `predict`, `plan`, `check` and
-// `train` to print: seq_parallel or tp_comm_overlap at tp = 1 (Megatron and NeMo turn them off),
+// published configuration may carry them), one line each for `predict`, `check` and `train` to
+// print: seq_parallel or tp_comm_overlap at tp = 1 (Megatron and NeMo turn them off),
 // ZeRO without data-parallel replicas, overlap_param_gather under ZeRO 3 (it gathers per layer
-// anyway), fp8_recipe without fp8, schedule = "gpipe" without a pipeline. Only keys the job sets.
+// anyway), fp8_recipe without fp8, schedule = "gpipe" without a pipeline, tp_comm_dtype or
+// pipeline_dtype = "fp32" without tp / pp or at fp32. Only keys the job sets.
 std::vector<std::string> plan_notes(const Job& job, const Plan& plan);
 
 // THE rules a plan must satisfy on a model, in one place: `predict`, `plan` (and its search) and

@@ -231,11 +231,14 @@ void Session::open_outputs() {
              backend_->name(), trainer_->params_on_rank(), job_.model.layers, job_.model.hidden, job_.model.vocab,
              job_.train.steps, job_.parallel.global_batch, job_.model.seq_len, plan_.micro_batches(),
              plan_.micro_batch, result_.dataset_dir);
-  if (plan_.precision != Precision::fp32) {
-    const Half h = plan_.precision == Precision::fp16 ? Half::f16 : Half::bf16;
+  if (const std::optional<Half> h = half_format(plan_.precision)) {
     fmt::print(opt_.out, "precision {}: 16-bit weight copy and GEMM inputs, fp32 master weights, gradients and "
-               "optimizer state; GEMMs: {}\n", to_string(plan_.precision), backend_->gemm_half_path(h));
+               "optimizer state; GEMMs: {}{}{}\n", to_string(plan_.precision), backend_->gemm_half_path(*h),
+               plan_.tp > 1 ? (plan_.tp_comm_fp32 ? "; tp messages fp32" : "; tp messages 16-bit") : "",
+               plan_.pp > 1 ? (plan_.pipeline_fp32 ? "; pipeline messages fp32" : "; pipeline messages 16-bit") : "");
   }
+  // Settings of the job without effect on this plan, as `predict` and `check` say them.
+  for (const std::string& note : plan::plan_notes(job_, plan_)) fmt::print(opt_.out, "note: {}\n", note);
   if (trainer_->loss_scaler().enabled()) {
     const LossScaleSpec& ls = job_.train.loss_scale;
     if (ls.dynamic)

@@ -22,14 +22,6 @@ namespace exatrain {
 
 using parallel::Range;
 
-namespace {
-// The 16-bit format a mixed precision computes in (its tp and pp messages' format); none at fp32.
-std::optional<Half> half_format(Precision p) {
-  if (p == Precision::bf16) return Half::bf16;
-  if (p == Precision::fp16) return Half::f16;
-  return std::nullopt;
-}
-}  // namespace
 
 // The engine's ParallelHooks over the tp group (MpiParallelHooks: the named tensor-parallel
 // regions) plus the layer boundaries, which drive the data-parallel side.

@@ -155,6 +155,23 @@ int main(int argc, char** argv) {
     }
     for (const auto& [name, b] : got)
       if (b != 0 && name.rfind("world", 0) != 0) problems += fmt::format(" {}: runtime {} not in the planner;", name, b);
+    // The evaluation's forward sends its stage outputs as training does (pipeline_dtype): one
+    // message of act elements per stage this rank owns but the last, per batch (dp batches: one each).
+    if (p.pp > 1) {
+      run.rt->ledger().reset();
+      trainer.evaluate(p.dp, [&](int64_t i, int32_t* tok, int32_t* tgt) {
+        dist_test::val_batch(job.model.vocab, i, cfg.micro_batch, job.model.seq_len, tok, tgt);
+      });
+      const int S = int(p.pp * p.vp);
+      int64_t sends = 0;
+      for (int s = 0; s + 1 < S; s++) sends += s % int(p.pp) == pos.pp_rank;  // stage s on pp rank s mod pp
+      const int64_t act = cfg.micro_batch * job.model.seq_len * job.model.hidden / (p.seq_parallel ? p.tp : 1);
+      const int64_t want_eval = sends * act * p.pipeline_element_bytes();
+      const int64_t got_eval = run.rt->ledger().bytes["pp_eval"];
+      if (got_eval != want_eval)
+        problems += fmt::format(" evaluation pp_eval: runtime {} expected {} ({} sends of {} elements);", got_eval,
+                                want_eval, sends, act);
+    }
     int bad = !problems.empty(), any_bad = 0;
     MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     for (int r = 0; r < world; r++) {

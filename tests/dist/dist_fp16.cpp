@@ -129,7 +129,8 @@ int main(int argc, char** argv) {
     // default hysteresis of 2 is tested on one rank (loss_scaler_test, session_test).
     job.train.loss_scale.hysteresis = 1;
     // fp32 tp and pp messages: the 1e-5 comparison with one rank is of the skip logic alone (fp16
-    // messages add their own rounding: 1.3e-5 at tp 2; dist_equivalence --comm16 covers them).
+    // messages add their own rounding: 1.3e-5 at tp 2; test_parallel_mpi's TpHooksMpi and
+    // PipelineMpi SixteenBit tests check the fp16 messages exactly).
     job.train.pipeline_dtype = job.train.tp_comm_dtype = "fp32";
     const std::vector<double> ref = single_rank_losses(job, iterations, inject_at);
     for (int r = 0; r < world; r++) {  // a. only world rank r overflows

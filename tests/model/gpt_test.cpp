@@ -74,6 +74,15 @@ TEST(Gpt, RecomputeSavesActivationMemory) {
 // bits instead of 32, and adds the float32 staging of one GEMM input (fwd32_: [N, max(C, HD, F)],
 // also where the observer widens a kept input) and the rounded output gradient (dy16_: [N, max(C,
 // QKV, FC, V)] in 16 bits): exactly that difference, nothing else (no float32 lnf beside its copy).
+// The one mapping from a training precision to its 16-bit format (the weight copy and GEMM inputs
+// here; the runtime's tp and pp messages use it too): fp16 computes in IEEE half, bf16 in bfloat16.
+TEST(Gpt, HalfFormatOfEachPrecision) {
+  EXPECT_EQ(half_format(Precision::bf16), Half::bf16);
+  EXPECT_EQ(half_format(Precision::fp16), Half::f16);
+  EXPECT_FALSE(half_format(Precision::fp32).has_value());
+  EXPECT_FALSE(half_format(Precision::fp8).has_value());
+}
+
 TEST(Gpt, MixedPrecisionActivationBytesAreTheKeptInputsIn16Bits) {
   auto be = make_cpu_backend(1);
   const ModelSpec m = tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4);

@@ -248,9 +248,34 @@ TEST(Predict, SeqParallelAtTpOneIsANoOpWithANote) {
   EXPECT_TRUE(plan_notes(plain, resolve_plan(plain)).empty());
 }
 
+namespace {
+// plan_notes' lines that name `key` (kJob's zero = 1 at dp = 1 has a note of its own).
+std::vector<std::string> notes_naming(const Job& j, const std::string& key) {
+  std::vector<std::string> out;
+  for (const std::string& n : plan_notes(j, resolve_plan(j)))
+    if (n.find(key) != std::string::npos) out.push_back(n);
+  return out;
+}
+
+// [train] `key` = "fp32" gets one note where it has no effect: with the overrides `one` (its
+// parallel degree at 1; the note says "at `why`") and at precision = "fp32"; none where it acts,
+// none when the key is unset.
+void expect_notes_where_it_has_no_effect(const std::string& key, std::vector<std::string> one, const std::string& why) {
+  const std::string set = "train." + key + "=fp32";
+  EXPECT_TRUE(notes_naming(parse_job(kJob, "job.toml", {set}), key).empty()) << key;
+  one.push_back(set);
+  std::vector<std::string> notes = notes_naming(parse_job(kJob, "job.toml", one), key);
+  ASSERT_EQ(notes.size(), 1u) << key;
+  EXPECT_NE(notes[0].find(key + " = \"fp32\" has no effect at " + why), std::string::npos) << notes[0];
+  notes = notes_naming(parse_job(kJob, "job.toml", {set, "train.precision=fp32"}), key);
+  ASSERT_EQ(notes.size(), 1u) << key;
+  EXPECT_NE(notes[0].find("has no effect at precision = \"fp32\""), std::string::npos) << notes[0];
+  EXPECT_TRUE(notes_naming(parse_job(kJob, "job.toml", {"train.precision=fp32"}), key).empty()) << key;
+}
+}  // namespace
+
 // [train] pipeline_dtype = "fp32" doubles the pipeline messages of a bf16 plan: predict's p2p time
-// grows, nothing else moves; the default follows the compute dtype. Set where it has no effect
-// (pp = 1, fp32), it gets a note.
+// grows, nothing else moves; the default follows the compute dtype.
 TEST(Predict, PipelineDtypeFp32SendsTheStageMessagesInFourBytes) {
   Job job = parse_job(kJob, "job.toml");
   const Prediction p16 = predict(job.model, job.machine, resolve_plan(job));
@@ -261,28 +286,11 @@ TEST(Predict, PipelineDtypeFp32SendsTheStageMessagesInFourBytes) {
   EXPECT_GT(w.breakdown.pp_comm, 1.5 * p16.breakdown.pp_comm);
   EXPECT_DOUBLE_EQ(w.breakdown.compute, p16.breakdown.compute);
   EXPECT_DOUBLE_EQ(w.breakdown.dp_comm, p16.breakdown.dp_comm);
-  // Notes about pipeline_dtype only (kJob's zero = 1 at dp = 1 has its own).
-  auto pipeline_notes = [](const Job& j) {
-    std::vector<std::string> out;
-    for (const std::string& n : plan_notes(j, resolve_plan(j)))
-      if (n.find("pipeline_dtype") != std::string::npos) out.push_back(n);
-    return out;
-  };
-  EXPECT_TRUE(pipeline_notes(f32).empty());
-  Job one = parse_job(kJob, "job.toml", {"train.pipeline_dtype=fp32", "parallel.pp=1", "parallel.vp=1",
-                                         "parallel.dp=8"});
-  std::vector<std::string> notes = pipeline_notes(one);
-  ASSERT_EQ(notes.size(), 1u);
-  EXPECT_NE(notes[0].find("pipeline_dtype = \"fp32\" has no effect at pp = 1"), std::string::npos) << notes[0];
-  Job fp32 = parse_job(kJob, "job.toml", {"train.pipeline_dtype=fp32", "train.precision=fp32"});
-  notes = pipeline_notes(fp32);
-  ASSERT_EQ(notes.size(), 1u);
-  EXPECT_NE(notes[0].find("has no effect at precision = \"fp32\""), std::string::npos) << notes[0];
-  EXPECT_TRUE(pipeline_notes(parse_job(kJob, "job.toml", {"train.precision=fp32"})).empty());
+  expect_notes_where_it_has_no_effect("pipeline_dtype", {"parallel.pp=1", "parallel.vp=1", "parallel.dp=8"}, "pp = 1");
 }
 
 // [train] tp_comm_dtype = "fp32" doubles the tensor-parallel messages of a bf16 plan: predict's
-// tp time grows, nothing else moves. At tp = 1 or fp32 it gets a note.
+// tp time grows, nothing else moves.
 TEST(Predict, TpCommDtypeFp32SendsTheRegionsMessagesInFourBytes) {
   Job job = parse_job(kJob, "job.toml", {"parallel.tp_comm_overlap=false"});
   const Prediction p16 = predict(job.model, job.machine, resolve_plan(job));
@@ -293,22 +301,8 @@ TEST(Predict, TpCommDtypeFp32SendsTheRegionsMessagesInFourBytes) {
   EXPECT_GT(w.breakdown.tp_comm, 1.5 * p16.breakdown.tp_comm);
   EXPECT_DOUBLE_EQ(w.breakdown.pp_comm, p16.breakdown.pp_comm);
   EXPECT_DOUBLE_EQ(w.breakdown.compute, p16.breakdown.compute);
-  auto tp_notes = [](const Job& j) {
-    std::vector<std::string> out;
-    for (const std::string& n : plan_notes(j, resolve_plan(j)))
-      if (n.find("tp_comm_dtype") != std::string::npos) out.push_back(n);
-    return out;
-  };
-  EXPECT_TRUE(tp_notes(f32).empty());
-  Job one = parse_job(kJob, "job.toml", {"train.tp_comm_dtype=fp32", "parallel.tp=1", "parallel.dp=8",
-                                         "parallel.seq_parallel=false"});
-  std::vector<std::string> notes = tp_notes(one);
-  ASSERT_EQ(notes.size(), 1u);
-  EXPECT_NE(notes[0].find("tp_comm_dtype = \"fp32\" has no effect at tp = 1"), std::string::npos) << notes[0];
-  Job fp32 = parse_job(kJob, "job.toml", {"train.tp_comm_dtype=fp32", "train.precision=fp32"});
-  notes = tp_notes(fp32);
-  ASSERT_EQ(notes.size(), 1u);
-  EXPECT_NE(notes[0].find("has no effect at precision = \"fp32\""), std::string::npos) << notes[0];
+  expect_notes_where_it_has_no_effect("tp_comm_dtype", {"parallel.tp=1", "parallel.dp=8", "parallel.seq_parallel=false"},
+                                      "tp = 1");
 }
 
 TEST(Predict, WhatCannotBeModelledIsRefusedWithTheReason) {

@@ -154,10 +154,13 @@ TEST(PipelineMpi, EverySchedulesGradientsEqualTheSingleProcessResult) {
   }
 }
 
-// The toy in float with every stage-to-stage message rounded to bf16 (the activation forward, its
-// gradient backward), as a 16-bit wire sends it: dL/dw_s summed over micro-batches.
-static std::vector<float> reference_grads_bf16_wire(int S, int m) {
-  auto wire = [](float v) { return exatrain::half_convert::bf16_to_f32(exatrain::half_convert::f32_to_bf16(v)); };
+// The toy in float with every stage-to-stage message rounded to the 16-bit format h (the activation
+// forward, its gradient backward), as a 16-bit wire sends it: dL/dw_s summed over micro-batches.
+static std::vector<float> reference_grads_half_wire(int S, int m, exatrain::Half h) {
+  namespace hc = exatrain::half_convert;
+  auto wire = [h](float v) {
+    return h == exatrain::Half::bf16 ? hc::bf16_to_f32(hc::f32_to_bf16(v)) : hc::f16_to_f32(hc::f32_to_f16(v));
+  };
   std::vector<float> dw(S, 0.f);
   for (int mb = 0; mb < m; mb++) {
     std::vector<std::vector<float>> xs(S, std::vector<float>(kWidth));  // stage inputs
@@ -176,27 +179,30 @@ static std::vector<float> reference_grads_bf16_wire(int S, int m) {
 }
 
 // A BufferPool with a 16-bit wire (the trainer's under mixed precision, [train] pipeline_dtype =
-// "auto"): every message crosses as bf16, so the gradients are those of the toy with each message
-// rounded (not the fp32 ones), and pp_send counts 2 bytes per element.
+// "auto"): every message crosses in the format (bf16 or fp16), so the gradients are those of the toy
+// with each message rounded to it (not the fp32 ones, nor the other format's), and pp_send counts 2
+// bytes per element.
 TEST(PipelineMpi, SixteenBitWireRoundsEveryMessageOnceAndSendsHalfTheBytes) {
   int W = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &W);
   if (W < 2) GTEST_SKIP() << "needs a pipeline";
+  for (exatrain::Half h : {exatrain::Half::bf16, exatrain::Half::f16})
   for (const PipelinePlan& plan : {PipelinePlan{PipeSchedule::one_f_one_b, W, 1, W + 1},
                                    PipelinePlan{PipeSchedule::interleaved, W, 2, W}}) {
     CommLedger ledger;
     MpiGroup pp(MPI_COMM_WORLD, "pp", &ledger, nullptr);
     float loss = 0;
-    const std::vector<float> dw = run_toy(pp, plan, 0, &loss, nullptr, exatrain::Half::bf16);
-    const std::vector<float> want = reference_grads_bf16_wire(plan.stages(), plan.micro_batches);
+    const std::vector<float> dw = run_toy(pp, plan, 0, &loss, nullptr, h);
+    const std::vector<float> want = reference_grads_half_wire(plan.stages(), plan.micro_batches, h);
     double ref_loss = 0;
     const std::vector<double> fp32 = reference_grads(plan.stages(), plan.micro_batches, &ref_loss);
     int64_t sends = 0;
     for (int c = 0; c < plan.vp; c++) {
       const int s = stage_of(plan, pp.rank(), c);
-      EXPECT_NEAR(dw[c], want[s], 1e-5 * (1 + std::fabs(want[s]))) << "stage " << s;
-      // The first stage's gradient has come through every rounded message: far from the fp32 one.
-      if (s == 0) EXPECT_GT(std::fabs(dw[c] - fp32[0]), 1e-4 * std::fabs(fp32[0])) << "stage 0: not rounded?";
+      EXPECT_NEAR(dw[c], want[s], 1e-6 * (1 + std::fabs(want[s]))) << "stage " << s;
+      // The first stage's gradient has come through every rounded message: far from the fp32 one
+      // (bf16 steps are 2^-8, fp16's 2^-11).
+      if (s == 0) EXPECT_GT(std::fabs(dw[c] - fp32[0]), 1e-5 * std::fabs(fp32[0])) << "stage 0: not rounded?";
       sends += plan.micro_batches * ((s < plan.stages() - 1) + (s > 0));
     }
     EXPECT_EQ(ledger.bytes["pp_send"], 2 * kWidth * sends);

@@ -74,7 +74,7 @@ TEST(TpHooksMpi, SixteenBitHooksRoundSumAndWidenAndSendHalfTheBytes) {
     auto round = [h](float x) {
       return h == Half::bf16 ? hc::bf16_to_f32(hc::f32_to_bf16(x)) : hc::f16_to_f32(hc::f32_to_f16(x));
     };
-    const double step = h == Half::bf16 ? 1.0 / 256 : 1.0 / 2048;  // relative spacing of the format
+    const double step = h == Half::bf16 ? 1.0 / 256 : 1.0 / 2048;  // the format's unit roundoff (half its relative spacing)
     const char* name = h == Half::bf16 ? "bf16" : "fp16";
     CommLedger l16, l32;
     MpiGroup tp16(MPI_COMM_WORLD, "tp", &l16, nullptr), tp32(MPI_COMM_WORLD, "tp", &l32, nullptr);
@@ -105,6 +105,7 @@ TEST(TpHooksMpi, SixteenBitHooksRoundSumAndWidenAndSendHalfTheBytes) {
     for (int64_t i = 0; i < n; i++) {
       if (p == 1) {  // one rank: nothing sent, nothing rounded
         EXPECT_EQ(a[i], v(0, i));
+        EXPECT_EQ(b[i], v(0, i));
         continue;
       }
       check_sum(a[i], i, "input_grad_allreduce");
