@@ -12,13 +12,29 @@ namespace {
 // Bytes per parameter held as weights / gradients / optimizer state. Mixed precision (fp16,
 // bf16, fp8) keeps 16-bit weights, fp32 gradients (Megatron's main_grad buffer, DeepSpeed's
 // BF16Optimizer, FSDP's fp32 reduce dtype all accumulate in fp32) and an fp32 master copy plus
-// Adam's two fp32 moments: 2 + 4 + 12 bytes. fp32 training keeps 4 + 4 + 8.
+// Adam's two fp32 moments: 2 + 4 + 12 bytes. fp32 training keeps 4 + 4 + 8. Under ZeRO 3 the
+// fp32 shard IS the master: FSDP (1 and 2, MixedPrecisionPolicy param_dtype = bf16) keeps the
+// parameters' fp32 shards, which the optimizer updates, and casts each shard to 16 bits only into
+// the all-gather buffer of the unit being computed (counted in the buffers below); this runtime's
+// ZeRO 3 does the same (parallel/master_shards.hpp HalfGathers rounds straight from the shard). So 4 + 4 + 8
+// sharded, 2 bytes per parameter fewer than a separate 16-bit copy. DeepSpeed's ZeRO 3 keeps a
+// 16-bit partition beside its fp32 master (2 bytes per parameter / shards more): not modelled.
 struct BytesPerParam { double weights, grads, optimizer; };
-BytesPerParam bytes_per_param(Precision p) {
+BytesPerParam bytes_per_param(Precision p, int64_t zero) {
   if (p == Precision::fp32) return {4, 4, 8};
+  if (zero >= 3) return {4, 4, 8};
   return {2, 4, 12};
 }
 }  // namespace
+
+double cross_entropy_bytes_per_logit(CrossEntropy ce) {
+  switch (ce) {
+    case CrossEntropy::fused: return 8;     // 16-bit logits, fp32 copy (6), 16-bit gradient (2)
+    case CrossEntropy::eager: return 12;    // 16-bit logits, fp32 log-softmax and its fp32 gradient, 16-bit gradient
+    case CrossEntropy::compiled: return 4;  // 16-bit logits, 16-bit gradient (the fp32 passes fused)
+  }
+  return 12;
+}
 
 int64_t matrix_parameters_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank) {
   int64_t tp = p.tp, h = m.hidden, f = m.ffn_hidden, hd = m.head_dim();
@@ -89,7 +105,7 @@ Memory memory_of_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, bool w
                       double fragmentation = kFragmentation) {
   Memory mem;
   mem.pp_rank = pp_rank;
-  BytesPerParam b = bytes_per_param(p.precision);
+  BytesPerParam b = bytes_per_param(p.precision, p.zero);
   if (p.grads_16bit && p.precision != Precision::fp32) b.grads = 2;
   // DeepSpeed's BF16Optimizer keeps the backward's bf16 .grad besides its fp32 accumulation.
   if (p.grads_twice) b.grads += 2;
@@ -126,12 +142,10 @@ Memory memory_of_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, bool w
     // The backward of a layer holds the gradients of its activations while it runs: one more
     // layer's worth of the activations it saves (the caching allocator keeps that space).
     act += activation_bytes_per_layer(m, p, Recompute::none);
-    // Cross entropy over one micro-batch's logits (this tp rank's vocabulary slice): fused (Megatron's
-    // vocabulary-parallel kernel: the 16-bit logits, an fp32 copy exponentiated and turned into the
-    // gradient in place, 6 bytes per logit, plus the 16-bit gradient, 8) or eager PyTorch (16-bit
-    // logits, the saved fp32 log-softmax, its fp32 gradient and the 16-bit gradient: 12).
+    // Cross entropy over one micro-batch's logits (this tp rank's vocabulary slice), by what the
+    // implementation holds per logit (plan.hpp Plan::cross_entropy).
     if (pp_rank == p.pp - 1)
-      act += (p.fused_kernels ? 8.0 : 12.0) * tokens * double((m.vocab + p.tp - 1) / p.tp);
+      act += cross_entropy_bytes_per_logit(p.cross_entropy) * tokens * double((m.vocab + p.tp - 1) / p.tp);
     if (pp_rank == 0)  // embedding output kept for its backward
       act += inflight * elem * tokens * double(m.hidden) / (p.seq_parallel ? p.tp : 1);
     mem.activations = act;

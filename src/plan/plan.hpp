@@ -20,6 +20,9 @@
 
 namespace exatrain::plan {
 
+// Which cross-entropy implementation a framework runs (Plan::cross_entropy below).
+enum class CrossEntropy { fused, eager, compiled };
+
 struct Plan {
   int64_t gpus = 1, tp = 1, pp = 1, dp = 1, cp = 1, vp = 1, zero = 0, micro_batch = 1;
   int64_t global_batch = 1;
@@ -73,6 +76,13 @@ struct Plan {
   // Element-wise kernels: fused (Megatron's bias-GELU and bias-dropout-add, TE, torch.compile) or
   // one kernel per op (PyTorch eager); plan/compute.cpp counts each one's bytes.
   bool fused_kernels = true;
+  // The cross entropy over the logits, by what it holds per logit (plan/memory.cpp): Megatron's
+  // fused vocabulary-parallel kernel (16-bit logits, an fp32 copy turned into the gradient in
+  // place, the 16-bit gradient: 8 bytes), PyTorch eager on an fp32 upcast (16-bit logits, the
+  // saved fp32 log-softmax, its fp32 gradient and the 16-bit gradient: 12), or that upcast and
+  // loss compiled by torch.compile (inductor fuses the upcast, log-softmax and gradient: the 16-bit
+  // logits and the 16-bit gradient, 4). Not a job key: validation sets it per source and date.
+  CrossEntropy cross_entropy = CrossEntropy::fused;
   // Gradients accumulated and data-parallel-reduced in 16 bits instead of fp32: Megatron's fp16
   // path (accumulate_allreduce_grads_in_fp32 is forced only for bf16), DeepSpeed's fp16 ZeRO, FSDP's
   // PURE mixed precision. Not a job key: validation sets it per source; the default (fp32) is what

@@ -123,10 +123,11 @@ std::string source_key(const std::string& source) {
 //    dropout (the MPT yamls set every pdrop to 0), FSDP (reduction overlapped), TE's delayed fp8.
 //  - torchtitan (Llama 3): SDPA's flash backend, eager or torch.compile (stated), its "selective"
 //    checkpointing is the op-level one (selective_ac_option = "op" in its Llama 3 configs),
-//    torchao's float8 (tensorwise unless "rowwise" is stated), async TP where stated.
+//    torchao's float8 (tensorwise unless "rowwise" is stated), async TP where stated, the loss
+//    eager (fp32 upcast) or compiled with the model by the torchtitan version's date.
 //  - Megatron-Core / NeMo: the overlap flags the notes state.
-std::string framework_of(const std::string& source, const std::string& prec, const std::string& notes,
-                         const std::string& rec, Plan& p) {
+std::string framework_of(const std::string& source, const std::string& source_cell, const std::string& prec,
+                         const std::string& notes, Plan& p) {
   for (const char* old : {"Narayanan", "Korthikanti", "Smith", "bigscience-workshop/bigscience", "Zhang"})
     if (source == old) {
       p.attention = Attention::unfused;
@@ -144,6 +145,7 @@ std::string framework_of(const std::string& source, const std::string& prec, con
   if (has(source, "mosaicml")) {
     p.alibi = true;  // MPT: attn_config alibi: true, no RoPE
     p.fused_kernels = false;
+    p.cross_entropy = CrossEntropy::eager;  // composer's loss: F.cross_entropy, eager
     p.dropout = false;
     // llm-foundry's benchmark script before 2024 ran attn_impl "triton" with FSDP's PURE mixed
     // precision (bf16 gradients) and passed precision "bf16"; the 2024 one "flash" (flash-attn 2)
@@ -155,12 +157,19 @@ std::string framework_of(const std::string& source, const std::string& prec, con
     p.fsdp_grad_pass = true;  // composer wraps the model in torch's FullyShardedDataParallel (FSDP1)
   }
   if (has(source, "torchtitan")) {
-    p.fused_kernels = has(prec, "compile") || has(notes, "compile");
+    // The trainy-whitefiber H200 benchmark's row does not restate it, but the command that file
+    // gives runs `--training.compile` (and --training.local_batch_size=2, as the row has).
+    p.fused_kernels = has(prec, "compile") || has(notes, "compile") || has(source_cell, "trainy-whitefiber");
+    // torchtitan compiles the loss (the fp32 upcast inside it) with the model: from PR #642
+    // (2024-10-22) to PR #755 (2024-12-19, "turning off compile on loss function") and again
+    // from PR #1033 (2025-04-01). The Dec 2024 benchmarks ran torchtitan 9dec370 (2024-12-26):
+    // eager loss; the 2025 ones (e7c0cae, June 2025): compiled.
+    const bool loss_compiled = has(source_cell, "2025") || has(source_cell, "2026");
+    p.cross_entropy = !p.fused_kernels ? CrossEntropy::eager : loss_compiled ? CrossEntropy::compiled : CrossEntropy::fused;
     p.tp_comm_overlap = p.tp > 1 && (has(prec, "AsyncTP") || has(notes, "async TP") || has(notes, "AsyncTP"));
     if (has(prec, "rowwise")) p.fp8_recipe = Fp8Recipe::rowwise;
     else if (p.precision == Precision::fp8) p.fp8_recipe = Fp8Recipe::tensorwise;
     if (p.recompute == Recompute::selective) p.recompute = Recompute::op;
-    (void)rec;
   }
   if (has(notes, "--overlap-grad-reduce")) p.overlap_grad_reduce = true;
   if (has(notes, "--overlap-param-gather") && p.zero > 0) p.overlap_param_gather = true;
@@ -297,7 +306,7 @@ RunCase case_from_row(const CsvRow& row, int index) {
   else if (has(prec, "bf16")) p.precision = Precision::bf16;
   else if (has(prec, "16")) p.precision = Precision::fp16;
   else return skip(fmt::format("precision '{}' not understood", prec));
-  if (auto why = framework_of(rc.source, prec, notes, rec, p); !why.empty()) return skip(why);
+  if (auto why = framework_of(rc.source, cell(row, "source"), prec, notes, p); !why.empty()) return skip(why);
   std::string err = plan_error(m, p);
   if (!err.empty()) return skip("plan as stated is invalid: " + err);
 

@@ -129,11 +129,31 @@ TEST(Memory, ZeroStagesShardStates) {
   Memory z3 = memory_per_device(m, p, d);
   EXPECT_DOUBLE_EQ(z1.optimizer, z0.optimizer / 4);
   EXPECT_DOUBLE_EQ(z1.grads, z0.grads);
-  EXPECT_DOUBLE_EQ(z3.params, z0.params / 4);
+  // ZeRO 3 keeps the fp32 shard as the master (FSDP, this runtime): 4 bytes of weights per
+  // sharded parameter where ZeRO 0 keeps a 16-bit copy (2), and no separate master in the state.
+  EXPECT_DOUBLE_EQ(z3.params, 2 * z0.params / 4);
   EXPECT_DOUBLE_EQ(z3.grads, z0.grads / 4);
+  EXPECT_DOUBLE_EQ(z3.optimizer, z0.optimizer * 8 / 12 / 4);
+  EXPECT_DOUBLE_EQ(z3.params + z3.grads + z3.optimizer, 16 * double(parameters_on_rank(m, p, 0)) / 4);
   // Rank 0 of an 8-stage pipeline: 12 layers / tp 8 + the vocabulary-parallel embedding.
   int64_t h = 12288;
   int64_t layer = h * (h / 8 + 2 * h / 8) + (h / 8) * h + h * (4 * h / 8) + (4 * h / 8) * h +
                   (h / 8 + 2 * h / 8) + h + 4 * h / 8 + h + 4 * h;
   EXPECT_EQ(parameters_on_rank(m, p, 0), 12 * layer + 51200 / 8 * h + 2048 * h);
+}
+
+TEST(Memory, CrossEntropyBytesByImplementation) {
+  // The last stage's logits: Megatron's fused kernel 8 bytes each, eager PyTorch 12, compiled 4.
+  ModelSpec m = gpt3_175b();
+  Plan p;
+  p.tp = 8; p.pp = 1; p.dp = 1; p.gpus = 8; p.micro_batch = 1; p.global_batch = 1;
+  p.precision = Precision::bf16;
+  const Device& d = find_device("a100-80g");
+  const double logits = double(m.seq_len) * double((m.vocab + 7) / 8);
+  p.cross_entropy = CrossEntropy::fused;
+  const double fused = memory_per_device(m, p, d).activations;
+  p.cross_entropy = CrossEntropy::eager;
+  EXPECT_DOUBLE_EQ(memory_per_device(m, p, d).activations - fused, 4 * logits);
+  p.cross_entropy = CrossEntropy::compiled;
+  EXPECT_DOUBLE_EQ(fused - memory_per_device(m, p, d).activations, 4 * logits);
 }
