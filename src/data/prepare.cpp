@@ -110,6 +110,122 @@ std::vector<std::string> sample_lines(const std::vector<std::string>& inputs, ui
   return out;
 }
 
+namespace {
+
+std::string shard_name(size_t i) { return fmt::format("shard_{:05d}.bin", i); }
+
+// The byte tokenizer, or SentencePiece BPE trained on a sample of the inputs and written beside
+// the shards (its hash in the manifest).
+std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& o, DatasetManifest& m) {
+  if (o.tokenizer == "byte") return make_byte_tokenizer();
+  std::vector<std::string> sample = sample_lines(o.inputs, o.sample_lines, o.seed, o.progress);
+  m.sample_lines_used = sample.size();
+  if (o.progress) {
+    std::fprintf(stderr, "tokenizer: training SentencePiece BPE (vocab %u) on %zu lines\n",
+                 o.vocab_size, sample.size());
+  }
+  std::string model = train_sentencepiece(sample, {o.vocab_size, o.seed, o.verbose_tokenizer});
+  m.tokenizer_file = kTokenizerModelName;
+  m.tokenizer_sha256 = sha256_hex(model);
+  write_file_atomic((fs::path(o.out_dir) / kTokenizerModelName).string(), model);
+  return make_sentencepiece_tokenizer(model, kTokenizerModelName);
+}
+
+// Token ids into shards of o.shard_tokens tokens each, every closed shard recorded in the manifest.
+class ShardSink {
+ public:
+  ShardSink(const PrepareOptions& o, DatasetManifest& m) : o_(o), m_(m) {}
+  void append(const std::vector<uint32_t>& ids) {
+    size_t done = 0;
+    while (done < ids.size()) {
+      if (!shard_) {
+        shard_ = std::make_unique<ShardWriter>(
+            (fs::path(o_.out_dir) / shard_name(m_.shards.size())).string(), m_.vocab_size);
+      }
+      uint64_t room = o_.shard_tokens - shard_->tokens();
+      uint64_t take = std::min<uint64_t>(room, ids.size() - done);
+      shard_->append(ids.data() + done, take);
+      done += take;
+      if (shard_->tokens() == o_.shard_tokens) close();
+    }
+  }
+  void close() {  // the open shard, if any
+    if (!shard_) return;
+    ShardEntry e;
+    e.file = shard_name(m_.shards.size());
+    e.tokens = shard_->tokens();
+    e.sha256 = shard_->finish();
+    e.bytes = kShardHeaderBytes + e.tokens * m_.token_bytes;
+    m_.total_tokens += e.tokens;
+    m_.shards.push_back(e);
+    shard_.reset();
+  }
+  uint64_t tokens() const { return m_.total_tokens + (shard_ ? shard_->tokens() : 0); }
+
+ private:
+  const PrepareOptions& o_;
+  DatasetManifest& m_;
+  std::unique_ptr<ShardWriter> shard_;
+};
+
+// Batches of line pieces encoded in parallel, appended in input order. A batch holds at most
+// 4096 pieces and 4 MiB of text; a piece is at most 1 MiB (LineReader::kDefaultMaxPiece; a longer
+// line is tokenized piece by piece, its separator after the last piece), so memory stays bounded
+// whatever the length of the input's lines: the batch's text, its ids (4 bytes per token, at most
+// one token per byte) twice, and a shard's staging.
+class BatchEncoder {
+ public:
+  static constexpr size_t kBatchLines = 4096, kBatchBytes = size_t(4) << 20;
+  BatchEncoder(const Tokenizer& tok, ShardSink& sink) : tok_(tok), sink_(sink), encoded_(kBatchLines) {}
+  // Adds a piece; true when the batch is full and was encoded.
+  bool add(const std::string& piece, bool line_end) {
+    bytes_ += piece.size();
+    batch_.push_back(piece);
+    ends_.push_back(line_end);
+    if (batch_.size() < kBatchLines && bytes_ < kBatchBytes) return false;
+    encode();
+    return true;
+  }
+  void encode() {
+    const int64_t n = int64_t(batch_.size());
+    std::string error;  // an exception must not escape the parallel region
+#pragma omp parallel for schedule(dynamic, 64)
+    for (int64_t i = 0; i < n; i++) {
+      encoded_[i].clear();
+      try {
+        tok_.encode(batch_[i], encoded_[i]);
+      } catch (const std::exception& e) {
+#pragma omp critical
+        error = e.what();
+      }
+      if (ends_[size_t(i)]) encoded_[i].push_back(tok_.separator_id());
+    }
+    EXA_CHECK(error.empty(), "data prepare: tokenizing failed: {}", error);
+    flat_.clear();
+    for (int64_t i = 0; i < n; i++) {
+      flat_.insert(flat_.end(), encoded_[i].begin(), encoded_[i].end());
+      // A slot that held a long piece gives its memory back: slots must not each keep the
+      // largest piece they ever saw (4096 of them).
+      if (encoded_[i].capacity() > (size_t(1) << 16)) std::vector<uint32_t>().swap(encoded_[i]);
+    }
+    sink_.append(flat_);
+    batch_.clear();
+    ends_.clear();
+    bytes_ = 0;
+  }
+
+ private:
+  const Tokenizer& tok_;
+  ShardSink& sink_;
+  std::vector<std::string> batch_;
+  std::vector<char> ends_;  // does batch_[i] end its line (then the separator follows it)?
+  size_t bytes_ = 0;
+  std::vector<std::vector<uint32_t>> encoded_;
+  std::vector<uint32_t> flat_;
+};
+
+}  // namespace
+
 DatasetManifest prepare_dataset(const PrepareOptions& o) {
   EXA_CHECK(!o.inputs.empty(), "data prepare: no --input files given");
   EXA_CHECK(o.tokenizer == "bpe" || o.tokenizer == "byte",
@@ -128,117 +244,31 @@ DatasetManifest prepare_dataset(const PrepareOptions& o) {
   m.sample_lines = o.sample_lines;
   m.seed = o.seed;
   m.shard_tokens = o.shard_tokens;
-
-  std::unique_ptr<Tokenizer> tok;
-  if (o.tokenizer == "byte") {
-    tok = make_byte_tokenizer();
-  } else {
-    std::vector<std::string> sample = sample_lines(o.inputs, o.sample_lines, o.seed, o.progress);
-    m.sample_lines_used = sample.size();
-    if (o.progress) {
-      std::fprintf(stderr, "tokenizer: training SentencePiece BPE (vocab %u) on %zu lines\n",
-                   o.vocab_size, sample.size());
-    }
-    std::string model = train_sentencepiece(sample, {o.vocab_size, o.seed, o.verbose_tokenizer});
-    m.tokenizer_file = kTokenizerModelName;
-    m.tokenizer_sha256 = sha256_hex(model);
-    write_file_atomic((fs::path(o.out_dir) / kTokenizerModelName).string(), model);
-    tok = make_sentencepiece_tokenizer(model, kTokenizerModelName);
-  }
+  std::unique_ptr<Tokenizer> tok = make_tokenizer(o, m);
   m.tokenizer_type = tok->type();
   m.vocab_size = tok->vocab_size();
   m.separator_id = tok->separator_id();
   m.token_bytes = token_bytes_for_vocab(m.vocab_size);
 
-  // Tokenize: batches of lines encoded in parallel, appended in input order.
-  std::unique_ptr<ShardWriter> shard;
-  auto shard_name = [](size_t i) { return fmt::format("shard_{:05d}.bin", i); };
-  auto close_shard = [&] {
-    ShardEntry e;
-    e.file = shard_name(m.shards.size());
-    e.tokens = shard->tokens();
-    e.sha256 = shard->finish();
-    e.bytes = kShardHeaderBytes + e.tokens * m.token_bytes;
-    m.total_tokens += e.tokens;
-    m.shards.push_back(e);
-    shard.reset();
-  };
-  auto append = [&](const std::vector<uint32_t>& ids) {
-    size_t done = 0;
-    while (done < ids.size()) {
-      if (!shard) {
-        shard = std::make_unique<ShardWriter>(
-            (fs::path(o.out_dir) / shard_name(m.shards.size())).string(), m.vocab_size);
-      }
-      uint64_t room = o.shard_tokens - shard->tokens();
-      uint64_t take = std::min<uint64_t>(room, ids.size() - done);
-      shard->append(ids.data() + done, take);
-      done += take;
-      if (shard->tokens() == o.shard_tokens) close_shard();
-    }
-  };
-
-  // A batch holds at most 4096 pieces and 4 MiB of text; a piece is at most 1 MiB
-  // (LineReader::kDefaultMaxPiece; a longer line is tokenized piece by piece, its separator after
-  // the last piece), so memory stays bounded whatever the length of the input's lines: the batch's
-  // text, its ids (4 bytes per token, at most one token per byte) twice, and a shard's staging.
-  const size_t kBatchLines = 4096, kBatchBytes = size_t(4) << 20;
-  std::vector<std::string> batch;
-  std::vector<char> batch_ends;  // does batch[i] end its line (then the separator follows it)?
-  size_t batch_bytes = 0;
-  std::vector<std::vector<uint32_t>> encoded(kBatchLines);
-  std::vector<uint32_t> flat;
+  ShardSink shards(o, m);
+  BatchEncoder encoder(*tok, shards);
   uint64_t total = total_plain_bytes(o.inputs), bytes_before = 0;
   Progress bar(o.progress, "tokenize");
-  auto encode_batch = [&] {
-    const int64_t n = int64_t(batch.size());
-    std::string error;  // an exception must not escape the parallel region
-#pragma omp parallel for schedule(dynamic, 64)
-    for (int64_t i = 0; i < n; i++) {
-      encoded[i].clear();
-      try {
-        tok->encode(batch[i], encoded[i]);
-      } catch (const std::exception& e) {
-#pragma omp critical
-        error = e.what();
-      }
-      if (batch_ends[size_t(i)]) encoded[i].push_back(tok->separator_id());
-    }
-    EXA_CHECK(error.empty(), "data prepare: tokenizing failed: {}", error);
-    flat.clear();
-    for (int64_t i = 0; i < n; i++) {
-      flat.insert(flat.end(), encoded[i].begin(), encoded[i].end());
-      // A slot that held a long piece gives its memory back: slots must not each keep the
-      // largest piece they ever saw (4096 of them).
-      if (encoded[i].capacity() > (size_t(1) << 16)) std::vector<uint32_t>().swap(encoded[i]);
-    }
-    append(flat);
-    batch.clear();
-    batch_ends.clear();
-    batch_bytes = 0;
-  };
   for (const auto& path : o.inputs) {
     LineReader reader(path);
     InputEntry entry{path, 0, 0, file_size_or_throw(path)};
     std::string line;
     bool line_end = true;
     while (reader.next(line, &line_end)) {
-      batch_bytes += line.size();
-      batch.push_back(line);
-      batch_ends.push_back(line_end);
       if (line_end) entry.lines++;
-      if (batch.size() == kBatchLines || batch_bytes >= kBatchBytes) {
-        encode_batch();
-        bar.update(bytes_before + reader.bytes_read(), total,
-                   m.total_tokens + (shard ? shard->tokens() : 0));
-      }
+      if (encoder.add(line, line_end)) bar.update(bytes_before + reader.bytes_read(), total, shards.tokens());
     }
-    encode_batch();  // a batch never spans two files: the per-file line counts stay exact
+    encoder.encode();  // a batch never spans two files: the per-file line counts stay exact
     entry.bytes = reader.bytes_read();
     bytes_before += entry.bytes;
     m.inputs.push_back(entry);
   }
-  if (shard) close_shard();
+  shards.close();
   bar.update(bytes_before, total, m.total_tokens, true);
   EXA_CHECK(m.total_tokens > 0, "data prepare: the inputs hold no text");
 

@@ -180,23 +180,16 @@ std::string framework_of(const std::string& source, const std::string& source_ce
   return "";
 }
 
-}  // namespace
+// Each part of a row fills its piece of the case and returns "" or why the row cannot be used.
 
-RunCase case_from_row(const CsvRow& row, int index) {
-  RunCase rc;
-  rc.row = index;
-  rc.source = source_key(cell(row, "source"));
-  rc.model_name = cell(row, "model_name");
-  const std::string notes = cell(row, "notes");
-  auto skip = [&](std::string why) { rc.skip_reason = std::move(why); return rc; };
-
-  // ---- model ----
+// The model's shape; the Llama 3 and MPT architectures by the model name and the source.
+std::string model_of_row(const CsvRow& row, const std::string& notes, RunCase& rc) {
   for (const char* k : {"layers", "hidden", "heads", "seq_len"})
-    if (!whole(row, k)) return skip(unusable(row, k));
+    if (!whole(row, k)) return unusable(row, k);
   // BLOOM rows leave the cell empty but their notes state the ~250k vocabulary of the BLOOM
   // tokenizer, 250,680 (stated in the production-run row of the same source).
   bool bloom_vocab = !whole(row, "vocab") && has(notes, "250k vocab");
-  if (!whole(row, "vocab") && !bloom_vocab) return skip(unusable(row, "vocab"));
+  if (!whole(row, "vocab") && !bloom_vocab) return unusable(row, "vocab");
   ModelSpec& m = rc.model;
   m.layers = *whole(row, "layers");
   m.hidden = *whole(row, "hidden");
@@ -205,8 +198,7 @@ RunCase case_from_row(const CsvRow& row, int index) {
   m.vocab = bloom_vocab ? 250680 : *whole(row, "vocab");
   m.ffn_hidden = whole(row, "ffn_hidden").value_or(4 * m.hidden);
   m.kv_heads = m.heads;
-  bool llama = has(rc.model_name, "llama");
-  if (llama) {  // Llama 3 shapes: SwiGLU, RMSNorm, RoPE, 8 kv heads (notes: "GQA 8 KV heads")
+  if (has(rc.model_name, "llama")) {  // Llama 3 shapes: SwiGLU, RMSNorm, RoPE, 8 kv heads (notes: "GQA 8 KV heads")
     m.activation = Activation::swiglu;
     m.norm = Norm::rmsnorm;
     m.position = Position::rope;
@@ -218,14 +210,11 @@ RunCase case_from_row(const CsvRow& row, int index) {
     m.position = Position::rope;
     m.bias = false;
   }
+  return "";
+}
 
-  // ---- measurement basis ----
-  auto gpus = whole(row, "gpus");
-  if (!gpus) return skip(unusable(row, "gpus"));
-  auto gbs = whole(row, "global_batch_seqs");
-  if (!gbs) return skip(unusable(row, "global_batch_seqs"));
-
-  // ---- device and machine ----
+// The catalog device and cluster the gpu_type cell names, with the row's own network figures.
+std::string machine_of_row(const CsvRow& row, RunCase& rc) {
   const std::string gpu = cell(row, "gpu_type");
   std::string device;
   std::string cluster;
@@ -236,8 +225,8 @@ RunCase case_from_row(const CsvRow& row, int index) {
   else if (has(gpu, "Jean Zay")) { device = "a100-80g"; cluster = "jean-zay-a100"; }
   else if (has(gpu, "A100") && (has(gpu, "80GB") || has(gpu, "Selene"))) {
     device = "a100-80g"; cluster = "selene";
-  } else return skip(fmt::format("gpu_type '{}' not in the catalog", gpu));
-  if (has(gpu, "80GB per MS blog")) return skip("device memory unresolved (40 or 80 GB)");
+  } else return fmt::format("gpu_type '{}' not in the catalog", gpu);
+  if (has(gpu, "80GB per MS blog")) return "device memory unresolved (40 or 80 GB)";
   rc.machine = find_cluster(cluster);
   rc.machine.device = device;
   // The row's own network figure where it states one (per node).
@@ -245,72 +234,84 @@ RunCase case_from_row(const CsvRow& row, int index) {
   if (has(gpu, "400 Gb/s RDMA per GPU") || has(gpu, "400Gb/s CX-7 per GPU"))
     rc.machine.inter_node_bw_gbs = 400;
   if (auto g = whole(row, "gpus_per_node")) rc.machine.gpus_per_node = *g;
+  return "";
+}
 
-  // ---- plan ----
+// The parallel layout: degrees, ZeRO stage, virtual stages and the stage partition.
+std::string layout_of_row(const CsvRow& row, const std::string& notes, RunCase& rc) {
   Plan& p = rc.plan;
-  p.gpus = *gpus;
-  p.global_batch = *gbs;
-  if (!whole(row, "tp") || !whole(row, "pp")) return skip(unusable(row, whole(row, "tp") ? "pp" : "tp"));
+  if (!whole(row, "tp") || !whole(row, "pp")) return unusable(row, whole(row, "tp") ? "pp" : "tp");
   p.tp = *whole(row, "tp");
   p.pp = *whole(row, "pp");
-  if (!cell(row, "cp").empty() && !whole(row, "cp")) return skip(unusable(row, "cp"));
+  if (!cell(row, "cp").empty() && !whole(row, "cp")) return unusable(row, "cp");
   p.cp = whole(row, "cp").value_or(1);
   if (p.tp > (int64_t(1) << 20) || p.pp > (int64_t(1) << 20) || p.cp > (int64_t(1) << 20))
-    return skip("tp, pp or cp above 2^20");
+    return "tp, pp or cp above 2^20";
   p.dp = whole(row, "dp") ? *whole(row, "dp") : p.gpus / (p.tp * p.pp * p.cp);
-  if (!whole(row, "micro_batch")) return skip(unusable(row, "micro_batch"));
+  if (!whole(row, "micro_batch")) return unusable(row, "micro_batch");
   p.micro_batch = *whole(row, "micro_batch");
   std::string zero = cell(row, "zero_stage");
-  if (zero.empty()) return skip("zero_stage not stated");
+  if (zero.empty()) return "zero_stage not stated";
   if (has(zero, "SHARD_GRAD_OP")) p.zero = 2;
   else if (has(zero, "FSDP") || has(zero, "ZeRO-3")) p.zero = 3;
   else if (auto z = whole(zero, 0); z && *z <= 3) p.zero = *z;
-  else return skip(fmt::format("zero_stage '{}' not understood", zero));
+  else return fmt::format("zero_stage '{}' not understood", zero);
   std::string vp = cell(row, "virtual_pipeline_stages");
   if (!vp.empty()) {
-    if (!whole(vp, 1)) return skip(fmt::format("virtual_pipeline_stages '{}' not a whole number >= 1", vp));
+    if (!whole(vp, 1)) return fmt::format("virtual_pipeline_stages '{}' not a whole number >= 1", vp);
     p.vp = *whole(vp, 1);
   }
   else if (p.pp == 1) p.vp = 1;
-  else if (has(notes, "interleaved")) return skip("interleaved schedule without vp");
+  else if (has(notes, "interleaved")) return "interleaved schedule without vp";
   else p.vp = 1;
+  const int64_t layers = rc.model.layers;
   // Megatron-DeepSpeed's "type:transformer|embedding" partition counts each embedding as a layer
   // slot: the first and last stages get one transformer layer fewer (vp 1: one stage per rank).
-  if (p.pp > 1 && p.vp == 1 && has(notes, "transformer|embedding") && (m.layers + 2) % p.pp == 0) {
-    int64_t per = (m.layers + 2) / p.pp;
+  if (p.pp > 1 && p.vp == 1 && has(notes, "transformer|embedding") && (layers + 2) % p.pp == 0) {
+    int64_t per = (layers + 2) / p.pp;
     p.layers_per_stage.assign(p.pp, per);
     p.layers_per_stage.front() -= 1;
     p.layers_per_stage.back() -= 1;
   }
   // Partition not stated and the layers don't divide: assume Megatron-style balanced uneven
   // stages (floor(layers/pp) each, the remainder on the middle ranks; plan.hpp) and say so.
-  if (p.pp > 1 && p.vp == 1 && p.layers_per_stage.empty() && m.layers % p.pp != 0) {
-    p.layers_per_stage = balanced_layers(m.layers, p.pp);
+  if (p.pp > 1 && p.vp == 1 && p.layers_per_stage.empty() && layers % p.pp != 0) {
+    p.layers_per_stage = balanced_layers(layers, p.pp);
     rc.assumption = fmt::format("stages not stated; assumed balanced [{}]",
                                 fmt::join(p.layers_per_stage, ","));
   }
+  return "";
+}
+
+// Sequence parallelism, recomputation, precision and the framework's behaviours; then the plan
+// is checked once, as the job file's would be.
+std::string training_of_row(const CsvRow& row, const std::string& notes, RunCase& rc) {
+  Plan& p = rc.plan;
   std::string sp = cell(row, "seq_parallel");
   if (sp == "yes") p.seq_parallel = true;
   else if (sp == "no" || p.tp == 1) p.seq_parallel = false;
   // torchtitan's tensor-parallel plan always shards norms along the sequence (framework default).
   else if (has(rc.source, "torchtitan")) p.seq_parallel = true;
-  else return skip("seq_parallel not stated with tp > 1");
+  else return "seq_parallel not stated with tp > 1";
   std::string rec = cell(row, "recompute");
   if (rec.rfind("none", 0) == 0) p.recompute = Recompute::none;
   else if (rec.rfind("full", 0) == 0) p.recompute = Recompute::full;
   else if (rec.rfind("selective", 0) == 0) p.recompute = Recompute::selective;
-  else return skip("recompute not stated");
+  else return "recompute not stated";
   std::string prec = cell(row, "precision");
-  if (prec.empty()) return skip("precision not stated");
+  if (prec.empty()) return "precision not stated";
   if (has(prec, "fp8") || has(prec, "float8")) p.precision = Precision::fp8;
   else if (has(prec, "bf16")) p.precision = Precision::bf16;
   else if (has(prec, "16")) p.precision = Precision::fp16;
-  else return skip(fmt::format("precision '{}' not understood", prec));
-  if (auto why = framework_of(rc.source, cell(row, "source"), prec, notes, p); !why.empty()) return skip(why);
-  std::string err = plan_error(m, p);
-  if (!err.empty()) return skip("plan as stated is invalid: " + err);
+  else return fmt::format("precision '{}' not understood", prec);
+  if (auto why = framework_of(rc.source, cell(row, "source"), prec, notes, p); !why.empty()) return why;
+  std::string err = plan_error(rc.model, p);
+  if (!err.empty()) return "plan as stated is invalid: " + err;
+  return "";
+}
 
-  // ---- memory validation points ----
+// The memory validation points the notes state: an out-of-memory run or a peak in GiB.
+void memory_of_row(const std::string& notes, RunCase& rc) {
   if (has(notes, "OUT OF MEMORY")) rc.measured_oom = true;
   for (const char* key : {"peak memory ", "memory ", "embedding-stage nodes) = "}) {
     auto pos = notes.find(key);
@@ -322,8 +323,13 @@ RunCase case_from_row(const CsvRow& row, int index) {
     }
     if (rc.measured_memory_gib) break;
   }
+}
 
-  // ---- the measured step time ----
+// The measured step time: stated, or from TFLOP/s by the row's stated counting convention, or
+// from MFU; a row with only a memory point is kept for the memory figures.
+std::string step_of_row(const CsvRow& row, const std::string& notes, RunCase& rc) {
+  const ModelSpec& m = rc.model;
+  const Plan& p = rc.plan;
   if (auto st = number(row, "step_time_s")) {
     rc.measured_step_s = *st;
     rc.measured_basis = "step_time_s";
@@ -336,16 +342,40 @@ RunCase case_from_row(const CsvRow& row, int index) {
     } else if (has(notes, "model FLOPs") || has(notes, "MFU = TF/")) {
       flops = model_flops_per_step(m, p.global_batch);
       rc.measured_basis = "model TFLOP/s";
-    } else return skip("TFLOP/s counting convention not stated");
+    } else return "TFLOP/s counting convention not stated";
     rc.measured_step_s = flops / (*tf * 1e12 * double(p.gpus));
   } else if (auto mfu = number(row, "measured_mfu_pct")) {
-    const Device& d = find_device(device);
+    const Device& d = find_device(rc.machine.device);
     rc.measured_step_s = model_flops_per_step(m, p.global_batch) /
                          (*mfu / 100 * d.peak_tflops(p.precision) * 1e12 * double(p.gpus));
     rc.measured_basis = "MFU";
   } else if (rc.measured_oom || rc.measured_memory_gib) {
     rc.memory_only = true;
-  } else return skip("no measurement (step time, TFLOP/s or MFU)");
+  } else return "no measurement (step time, TFLOP/s or MFU)";
+  return "";
+}
+
+}  // namespace
+
+RunCase case_from_row(const CsvRow& row, int index) {
+  RunCase rc;
+  rc.row = index;
+  rc.source = source_key(cell(row, "source"));
+  rc.model_name = cell(row, "model_name");
+  const std::string notes = cell(row, "notes");
+  auto skip = [&](std::string why) { rc.skip_reason = std::move(why); return rc; };
+  if (auto why = model_of_row(row, notes, rc); !why.empty()) return skip(why);
+  auto gpus = whole(row, "gpus");
+  if (!gpus) return skip(unusable(row, "gpus"));
+  auto gbs = whole(row, "global_batch_seqs");
+  if (!gbs) return skip(unusable(row, "global_batch_seqs"));
+  if (auto why = machine_of_row(row, rc); !why.empty()) return skip(why);
+  rc.plan.gpus = *gpus;
+  rc.plan.global_batch = *gbs;
+  if (auto why = layout_of_row(row, notes, rc); !why.empty()) return skip(why);
+  if (auto why = training_of_row(row, notes, rc); !why.empty()) return skip(why);
+  memory_of_row(notes, rc);
+  if (auto why = step_of_row(row, notes, rc); !why.empty()) return skip(why);
   return rc;
 }
 
