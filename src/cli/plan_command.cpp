@@ -88,102 +88,118 @@ void print_comparison(const std::vector<plan::OptimizerSearch>& rows) {
   fmt::print("\n{}.\n", kPerStepNote);
 }
 
+// What the search found, refused with the reason when nothing was valid or nothing fits.
+void refuse_empty_search(const plan::SearchResult& res, const Job& job, const std::string& path, double headroom) {
+  if (res.searched == 0)
+    throw Error(fmt::format(
+        "{}: no valid plan for gpus = {} and global_batch = {}: every split gpus = tp * pp * "
+        "dp * cp breaks a rule (tp | heads and ffn_hidden, pp * vp | layers, dp * micro_batch "
+        "| global_batch, micro-batches >= pp); try a global_batch divisible by more of gpus' "
+        "factors", path, job.parallel.gpus, job.parallel.global_batch));
+  if (res.top.empty())
+    throw Error(fmt::format(
+        "{}: no plan fits: {} valid plans searched for {} GPUs and global_batch {}, none fits "
+        "in the device's memory ({}) less the {:.0f}% headroom (--memory-headroom)", path,
+        res.searched, job.parallel.gpus, job.parallel.global_batch, job.machine.device,
+        100 * headroom));
+}
+
+nlohmann::json search_json(const plan::SearchResult& res) {
+  nlohmann::json j;
+  j["best"] = plan::to_json(res.top.front());
+  j["candidates"] = nlohmann::json::array();
+  for (const auto& c : res.top) j["candidates"].push_back(plan::to_json(c));
+  if (res.best_other_layout) j["best_other_layout"] = plan::to_json(*res.best_other_layout);
+  j["searched"] = res.searched;
+  j["feasible"] = res.feasible;
+  j["evaluated"] = res.evaluated;
+  j["search_time_s"] = res.seconds;
+  return j;
+}
+
+// The listed plans, the winner's breakdown, and why it beats the runner-up and the best plan of
+// another layout.
+void print_search(const plan::SearchResult& res, const Job& job) {
+  fmt::print("searched {} plans ({} fit in memory) in {:.3f} s\n\n", res.searched, res.feasible,
+             res.seconds);
+  fmt::print("{:>3} {:<72} {:>9} {:>7} {:>9}\n", "#", "plan", "step s", "MFU%", "mem GiB");
+  for (size_t i = 0; i < res.top.size(); ++i) {
+    const auto& c = res.top[i];
+    fmt::print("{:>3} {:<72} {:>9.4g} {:>7.1f} {:>9.1f}\n", i + 1, plan::plan_summary(c.plan),
+               c.step_time_s, 100 * c.mfu, c.memory.total / double(1 << 30));
+  }
+  fmt::print("\n{}", plan::to_table(res.top.front(), job.model));
+  if (res.top.size() > 1) fmt::print("\n{}", plan::explain_choice(res.top[0], res.top[1]));
+  if (res.best_other_layout &&
+      (res.top.size() < 2 ||
+       plan::plan_summary(res.best_other_layout->plan) != plan::plan_summary(res.top[1].plan)))
+    fmt::print("\nagainst the best plan with another tp/pp/dp/cp layout:\n{}",
+               plan::explain_choice(res.top[0], *res.best_other_layout));
+}
+
+struct PlanArgs {
+  std::string path;
+  std::vector<std::string> sets;
+  bool json = false;
+  int top = 5;
+  double headroom = 0.10;
+  std::string svg, optimizers, calibration;
+  bool compare = false;
+};
+
+void run_plan(const PlanArgs& a) {
+  Job job = load_job(a.path, a.sets, check_job_catalog);
+  plan::Calibration cal = plan::default_calibration();
+  if (!a.calibration.empty()) {
+    plan::check_calibration_device(a.calibration, job.machine.device);
+    cal = plan::load_calibration(a.calibration);
+  }
+  {
+    plan::Plan probe;
+    probe.gpus = job.parallel.gpus;
+    plan::check_machine_for_plan(job.machine, probe, a.path);
+  }
+  if (a.compare || !a.optimizers.empty()) {
+    if (!a.svg.empty()) throw Error("--svg draws one optimizer's plans: leave it out with --optimizers");
+    const std::vector<std::string> names = a.compare ? optimizer_names() : optimizer_list(a.optimizers);
+    const auto rows = plan::compare_optimizers(job.model, job.machine, job.parallel, job.train, names, 1, cal,
+                                               a.headroom);
+    if (a.json) fmt::print("{}\n", comparison_json(rows).dump(2));
+    else print_comparison(rows);
+    return;
+  }
+  plan::SearchResult res =
+      plan::search_plans(job.model, job.machine, job.parallel, job.train, a.top, cal, a.headroom);
+  refuse_empty_search(res, job, a.path, a.headroom);
+  if (!a.svg.empty()) {
+    std::vector<LabelledPrediction> bars;
+    for (size_t i = 0; i < res.top.size(); ++i)
+      bars.push_back({fmt::format("#{} {}", i + 1, plan::plan_summary(res.top[i].plan)), plan::to_json(res.top[i]), ""});
+    write_prediction_svg(bars, fmt::format("{} best plans", res.top.size()), a.svg);
+  }
+  if (a.json) fmt::print("{}\n", search_json(res).dump(2));
+  else print_search(res, job);
+}
+
 }  // namespace
 
 void add_plan_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("plan", "search the best parallel plan for a job");
-  auto path = std::make_shared<std::string>();
-  auto sets = std::make_shared<std::vector<std::string>>();
-  auto json = std::make_shared<bool>(false);
-  auto top = std::make_shared<int>(5);
-  auto headroom = std::make_shared<double>(0.10);
-  auto svg = std::make_shared<std::string>();
-  cmd->add_option("job", *path, "the job file (TOML)")->required();
-  cmd->add_option("--set", *sets, "override a key: section.key=value (repeatable)");
-  cmd->add_flag("--json", *json, "print the contract's JSON object");
-  cmd->add_option("--top", *top, "how many candidates to list (default 5)")->check(CLI::Range(1, 1000000));
-  cmd->add_option("--memory-headroom", *headroom,
+  auto a = std::make_shared<PlanArgs>();
+  cmd->add_option("job", a->path, "the job file (TOML)")->required();
+  cmd->add_option("--set", a->sets, "override a key: section.key=value (repeatable)");
+  cmd->add_flag("--json", a->json, "print the contract's JSON object");
+  cmd->add_option("--top", a->top, "how many candidates to list (default 5)")->check(CLI::Range(1, 1000000));
+  cmd->add_option("--memory-headroom", a->headroom,
                   "fraction of device memory a plan must leave free (default 0.10: the memory "
                   "model's error, docs/planner.md)")
       ->check(CLI::Range(0.0, 0.9));
-  cmd->add_option("--svg", *svg, "also draw the listed plans' time and memory breakdowns as bars (SVG)");
-  auto optimizers = std::make_shared<std::string>();
-  auto compare = std::make_shared<bool>(false);
-  cmd->add_option("--optimizers", *optimizers,
+  cmd->add_option("--svg", a->svg, "also draw the listed plans' time and memory breakdowns as bars (SVG)");
+  cmd->add_option("--optimizers", a->optimizers,
                   "compare optimizers: the search once per optimizer of this comma-separated list "
                   "(e.g. adamw,muon,shampoo,soap), one row each: per-step time and memory only");
-  cmd->add_flag("--compare-optimizers", *compare, "the same for every optimizer of [train] optimizer");
-  auto calibration = std::make_shared<std::string>();
-  cmd->add_option("--calibration", *calibration, "a calibration file of `exatrain calibrate` (this machine's constants)");
-  cmd->callback([path, sets, json, top, headroom, svg, optimizers, compare, calibration] {
-    Job job = load_job(*path, *sets, check_job_catalog);
-    plan::Calibration cal = plan::default_calibration();
-    if (!calibration->empty()) {
-      plan::check_calibration_device(*calibration, job.machine.device);
-      cal = plan::load_calibration(*calibration);
-    }
-    {
-      plan::Plan probe;
-      probe.gpus = job.parallel.gpus;
-      plan::check_machine_for_plan(job.machine, probe, *path);
-    }
-    if (*compare || !optimizers->empty()) {
-      if (!svg->empty()) throw Error("--svg draws one optimizer's plans: leave it out with --optimizers");
-      const std::vector<std::string> names = *compare ? optimizer_names() : optimizer_list(*optimizers);
-      const auto rows = plan::compare_optimizers(job.model, job.machine, job.parallel, job.train, names, 1, cal,
-                                                 *headroom);
-      if (*json) fmt::print("{}\n", comparison_json(rows).dump(2));
-      else print_comparison(rows);
-      return;
-    }
-    plan::SearchResult res =
-        plan::search_plans(job.model, job.machine, job.parallel, job.train, *top, cal, *headroom);
-    if (res.searched == 0)
-      throw Error(fmt::format(
-          "{}: no valid plan for gpus = {} and global_batch = {}: every split gpus = tp * pp * "
-          "dp * cp breaks a rule (tp | heads and ffn_hidden, pp * vp | layers, dp * micro_batch "
-          "| global_batch, micro-batches >= pp); try a global_batch divisible by more of gpus' "
-          "factors", *path, job.parallel.gpus, job.parallel.global_batch));
-    if (res.top.empty())
-      throw Error(fmt::format(
-          "{}: no plan fits: {} valid plans searched for {} GPUs and global_batch {}, none fits "
-          "in the device's memory ({}) less the {:.0f}% headroom (--memory-headroom)", *path,
-          res.searched, job.parallel.gpus, job.parallel.global_batch, job.machine.device,
-          100 * *headroom));
-    if (!svg->empty()) {
-      std::vector<LabelledPrediction> bars;
-      for (size_t i = 0; i < res.top.size(); ++i)
-        bars.push_back({fmt::format("#{} {}", i + 1, plan::plan_summary(res.top[i].plan)), plan::to_json(res.top[i]), ""});
-      write_prediction_svg(bars, fmt::format("{} best plans", res.top.size()), *svg);
-    }
-    if (*json) {
-      nlohmann::json j;
-      j["best"] = plan::to_json(res.top.front());
-      j["candidates"] = nlohmann::json::array();
-      for (const auto& c : res.top) j["candidates"].push_back(plan::to_json(c));
-      if (res.best_other_layout) j["best_other_layout"] = plan::to_json(*res.best_other_layout);
-      j["searched"] = res.searched;
-      j["feasible"] = res.feasible;
-      j["evaluated"] = res.evaluated;
-      j["search_time_s"] = res.seconds;
-      fmt::print("{}\n", j.dump(2));
-      return;
-    }
-    fmt::print("searched {} plans ({} fit in memory) in {:.3f} s\n\n", res.searched, res.feasible,
-               res.seconds);
-    fmt::print("{:>3} {:<72} {:>9} {:>7} {:>9}\n", "#", "plan", "step s", "MFU%", "mem GiB");
-    for (size_t i = 0; i < res.top.size(); ++i) {
-      const auto& c = res.top[i];
-      fmt::print("{:>3} {:<72} {:>9.4g} {:>7.1f} {:>9.1f}\n", i + 1, plan::plan_summary(c.plan),
-                 c.step_time_s, 100 * c.mfu, c.memory.total / double(1 << 30));
-    }
-    fmt::print("\n{}", plan::to_table(res.top.front(), job.model));
-    if (res.top.size() > 1) fmt::print("\n{}", plan::explain_choice(res.top[0], res.top[1]));
-    if (res.best_other_layout &&
-        (res.top.size() < 2 ||
-         plan::plan_summary(res.best_other_layout->plan) != plan::plan_summary(res.top[1].plan)))
-      fmt::print("\nagainst the best plan with another tp/pp/dp/cp layout:\n{}",
-                 plan::explain_choice(res.top[0], *res.best_other_layout));
-  });
+  cmd->add_flag("--compare-optimizers", a->compare, "the same for every optimizer of [train] optimizer");
+  cmd->add_option("--calibration", a->calibration, "a calibration file of `exatrain calibrate` (this machine's constants)");
+  cmd->callback([a] { run_plan(*a); });
 }
 }  // namespace exatrain::cli

@@ -88,7 +88,28 @@ Gpt::~Gpt() {
   for (void* p : owned_) be_.free_bytes(p);
 }
 
-void Gpt::build_layout() {
+int64_t Gpt::add_param(const std::string& name, ParamRole role, int64_t unit, std::vector<int64_t> global,
+                       int split, int64_t local, int64_t start, float init_std, float value) {
+  using R = ParamRole;
+  ParamInfo p;
+  p.name = name;
+  p.role = role;
+  p.unit = unit;
+  p.global_shape = global;
+  p.shard_shape = global;
+  if (split >= 0) p.shard_shape[size_t(split)] = local;
+  p.split_dim = split;
+  p.shard_start = split >= 0 ? start : 0;
+  p.decay = role == R::matrix || role == R::embedding || role == R::head;
+  // Used on this rank's rows only under sequence parallelism: the norms and the biases added
+  // after a row-parallel exit (replicated over tp; the column-parallel biases are split).
+  p.sp_partial_grad = sp_ && (role == R::norm || (role == R::bias && split < 0));
+  p.init_std = init_std;
+  p.init_value = value;
+  return layout_.add(p);
+}
+
+void Gpt::add_layer_params(int64_t l) {
   const ModelSpec& m = opt_.model;
   const bool ln = m.norm == Norm::layernorm;
   const bool bias = m.bias;  // linear-layer biases (model.bias); norms follow model.norm
@@ -98,85 +119,73 @@ void Gpt::build_layout() {
   const int r = opt_.tp.rank;
   const int64_t H = m.heads, KV = m.kv_heads, D = D_, C = C_, F = m.ffn_hidden;
   using R = ParamRole;
-  // add(name, role, unit, global shape, split dim, local extent along it, start, std, const value)
-  auto add = [&](const std::string& name, ParamRole role, int64_t unit, std::vector<int64_t> global, int split,
-                 int64_t local, int64_t start, float init_std, float value) {
-    ParamInfo p;
-    p.name = name;
-    p.role = role;
-    p.unit = unit;
-    p.global_shape = global;
-    p.shard_shape = global;
-    if (split >= 0) p.shard_shape[size_t(split)] = local;
-    p.split_dim = split;
-    p.shard_start = split >= 0 ? start : 0;
-    p.decay = role == R::matrix || role == R::embedding || role == R::head;
-    // Used on this rank's rows only under sequence parallelism: the norms and the biases added
-    // after a row-parallel exit (replicated over tp; the column-parallel biases are split).
-    p.sp_partial_grad = sp_ && (role == R::norm || (role == R::bias && split < 0));
-    p.init_std = init_std;
-    p.init_value = value;
-    return layout_.add(p);
+  auto add = [&](const std::string& name, ParamRole role, std::vector<int64_t> global, int split, int64_t local,
+                 int64_t start, float init_std, float value) {
+    return add_param(name, role, l, std::move(global), split, local, start, init_std, value);
   };
+  const std::string p = "h." + std::to_string(l) + ".";
+  LayerOffsets o;
+  o.ln1_w = add(p + "ln_1.weight", R::norm, {C}, -1, 0, 0, 0, 1.0f);
+  if (ln) o.ln1_b = add(p + "ln_1.bias", R::norm, {C}, -1, 0, 0, 0, 0.0f);
+  o.q = layout_.entries().size();
+  o.qkv_w = add(p + "attn.q_proj.weight", R::matrix, {H * D, C}, 0, Hq_ * D, r * Hq_ * D, std0, 0);
+  o.k = layout_.entries().size();
+  add(p + "attn.k_proj.weight", R::matrix, {KV * D, C}, 0, Hkv_ * D, r * Hkv_ * D, std0, 0);
+  o.v = layout_.entries().size();
+  add(p + "attn.v_proj.weight", R::matrix, {KV * D, C}, 0, Hkv_ * D, r * Hkv_ * D, std0, 0);
+  if (bias) {
+    o.qkv_b = add(p + "attn.q_proj.bias", R::bias, {H * D}, 0, Hq_ * D, r * Hq_ * D, 0, 0);
+    add(p + "attn.k_proj.bias", R::bias, {KV * D}, 0, Hkv_ * D, r * Hkv_ * D, 0, 0);
+    add(p + "attn.v_proj.bias", R::bias, {KV * D}, 0, Hkv_ * D, r * Hkv_ * D, 0, 0);
+  }
+  o.o = layout_.entries().size();
+  o.o_w = add(p + "attn.o_proj.weight", R::matrix, {C, H * D}, 1, Hq_ * D, r * Hq_ * D, std_res, 0);
+  if (bias) o.o_b = add(p + "attn.o_proj.bias", R::bias, {C}, -1, 0, 0, 0, 0);
+  o.ln2_w = add(p + "ln_2.weight", R::norm, {C}, -1, 0, 0, 0, 1.0f);
+  if (ln) o.ln2_b = add(p + "ln_2.bias", R::norm, {C}, -1, 0, 0, 0, 0.0f);
+  const bool gelu = m.activation == Activation::gelu;
+  o.fc1 = layout_.entries().size();
+  o.fc1_w = add(p + (gelu ? "mlp.fc1.weight" : "mlp.gate_proj.weight"), R::matrix, {F, C}, 0, F_, r * F_, std0, 0);
+  if (gelu) {
+    if (bias) o.fc1_b = add(p + "mlp.fc1.bias", R::bias, {F}, 0, F_, r * F_, 0, 0);
+  } else {
+    o.up = layout_.entries().size();
+    add(p + "mlp.up_proj.weight", R::matrix, {F, C}, 0, F_, r * F_, std0, 0);
+    if (bias) {
+      o.fc1_b = add(p + "mlp.gate_proj.bias", R::bias, {F}, 0, F_, r * F_, 0, 0);
+      add(p + "mlp.up_proj.bias", R::bias, {F}, 0, F_, r * F_, 0, 0);
+    }
+  }
+  const std::string down = gelu ? "mlp.fc2." : "mlp.down_proj.";
+  o.fc2 = layout_.entries().size();
+  o.fc2_w = add(p + down + "weight", R::matrix, {C, F}, 1, F_, r * F_, std_res, 0);
+  if (bias) o.fc2_b = add(p + down + "bias", R::bias, {C}, -1, 0, 0, 0, 0);
+  layer_off_.push_back(o);
+}
+
+void Gpt::build_layout() {
+  const ModelSpec& m = opt_.model;
+  const bool ln = m.norm == Norm::layernorm;
+  const float std0 = 0.02f;
+  const int64_t C = C_;
+  using R = ParamRole;
   const int64_t E = kEmbeddingUnit;
   const bool head_own_wte = opt_.stage.has_head && m.tie_embeddings && !opt_.stage.has_embedding;
   if (opt_.stage.has_embedding || head_own_wte) {
     // The head stage's copy of a tied embedding belongs to the head (only the head reads it).
-    off_wte_ = add("wte.weight", R::embedding, head_own_wte ? kHeadUnit : E, {m.vocab, C}, 0, vocab_local_,
-                   vocab_start_, std0, 0);
+    off_wte_ = add_param("wte.weight", R::embedding, head_own_wte ? kHeadUnit : E, {m.vocab, C}, 0, vocab_local_,
+                         vocab_start_, std0, 0);
     if (head_own_wte) layout_.mark_tied_copy(off_wte_);
   }
   if (opt_.stage.has_embedding && m.position == Position::learned)
-    off_wpe_ = add("wpe.weight", R::embedding, E, {m.seq_len, C}, -1, 0, 0, std0, 0);
-  for (int64_t l = first_; l < first_ + L_; l++) {
-    const std::string p = "h." + std::to_string(l) + ".";
-    LayerOffsets o;
-    o.ln1_w = add(p + "ln_1.weight", R::norm, l, {C}, -1, 0, 0, 0, 1.0f);
-    if (ln) o.ln1_b = add(p + "ln_1.bias", R::norm, l, {C}, -1, 0, 0, 0, 0.0f);
-    o.q = layout_.entries().size();
-    o.qkv_w = add(p + "attn.q_proj.weight", R::matrix, l, {H * D, C}, 0, Hq_ * D, r * Hq_ * D, std0, 0);
-    o.k = layout_.entries().size();
-    add(p + "attn.k_proj.weight", R::matrix, l, {KV * D, C}, 0, Hkv_ * D, r * Hkv_ * D, std0, 0);
-    o.v = layout_.entries().size();
-    add(p + "attn.v_proj.weight", R::matrix, l, {KV * D, C}, 0, Hkv_ * D, r * Hkv_ * D, std0, 0);
-    if (bias) {
-      o.qkv_b = add(p + "attn.q_proj.bias", R::bias, l, {H * D}, 0, Hq_ * D, r * Hq_ * D, 0, 0);
-      add(p + "attn.k_proj.bias", R::bias, l, {KV * D}, 0, Hkv_ * D, r * Hkv_ * D, 0, 0);
-      add(p + "attn.v_proj.bias", R::bias, l, {KV * D}, 0, Hkv_ * D, r * Hkv_ * D, 0, 0);
-    }
-    o.o = layout_.entries().size();
-    o.o_w = add(p + "attn.o_proj.weight", R::matrix, l, {C, H * D}, 1, Hq_ * D, r * Hq_ * D, std_res, 0);
-    if (bias) o.o_b = add(p + "attn.o_proj.bias", R::bias, l, {C}, -1, 0, 0, 0, 0);
-    o.ln2_w = add(p + "ln_2.weight", R::norm, l, {C}, -1, 0, 0, 0, 1.0f);
-    if (ln) o.ln2_b = add(p + "ln_2.bias", R::norm, l, {C}, -1, 0, 0, 0, 0.0f);
-    if (m.activation == Activation::gelu) {
-      o.fc1 = layout_.entries().size();
-      o.fc1_w = add(p + "mlp.fc1.weight", R::matrix, l, {F, C}, 0, F_, r * F_, std0, 0);
-      if (bias) o.fc1_b = add(p + "mlp.fc1.bias", R::bias, l, {F}, 0, F_, r * F_, 0, 0);
-      o.fc2 = layout_.entries().size();
-      o.fc2_w = add(p + "mlp.fc2.weight", R::matrix, l, {C, F}, 1, F_, r * F_, std_res, 0);
-      if (bias) o.fc2_b = add(p + "mlp.fc2.bias", R::bias, l, {C}, -1, 0, 0, 0, 0);
-    } else {
-      o.fc1 = layout_.entries().size();
-      o.fc1_w = add(p + "mlp.gate_proj.weight", R::matrix, l, {F, C}, 0, F_, r * F_, std0, 0);
-      o.up = layout_.entries().size();
-      add(p + "mlp.up_proj.weight", R::matrix, l, {F, C}, 0, F_, r * F_, std0, 0);
-      if (bias) {
-        o.fc1_b = add(p + "mlp.gate_proj.bias", R::bias, l, {F}, 0, F_, r * F_, 0, 0);
-        add(p + "mlp.up_proj.bias", R::bias, l, {F}, 0, F_, r * F_, 0, 0);
-      }
-      o.fc2 = layout_.entries().size();
-      o.fc2_w = add(p + "mlp.down_proj.weight", R::matrix, l, {C, F}, 1, F_, r * F_, std_res, 0);
-      if (bias) o.fc2_b = add(p + "mlp.down_proj.bias", R::bias, l, {C}, -1, 0, 0, 0, 0);
-    }
-    layer_off_.push_back(o);
-  }
+    off_wpe_ = add_param("wpe.weight", R::embedding, E, {m.seq_len, C}, -1, 0, 0, std0, 0);
+  for (int64_t l = first_; l < first_ + L_; l++) add_layer_params(l);
   if (opt_.stage.has_head) {
-    off_lnf_w_ = add("ln_f.weight", R::norm, kHeadUnit, {C}, -1, 0, 0, 0, 1.0f);
-    if (ln) off_lnf_b_ = add("ln_f.bias", R::norm, kHeadUnit, {C}, -1, 0, 0, 0, 0.0f);
+    off_lnf_w_ = add_param("ln_f.weight", R::norm, kHeadUnit, {C}, -1, 0, 0, 0, 1.0f);
+    if (ln) off_lnf_b_ = add_param("ln_f.bias", R::norm, kHeadUnit, {C}, -1, 0, 0, 0, 0.0f);
     off_head_ = m.tie_embeddings ? off_wte_
-                                 : add("lm_head.weight", R::head, kHeadUnit, {m.vocab, C}, 0, vocab_local_,
-                                       vocab_start_, std0, 0);
+                                 : add_param("lm_head.weight", R::head, kHeadUnit, {m.vocab, C}, 0, vocab_local_,
+                                             vocab_start_, std0, 0);
   }
 }
 

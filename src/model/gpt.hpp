@@ -164,6 +164,11 @@ class Gpt {
   std::unique_ptr<Acts> make_acts(bool own_probs);
   Slot& slot_at(int64_t slot);
   void build_layout();
+  // One parameter of the layout: name, role, unit, global shape, split dim (-1: replicated), local
+  // extent along it and its start, init std, constant init value; returns its offset.
+  int64_t add_param(const std::string& name, ParamRole role, int64_t unit, std::vector<int64_t> global,
+                    int split, int64_t local, int64_t start, float init_std, float value);
+  void add_layer_params(int64_t l);  // layer l's norms, attention and MLP (layer_off_)
   void allocate_activations();
   float* alloc_act(int64_t n);
   void layer_forward(int64_t l, const float* x, float* out, Acts& a);

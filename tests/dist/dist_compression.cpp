@@ -49,23 +49,23 @@ std::vector<Case> cases() {
     return s;
   };
   std::vector<Case> out;
-  out.push_back({"topk allgather", spec("topk", 0.05), 0.5});
+  out.push_back({"topk allgather", spec("topk", 0.05), 0.5, ""});
   CommSpec split = spec("topk", 0.05);
   split.collective = "split_reduce", split.selection = "sample", split.sample_fraction = 0.2;
-  out.push_back({"topk split_reduce sampled", split, 0.5});
+  out.push_back({"topk split_reduce sampled", split, 0.5, ""});
   CommSpec dgc = spec("dgc", 0.05);
   dgc.warmup = "exponential", dgc.warmup_steps = 3;
-  out.push_back({"dgc", dgc, 0.9});  // its warm-up still sends 25% .. 5%
+  out.push_back({"dgc", dgc, 0.9, ""});  // its warm-up still sends 25% .. 5%
   CommSpec blocks = spec("blocktopk", 0.05);
   blocks.block_size = 16;
-  out.push_back({"blocktopk", blocks, 0.5});
+  out.push_back({"blocktopk", blocks, 0.5, ""});
   CommSpec temporal = spec("temporal", 0.05);
   temporal.refresh_every = 3;
-  out.push_back({"temporal", temporal, 0.5});
+  out.push_back({"temporal", temporal, 0.5, ""});
   CommSpec psgd = spec("powersgd", 1);
   psgd.rank = 2, psgd.warmup_steps = 1;
-  out.push_back({"powersgd", psgd, 0.6});
-  out.push_back({"sign", spec("sign", 1), 0.35});
+  out.push_back({"powersgd", psgd, 0.6, ""});
+  out.push_back({"sign", spec("sign", 1), 0.35, ""});
   return out;
 }
 
