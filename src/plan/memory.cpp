@@ -16,13 +16,15 @@ namespace {
 // fp32 shard IS the master: FSDP (1 and 2, MixedPrecisionPolicy param_dtype = bf16) keeps the
 // parameters' fp32 shards, which the optimizer updates, and casts each shard to 16 bits only into
 // the all-gather buffer of the unit being computed (counted in the buffers below); this runtime's
-// ZeRO 3 does the same (parallel/master_shards.hpp HalfGathers rounds straight from the shard). So 4 + 4 + 8
-// sharded, 2 bytes per parameter fewer than a separate 16-bit copy. DeepSpeed's ZeRO 3 keeps a
-// 16-bit partition beside its fp32 master (2 bytes per parameter / shards more): not modelled.
+// ZeRO 3 does the same (parallel/master_shards.hpp HalfGathers rounds straight from the shard; on
+// the CPU backend only so far: the CUDA backend's release frees nothing yet, docs/cuda.md). So
+// 4 + 4 + 8 sharded, 2 bytes per parameter fewer than a separate 16-bit copy. DeepSpeed's ZeRO 3
+// keeps a 16-bit partition beside its fp32 master (2 bytes per parameter / shards more): not
+// modelled. Without replicas (dp * cp = 1) ZeRO 3 is the no-op the plan's note says: ZeRO 0's bytes.
 struct BytesPerParam { double weights, grads, optimizer; };
-BytesPerParam bytes_per_param(Precision p, int64_t zero) {
+BytesPerParam bytes_per_param(Precision p, int64_t zero, int64_t shards) {
   if (p == Precision::fp32) return {4, 4, 8};
-  if (zero >= 3) return {4, 4, 8};
+  if (zero >= 3 && shards > 1) return {4, 4, 8};
   return {2, 4, 12};
 }
 }  // namespace
@@ -105,7 +107,7 @@ Memory memory_of_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, bool w
                       double fragmentation = kFragmentation) {
   Memory mem;
   mem.pp_rank = pp_rank;
-  BytesPerParam b = bytes_per_param(p.precision, p.zero);
+  BytesPerParam b = bytes_per_param(p.precision, p.zero, p.dp * p.cp);
   if (p.grads_16bit && p.precision != Precision::fp32) b.grads = 2;
   // DeepSpeed's BF16Optimizer keeps the backward's bf16 .grad besides its fp32 accumulation.
   if (p.grads_twice) b.grads += 2;

@@ -49,7 +49,7 @@ struct Calibration {
   double attention_relative = 0.879;
   // Memory: the share the caching allocator reserves beyond what is allocated (fragmentation,
   // cached blocks of freed transients), on everything counted. Fitted to measured peaks.
-  double fragmentation = 0.23;
+  double fragmentation = 0.235;
   // By device name or family (catalog/devices.toml `family`); a device's own entry wins over
   // its family's.
   std::map<std::string, DeviceConstants> devices;

@@ -87,7 +87,7 @@ SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const Paral
   // is a few GiB either way, and a plan right at the limit is an out-of-memory run in waiting.
   const double capacity = dev.hbm_gib * double(1 << 30) * (1 - headroom);
   SearchResult res;
-  TopK top{std::max(1, top_k), {}};
+  TopK top{std::max(1, top_k), 0, {}};
   std::map<std::array<int64_t, 4>, Candidate> best_per_layout;
   const int64_t G = f.gpus, B = f.global_batch;
   // A listed split that no candidate can use is the job's error, not "no plan found".

@@ -142,6 +142,21 @@ TEST(Memory, ZeroStagesShardStates) {
   EXPECT_EQ(parameters_on_rank(m, p, 0), 12 * layer + 51200 / 8 * h + 2048 * h);
 }
 
+TEST(Memory, ZeroThreeWithoutReplicasIsZeroZero) {
+  // dp * cp = 1: nothing to shard over, and the plan's note calls ZeRO 3 a no-op; so are its bytes.
+  ModelSpec m = gpt3_175b();
+  Plan p;
+  p.tp = 8; p.pp = 8; p.dp = 1; p.gpus = 64; p.micro_batch = 1; p.global_batch = 16;
+  p.precision = Precision::bf16;
+  const Device& d = find_device("a100-80g");
+  Memory z0 = memory_per_device(m, p, d);
+  p.zero = 3;
+  Memory z3 = memory_per_device(m, p, d);
+  EXPECT_DOUBLE_EQ(z3.params, z0.params);
+  EXPECT_DOUBLE_EQ(z3.grads, z0.grads);
+  EXPECT_DOUBLE_EQ(z3.optimizer, z0.optimizer);
+}
+
 TEST(Memory, CrossEntropyBytesByImplementation) {
   // The last stage's logits: Megatron's fused kernel 8 bytes each, eager PyTorch 12, compiled 4.
   ModelSpec m = gpt3_175b();

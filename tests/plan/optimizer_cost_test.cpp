@@ -39,6 +39,13 @@ Plan gpt2_plan(const std::string& optimizer, int64_t dp, int64_t zero) {
 //    ((14/3)(m^3 + n^3) + 4 (m^2 n + m n^2)) / 10 = ((14/3) 576 + 4 * 384) / 10 = (2688 + 1536) / 10
 //    = 422.4: 2726.4. With max_dim 6 the 8-side is not rotated: 6 * 128 + ((14/3) 64 + 4 * 128) / 10
 //    = 768 + 81.0667 = 849.0667.
+// A machine of the catalog's A100-80GB, the other fields at their defaults.
+MachineSpec a100_machine() {
+  MachineSpec m;
+  m.device = "a100-80g";
+  return m;
+}
+
 TEST(OptimizerCost, FlopsOfASmallMatrixByHand) {
   EXPECT_DOUBLE_EQ(muon_flops(4, 8, 5), 3200);
   EXPECT_DOUBLE_EQ(muon_flops(8, 4, 5), 3200);
@@ -82,10 +89,10 @@ TEST(OptimizerCost, MatrixOptimizersAddToAdamWsTerm) {
   const OptimizerCost a = optimizer_step_cost(m, adamw, d, c, 0);
   EXPECT_DOUBLE_EQ(a.matrix_s, 0);
   EXPECT_DOUBLE_EQ(a.elementwise_s, 32.0 * double(total_parameters(m)) / (d.hbm_bw_gbs * 1e9 * d.bw_efficiency));
-  const double adamw_term = predict(m, MachineSpec{.device = "a100-80g"}, adamw).breakdown.optimizer;
+  const double adamw_term = predict(m, a100_machine(), adamw).breakdown.optimizer;
   EXPECT_DOUBLE_EQ(adamw_term, a.seconds());
   for (const char* o : {"muon", "shampoo", "soap"}) {
-    const Prediction pr = predict(m, MachineSpec{.device = "a100-80g"}, gpt2_plan(o, 1, 0));
+    const Prediction pr = predict(m, a100_machine(), gpt2_plan(o, 1, 0));
     EXPECT_GT(pr.optimizer_step.matrix_s, 0) << o;
     EXPECT_GT(pr.breakdown.optimizer, 2 * adamw_term) << o;
     EXPECT_DOUBLE_EQ(pr.breakdown.optimizer, pr.optimizer_step.elementwise_s + pr.optimizer_step.matrix_s) << o;

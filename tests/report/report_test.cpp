@@ -61,7 +61,7 @@ TEST(SvgChart, PointsWithANonFiniteCoordinateAreNotDrawn) {
 TEST(SvgChart, ALogXAxisSpacesDecadesEquallyAndDropsNonPositiveX) {
   Chart c;
   c.log_x = true;
-  c.series.push_back({"bytes", "#000", {0, 1e3, 1e4, 1e5}, {1, 2, 3, 4}});
+  c.series.push_back({"bytes", "#000", {0, 1e3, 1e4, 1e5}, {1, 2, 3, 4}, false, ""});
   const std::string g = chart_group(c, 0, 0, 600, 300);
   // Plot width 600 - 70 - 150 = 380 from x = 70: 1e3, 1e4, 1e5 at 70, 260, 450; x = 0 is not drawn.
   EXPECT_NE(g.find("points=\"70.0,"), std::string::npos) << g;
