@@ -2,6 +2,8 @@
 // in one run (run under mpirun; bench/comm/run_collectives.sh runs 2, 4 and 8 ranks):
 //   dense          Group::all_reduce_sum of n floats (MPI_Allreduce)
 //   allgather      all-gather of every rank's k = density n (index, value) pairs, summed into n
+//   allgather_packed  the same pairs packed (parallel/pair_codec.hpp): the values rounded to signs with
+//                  one magnitude, Rice-coded gaps, encoded and decoded on the host inside the timing
 //   split_reduce   Ok-Topk-style split and reduce, each region's ceil(k / P) largest all-gathered
 //   shared_index   the values at a common index set of k, one all-reduce of k floats, into n
 //   topk_e2e       the topk compressor end to end on a dense bucket of n (the gradient copied in,
@@ -158,6 +160,22 @@ struct SizeBench {
         else split_reduce_all(g, be, mine, n, (k + p - 1) / p, out, scratch);
       }, &bytes);
       row(d, collective, s, bytes, pred.comm_s, comm_break_even(spec, local, device, double(n), p));
+    }
+    {  // the same pairs packed: signs with one magnitude, Rice-coded gaps (about 9 bits a pair at 1%)
+      const std::vector<PairSegment> whole = {{0, n}};
+      std::vector<float> q = val;
+      quantize_pairs(idx.data(), q.data(), k, whole, PairValues::sign);
+      DeviceBuffer dq(be, k);
+      be.upload(dq.data(), q.data(), 4 * size_t(k));
+      const SparsePairs packed{mine.idx, dq.data(), k};
+      CommSpec spec;
+      spec.compressor = "topk", spec.density = d, spec.values = "sign", spec.indices = "golomb";
+      const plan::CompressionCost pred = plan::compression_cost_flat(spec, local, device, double(n), p, 1);
+      int64_t bytes = 0;
+      const double s = timed(g, ledger, o.reps, [&] {
+        allgather_packed_sum(g, be, packed, n, whole, {PairIndices::rice, PairValues::sign}, out, scratch);
+      }, &bytes);
+      row(d, "allgather_packed", s, bytes, pred.comm_s, comm_break_even(spec, local, device, double(n), p));
     }
     int64_t bytes = 0;
     const double s = timed(g, ledger, o.reps, [&] {

@@ -20,7 +20,7 @@ import sys
 
 DENSITIES = "0.001,0.003,0.01,0.03,0.1"
 REPS = {1 << 20: 7, 1 << 22: 5, 1 << 24: 3, 1 << 26: 3}
-COLORS = {"allgather": "#1f77b4", "split_reduce": "#ff7f0e", "shared_index": "#2ca02c", "topk_e2e": "#d62728"}
+COLORS = {"allgather": "#1f77b4", "allgather_packed": "#9467bd", "split_reduce": "#ff7f0e", "shared_index": "#2ca02c", "topk_e2e": "#d62728"}
 DASH = {1 << 20: "2 2", 1 << 22: "6 3", 1 << 24: "", 1 << 26: "10 2 2 2"}
 
 
@@ -64,7 +64,7 @@ def main():
             os.remove(tmp)
     with open(os.path.join(args.out, "collectives.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    methods = ["allgather", "split_reduce", "shared_index", "topk_e2e"]
+    methods = ["allgather", "allgather_packed", "split_reduce", "shared_index", "topk_e2e"]
     lines = ["| ranks | floats | dense s | method | time / dense at 0.1%, 1%, 10% | bytes fewer at 0.1%, 1%, 10% | "
              "measured crossover | planner's break-even |", "|---|---|---|---|---|---|---|---|"]
     charts = []
@@ -86,7 +86,7 @@ def main():
                 ratio = ", ".join(f"{by[d]['seconds'] / by[d]['dense_seconds']:.2f}" if d in by else "–" for d in (0.001, 0.01, 0.1))
                 fewer = ", ".join(f"{by[d]['dense_bytes'] / max(by[d]['bytes'], 1):.0f}x" if d in by else "–" for d in (0.001, 0.01, 0.1))
                 lines.append(f"| {p} | {n:,} | {dense['seconds']:.4f} | {m} | {ratio} | {fewer} | {text} | {pred_text} |")
-                if m in ("allgather", "split_reduce", "topk_e2e"):
+                if m in ("allgather", "allgather_packed", "split_reduce", "topk_e2e"):
                     chart["series"].append({"name": f"{m} {n >> 20}M", "color": COLORS[m], "dash": DASH.get(n, ""),
                                             "xs": [d for d, _ in pts], "ys": [q for _, q in pts], "markers": True})
         densities = sorted({r["density"] for r in rows if r["ranks"] == p and r["method"] != "dense"})

@@ -99,9 +99,28 @@ RUNS = [
     ("dgc 0.2% adam momentum small 5%", "dense adamw", ADAM, 'compressor = "dgc"\ndensity = 0.002\nmin_compress = 0\nrole_density = { norm = 0.05, bias = 0.05 }\nwarmup_steps = 30\nadam_variance = "freeze"\ncompress = "momentum"\n'),
     ("temporal 0.5% momentum", "dense adamw", ADAM, 'compressor = "temporal"\ndensity = 0.005\nrefresh_every = 20\nwarmup_steps = 30\nadam_variance = "freeze"\ncompress = "momentum"\n'),
     ("sign momentum", "dense adamw", ADAM, 'compressor = "sign"\nwarmup_steps = 30\nadam_variance = "freeze"\ncompress = "momentum"\n'),
+    # The momentum's top-k packed (parallel/pair_codec.hpp): signs with one magnitude per piece (STC)
+    # and Rice-coded index gaps, about 9 bits a pair instead of 64.
+    ("topk 1% momentum packed", "dense adamw", ADAM, 'compressor = "topk"\ndensity = 0.01\nvalues = "sign"\nindices = "golomb"\nwarmup_steps = 30\nadam_variance = "freeze"\ncompress = "momentum"\n'),
+    ("topk 0.7% momentum packed", "dense adamw", ADAM, 'compressor = "topk"\ndensity = 0.007\nvalues = "sign"\nindices = "golomb"\nwarmup_steps = 30\nadam_variance = "freeze"\ncompress = "momentum"\n'),
+    ("topk 1% momentum bf16 golomb", "dense adamw", ADAM, 'compressor = "topk"\ndensity = 0.01\nvalues = "bf16"\nindices = "golomb"\nwarmup_steps = 30\nadam_variance = "freeze"\ncompress = "momentum"\n'),
+    # ... and the norms and biases as scaled signs with error feedback instead of the fp32 all-reduce
+    # (1-bit Adam sends every tensor so): their fixed bytes were half of what is left.
+    ("topk 1% momentum packed small sign", "dense adamw", ADAM, 'compressor = "topk"\ndensity = 0.01\nvalues = "sign"\nindices = "golomb"\nsmall_pieces = "sign"\nwarmup_steps = 30\nadam_variance = "freeze"\ncompress = "momentum"\n'),
+    ("topk 1.8% momentum packed small sign", "dense adamw", ADAM, 'compressor = "topk"\ndensity = 0.018\nvalues = "sign"\nindices = "golomb"\nsmall_pieces = "sign"\nwarmup_steps = 30\nadam_variance = "freeze"\ncompress = "momentum"\n'),
+    ("topk 1.8% momentum packed small sign warm-up 50", "dense adamw", ADAM, 'compressor = "topk"\ndensity = 0.018\nvalues = "sign"\nindices = "golomb"\nsmall_pieces = "sign"\nwarmup_steps = 50\nadam_variance = "freeze"\ncompress = "momentum"\n'),
+    # The control: every element of the momentum sent (density 1), v frozen after 50 dense steps: dense
+    # AdamW with 1-bit Adam's frozen variance (tests/dist/dist_compression_momentum.cpp), what
+    # compression itself costs on top of the freeze.
+    ("frozen v at 50, density 1", "dense adamw", ADAM, 'compressor = "topk"\ndensity = 1.0\nwarmup_steps = 50\nadam_variance = "freeze"\ncompress = "momentum"\n'),
     ("dense adamw seed 2", None, ADAM_SEED2, ""),
     ("topk 1% momentum seed 2", "dense adamw seed 2", ADAM_SEED2, 'compressor = "topk"\ndensity = 0.01\nwarmup_steps = 30\nadam_variance = "freeze"\ncompress = "momentum"\n'),
     ("dgc 0.1% adam momentum seed 2", "dense adamw seed 2", ADAM_SEED2, 'compressor = "dgc"\ndensity = 0.001\nwarmup_steps = 30\nadam_variance = "freeze"\ncompress = "momentum"\n'),
+    ("topk 1% momentum packed seed 2", "dense adamw seed 2", ADAM_SEED2, 'compressor = "topk"\ndensity = 0.01\nvalues = "sign"\nindices = "golomb"\nwarmup_steps = 30\nadam_variance = "freeze"\ncompress = "momentum"\n'),
+    ("topk 1% momentum packed small sign seed 2", "dense adamw seed 2", ADAM_SEED2, 'compressor = "topk"\ndensity = 0.01\nvalues = "sign"\nindices = "golomb"\nsmall_pieces = "sign"\nwarmup_steps = 30\nadam_variance = "freeze"\ncompress = "momentum"\n'),
+    ("topk 1.8% momentum packed small sign seed 2", "dense adamw seed 2", ADAM_SEED2, 'compressor = "topk"\ndensity = 0.018\nvalues = "sign"\nindices = "golomb"\nsmall_pieces = "sign"\nwarmup_steps = 30\nadam_variance = "freeze"\ncompress = "momentum"\n'),
+    ("topk 1.8% momentum packed small sign warm-up 50 seed 2", "dense adamw seed 2", ADAM_SEED2, 'compressor = "topk"\ndensity = 0.018\nvalues = "sign"\nindices = "golomb"\nsmall_pieces = "sign"\nwarmup_steps = 50\nadam_variance = "freeze"\ncompress = "momentum"\n'),
+    ("frozen v at 50, density 1 seed 2", "dense adamw seed 2", ADAM_SEED2, 'compressor = "topk"\ndensity = 1.0\nwarmup_steps = 50\nadam_variance = "freeze"\ncompress = "momentum"\n'),
     ("sign momentum seed 2", "dense adamw seed 2", ADAM_SEED2, 'compressor = "sign"\nwarmup_steps = 30\nadam_variance = "freeze"\ncompress = "momentum"\n'),
     # DGC needs plain SGD (its momentum correction is the momentum): its baseline is dense SGD.
     ("dense sgd", None, SGD, ""),
@@ -200,15 +219,19 @@ def main():
         b = results.get(r["baseline"]) if r["baseline"] else None
         r["val_cost_pct"] = 100 * (r["final_val_loss"] - b["final_val_loss"]) / b["final_val_loss"] if b else 0.0
         r["bytes_reduction"] = b["bytes_per_step"] / r["bytes_per_step"] if b and r["bytes_per_step"] else 1.0
+        # Over the whole run, the dense warm-up steps included (they dominate a short run's bytes).
+        r["bytes_reduction_run"] = (b["bytes_cumulative"][-1] / r["bytes_cumulative"][-1]
+                                    if b and r["bytes_cumulative"][-1] else 1.0)
         r["time_ratio"] = r["seconds_per_step"] / b["seconds_per_step"] if b else 1.0
     with open(os.path.join(args.out, "convergence.json"), "w") as f:
         json.dump({"steps": args.steps, "runs": results}, f, indent=1)
-    lines = ["| run | final val loss | cost vs baseline | dp bytes/step | fewer bytes | s/step (x baseline) | density | index overlap |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| run | final val loss | cost vs baseline | dp bytes/step | fewer bytes | fewer bytes, whole run | s/step (x baseline) | density | index overlap |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results.values():
         ov = f"{r['index_overlap']:.2f}" if r["index_overlap"] is not None else "–"
         lines.append(f"| {r['name']} | {r['final_val_loss']:.4f} | {r['val_cost_pct']:+.2f}% | {r['bytes_per_step']:,.0f} | "
-                     f"{r['bytes_reduction']:.0f}x | {r['seconds_per_step']:.3f} ({r['time_ratio']:.2f}) | "
+                     f"{r['bytes_reduction']:.0f}x | {r['bytes_reduction_run']:.1f}x | "
+                     f"{r['seconds_per_step']:.3f} ({r['time_ratio']:.2f}) | "
                      f"{r['density']:.4f} | {ov} |")
     with open(os.path.join(args.out, "convergence.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -230,6 +230,12 @@ struct CommSpec {
   std::string selection = "exact";  // "exact": top-k by radix selection; "sample": DGC's sampled threshold
   double sample_fraction = 0.01;    // selection = "sample": fraction of the elements sampled
   std::string collective = "allgather";  // "allgather": of (index, value) pairs; "split_reduce": Ok-Topk-style
+  std::string values = "fp32";      // topk, dgc: a sent value on the wire: "fp32"; "bf16" (rounded); "sign": its sign
+                                    // and one magnitude per piece, the mean |v| (sparse ternary compression)
+  std::string indices = "int32";    // topk, dgc: a sent index on the wire: "int32"; "golomb": Rice-coded gaps
+                                    // (parallel/pair_codec.hpp; both need collective = "allgather")
+  std::string small_pieces = "fp32";  // topk, dgc: the pieces below min_compress (norms, biases): "fp32" all-reduce;
+                                      // "sign": scaled signs with error feedback (parallel/compress_common.hpp)
   std::string scope = "entry";      // "entry": k per parameter entry (per-layer densities); "bucket": one top-k per bucket
   int64_t block_size = 256;         // blocktopk: elements per block
   int64_t min_compress = 1024;      // a piece of an entry with fewer elements is sent dense (norms, biases)

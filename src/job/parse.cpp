@@ -650,10 +650,11 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& comm_keys()
     };
     return std::vector<std::pair<std::string, std::vector<std::string>>>{
         {"none", {}},
-        {"topk", with({"selection", "sample_fraction", "collective"})},
+        {"topk", with({"selection", "sample_fraction", "collective", "values", "indices", "small_pieces"})},
         // DGC always accumulates (its velocity is its error feedback) and trains SGD (or AdamW with
         // compress = "momentum"); blocktopk's blocks tile the bucket whatever the entries (no dense pieces).
-        {"dgc", with({"selection", "sample_fraction", "collective", "momentum"}, {"error_feedback"})},
+        {"dgc", with({"selection", "sample_fraction", "collective", "momentum", "values", "indices", "small_pieces"},
+                     {"error_feedback"})},
         {"blocktopk", with({"block_size"}, {"min_compress"})},
         {"temporal", with({"selection", "sample_fraction", "collective", "refresh_every"})},
         {"powersgd", {"rank", "warmup_steps", "error_feedback", "min_compress", "adam_variance", "compress"}},
@@ -674,6 +675,9 @@ void parse_comm_values(Section& s, CommSpec& c) {
   if (int i = s.get_choice("collective", {"allgather", "split_reduce"}); i >= 0)
     c.collective = i == 0 ? "allgather" : "split_reduce";
   if (int i = s.get_choice("scope", {"entry", "bucket"}); i >= 0) c.scope = i == 0 ? "entry" : "bucket";
+  if (int i = s.get_choice("values", {"fp32", "bf16", "sign"}); i >= 0) c.values = i == 0 ? "fp32" : i == 1 ? "bf16" : "sign";
+  if (int i = s.get_choice("indices", {"int32", "golomb"}); i >= 0) c.indices = i == 0 ? "int32" : "golomb";
+  if (int i = s.get_choice("small_pieces", {"fp32", "sign"}); i >= 0) c.small_pieces = i == 0 ? "fp32" : "sign";
   s.get_int("block_size", c.block_size, 1, 1 << 20);
   s.get_int("min_compress", c.min_compress, 0, int64_t(1) << 40);
   s.get_float_below("momentum", c.momentum, 0, 1);
@@ -687,6 +691,10 @@ void parse_comm_values(Section& s, CommSpec& c) {
   if (c.compress == "momentum" && s.has("momentum"))
     s.refuse("momentum", "with [comm] compress = \"momentum\" DGC's velocity is AdamW's first moment, whose rate is "
                          "[train] beta1");
+  for (const char* k : {"values", "indices"})
+    if (c.collective != "allgather" && s.has(k))
+      s.refuse(k, "packed pairs travel by the all-gather of pairs; split-and-reduce sends int32 indices and fp32 "
+                  "values: expected [comm] collective = \"allgather\"");
   if (c.scope != "entry" && s.has("role_density"))
     s.refuse("role_density", "densities per parameter role need the selection per entry ([comm] scope = \"entry\")");
 }
@@ -986,6 +994,9 @@ static std::string comm_toml(const CommSpec& c) {
   if (takes("selection")) out += line("selection", c.selection);
   if (takes("sample_fraction") && c.selection == "sample") out += line("sample_fraction", c.sample_fraction);
   if (takes("collective")) out += line("collective", c.collective);
+  if (takes("values") && c.collective == "allgather") out += line("values", c.values);
+  if (takes("indices") && c.collective == "allgather") out += line("indices", c.indices);
+  if (takes("small_pieces")) out += line("small_pieces", c.small_pieces);
   if (takes("scope")) out += line("scope", c.scope);
   if (takes("block_size")) out += line("block_size", c.block_size);
   if (takes("min_compress")) out += line("min_compress", c.min_compress);

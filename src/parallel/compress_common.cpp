@@ -181,9 +181,18 @@ float* CompressorBase::accumulate(Group&, Backend& be, const BucketReduce& b, Bu
 }
 
 // The dense pieces in one fp32 all-reduce ("dp_all_reduce"); with error feedback their residual
-// is then 0 (everything was sent).
+// is then 0 (everything was sent). [comm] small_pieces = "sign": as scaled signs instead, all-gathered
+// under the compressor's kind (1-bit Adam sends every tensor so), their rounding kept by error feedback.
 void CompressorBase::reduce_dense_pieces(Group& dp, Backend& be, const Bucket& st, float* acc, float* sum) {
   if (!st.plan.has_dense()) return;
+  if (spec_.small_pieces == "sign") {
+    std::vector<const Piece*> pieces;
+    for (const Piece& p : st.plan.pieces)
+      if (p.dense) pieces.push_back(&p);
+    KindTag tag(dp, spec_.compressor);
+    sign_exchange(dp, be, scratch(be), pieces, acc, sum, ef_);
+    return;
+  }
   const int64_t n = st.plan.len - st.plan.compressible;
   float* buf = scratch(be).floats(kDense, n);
   int64_t at = 0;

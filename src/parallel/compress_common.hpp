@@ -118,13 +118,21 @@ class CompressorBase : public Compressor {
 };
 
 // Scratch slots below 100 (the sparse collectives use 100 and up).
-enum Slot : int { kSum = 1, kDense, kIdx, kVal, kTmp, kSamples, kP, kQ, kBits, kScales, kBlocks, kBlockVal, kGrad, kMomentum };
+enum Slot : int { kSum = 1, kDense, kIdx, kVal, kTmp, kSamples, kP, kQ, kBits, kScales, kBlocks, kBlockVal, kGrad, kMomentum, kQuantized };
 
 // The pieces' selections of one bucket as pairs (scratch kIdx/kVal): exact top-k, or the threshold
 // of a sample (DGC) with an exact fallback when it selects nothing or more than twice k.
 SparsePairs select_topk(Backend& be, Scratch& s, const BucketPlan& plan, const float* acc,
                         const std::vector<int64_t>& ks, bool sampled, double sample_fraction, uint64_t seed,
                         double* fallbacks);
+
+// The scaled signs of EF-SignSGD (sign_compressor.cpp) for `pieces` of acc: each piece's sign bits
+// and its scale ||x||_1 / len all-gathered, every rank's decoded pieces added into sum in rank
+// order; with error feedback acc keeps x - scale sign(x). Returns the elements sent (1 bit each).
+// The sign compressor sends its pieces so, and the sparsifiers their small pieces with
+// [comm] small_pieces = "sign".
+double sign_exchange(Group& dp, Backend& be, Scratch& s, const std::vector<const Piece*>& pieces, float* acc,
+                     float* sum, bool error_feedback);
 
 std::shared_ptr<Compressor> make_sparse(const CommSpec& spec, const CompressorContext& ctx);
 std::shared_ptr<Compressor> make_powersgd(const CommSpec& spec, const CompressorContext& ctx);

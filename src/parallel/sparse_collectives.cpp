@@ -19,6 +19,7 @@ enum Slot : int {
   kRegion,           // f32 [region]: split_reduce_all's summed region
   kKeepIdx,          // i32: the region's kept entries
   kKeepVal,
+  kWords,            // i32: all-gathered packed messages
 };
 
 constexpr int kTagIdx = 9301, kTagVal = 9302;
@@ -72,6 +73,40 @@ SparsePairs allgather_pairs_sum(Group& g, Backend& be, SparsePairs mine, int64_t
   be.fill(out, 0.0f, n);
   be.scatter_add(out, n, idx, val, total, 0);  // rank order: the same bits on every rank
   return {idx, val, total};
+}
+
+SparsePairs allgather_packed_sum(Group& g, Backend& be, SparsePairs mine, int64_t n,
+                                 const std::vector<PairSegment>& segments, PairFormat format, float* out, Scratch& s) {
+  HostBuffer<int32_t> my_idx(be, mine.k);
+  HostBuffer<float> my_val(be, mine.k);
+  if (mine.k > 0) {
+    be.download(my_idx.data(), mine.idx, sizeof(int32_t) * size_t(mine.k));
+    be.download(my_val.data(), mine.val, sizeof(float) * size_t(mine.k));
+  }
+  const std::vector<uint32_t> words = encode_pairs(my_idx.data(), my_val.data(), mine.k, segments, format);
+  const std::vector<int64_t> counts = all_gather_counts(g, be, {int64_t(words.size())}, s);
+  std::vector<int64_t> first(size_t(g.size()) + 1, 0);
+  for (int r = 0; r < g.size(); r++) first[size_t(r) + 1] = first[size_t(r)] + counts[size_t(r)];
+  const int64_t total_words = first[size_t(g.size())];
+  int32_t* wire = s.ints(kWords, total_words);
+  if (!words.empty()) be.upload(wire + first[size_t(g.rank())], words.data(), sizeof(uint32_t) * words.size());
+  g.all_gather_v(wire, counts, DType::i32);
+  HostBuffer<uint32_t> all(be, total_words);
+  if (total_words > 0) be.download(all.data(), wire, sizeof(uint32_t) * size_t(total_words));
+  std::vector<int32_t> idx;
+  std::vector<float> val;
+  for (int r = 0; r < g.size(); r++)  // rank order: every rank adds the same pairs in the same order
+    decode_pairs(all.data() + first[size_t(r)], counts[size_t(r)], segments, format, idx, val);
+  const int64_t total = int64_t(idx.size());
+  int32_t* gidx = s.ints(kGatherIdx, total);
+  float* gval = s.floats(kGatherVal, total);
+  if (total > 0) {
+    be.upload(gidx, idx.data(), sizeof(int32_t) * size_t(total));
+    be.upload(gval, val.data(), sizeof(float) * size_t(total));
+  }
+  be.fill(out, 0.0f, n);
+  be.scatter_add(out, n, gidx, gval, total, 0);
+  return {gidx, gval, total};
 }
 
 void allgather_blocks_sum(Group& g, Backend& be, const int32_t* blocks, const float* val, int64_t kb, int64_t block,

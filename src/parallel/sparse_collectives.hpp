@@ -22,6 +22,7 @@
 
 #include "backend/backend.hpp"
 #include "parallel/comm.hpp"
+#include "parallel/pair_codec.hpp"
 
 namespace exatrain::parallel {
 
@@ -49,6 +50,13 @@ struct SparsePairs {
 // zeroed and every rank's pairs are added in rank order. Returns the gathered pairs, rank after
 // rank (in scratch: valid until the next call with this scratch).
 SparsePairs allgather_pairs_sum(Group& g, Backend& be, SparsePairs mine, int64_t n, float* out, Scratch& s);
+
+// 1a. The same with the pairs packed (parallel/pair_codec.hpp: Rice-coded gaps, fp32 / bf16 / sign
+// values, already quantized by the caller): each rank's message as 32-bit words, the word counts
+// all-gathered first, then the words (all_gather_v, i32), decoded in rank order on the host.
+// Returns the decoded pairs of every rank, rank after rank (in scratch).
+SparsePairs allgather_packed_sum(Group& g, Backend& be, SparsePairs mine, int64_t n,
+                                 const std::vector<PairSegment>& segments, PairFormat format, float* out, Scratch& s);
 
 // 1b. The same for blocks (blocktopk): block indices blocks[kb] (blocks of `block` elements tiling
 // [0, n)) and their values val[kb * block] (0 past n) all-gathered; out[n] = every rank's blocks

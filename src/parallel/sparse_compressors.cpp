@@ -102,7 +102,9 @@ class SparseCompressor final : public CompressorBase {
   void exchange(Group& dp, Backend& be, const BucketReduce& b, Bucket& st, SparsePairs mine, float* acc, float* sum) {
     const int64_t len = st.plan.len;
     Scratch& s = scratch(be);
-    if (spec_.collective == "allgather") {
+    if (spec_.collective == "allgather" && packed()) {
+      return exchange_packed(dp, be, st, mine, acc, sum);
+    } else if (spec_.collective == "allgather") {
       allgather_pairs_sum(dp, be, mine, len, sum, s);
     } else if (b.kind == ReduceKind::reduce_scatter) {  // the shard is the region: nothing dropped
       float* region = s.floats(kTmp, b.shard);
@@ -124,6 +126,37 @@ class SparseCompressor final : public CompressorBase {
       return;
     }
     if (ef_) be.scatter_fill(acc, len, mine.idx, mine.k, 0.0f);
+  }
+
+  bool packed() const { return spec_.values != "fp32" || spec_.indices != "int32"; }
+
+  // The pairs packed (parallel/pair_codec.hpp): the values rounded to what the wire carries (bf16,
+  // or sign x the piece's mean magnitude), the pieces as the segments; with error feedback the
+  // residual keeps what was not sent and what the rounding lost (acc - the sent value).
+  void exchange_packed(Group& dp, Backend& be, Bucket& st, SparsePairs mine, float* acc, float* sum) {
+    const PairFormat format{pair_indices_from(spec_.indices), pair_values_from(spec_.values)};
+    std::vector<PairSegment> segments;
+    for (const Piece& p : st.plan.pieces)
+      if (!p.dense) segments.push_back({p.offset, p.offset + p.len});
+    const int64_t k = mine.k;
+    HostBuffer<int32_t> idx(be, k);
+    HostBuffer<float> val(be, k), lost(be, k);
+    if (k > 0) {
+      be.download(idx.data(), mine.idx, sizeof(int32_t) * size_t(k));
+      be.download(val.data(), mine.val, sizeof(float) * size_t(k));
+    }
+    for (int64_t i = 0; i < k; i++) lost[i] = val[i];
+    quantize_pairs(idx.data(), val.data(), k, segments, format.values);
+    for (int64_t i = 0; i < k; i++) lost[i] -= val[i];
+    Scratch& s = scratch(be);
+    float* sent = s.floats(kQuantized, k);
+    if (k > 0) be.upload(sent, val.data(), sizeof(float) * size_t(k));
+    allgather_packed_sum(dp, be, {mine.idx, sent, k}, st.plan.len, segments, format, sum, s);
+    if (!ef_) return;
+    be.scatter_fill(acc, st.plan.len, mine.idx, k, 0.0f);
+    float* back = s.floats(kQuantized, k);
+    if (k > 0) be.upload(back, lost.data(), sizeof(float) * size_t(k));
+    be.scatter_add(acc, st.plan.len, mine.idx, back, k, 0);
   }
 
   // temporal, a refresh step: the exchange of a top-k step, then the new shared set: the top k of

@@ -17,7 +17,7 @@ struct Matrix { double count = 0, rows = 0, cols = 0; };
 
 // What one rank reduces: compressible elements (and PowerSGD's matrices), dense elements.
 struct Gradients {
-  double compressible = 0, dense = 0, pieces = 0;
+  double compressible = 0, dense = 0, pieces = 0, dense_pieces = 0;
   std::vector<Matrix> matrices;  // PowerSGD: the 2-D entries worth compressing
 };
 
@@ -39,6 +39,22 @@ void dense(const Setting& s, double n, double* bytes, double* seconds) {
   *seconds += s.reduce_scatter ? best_reduce_scatter_time(4 * n, s.g, s.mach) : best_all_reduce_time(4 * n, s.g, s.mach);
 }
 
+}  // namespace
+
+double pair_bits(const CommSpec& c, double density) {
+  const double value = c.values == "sign" ? 1 : c.values == "bf16" ? 16 : 32;
+  if (c.indices != "golomb") return value + 32;
+  const double q = 1 - std::clamp(density, 1e-12, 1.0);
+  double best = 32;
+  for (int b = 0; b < 31; b++) {
+    const double qm = std::pow(q, std::ldexp(1.0, b));  // P(gap >= 2^b)
+    best = std::min(best, double(b) + 1 + (qm < 1 ? qm / (1 - qm) : 1e9));
+  }
+  return value + best;
+}
+
+namespace {
+
 // The compressed reduction at density `density` (sparsifiers) of the gradients x.
 CompressionCost cost_at(const Setting& s, const Gradients& x, double density) {
   const CommSpec& c = s.c;
@@ -59,8 +75,14 @@ CompressionCost cost_at(const Setting& s, const Gradients& x, double density) {
     // the magnitudes: two histograms and the collection, backend cpu_compress_ops.cpp topk_abs).
     passes += c.selection == "sample" ? 1 : 3;
     if (c.collective == "allgather") {
-      gather(8, k);
+      const bool packed = c.values != "fp32" || c.indices != "int32";
+      // Packed pairs: per piece a 32-bit count, Rice b and magnitude (69 bits, counted as 9 bytes).
+      gather(pair_bits(c, density) / 8, k);
+      if (packed) out.bytes += (p - 1) * 9 * x.pieces;
       passes += 3 * p * density;  // scatter every rank's pairs
+      // The bit-serial codec on the host: quantize and encode this rank's pairs, decode every
+      // rank's; charged as 8 passes' worth per pair (an estimate, not measured).
+      if (packed) passes += 8 * (p + 2) * density;
       return;
     }
     out.bytes += (p - 1) / p * 16 * k + 4 * p * (p - 1) + 4 * (p - 1);  // split, counts, kept all-gather
@@ -111,7 +133,11 @@ CompressionCost cost_at(const Setting& s, const Gradients& x, double density) {
   }
   out.compute_s += passes * 4 * n / rate;
   double dense_bytes = 0, dense_s = 0;
-  if (x.dense > 0) {
+  if (x.dense > 0 && c.small_pieces == "sign") {  // scaled signs and a scale per piece, all-gathered
+    dense_bytes = (p - 1) * (x.dense / 8 + 4 * x.dense_pieces);
+    dense_s = best_all_gather_time(p * x.dense / 8, s.g, s.mach) + best_all_gather_time(4 * p * x.dense_pieces, s.g, s.mach);
+    out.compute_s += (4 + 2 * p) * 4 * x.dense / rate;  // |x| sum, pack, every rank's unpack, the residual's
+  } else if (x.dense > 0) {
     Setting all_reduce = s;
     all_reduce.reduce_scatter = false;  // the dense pieces are all-reduced
     dense(all_reduce, x.dense, &dense_bytes, &dense_s);
@@ -152,12 +178,14 @@ CompressionCost compression_cost(const ModelSpec& m, const MachineSpec& mach, co
     const bool small = double(e.rows) * double(e.cols) < double(p.comm.min_compress);
     if (!e.two_d || small) {  // 1-D entries (norms, biases) and small ones: dense
       x.dense += elems;
+      x.dense_pieces += double(e.count);
       continue;
     }
     if (p.comm.compressor == "powersgd") {
       const double r = double(p.comm.rank), rows = double(e.rows), cols = double(e.cols);
       if (2 * (rows + cols) * r >= rows * cols) {  // PyTorch's min_compression_rate 2
         x.dense += elems;
+        x.dense_pieces += double(e.count);
         continue;
       }
       x.matrices.push_back({double(e.count), rows, cols});

@@ -10,12 +10,14 @@
 // backward, compression cannot pay.
 //
 // Bytes (per rank per reduction, P ranks, N_c compressible elements, k = density N_c, N_d dense):
-//   topk, dgc          all-gather: (P-1) (8 k + 4)           split_reduce: (P-1)/P 16 k + 4 P (P-1) + 4 (P-1)
+//   topk, dgc          all-gather: (P-1) (b k / 8 + 4 [+ 9 per piece packed]), b = pair_bits (64 unpacked)
+//                                                             split_reduce: (P-1)/P 16 k + 4 P (P-1) + 4 (P-1)
 //   temporal           (refresh + (R-1) shared-index all-reduces of k values, 2 (P-1)/P 4 k) / R
 //   blocktopk          (P-1) (4 + 4 B) k / B   (one index per block of B)
 //   powersgd           2 (P-1)/P 4 sum over matrices (rows + cols) r
 //   sign               (P-1) (N_c / 8 + 4 per entry)
-//   + the dense pieces (1-D entries: norms, biases): a ring all-reduce of N_d fp32.
+//   + the dense pieces (1-D entries: norms, biases): a ring all-reduce of N_d fp32, or with
+//     small_pieces = "sign" (P-1) (N_d / 8 + 4 per piece), as sign's.
 // The runtime's exact count is its ledger (metrics.jsonl bytes_sent); this model uses k = density
 // N_c where the runtime rounds k up per entry and bucket.
 #pragma once
@@ -56,6 +58,13 @@ CompressionCost compression_cost(const ModelSpec& m, const MachineSpec& mach, co
 // ranks placed `stride` apart: the collectives benchmark's predicted break-even (bench/comm).
 CompressionCost compression_cost_flat(const CommSpec& c, const MachineSpec& mach, const Device& d, double elements,
                                       int64_t ranks, int64_t stride);
+
+// The bits one sent pair of the all-gather of pairs takes ([comm] values, indices;
+// parallel/pair_codec.hpp): the value's 32 (fp32), 16 (bf16) or 1 (sign) bits plus the index's 32
+// (int32) or the expected length of a Rice code of the gaps (golomb), which for gaps about
+// geometric with mean 1/density is b + 1 + q^m / (1 - q^m) bits, q = 1 - density, m = 2^b, at the
+// best b (about log2(1/density) + 1.5).
+double pair_bits(const CommSpec& c, double density);
 
 // predict's "compression" object and its lines in the table.
 nlohmann::json to_json(const CompressionCost& c);

@@ -31,6 +31,7 @@ TEST(JobComm, EveryCompressorReadsItsKeysAndRoundTrips) {
       "[train]\noptimizer = \"sgd\"\n[optimizer]\nmomentum = 0\n[comm]\ncompressor = \"dgc\"\nmomentum = 0.8\n"
       "density = 0.001\nwarmup_steps = 100\nwarmup = \"exponential\"\n",
       "[comm]\ncompressor = \"blocktopk\"\nblock_size = 64\nscope = \"bucket\"\n",
+      "[comm]\ncompressor = \"topk\"\nvalues = \"sign\"\nindices = \"golomb\"\nsmall_pieces = \"sign\"\n",
       "[comm]\ncompressor = \"temporal\"\nrefresh_every = 20\ndensity = 0.01\n",
       "[comm]\ncompressor = \"powersgd\"\nrank = 8\nwarmup_steps = 10\nmin_compress = 0\n",
       "[comm]\ncompressor = \"sign\"\nerror_feedback = true\n"};
@@ -45,7 +46,11 @@ TEST(JobComm, EveryCompressorReadsItsKeysAndRoundTrips) {
   EXPECT_EQ(t.train.comm.collective, "split_reduce");
   EXPECT_DOUBLE_EQ(t.train.comm.role_density.at("embedding"), 0.0001);
   EXPECT_DOUBLE_EQ(t.train.comm.sample_fraction, 0.05);
-  EXPECT_EQ(parse_job(jobs[4], "job.toml").train.comm.rank, 8);
+  EXPECT_EQ(parse_job(jobs[5], "job.toml").train.comm.rank, 8);
+  const CommSpec packed = parse_job(jobs[3], "job.toml").train.comm;
+  EXPECT_EQ(packed.values, "sign");
+  EXPECT_EQ(packed.indices, "golomb");
+  EXPECT_EQ(packed.small_pieces, "sign");
   // --set reaches the table.
   EXPECT_DOUBLE_EQ(parse_job("[comm]\ncompressor = \"topk\"\n", "job.toml", {"comm.density=0.25"}).train.comm.density, 0.25);
 }
@@ -91,6 +96,17 @@ TEST(JobComm, KeysTheCompressorDoesNotTakeAreRefused) {
   e = parse_error("[compression]\ncompressor = \"topk\"\n");
   EXPECT_TRUE(contains(e, "unknown section [compression]; expected [model], [machine], [parallel], [train], [optimizer], "
                           "[comm]")) << e;
+}
+
+TEST(JobComm, PackedPairsAreCheckedAndNeedTheAllGather) {
+  std::string e = parse_error("[comm]\ncompressor = \"topk\"\nvalues = \"int8\"\nindices = \"elias\"\nsmall_pieces = \"bf16\"\n");
+  EXPECT_TRUE(contains(e, "job.toml: [comm] values = \"int8\": expected one of \"fp32\" \"bf16\" \"sign\"")) << e;
+  EXPECT_TRUE(contains(e, "[comm] indices = \"elias\": expected one of \"int32\" \"golomb\"")) << e;
+  EXPECT_TRUE(contains(e, "[comm] small_pieces = \"bf16\": expected one of \"fp32\" \"sign\"")) << e;
+  e = parse_error("[comm]\ncompressor = \"topk\"\ncollective = \"split_reduce\"\nindices = \"golomb\"\n");
+  EXPECT_TRUE(contains(e, "[comm] indices = \"golomb\": packed pairs travel by the all-gather of pairs")) << e;
+  e = parse_error("[comm]\ncompressor = \"temporal\"\nvalues = \"sign\"\n");
+  EXPECT_TRUE(contains(e, "[comm] values = \"sign\": not a key of [comm] compressor = \"temporal\"")) << e;
 }
 
 TEST(JobComm, DgcNeedsPlainSgdBecauseItsMomentumCorrectionIsTheMomentum) {

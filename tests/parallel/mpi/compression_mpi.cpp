@@ -16,6 +16,7 @@
 #include <cstring>
 #include <iterator>
 #include <numeric>
+#include <tuple>
 
 #include "backend/backend.hpp"
 #include "model/layout.hpp"
@@ -109,6 +110,35 @@ TEST(SparseCollectivesMpi, AllGatherOfPairsEqualsTheDenseSumAndCountsRingBytes) 
   const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t(0));
   // counts: ring all-gather of p ints; pairs: all_gather_v of indices and values.
   EXPECT_EQ(ledger.bytes["dp_all_gather"], 4 * (p - 1) + 2 * 4 * (total - counts[size_t((me + 1) % p)]));
+}
+
+TEST(SparseCollectivesMpi, PackedPairsAllGatherEqualsTheSumOfTheQuantizedPairs) {
+  // Every rank's pairs rounded to signs x one magnitude per segment, Rice-coded: the sum of the
+  // rounded pairs bit for bit, and the ledger the counts plus every other rank's words.
+  CommLedger ledger;
+  MpiGroup g(MPI_COMM_WORLD, "dp", &ledger, nullptr, &be());
+  const int p = g.size(), me = g.rank();
+  const int64_t n = 1001;
+  const std::vector<PairSegment> segs = {{0, 400}, {400, 1001}};
+  const PairFormat format{PairIndices::rice, PairValues::sign};
+  std::vector<int32_t> idx;
+  std::vector<float> val, want(size_t(n), 0.0f), mine;
+  std::vector<int64_t> words;
+  for (int r = 0; r < p; r++) {
+    pairs_of(r, n, &idx, &val);
+    quantize_pairs(idx.data(), val.data(), int64_t(idx.size()), segs, format.values);
+    words.push_back(int64_t(encode_pairs(idx.data(), val.data(), int64_t(idx.size()), segs, format).size()));
+    for (size_t j = 0; j < idx.size(); j++) want[size_t(idx[j])] += val[j];
+    if (r == me) mine = val;
+  }
+  pairs_of(me, n, &idx, &val);
+  DevI di(idx);
+  DevF dv(mine), out(std::vector<float>(size_t(n), 7.0f));
+  Scratch s(be());
+  allgather_packed_sum(g, be(), {di.p(), dv.p(), int64_t(idx.size())}, n, segs, format, out.p(), s);
+  EXPECT_EQ(down(out.p(), n), want);
+  const int64_t total = std::accumulate(words.begin(), words.end(), int64_t(0));
+  EXPECT_EQ(ledger.bytes["dp_all_gather"], p == 1 ? 0 : 4 * (p - 1) + 4 * (total - words[size_t((me + 1) % p)]));
 }
 
 TEST(SparseCollectivesMpi, SplitAndReduceGivesEachRegionItsSumAndKeepsTheLargest) {
@@ -382,6 +412,50 @@ TEST(CompressorsMpi, EntryScopeTakesRoleDensitiesAndSendsSmallPiecesDense) {
   EXPECT_DOUBLE_EQ(stats["index_overlap"], double(common.size()) / double(before.size()));
 }
 
+TEST(CompressorsMpi, SmallPiecesAsSignsKeepTheirRoundingInTheResidual) {
+  // small_pieces = "sign": the norm (below min_compress) travels as scaled signs with error
+  // feedback, all-gathered under the compressor's kind; the matrix's top-k as before.
+  const int p = world();
+  ParamLayout layout;
+  for (auto [name, shape, role] : {std::tuple<const char*, std::vector<int64_t>, ParamRole>{"m", {20, 50}, ParamRole::matrix},
+                                   {"norm", {100}, ParamRole::norm}}) {
+    ParamInfo e;
+    e.name = name, e.global_shape = shape, e.shard_shape = shape, e.role = role;
+    e.numel = 1;
+    for (int64_t d : shape) e.numel *= d;
+    layout.add(e);
+  }
+  const int64_t n = layout.total();
+  CommSpec spec = spec_of("topk", 0.02);
+  spec.min_compress = 200;
+  spec.small_pieces = "sign";
+  CommLedger ledger;
+  const auto got = run(spec, 3, n, &layout, ReduceKind::all_reduce, &ledger);
+  if (p == 1) return;
+  std::vector<std::vector<float>> residual(static_cast<size_t>(p), std::vector<float>(size_t(n), 0.0f));
+  for (int t = 1; t <= 3; t++) {
+    std::vector<float> want(static_cast<size_t>(n), 0.0f);
+    for (int r = 0; r < p; r++) {
+      std::vector<float>& acc = residual[size_t(r)];
+      for (int64_t i = 0; i < n; i++) acc[size_t(i)] += grad(r, i, t);
+      for (int32_t i : host_topk(acc, 0, 1000, 20)) want[size_t(i)] += acc[size_t(i)], acc[size_t(i)] = 0;
+      double abs = 0;
+      for (int64_t i = 1000; i < 1100; i++) abs += std::fabs(double(acc[size_t(i)]));
+      const float scale = float(abs / 100.0);
+      for (int64_t i = 1000; i < 1100; i++) {
+        const bool plus = acc[size_t(i)] >= 0;
+        want[size_t(i)] += plus ? scale : -scale;
+        acc[size_t(i)] += plus ? -scale : scale;
+      }
+    }
+    ASSERT_EQ(got[size_t(t - 1)], want) << "step " << t;
+  }
+  EXPECT_TRUE(same_on_every_rank(got.back()));
+  // The count and 20 pairs, then the norm's 4 words of bits and its scale; no dense all-reduce.
+  EXPECT_EQ(ledger.bytes["dp_topk_all_gather"], 4 * (p - 1) + 8 * (p - 1) * 20 + 4 * (p - 1) * 4 + 4 * (p - 1));
+  EXPECT_EQ(ledger.bytes.count("dp_all_reduce"), 0u);
+}
+
 TEST(CompressorsMpi, TemporalReusesTheSharedSetBetweenRefreshes) {
   const int p = world();
   if (p == 1) return;
@@ -442,6 +516,45 @@ TEST(CompressorsMpi, BlockTopkSendsTheLargestBlocksWithOneIndexEach) {
     ASSERT_EQ(got[size_t(t - 1)], want) << "step " << t;
   }
   EXPECT_EQ(ledger.bytes["dp_blocktopk_all_gather"], 4 * (p - 1) + (p - 1) * kb * (4 + 4 * B));
+}
+
+TEST(CompressorsMpi, PackedTopkSendsSignsAndKeepsTheRoundingInTheResidual) {
+  // topk with values = "sign", indices = "golomb": each rank's top k of its accumulator, rounded
+  // to sign x their mean magnitude, summed in rank order; the residual keeps acc - the sent value
+  // where it sent, acc elsewhere. Against a host emulation, bit for bit, with the ledger's words.
+  const int p = world();
+  const int64_t n = 2000, k = 30;
+  CommSpec spec = spec_of("topk", 0.015);
+  spec.values = "sign", spec.indices = "golomb";
+  CommLedger ledger;
+  const auto got = run(spec, 4, n, nullptr, ReduceKind::all_reduce, &ledger);
+  if (p == 1) return;
+  const std::vector<PairSegment> seg = {{0, n}};
+  std::vector<std::vector<float>> residual(size_t(p), std::vector<float>(size_t(n), 0.0f));
+  std::vector<int64_t> words(static_cast<size_t>(p));
+  for (int t = 1; t <= 4; t++) {
+    std::vector<float> want(size_t(n), 0.0f);
+    for (int r = 0; r < p; r++) {
+      std::vector<float>& acc = residual[size_t(r)];
+      for (int64_t i = 0; i < n; i++) acc[size_t(i)] += grad(r, i, t);
+      std::vector<int32_t> set = host_topk(acc, 0, n, k);
+      std::vector<float> q;
+      for (int32_t i : set) q.push_back(acc[size_t(i)]);
+      quantize_pairs(set.data(), q.data(), k, seg, PairValues::sign);
+      words[size_t(r)] = int64_t(encode_pairs(set.data(), q.data(), k, seg, {PairIndices::rice, PairValues::sign}).size());
+      for (int64_t j = 0; j < k; j++) {
+        const size_t i = size_t(set[size_t(j)]);
+        want[i] += q[size_t(j)];
+        acc[i] = 0.0f + (acc[i] - q[size_t(j)]);
+      }
+    }
+    ASSERT_EQ(got[size_t(t - 1)], want) << "step " << t;
+  }
+  EXPECT_TRUE(same_on_every_rank(got.back()));
+  const int64_t total = std::accumulate(words.begin(), words.end(), int64_t(0));
+  EXPECT_EQ(ledger.bytes["dp_topk_all_gather"], 4 * (p - 1) + 4 * (total - words[size_t((world_rank() + 1) % p)]));
+  // 30 pairs of 2000: gaps of about 66, Rice b 5 or 6, about 8 bits each with the sign, against 64.
+  EXPECT_LT(words[0], (32 + 5 + 32 + k * 10 + 31) / 32 + 1);
 }
 
 TEST(CompressorsMpi, DgcAccumulatesTheMomentumCorrectedVelocityAndMasksIt) {

@@ -1,0 +1,137 @@
+// The packed pairs of parallel/pair_codec.hpp: every format round-trips bit for bit, a message's
+// length is what the format says (a hand-counted example, and about log2(1/density) + 2.5 bits a
+// pair for Rice-coded gaps with signs), quantization rounds to bf16 or to sign x the segment's
+// mean magnitude, and malformed input is refused with the reason.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "backend/half_convert.hpp"
+#include "core/check.hpp"
+#include "parallel/pair_codec.hpp"
+
+using namespace exatrain;
+using namespace exatrain::parallel;
+
+namespace {
+
+struct Pairs {
+  std::vector<int32_t> idx;
+  std::vector<float> val;
+};
+
+// Random pairs at `density` inside each segment (none in some), values of both signs, no zeros.
+Pairs random_pairs(const std::vector<PairSegment>& segs, double density, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(0, 1);
+  Pairs p;
+  for (const PairSegment& s : segs)
+    for (int64_t i = s.begin; i < s.end; i++)
+      if (u(rng) < density) p.idx.push_back(int32_t(i)), p.val.push_back(float((u(rng) - 0.5) * 3.7 + (u(rng) < 0.5 ? 0.01 : -0.01)));
+  return p;
+}
+
+const std::vector<PairSegment> kSegments = {{0, 3000}, {3000, 3001}, {5000, 70000}, {70000, 70010}, {80000, 200000}};
+
+}  // namespace
+
+TEST(PairCodec, EveryFormatRoundTripsBitForBit) {
+  for (double density : {0.001, 0.01, 0.3, 1.0})
+    for (PairIndices ix : {PairIndices::i32, PairIndices::rice})
+      for (PairValues vx : {PairValues::f32, PairValues::bf16, PairValues::sign}) {
+        Pairs p = random_pairs(kSegments, density, 7);
+        quantize_pairs(p.idx.data(), p.val.data(), int64_t(p.idx.size()), kSegments, vx);
+        const std::vector<uint32_t> w = encode_pairs(p.idx.data(), p.val.data(), int64_t(p.idx.size()), kSegments, {ix, vx});
+        Pairs back;
+        decode_pairs(w.data(), int64_t(w.size()), kSegments, {ix, vx}, back.idx, back.val);
+        ASSERT_EQ(back.idx, p.idx) << density << " " << int(ix) << " " << int(vx);
+        ASSERT_EQ(back.val.size(), p.val.size());
+        for (size_t i = 0; i < p.val.size(); i++) {
+          ASSERT_EQ(std::signbit(back.val[i]), std::signbit(p.val[i])) << i;
+          ASSERT_EQ(back.val[i], p.val[i]) << i;
+        }
+      }
+}
+
+TEST(PairCodec, AHandCountedMessage) {
+  // One segment [0, 16), pairs at 0, 5, 15: gaps 0, 4, 9. Rice b = 0: 3 + 13 = 16 bits; b = 1: 6 + 6 = 12;
+  // b = 2: 9 + 3 = 12; b = 3: 12 + 1 = 13: the first shortest, b = 1. Signs: 32 (count) + 5 (b) + 32
+  // (magnitude) + 12 (gaps) + 3 (signs) = 84 bits: 3 words. int32 indices with fp32 values: 32 + 3 x 64 = 7 words.
+  const std::vector<PairSegment> seg = {{0, 16}};
+  std::vector<int32_t> idx = {0, 5, 15};
+  std::vector<float> val = {2.0f, -1.0f, 0.5f};
+  EXPECT_EQ(encode_pairs(idx.data(), val.data(), 3, seg, {PairIndices::i32, PairValues::f32}).size(), 7u);
+  quantize_pairs(idx.data(), val.data(), 3, seg, PairValues::sign);
+  const float mean = (2.0f + 1.0f + 0.5f) / 3;
+  EXPECT_EQ(val, (std::vector<float>{mean, -mean, mean}));
+  const std::vector<uint32_t> w = encode_pairs(idx.data(), val.data(), 3, seg, {PairIndices::rice, PairValues::sign});
+  ASSERT_EQ(w.size(), 3u);
+  EXPECT_EQ(w[0], 3u);                  // the count
+  EXPECT_EQ(w[1] & 31u, 1u);            // b
+  // Bits 0-31 the count, 32-36 b, 37-68 the magnitude, 69-80 the gaps, 81-83 the signs. The gaps in
+  // write order: d = 0 -> "0" (unary 0) "0" (low bit); 4 -> "110" "0"; 9 -> "11110" "1": 0,0,1,1,0,0,1,1,1,1,0,1
+  // from bit 69 up, the integer 0b1011'1100'1100. Signs +, -, +: 0, 1, 0.
+  const uint64_t tail = (uint64_t(w[2]) << 32 | w[1]) >> (69 - 32);
+  EXPECT_EQ(tail & 0xfffu, 0b101111001100u);
+  EXPECT_EQ((tail >> 12) & 7u, 0b010u);
+  EXPECT_EQ(half_convert::float_of(uint32_t((uint64_t(w[2]) << 32 | w[1]) >> 5)), mean);
+}
+
+TEST(PairCodec, RiceCodedSignsCostAboutLog2OfTheGapPlusTwoBits) {
+  // At density d the gaps are about geometric with mean 1/d: a Rice code takes about log2(1/d) + 1.5
+  // bits, the sign one more; int32 + fp32 take 64.
+  for (double density : {0.001, 0.01, 0.1}) {
+    const std::vector<PairSegment> seg = {{0, 1000000}};
+    Pairs p = random_pairs(seg, density, 3);
+    const int64_t k = int64_t(p.idx.size());
+    quantize_pairs(p.idx.data(), p.val.data(), k, seg, PairValues::sign);
+    const double bits = 32.0 * double(encode_pairs(p.idx.data(), p.val.data(), k, seg, {PairIndices::rice, PairValues::sign}).size());
+    const double per_pair = bits / double(k), want = std::log2(1 / density) + 2.5;
+    EXPECT_NEAR(per_pair, want, 0.5) << density;
+  }
+}
+
+TEST(PairCodec, QuantizationRoundsToBf16AndToTheSegmentsMeanMagnitude) {
+  const std::vector<PairSegment> segs = {{0, 10}, {10, 20}};
+  std::vector<int32_t> idx = {1, 2, 3, 11, 12};
+  std::vector<float> val = {1.0f, -3.0f, 0.0f, 1.00390625f + 1e-6f, -7.0f};
+  std::vector<float> q = val;
+  quantize_pairs(idx.data(), q.data(), 5, segs, PairValues::sign);
+  EXPECT_EQ(q, (std::vector<float>{2.0f, -2.0f, 0.0f, (1.00390625f + 1e-6f + 7.0f) / 2, -(1.00390625f + 1e-6f + 7.0f) / 2}));
+  q = val;
+  quantize_pairs(idx.data(), q.data(), 5, segs, PairValues::bf16);
+  // 1 + 2^-8 is the tie between the bf16 neighbours 1 and 1 + 2^-7; just above it rounds up.
+  EXPECT_EQ(q, (std::vector<float>{1.0f, -3.0f, 0.0f, 1.0078125f, -7.0f}));
+}
+
+TEST(PairCodec, MalformedInputIsRefusedWithTheReason) {
+  const std::vector<PairSegment> seg = {{0, 100}};
+  std::vector<int32_t> idx = {5, 50};
+  std::vector<float> val = {1.0f, -2.0f};
+  auto refuses = [](auto f, const std::string& what) {
+    try {
+      f();
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refuses([&] { encode_pairs(idx.data(), val.data(), 2, seg, {PairIndices::rice, PairValues::sign}); }, "one magnitude per segment");
+  std::vector<float> odd = {1.0f + 1e-7f, 2.0f};
+  refuses([&] { encode_pairs(idx.data(), odd.data(), 2, seg, {PairIndices::rice, PairValues::bf16}); }, "is not a bf16");
+  std::vector<int32_t> down = {50, 5};
+  refuses([&] { encode_pairs(down.data(), val.data(), 2, seg, {PairIndices::rice, PairValues::f32}); }, "not ascending");
+  std::vector<int32_t> out = {5, 150};
+  refuses([&] { encode_pairs(out.data(), val.data(), 2, seg, {PairIndices::rice, PairValues::f32}); }, "outside every segment");
+  const std::vector<uint32_t> w = encode_pairs(idx.data(), val.data(), 2, seg, {PairIndices::rice, PairValues::f32});
+  std::vector<int32_t> bi;
+  std::vector<float> bv;
+  refuses([&] { decode_pairs(w.data(), int64_t(w.size()) - 1, seg, {PairIndices::rice, PairValues::f32}, bi, bv); }, "the message ends");
+  std::vector<uint32_t> longer = w;
+  longer.push_back(0);
+  refuses([&] { decode_pairs(longer.data(), int64_t(longer.size()), seg, {PairIndices::rice, PairValues::f32}, bi, bv); }, "left over");
+  std::vector<uint32_t> many = {1000u};
+  refuses([&] { decode_pairs(many.data(), 1, seg, {PairIndices::rice, PairValues::f32}, bi, bv); }, "pairs in a segment of 100");
+  refuses([] { pair_values_from("fp8"); }, "expected one of fp32, bf16, sign");
+}
