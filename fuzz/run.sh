@@ -8,7 +8,7 @@ set -uo pipefail
 build=$1 seconds=$2; shift 2
 here=$(cd "$(dirname "$0")" && pwd)
 harnesses=("$@")
-[ ${#harnesses[@]} -eq 0 ] && harnesses=(job safetensors manifest shard trainer_state tokenizer metrics csv)
+[ ${#harnesses[@]} -eq 0 ] && harnesses=(job safetensors manifest shard trainer_state tokenizer metrics csv pairs)
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:symbolize=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export OMP_NUM_THREADS=1

@@ -112,7 +112,7 @@ RUNS = [
     # The control: every element of the momentum sent (density 1), v frozen after 50 dense steps: dense
     # AdamW with 1-bit Adam's frozen variance (tests/dist/dist_compression_momentum.cpp), what
     # compression itself costs on top of the freeze.
-    ("frozen v at 50, density 1", "dense adamw", ADAM, 'compressor = "topk"\ndensity = 1.0\nwarmup_steps = 50\nadam_variance = "freeze"\ncompress = "momentum"\n'),
+    ("frozen v at 50 density 1", "dense adamw", ADAM, 'compressor = "topk"\ndensity = 1.0\nwarmup_steps = 50\nadam_variance = "freeze"\ncompress = "momentum"\n'),
     ("dense adamw seed 2", None, ADAM_SEED2, ""),
     ("topk 1% momentum seed 2", "dense adamw seed 2", ADAM_SEED2, 'compressor = "topk"\ndensity = 0.01\nwarmup_steps = 30\nadam_variance = "freeze"\ncompress = "momentum"\n'),
     ("dgc 0.1% adam momentum seed 2", "dense adamw seed 2", ADAM_SEED2, 'compressor = "dgc"\ndensity = 0.001\nwarmup_steps = 30\nadam_variance = "freeze"\ncompress = "momentum"\n'),
@@ -120,7 +120,7 @@ RUNS = [
     ("topk 1% momentum packed small sign seed 2", "dense adamw seed 2", ADAM_SEED2, 'compressor = "topk"\ndensity = 0.01\nvalues = "sign"\nindices = "golomb"\nsmall_pieces = "sign"\nwarmup_steps = 30\nadam_variance = "freeze"\ncompress = "momentum"\n'),
     ("topk 1.8% momentum packed small sign seed 2", "dense adamw seed 2", ADAM_SEED2, 'compressor = "topk"\ndensity = 0.018\nvalues = "sign"\nindices = "golomb"\nsmall_pieces = "sign"\nwarmup_steps = 30\nadam_variance = "freeze"\ncompress = "momentum"\n'),
     ("topk 1.8% momentum packed small sign warm-up 50 seed 2", "dense adamw seed 2", ADAM_SEED2, 'compressor = "topk"\ndensity = 0.018\nvalues = "sign"\nindices = "golomb"\nsmall_pieces = "sign"\nwarmup_steps = 50\nadam_variance = "freeze"\ncompress = "momentum"\n'),
-    ("frozen v at 50, density 1 seed 2", "dense adamw seed 2", ADAM_SEED2, 'compressor = "topk"\ndensity = 1.0\nwarmup_steps = 50\nadam_variance = "freeze"\ncompress = "momentum"\n'),
+    ("frozen v at 50 density 1 seed 2", "dense adamw seed 2", ADAM_SEED2, 'compressor = "topk"\ndensity = 1.0\nwarmup_steps = 50\nadam_variance = "freeze"\ncompress = "momentum"\n'),
     ("sign momentum seed 2", "dense adamw seed 2", ADAM_SEED2, 'compressor = "sign"\nwarmup_steps = 30\nadam_variance = "freeze"\ncompress = "momentum"\n'),
     # DGC needs plain SGD (its momentum correction is the momentum): its baseline is dense SGD.
     ("dense sgd", None, SGD, ""),

@@ -250,6 +250,7 @@ struct CommSpec {
                                     // top-k sets at every N-th step (and the one before); 0: never
   std::map<std::string, double> role_density;  // scope = "entry": density per ParamRole name
   bool active() const { return compressor != "none"; }
+  bool packs_pairs() const { return values != "fp32" || indices != "int32"; }  // parallel/pair_codec.hpp
   bool operator==(const CommSpec&) const = default;
 };
 

@@ -691,10 +691,19 @@ void parse_comm_values(Section& s, CommSpec& c) {
   if (c.compress == "momentum" && s.has("momentum"))
     s.refuse("momentum", "with [comm] compress = \"momentum\" DGC's velocity is AdamW's first moment, whose rate is "
                          "[train] beta1");
-  for (const char* k : {"values", "indices"})
-    if (c.collective != "allgather" && s.has(k))
-      s.refuse(k, "packed pairs travel by the all-gather of pairs; split-and-reduce sends int32 indices and fp32 "
-                  "values: expected [comm] collective = \"allgather\"");
+  if (c.collective != "allgather" && s.has("values") && c.values != "fp32")
+    s.refuse("values", "packed pairs travel by the all-gather of pairs; split-and-reduce sends int32 indices and fp32 "
+                       "values: expected [comm] collective = \"allgather\"");
+  if (c.collective != "allgather" && s.has("indices") && c.indices != "int32")
+    s.refuse("indices", "packed pairs travel by the all-gather of pairs; split-and-reduce sends int32 indices and fp32 "
+                        "values: expected [comm] collective = \"allgather\"");
+  if (!c.error_feedback && (c.values != "fp32" || c.small_pieces == "sign"))
+    s.refuse("error_feedback", "rounded values (values = \"bf16\" or \"sign\", small_pieces = \"sign\") keep their "
+                               "rounding error in the error-feedback residual; without it the rounding is lost: "
+                               "expected error_feedback = true");
+  if (c.small_pieces == "sign" && (c.scope != "entry" || c.min_compress == 0))
+    s.refuse("small_pieces", "the small pieces are the entries' pieces below min_compress, which needs scope = "
+                             "\"entry\" and min_compress > 0 (without them there is none)");
   if (c.scope != "entry" && s.has("role_density"))
     s.refuse("role_density", "densities per parameter role need the selection per entry ([comm] scope = \"entry\")");
 }

@@ -104,8 +104,9 @@ std::unique_ptr<Reduction> CompressorBase::start(Group& dp, Backend& be, const B
   Bucket& st = found->second;
   const int64_t len = st.plan.len;
   // The warm-up, or nothing worth compressing (compressed momentum reduces every bucket's momentum,
-  // its dense pieces included: the optimizer takes the whole step's buckets as m).
-  if (dense_step() || (st.plan.compressible == 0 && !compresses_momentum())) {
+  // its dense pieces included: the optimizer takes the whole step's buckets as m; small_pieces =
+  // "sign" sends a bucket of small pieces only as signs).
+  if (dense_step() || (st.plan.compressible == 0 && !compresses_momentum() && spec_.small_pieces != "sign")) {
     stats_.dense_warmup = dense_step() ? 1 : stats_.dense_warmup;
     return identity_.start(dp, be, b);
   }

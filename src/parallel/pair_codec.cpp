@@ -1,5 +1,7 @@
 #include "parallel/pair_codec.hpp"
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -53,13 +55,24 @@ class BitReader {
     }
     return uint32_t(v);
   }
-  uint64_t unary() {  // ones up to the next zero
+  // Ones up to the next zero (consumed), a word at a time; more than `limit` ones are refused.
+  uint64_t unary(uint64_t limit) {
     uint64_t q = 0;
-    while (get(1)) q++;
-    return q;
+    for (;;) {
+      EXA_CHECK(at_ < n_bits_, "packed pairs: the message ends inside a gap's unary part");
+      const int avail = 32 - int(at_ % 32);
+      const int ones = std::countr_one(w_[at_ / 32] >> (at_ % 32));  // stops at the zeros shifted in, at avail
+      q += uint64_t(std::min(ones, avail)), at_ += std::min(ones, avail);
+      EXA_CHECK(q <= limit, "packed pairs: a gap's unary part runs past its segment (over {} ones)", limit);
+      if (ones < avail) return at_++, q;
+    }
   }
-  int64_t left() const { return n_bits_ - at_; }
-
+  // The padding after the last bit read: zeros, and less than a word.
+  void check_end() const {
+    EXA_CHECK(n_bits_ - at_ < 32, "packed pairs: {} bits left over after the last segment", n_bits_ - at_);
+    if (at_ % 32 != 0)
+      EXA_CHECK((uint64_t(w_[at_ / 32]) >> (at_ % 32)) == 0, "packed pairs: the last word's padding bits are not zero");
+  }
  private:
   const uint32_t* w_;
   int64_t n_bits_, at_ = 0;
@@ -71,7 +84,7 @@ int64_t segment_end(const int32_t* idx, int64_t k, int64_t first, const PairSegm
   int64_t last = first;
   while (last < k && idx[last] < s.end) {
     EXA_CHECK(idx[last] >= s.begin && (last == first || idx[last] > idx[last - 1]),
-              "packed pairs: index {} (pair {}) is not ascending inside a segment [{}, {})", idx[last], last, s.begin,
+              "packed pairs: index {} (pair {}) is not ascending, or lies between segments, at segment [{}, {})", idx[last], last, s.begin,
               s.end);
     last++;
   }
@@ -91,25 +104,23 @@ int best_rice(const int32_t* idx, int64_t c, int64_t begin) {
   return best;
 }
 
-// The magnitude every value of a sign-coded segment carries (they were quantized to it).
+// The magnitude every value of a sign-coded segment carries (they were quantized to it), compared
+// bit for bit: a non-finite one (an inf or NaN gradient) travels as it is, for the NaN policy to see.
 float common_magnitude(const float* val, int64_t c) {
-  float mag = 0;
-  for (int64_t i = 0; i < c; i++) {
-    const float a = std::fabs(val[i]);
-    EXA_CHECK(std::isfinite(a) && (a == 0 || mag == 0 || a == mag),
+  const uint32_t mag = c > 0 ? bits_of(std::fabs(val[0])) : 0;
+  for (int64_t i = 0; i < c; i++)
+    EXA_CHECK(bits_of(std::fabs(val[i])) == mag,
               "packed pairs: values = \"sign\" carries one magnitude per segment; pair {} has {} where {} was sent "
-              "(quantize_pairs first)", i, val[i], mag);
-    if (a != 0) mag = a;
-  }
-  return mag;
+              "(quantize_pairs first)", i, val[i], float_of(mag));
+  return float_of(mag);
 }
 
 void put_value(BitWriter& w, float v, PairValues values) {
   if (values == PairValues::f32) return w.put(bits_of(v), 32);
   if (values == PairValues::bf16) {
-    const uint16_t h = f32_to_bf16(v);
-    EXA_CHECK(bits_of(bf16_to_f32(h)) == bits_of(v), "packed pairs: value {} is not a bf16 (quantize_pairs first)", v);
-    return w.put(h, 16);
+    // A float is a bf16 exactly when its low 16 bits are 0 (NaN payloads included).
+    EXA_CHECK((bits_of(v) & 0xffffu) == 0, "packed pairs: value {} is not a bf16 (quantize_pairs first)", v);
+    return w.put(bits_of(v) >> 16, 16);
   }
   w.put(std::signbit(v) ? 1 : 0, 1);
 }
@@ -195,10 +206,17 @@ void decode_pairs(const uint32_t* words, int64_t n_words, const std::vector<Pair
     if (c == 0) continue;
     const int b = rice ? int(r.get(5)) : 0;
     const float mag = values == PairValues::sign ? float_of(r.get(32)) : 0.0f;
-    const size_t base_idx = idx.size(), base_val = val.size();
+    EXA_CHECK(values != PairValues::sign || (!std::signbit(mag) && mag != 0),
+              "packed pairs: a sign-coded segment's magnitude is {} (expected > 0)", mag);
     int64_t prev = s.begin - 1;
     for (int64_t i = 0; i < c; i++) {
-      const uint64_t d = rice ? (r.unary() << b) | (b > 0 ? r.get(b) : 0) : uint64_t(int64_t(r.get(32)) - prev - 1);
+      uint64_t d = 0;
+      if (rice) {
+        const uint64_t q = r.unary(uint64_t(s.end - prev) >> b);  // read the quotient first, then the low bits
+        d = (q << b) | (b > 0 ? r.get(b) : 0);
+      } else {
+        d = uint64_t(int64_t(r.get(32)) - prev - 1);
+      }
       EXA_CHECK(d < uint64_t(s.end - prev - 1), "packed pairs: an index past its segment [{}, {})", s.begin, s.end);
       prev += int64_t(d) + 1;
       idx.push_back(int32_t(prev));
@@ -208,11 +226,8 @@ void decode_pairs(const uint32_t* words, int64_t n_words, const std::vector<Pair
       else if (values == PairValues::bf16) val.push_back(bf16_to_f32(uint16_t(r.get(16))));
       else val.push_back(r.get(1) ? -mag : mag);
     }
-    EXA_CHECK(idx.size() == base_idx + size_t(c) && val.size() == base_val + size_t(c),
-              "packed pairs: {} pairs decoded as {} indices and {} values", c, idx.size() - base_idx,
-              val.size() - base_val);
   }
-  EXA_CHECK(r.left() < 32, "packed pairs: {} bits left over after the last segment", r.left());
+  r.check_end();
 }
 
 }  // namespace exatrain::parallel

@@ -102,7 +102,7 @@ class SparseCompressor final : public CompressorBase {
   void exchange(Group& dp, Backend& be, const BucketReduce& b, Bucket& st, SparsePairs mine, float* acc, float* sum) {
     const int64_t len = st.plan.len;
     Scratch& s = scratch(be);
-    if (spec_.collective == "allgather" && packed()) {
+    if (spec_.collective == "allgather" && spec_.packs_pairs()) {
       return exchange_packed(dp, be, st, mine, acc, sum);
     } else if (spec_.collective == "allgather") {
       allgather_pairs_sum(dp, be, mine, len, sum, s);
@@ -127,8 +127,6 @@ class SparseCompressor final : public CompressorBase {
     }
     if (ef_) be.scatter_fill(acc, len, mine.idx, mine.k, 0.0f);
   }
-
-  bool packed() const { return spec_.values != "fp32" || spec_.indices != "int32"; }
 
   // The pairs packed (parallel/pair_codec.hpp): the values rounded to what the wire carries (bf16,
   // or sign x the piece's mean magnitude), the pieces as the segments; with error feedback the

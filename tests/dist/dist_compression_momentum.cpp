@@ -10,8 +10,9 @@
 //     collectives of the same sizes), the warm-up steps' equal the dense run's, and the compressed
 //     steps' are below a margin of dense; the error feedback keeps what was not sent of the momentum
 //     (residual_norm > 0; 0 at density 1, where everything is sent);
-//   * top-k 5% packed (values = "sign", indices = "golomb", small_pieces = "sign"): identical
-//     replicas, losses within 2% of dense, every compressed step under a fifth of plain top-k's bytes;
+//   * top-k 5% and DGC 5% packed (values = "sign", indices = "golomb", small_pieces = "sign"):
+//     identical replicas, losses within 2% of dense, every compressed step under a fifth of the
+//     same compressor's plain pairs' bytes;
 //   * ZeRO 1 with compress = "momentum" is refused when the run is built, naming the key.
 // Exits non-zero on any failure.
 #include <mpi.h>
@@ -123,33 +124,33 @@ int compressed(Backend& be, int dp, int rank, const Trace& dense, const std::str
                                        g.bytes.back(), dense.bytes.back(), residual), rank);
 }
 
-// topk 5% of the momentum packed (signs with one magnitude per piece, Rice-coded gaps) and the
+// topk or dgc at 5% of the momentum packed (signs with one magnitude per piece, Rice-coded gaps) and the
 // small pieces as signs: the replicas stay identical, the losses close to dense, and every
 // compressed step sends under a fifth of plain topk's bytes (about 6 bits a pair against 64; the
 // norms and biases 1 bit each instead of an fp32 all-reduce).
-int packed(Backend& be, int dp, int rank, const Trace& dense) {
-  Job job = job_with(dp, "topk", 0.05, "momentum");
+int packed(Backend& be, int dp, int rank, const Trace& dense, const std::string& compressor) {
+  Job job = job_with(dp, compressor, 0.05, "momentum");
   job.train.comm.values = "sign", job.train.comm.indices = "golomb", job.train.comm.small_pieces = "sign";
   const Trace m = train(be, job);
-  const Trace plain = train(be, job_with(dp, "topk", 0.05, "momentum"));
+  const Trace plain = train(be, job_with(dp, compressor, 0.05, "momentum"));
   std::string problems;
   std::vector<float> first = m.params;
   MPI_Bcast(first.data(), int(first.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
   if (std::memcmp(first.data(), m.params.data(), 4 * m.params.size()) != 0) problems += " the replicas' weights differ;";
   const double worst = dist_test::worst_over_ranks(m.losses, dense.losses);
   if (!(worst < 0.02)) problems += fmt::format(" a loss {:.2g} from the dense run's;", worst);
-  if (m.losses.back() == plain.losses.back()) problems += " the last loss equals plain topk's;";
+  if (m.losses.back() == plain.losses.back()) problems += " the last loss equals the plain pairs';";
   for (int s = kWarmup; s < kSteps; s++)
     if (!(5 * m.bytes[size_t(s)] < plain.bytes[size_t(s)]))
-      problems += fmt::format(" step {} sent {} bytes, plain topk {};", s + 1, m.bytes[size_t(s)], plain.bytes[size_t(s)]);
+      problems += fmt::format(" step {} sent {} bytes, plain pairs {};", s + 1, m.bytes[size_t(s)], plain.bytes[size_t(s)]);
   const double residual = m.stats.count("residual_norm") ? m.stats.at("residual_norm") : 0;
   if (!(residual > 0)) problems += " no error-feedback residual;";
-  if (!problems.empty()) std::printf("rank %d packed:%s\n", rank, problems.c_str());
+  if (!problems.empty()) std::printf("rank %d %s packed:%s\n", rank, compressor.c_str(), problems.c_str());
   return dist_test::report(all_ok(problems.empty()),
-                           fmt::format("np{} topk 5% momentum packed (sign, golomb, small pieces sign): losses {:.4f} -> "
-                                       "{:.4f} (dense {:.4f}), bytes {} per step (plain topk {}, dense {})", dp,
-                                       m.losses.front(), m.losses.back(), dense.losses.back(), m.bytes.back(),
-                                       plain.bytes.back(), dense.bytes.back()), rank);
+                           fmt::format("np{} {} 5% momentum packed (sign, golomb, small pieces sign): losses {:.4f} -> "
+                                       "{:.4f} (dense {:.4f}), bytes {} per step (plain pairs {}, dense {})", dp,
+                                       compressor, m.losses.front(), m.losses.back(), dense.losses.back(),
+                                       m.bytes.back(), plain.bytes.back(), dense.bytes.back()), rank);
 }
 
 int zero1_refused(Backend& be, int dp, int rank) {
@@ -172,7 +173,8 @@ int main(int argc, char** argv) {
   failures += compressed(*be, mpi.size, mpi.rank, dense, "temporal", 0.5);
   failures += compressed(*be, mpi.size, mpi.rank, dense, "sign", 0.35);
   failures += compressed(*be, mpi.size, mpi.rank, dense, "dgc", 0.5);
-  failures += packed(*be, mpi.size, mpi.rank, dense);
+  failures += packed(*be, mpi.size, mpi.rank, dense, "topk");
+  failures += packed(*be, mpi.size, mpi.rank, dense, "dgc");
   failures += zero1_refused(*be, mpi.size, mpi.rank);
   if (mpi.rank == 0) std::printf("%d failures (backend %s)\n", failures, be->name());
   MPI_Finalize();

@@ -105,6 +105,15 @@ TEST(JobComm, PackedPairsAreCheckedAndNeedTheAllGather) {
   EXPECT_TRUE(contains(e, "[comm] small_pieces = \"bf16\": expected one of \"fp32\" \"sign\"")) << e;
   e = parse_error("[comm]\ncompressor = \"topk\"\ncollective = \"split_reduce\"\nindices = \"golomb\"\n");
   EXPECT_TRUE(contains(e, "[comm] indices = \"golomb\": packed pairs travel by the all-gather of pairs")) << e;
+  EXPECT_EQ(parse_job("[comm]\ncompressor = \"topk\"\ncollective = \"split_reduce\"\nvalues = \"fp32\"\n", "job.toml").train.comm.values,
+            "fp32");  // the default is no packing
+  e = parse_error("[comm]\ncompressor = \"topk\"\nvalues = \"sign\"\nerror_feedback = false\n");
+  EXPECT_TRUE(contains(e, "[comm] error_feedback = false: rounded values (values = \"bf16\" or \"sign\", small_pieces = "
+                          "\"sign\") keep their rounding error in the error-feedback residual")) << e;
+  e = parse_error("[comm]\ncompressor = \"topk\"\nsmall_pieces = \"sign\"\nmin_compress = 0\n");
+  EXPECT_TRUE(contains(e, "[comm] small_pieces = \"sign\": the small pieces are the entries' pieces below min_compress")) << e;
+  e = parse_error("[comm]\ncompressor = \"topk\"\nsmall_pieces = \"sign\"\nscope = \"bucket\"\n");
+  EXPECT_TRUE(contains(e, "which needs scope = \"entry\" and min_compress > 0")) << e;
   e = parse_error("[comm]\ncompressor = \"temporal\"\nvalues = \"sign\"\n");
   EXPECT_TRUE(contains(e, "[comm] values = \"sign\": not a key of [comm] compressor = \"temporal\"")) << e;
 }
