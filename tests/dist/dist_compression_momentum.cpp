@@ -97,15 +97,22 @@ int density_one(Backend& be, int dp, int rank, const Trace& dense) {
                                            control, residual, t.bytes.back(), dense.bytes.back()), rank);
 }
 
-int compressed(Backend& be, int dp, int rank, const Trace& dense, const std::string& compressor, double margin) {
-  const Trace m = train(be, job_with(dp, compressor, 0.05, "momentum"));
-  const Trace g = train(be, job_with(dp, compressor, 0.05, "gradient"));
+// What every compressed run must show: the replicas' weights the same bits, and the losses within
+// 2% of the dense run's. Returns the problems found ("" when none).
+std::string replicas_and_losses(const Trace& m, const Trace& dense) {
   std::string problems;
   std::vector<float> first = m.params;
   MPI_Bcast(first.data(), int(first.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
   if (std::memcmp(first.data(), m.params.data(), 4 * m.params.size()) != 0) problems += " the replicas' weights differ;";
   const double worst = dist_test::worst_over_ranks(m.losses, dense.losses);
   if (!(worst < 0.02)) problems += fmt::format(" a loss {:.2g} from the dense run's;", worst);
+  return problems;
+}
+
+int compressed(Backend& be, int dp, int rank, const Trace& dense, const std::string& compressor, double margin) {
+  const Trace m = train(be, job_with(dp, compressor, 0.05, "momentum"));
+  const Trace g = train(be, job_with(dp, compressor, 0.05, "gradient"));
+  std::string problems = replicas_and_losses(m, dense);
   if (m.losses.back() == dense.losses.back()) problems += " the last loss equals the dense run's;";
   for (int s = 0; s < kSteps; s++) {
     const int64_t want = s < kWarmup ? dense.bytes[size_t(s)] : g.bytes[size_t(s)];
@@ -133,12 +140,7 @@ int packed(Backend& be, int dp, int rank, const Trace& dense, const std::string&
   job.train.comm.values = "sign", job.train.comm.indices = "golomb", job.train.comm.small_pieces = "sign";
   const Trace m = train(be, job);
   const Trace plain = train(be, job_with(dp, compressor, 0.05, "momentum"));
-  std::string problems;
-  std::vector<float> first = m.params;
-  MPI_Bcast(first.data(), int(first.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
-  if (std::memcmp(first.data(), m.params.data(), 4 * m.params.size()) != 0) problems += " the replicas' weights differ;";
-  const double worst = dist_test::worst_over_ranks(m.losses, dense.losses);
-  if (!(worst < 0.02)) problems += fmt::format(" a loss {:.2g} from the dense run's;", worst);
+  std::string problems = replicas_and_losses(m, dense);
   if (m.losses.back() == plain.losses.back()) problems += " the last loss equals the plain pairs';";
   for (int s = kWarmup; s < kSteps; s++)
     if (!(5 * m.bytes[size_t(s)] < plain.bytes[size_t(s)]))
