@@ -19,7 +19,11 @@
 //   + the dense pieces (1-D entries: norms, biases): a ring all-reduce of N_d fp32, or with
 //     small_pieces = "sign" (P-1) (N_d / 8 + 4 per piece), as sign's.
 // The runtime's exact count is its ledger (metrics.jsonl bytes_sent); this model uses k = density
-// N_c where the runtime rounds k up per entry and bucket.
+// N_c where the runtime rounds k up per entry and bucket, counts pieces by the planner's entry
+// classes (plan/optimizer_cost.hpp: one bias entry per layer, where the runtime has one piece per
+// entry per bucket), and takes every 1-D entry as a small piece (the runtime compresses a 1-D
+// piece of min_compress elements or more, e.g. GPT-2's 3072-wide fc bias); the packed pairs'
+// padding to a 32-bit word per message is left out.
 #pragma once
 #include <optional>
 #include <string>
