@@ -59,6 +59,10 @@ log_every = {steps}
 
 ADAM = ("", 1e-3)
 ADAM_SEED2 = ("seed = 2\n", 1e-3)  # a second seed for the closest runs
+# Seeds 3 and 4 were never run before the setting below was fixed (stop 30's shipped one: top-k 1.8%
+# of the momentum, packed, small pieces as signs, 50 dense warm-up steps): they judge it out of sample.
+ADAM_SEED3 = ("seed = 3\n", 1e-3)
+ADAM_SEED4 = ("seed = 4\n", 1e-3)
 SGD = ('optimizer = "sgd"\n[optimizer]\nmomentum = 0.9\n', 0.3)
 SGD_PLAIN = ('optimizer = "sgd"\n[optimizer]\nmomentum = 0\n', 0.3)
 
@@ -122,6 +126,11 @@ RUNS = [
     ("topk 1.8% momentum packed small sign warm-up 50 seed 2", "dense adamw seed 2", ADAM_SEED2, 'compressor = "topk"\ndensity = 0.018\nvalues = "sign"\nindices = "golomb"\nsmall_pieces = "sign"\nwarmup_steps = 50\nadam_variance = "freeze"\ncompress = "momentum"\n'),
     ("frozen v at 50 density 1 seed 2", "dense adamw seed 2", ADAM_SEED2, 'compressor = "topk"\ndensity = 1.0\nwarmup_steps = 50\nadam_variance = "freeze"\ncompress = "momentum"\n'),
     ("sign momentum seed 2", "dense adamw seed 2", ADAM_SEED2, 'compressor = "sign"\nwarmup_steps = 30\nadam_variance = "freeze"\ncompress = "momentum"\n'),
+    # The shipped setting judged on seeds it was not chosen on.
+    ("dense adamw seed 3", None, ADAM_SEED3, ""),
+    ("topk 1.8% momentum packed small sign warm-up 50 seed 3", "dense adamw seed 3", ADAM_SEED3, 'compressor = "topk"\ndensity = 0.018\nvalues = "sign"\nindices = "golomb"\nsmall_pieces = "sign"\nwarmup_steps = 50\nadam_variance = "freeze"\ncompress = "momentum"\n'),
+    ("dense adamw seed 4", None, ADAM_SEED4, ""),
+    ("topk 1.8% momentum packed small sign warm-up 50 seed 4", "dense adamw seed 4", ADAM_SEED4, 'compressor = "topk"\ndensity = 0.018\nvalues = "sign"\nindices = "golomb"\nsmall_pieces = "sign"\nwarmup_steps = 50\nadam_variance = "freeze"\ncompress = "momentum"\n'),
     # DGC needs plain SGD (its momentum correction is the momentum): its baseline is dense SGD.
     ("dense sgd", None, SGD, ""),
     ("topk 1% sgd", "dense sgd", SGD, 'compressor = "topk"\ndensity = 0.01\n'),

@@ -113,6 +113,10 @@ class Group {
   virtual void reduce_scatter_v(const void* in, void* out, const std::vector<int64_t>& counts, DType t) = 0;
   virtual void all_gather_v(void* buf, const std::vector<int64_t>& counts, DType t) = 0;
   virtual void broadcast(void* buf, int64_t n, DType t, int root) = 0;
+  // in[size * n] -> out[size * n]: block r of `in` goes to rank r, block r of `out` came from rank r
+  // (this rank's own block copied); in and out must not overlap. Accounted as the (size - 1) * n
+  // elements sent to the others (split_reduce's count exchange: P counts a rank, not P * P).
+  virtual void all_to_all(const void* in, void* out, int64_t n, DType t) = 0;
   // in[n] of every rank -> out[size * n] on `root` (out may be null elsewhere). For host values
   // (metrics); not accounted.
   virtual void gather(const void* in, void* out, int64_t n, DType t, int root) = 0;

@@ -249,6 +249,21 @@ void MpiGroup::broadcast(void* buf, int64_t n, DType t, int root) {
   release(a);
 }
 
+void MpiGroup::all_to_all(const void* in, void* out, int64_t n, DType t) {
+  if (size() == 1) {
+    copy(out, in, n * dtype_bytes(t));
+    return;
+  }
+  const std::string kind = kind_of("all_to_all");
+  account(kind, t, (size() - 1) * n);
+  std::vector<int64_t> a = access({{in, n * size()}, {out, n * size()}}, t);
+  {
+    Blocked b(*this, kind, next_op(), "alltoall");
+    mpi_check(MPI_Alltoall(in, as_count(n), mpi_type(t), out, as_count(n), mpi_type(t), comm_), "MPI_Alltoall");
+  }
+  release(a);
+}
+
 void MpiGroup::gather(const void* in, void* out, int64_t n, DType t, int root) {
   std::vector<int64_t> a = access({{in, n}, {out, rank() == root ? n * size() : 0}}, t);
   {

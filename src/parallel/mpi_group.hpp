@@ -33,6 +33,7 @@ class MpiGroup final : public Group {
   void reduce_scatter_v(const void* in, void* out, const std::vector<int64_t>& counts, DType t) override;
   void all_gather_v(void* buf, const std::vector<int64_t>& counts, DType t) override;
   void broadcast(void* buf, int64_t n, DType t, int root) override;
+  void all_to_all(const void* in, void* out, int64_t n, DType t) override;
   void gather(const void* in, void* out, int64_t n, DType t, int root) override;
   void send(const void* buf, int64_t n, DType t, int peer, int tag, const std::string& kind = "") override;
   void recv(void* buf, int64_t n, DType t, int peer, int tag) override;

@@ -11,7 +11,7 @@ namespace {
 
 // Scratch slots of the collectives (the compressors use slots below 100).
 enum Slot : int {
-  kCounts = 100,     // i32 [P] or [P * P]: the counts exchanged
+  kCounts = 100,     // i32 [P] or [2 P]: the counts exchanged
   kGatherIdx,        // i32: all-gathered indices
   kGatherVal,        // f32: all-gathered values
   kRecvIdx,          // i32: split-and-reduce, pairs received for my region
@@ -40,6 +40,24 @@ std::vector<int64_t> all_gather_counts(Group& g, Backend& be, const std::vector<
   std::vector<int64_t> out(size_t(p * m));
   for (int64_t i = 0; i < p * m; i++) out[size_t(i)] = host[i];
   return out;
+}
+
+// What every rank sends me, from what I send every rank (sends[r]: my count for rank r): one
+// all-to-all of P counts through a device buffer, not an all-gather of the P x P matrix, so a
+// rank's bytes for the counts grow as P, not P^2 (4 KB, not 4 MB, at P = 1024).
+std::vector<int64_t> exchange_counts(Group& g, Backend& be, const std::vector<int64_t>& sends, Scratch& s) {
+  const int64_t p = g.size();
+  HostBuffer<int32_t> host(be, p);
+  for (int64_t r = 0; r < p; r++) {
+    EXA_CHECK(sends[size_t(r)] >= 0 && sends[size_t(r)] < (int64_t(1) << 31),
+              "sparse collective: count {} out of range", sends[size_t(r)]);
+    host[r] = int32_t(sends[size_t(r)]);
+  }
+  int32_t* dev = s.ints(kCounts, 2 * p);  // [0, p): mine to each rank; [p, 2p): each rank's to me
+  be.upload(dev, host.data(), sizeof(int32_t) * size_t(p));
+  g.all_to_all(dev, dev + p, 1, DType::i32);
+  be.download(host.data(), dev + p, sizeof(int32_t) * size_t(p));
+  return std::vector<int64_t>(host.data(), host.data() + p);
 }
 
 }  // namespace
@@ -149,15 +167,15 @@ void split_reduce_scatter(Group& g, Backend& be, SparsePairs mine, int64_t n, in
   first[size_t(p)] = mine.k;
   std::vector<int64_t> sends(static_cast<size_t>(p));
   for (int r = 0; r < p; r++) sends[size_t(r)] = first[size_t(r) + 1] - first[size_t(r)];
-  const std::vector<int64_t> matrix = all_gather_counts(g, be, sends, s);  // [from][to]
+  const std::vector<int64_t> receives = exchange_counts(g, be, sends, s);  // receives[r]: rank r's to me
   // What region `me` receives from each rank, back to back in rank order (mine in its place).
   std::vector<int64_t> at(size_t(p) + 1, 0);
-  for (int r = 0; r < p; r++) at[size_t(r) + 1] = at[size_t(r)] + matrix[size_t(r * p + me)];
+  for (int r = 0; r < p; r++) at[size_t(r) + 1] = at[size_t(r)] + receives[size_t(r)];
   int32_t* idx = s.ints(kRecvIdx, at[size_t(p)]);
   float* val = s.floats(kRecvVal, at[size_t(p)]);
   std::vector<Request> reqs;
   for (int r = 0; r < p; r++) {
-    const int64_t c = matrix[size_t(r * p + me)], mine_c = sends[size_t(r)];
+    const int64_t c = receives[size_t(r)], mine_c = sends[size_t(r)];
     if (r == me) {
       if (c > 0) {
         be.copy(idx + at[size_t(r)], mine.idx + first[size_t(r)], sizeof(int32_t) * size_t(c));

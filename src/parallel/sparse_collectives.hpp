@@ -8,7 +8,7 @@
 //   allgather_pairs_sum    (P-1) x k  (+ P-1 counts)                        every rank's pairs summed
 //   allgather_blocks_sum   (P-1) x kb blocks: kb indices and kb x block values
 //   shared-index all-red.  2 (P-1)/P x k values, no indices                  the values at common indices
-//   split_reduce_scatter   about k (P-1)/P  (+ P (P-1) counts)               region r's sum on rank r
+//   split_reduce_scatter   about k (P-1)/P  (+ P - 1 counts, one all-to-all) region r's sum on rank r
 //   split_reduce_all       about 2 k (P-1)/P: split, then the `keep` largest each region's owner
 //                          selects are all-gathered (Ok-Topk: does not grow with P)
 // (k: pairs per rank, P: ranks.) The all-gather of pairs is the baseline; split-and-reduce follows

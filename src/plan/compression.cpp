@@ -114,9 +114,11 @@ CompressionCost cost_at(const Setting& s, const Gradients& x, double density) {
       if (c.packs_pairs()) packed_extras(s, x, k, out);
       return;
     }
-    out.bytes += (p - 1) / p * 16 * k + 4 * p * (p - 1) + 4 * (p - 1);  // split, counts, kept all-gather
+    // Split, the counts (an all-to-all of P counts: 4 (P - 1) bytes, timed as an all-gather of P
+    // counts, Bruck's log P rounds for small blocks), the kept pairs' all-gather and its counts.
+    out.bytes += (p - 1) / p * 16 * k + 4 * (p - 1) + 4 * (p - 1);
     out.comm_s += (p - 1) * p2p_time(8 * k / p, s.g.per_node == s.g.size, s.mach) +
-                  best_all_gather_time(4 * p * p, s.g, s.mach) + best_all_gather_time(8 * k, s.g, s.mach) +
+                  best_all_gather_time(4 * p, s.g, s.mach) + best_all_gather_time(8 * k, s.g, s.mach) +
                   best_all_gather_time(4 * p, s.g, s.mach);
     passes += 3 * density + 5;  // scatters, the add-back of what the kept set dropped
   };

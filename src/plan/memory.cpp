@@ -49,6 +49,19 @@ int64_t matrix_parameters_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_
   return layers_on_rank(m, p, pp_rank) * layer;
 }
 
+double gathered_weight_bytes(const Plan& p, double parameters, double matrix_parameters) {
+  const double elem = double(element_bytes(p.precision));
+  const double matrix_elem = p.fp8_all_gather && p.precision == Precision::fp8 && p.zero >= 3 ? 1.0 : elem;
+  return elem * (parameters - matrix_parameters) + matrix_elem * matrix_parameters;
+}
+
+double gathered_unit_bytes(const ModelSpec& m, const Plan& p, int64_t pp_rank) {
+  const double layer = double(layer_parameters(m)) / double(p.tp);
+  const int64_t layers = layers_on_rank(m, p, pp_rank);
+  const double matrix = layers > 0 ? double(matrix_parameters_on_rank(m, p, pp_rank)) / double(layers) : 0.0;
+  return gathered_weight_bytes(p, layer, std::min(layer, matrix));
+}
+
 int64_t parameters_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, int64_t tp_rank) {
   int64_t tp = p.tp, h = m.hidden, f = m.ffn_hidden, hd = m.head_dim();
   int64_t kv_local = m.kv_heads >= tp ? kv_dim(m) / tp : hd;  // per rank, for K and for V
@@ -130,7 +143,7 @@ Memory memory_of_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, bool w
   // Buffers: gathered layers for ZeRO-3 (the one computing and the one prefetched), the
   // tensor-parallel all-gather / all-reduce buffer, the runtime reserve.
   double buffers = kRuntimeReserveBytes;
-  if (p.zero >= 3) buffers += 2.0 * elem * double(layer_parameters(m)) / double(p.tp);
+  if (p.zero >= 3) buffers += 2.0 * gathered_unit_bytes(m, p, pp_rank);
   if (p.tp > 1) buffers += elem * tokens * double(m.hidden);
   if (with_activations) {
     // In 1F1B pipeline rank r holds pp - r micro-batches (rank 0 the most).

@@ -73,6 +73,12 @@ struct Plan {
   // reduce dtype and the in-place pre-division (plan/predict.cpp fsdp_grad_pass_bytes). Not a job
   // key: validation sets it for the sources that ran FSDP1 with ZeRO 2/3 sharding.
   bool fsdp_grad_pass = false;
+  // torchao's float8 all-gather under FSDP2 (torchtitan --float8.enable_fsdp_float8_all_gather):
+  // each unit's linear weights are cast to float8 on their shard and all-gathered as float8, so the
+  // gathered units hold, and the all-gathers move, 1 byte per matrix element instead of 2
+  // (plan/memory.cpp, predict.cpp zero3_time). ZeRO 3 with fp8 only. Not a job key (this runtime
+  // has no fp8): validation sets it for the runs that state it.
+  bool fp8_all_gather = false;
   // Element-wise kernels: fused (Megatron's bias-GELU and bias-dropout-add, TE, torch.compile) or
   // one kernel per op (PyTorch eager); plan/compute.cpp counts each one's bytes.
   bool fused_kernels = true;

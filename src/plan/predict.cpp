@@ -254,7 +254,9 @@ double dp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, 
   const Group g = group_on_machine(replicas, p.tp, mach.gpus_per_node);
   const double n = double(parameters_on_rank(m, p, rank));
   const double grads = (p.grads_16bit || p.grad_reduce_bf16 ? 2.0 : 4.0) * n, weights = double(element_bytes(p.precision)) * n;
-  if (p.zero == 3) return zero3_time(p, mach, g, lt, layers, weights, grads);
+  if (p.zero == 3)
+    return zero3_time(p, mach, g, lt, layers, gathered_weight_bytes(p, n, double(matrix_parameters_on_rank(m, p, rank))),
+                      grads);
   const double bwd_mb = layers * (lt.bwd + lt.recompute);  // what a micro-batch's reduction overlaps
   auto reduce = [&](double t) { return p.overlap_grad_reduce ? std::max(0.0, t - bwd_mb) : t; };
   if (p.zero == 0) return reduce(best_all_reduce_time(grads, g, mach));

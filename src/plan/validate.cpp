@@ -185,6 +185,9 @@ std::string framework_of(const std::string& source, const std::string& source_ce
     const bool loss_compiled = source_year_month(source_cell) >= 202504;
     p.cross_entropy = !p.fused_kernels ? CrossEntropy::eager : loss_compiled ? CrossEntropy::compiled : CrossEntropy::fused;
     p.tp_comm_overlap = p.tp > 1 && (has(prec, "AsyncTP") || has(notes, "async TP") || has(notes, "AsyncTP"));
+    // "float8 linears + fp8 all-gather" (--float8.enable_fsdp_float8_all_gather): FSDP2 gathers
+    // the linears' weights as float8 (plan.hpp Plan::fp8_all_gather).
+    p.fp8_all_gather = has(prec, "fp8 all-gather") || has(prec, "float8 all-gather");
     if (has(prec, "rowwise")) p.fp8_recipe = Fp8Recipe::rowwise;
     else if (p.precision == Precision::fp8) p.fp8_recipe = Fp8Recipe::tensorwise;
     if (p.recompute == Recompute::selective) p.recompute = Recompute::op;

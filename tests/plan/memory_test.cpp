@@ -172,3 +172,29 @@ TEST(Memory, CrossEntropyBytesByImplementation) {
   p.cross_entropy = CrossEntropy::compiled;
   EXPECT_DOUBLE_EQ(fused - memory_per_device(m, p, d).activations, 4 * logits);
 }
+
+TEST(Memory, Fp8AllGatherHoldsTheGatheredMatricesInOneByte) {
+  // torchao's float8 all-gather (Plan::fp8_all_gather): ZeRO 3's gathered units hold the layers'
+  // matrices as float8, 1 byte each instead of 2; norms and biases stay 16-bit. Only fp8 under ZeRO 3.
+  ModelSpec m = gpt3_175b();
+  Plan p;
+  p.tp = 8; p.pp = 8; p.dp = 4; p.gpus = 256; p.micro_batch = 1; p.global_batch = 64;
+  p.precision = Precision::fp8;
+  p.zero = 3;
+  const Device& d = find_device("h100-sxm");
+  const double layer = double(layer_parameters(m)) / 8, mats = double(matrix_parameters_on_rank(m, p, 0)) / 12;
+  EXPECT_LT(mats, layer);
+  EXPECT_DOUBLE_EQ(gathered_unit_bytes(m, p, 0), 2 * layer);
+  const Memory two = memory_per_device(m, p, d, 0.0);
+  p.fp8_all_gather = true;
+  EXPECT_DOUBLE_EQ(gathered_unit_bytes(m, p, 0), 2 * layer - mats);
+  EXPECT_DOUBLE_EQ(gathered_weight_bytes(p, 10, 6), 2 * 4 + 1 * 6);
+  // The unit computing and the one prefetched: two units' matrices fewer bytes, nothing else moves.
+  const Memory one = memory_per_device(m, p, d, 0.0);
+  EXPECT_DOUBLE_EQ(two.buffers - one.buffers, 2 * mats);
+  EXPECT_DOUBLE_EQ(two.activations, one.activations);
+  p.zero = 1;
+  EXPECT_DOUBLE_EQ(gathered_unit_bytes(m, p, 0), 2 * layer);  // nothing gathered as float8 without ZeRO 3
+  p.zero = 3, p.precision = Precision::bf16;
+  EXPECT_DOUBLE_EQ(gathered_unit_bytes(m, p, 0), 2 * layer);  // no float8 weights without fp8
+}

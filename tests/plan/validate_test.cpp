@@ -20,7 +20,7 @@ TEST(Validate, PublishedRunsHeldOutBySourceWithinTarget) {
   // The guard of the planner is OUT OF SAMPLE: each source predicted with the constants fitted on
   // the other sources (leave-one-source-out). Thresholds: the figures of this model with a margin
   // (docs/planner.md "Validation": held out 7.76% overall, worst source 9.95%, rho 0.95, memory
-  // 3.5%); the goals are 8% / 15% / 0.85 / 15%. The vendored copy
+  // 3.4%); the goals are 8% / 15% / 0.85 / 15%. The vendored copy
   // (bench/validation/README.md) makes this run in every checkout.
   std::string csv = std::string(EXATRAIN_SOURCE_DIR) + "/bench/validation/published_runs.csv";
   ASSERT_TRUE(std::filesystem::exists(csv)) << csv << " is missing";
@@ -30,6 +30,8 @@ TEST(Validate, PublishedRunsHeldOutBySourceWithinTarget) {
   EXPECT_LE(rep.worst_held_out_pct, 11.6) << format_report(rep, false);
   EXPECT_GE(rep.held_out_rho, 0.90) << format_report(rep, false);
   EXPECT_LE(rep.memory_held_out.mape_pct, 5.0) << format_report(rep, false);
+  // Every measured peak within 15% (the goal; 34 of 34 since the fp8 all-gather was modelled).
+  EXPECT_EQ(rep.memory_held_out.within_15, rep.memory_held_out.points) << format_report(rep, false);
   for (const auto& s : rep.sources) EXPECT_LE(s.held_out_mape_pct, 11.6) << s.source;
   // The shipped constants are the all-data fit (nothing tuned by hand): within 2%.
   for (const std::string& c : rep.fitted)
@@ -71,6 +73,8 @@ TEST(Validate, FrameworkBehaviourComesFromTheSourceAndNotes) {
       EXPECT_EQ(rc.plan.cross_entropy, CrossEntropy::fused) << i + 1;
     }
     if (rc.source == "mosaicml/llm-foundry" && rc.plan.attention == Attention::flash1) ++triton;
+    // Only the H200 rows state torchao's float8 all-gather ("float8 linears + fp8 all-gather").
+    EXPECT_EQ(rc.plan.fp8_all_gather, rc.source == "pytorch/torchtitan" && (i + 1 == 108 || i + 1 == 109)) << i + 1;
     // composer's FSDP is torch's FullyShardedDataParallel (FSDP1); no other source's framework is.
     EXPECT_EQ(rc.plan.fsdp_grad_pass, rc.source == "mosaicml/llm-foundry") << i + 1;
   }

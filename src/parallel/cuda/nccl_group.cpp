@@ -102,6 +102,23 @@ class NcclGroup final : public Group {
     account(kind, t, ring_all_gather_sent(n, size(), rank()));
     blocking(kind, [&] { EXA_NCCL(ncclBroadcast(buf, buf, size_t(n), nccl_type(t), root, comm_, s_)); });
   }
+  void all_to_all(const void* in, void* out, int64_t n, DType t) override {
+    if (size() == 1) return copy(out, in, n, t);
+    const std::string kind = kind_of("all_to_all");
+    account(kind, t, (size() - 1) * n);
+    const size_t block = size_t(n * dtype_bytes(t));
+    blocking(kind, [&] {  // NCCL has no all-to-all: grouped send/recv pairs, one per peer
+      EXA_NCCL(ncclGroupStart());
+      for (int r = 0; r < size(); r++) {
+        if (r == rank()) continue;
+        EXA_NCCL(ncclSend(static_cast<const char*>(in) + r * block, size_t(n), nccl_type(t), r, comm_, s_));
+        EXA_NCCL(ncclRecv(static_cast<char*>(out) + r * block, size_t(n), nccl_type(t), r, comm_, s_));
+      }
+      EXA_NCCL(ncclGroupEnd());
+      EXA_CUDART(cudaMemcpyAsync(static_cast<char*>(out) + rank() * block, static_cast<const char*>(in) + rank() * block,
+                                 block, cudaMemcpyDeviceToDevice, s_));
+    });
+  }
   void gather(const void* in, void* out, int64_t n, DType t, int root) override { host_.gather(in, out, n, t, root); }
   void send(const void* buf, int64_t n, DType t, int peer, int tag, const std::string& kind) override {
     const std::string k = kind.empty() ? kind_of("send") : kind;

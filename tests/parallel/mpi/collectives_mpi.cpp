@@ -134,6 +134,23 @@ TEST(CollectivesMpi, MatchTheReferenceAndCountBytesByTheRingConvention) {
   }
 }
 
+TEST(CollectivesMpi, AllToAllDeliversBlockRToRankRAndCountsWhatLeavesThisRank) {
+  CommLedger ledger;
+  MpiGroup g(MPI_COMM_WORLD, "dp", &ledger, nullptr);
+  const int p = g.size(), me = g.rank();
+  const int64_t n = 5;
+  // Block r of my input holds value(me, r * n + j): rank r must receive it as its block `me`.
+  std::vector<int32_t> in(size_t(p * n)), out(size_t(p * n), -1);
+  auto tagged = [&](int from, int to, int64_t j) { return int32_t(1000 * from + 10 * to + j); };
+  for (int r = 0; r < p; r++)
+    for (int64_t j = 0; j < n; j++) in[size_t(r * n + j)] = tagged(me, r, j);
+  g.all_to_all(in.data(), out.data(), n, DType::i32);
+  for (int r = 0; r < p; r++)
+    for (int64_t j = 0; j < n; j++) ASSERT_EQ(out[size_t(r * n + j)], tagged(r, me, j)) << "block " << r;
+  EXPECT_EQ(ledger.bytes["dp_all_to_all"], 4 * (p - 1) * n);  // my own block does not leave
+  EXPECT_EQ(ledger.calls["dp_all_to_all"], p > 1 ? 1 : 0);
+}
+
 TEST(CollectivesMpi, NonBlockingVariantsAgreeWithBlockingOnes) {
   CommLedger ledger;
   MpiGroup g(MPI_COMM_WORLD, "cp", &ledger, nullptr);

@@ -166,7 +166,9 @@ TEST(SparseCollectivesMpi, SplitAndReduceGivesEachRegionItsSumAndKeepsTheLargest
   int64_t sent = 0;
   for (int q = 0; q < p; q++) sent += q == me ? 0 : to[size_t(me)][size_t(q)];
   EXPECT_EQ(ledger.bytes["dp_send"], 8 * sent);                        // indices + values to each owner
-  EXPECT_EQ(ledger.bytes["dp_all_gather"], 4 * (int64_t(p) * p - p));  // the count matrix
+  // The counts: P per rank by one all-to-all (what each owner receives), not the P x P matrix.
+  EXPECT_EQ(ledger.bytes["dp_all_to_all"], 4 * (int64_t(p) - 1));
+  EXPECT_EQ(ledger.bytes.count("dp_all_gather"), 0u);
   // Then every region keeps its `keep` largest (its nonzeros when fewer), all-gathered.
   const int64_t keep = 25;
   std::vector<float> want(static_cast<size_t>(n), 0.0f);
@@ -341,6 +343,8 @@ TEST(CompressorsMpi, TopkSplitAndReduceEqualsItsEmulationWithTheDroppedPairsKept
   }
   EXPECT_GT(ledger.bytes["dp_topk_send"], 0);
   EXPECT_GT(ledger.bytes["dp_topk_all_gather"], 0);
+  EXPECT_EQ(ledger.bytes["dp_topk_all_to_all"] % (4 * (p - 1)), 0);  // P counts a rank per exchange
+  EXPECT_GT(ledger.bytes["dp_topk_all_to_all"], 0);
 }
 
 TEST(CompressorsMpi, AReduceScatterGivesEachRankItsShardOfTheAllReduce) {
