@@ -11,7 +11,7 @@ but ZeRO's weight all-gather) and the reduction against dense, the median time p
 compressor's figures (density, index overlap). Writes RESULTS/convergence.json, .md and .svg
 (validation loss against steps and against bytes sent, drawn by build/bench/comm/comm_chart).
 
-  bench/comm/convergence.py [--build build] [--out bench/comm/results] [--steps 200] [--only a,b]
+  bench/comm/convergence.py [--build build] [--out bench/comm/results] [--steps 200] [--ranks 4] [--only a,b]
 
 --only runs the named runs and their baselines, and keeps the other runs of the existing
 convergence.json whose job is unchanged.
@@ -32,15 +32,18 @@ heads = 4
 seq_len = 64
 vocab = 4096
 """
-PARALLEL = """[parallel]
-gpus = 4
+def parallel(ranks):
+    # The same global batch (16 sequences) on any number of ranks: the same optimisation problem,
+    # 16 / ranks sequences per rank (--ranks 8: the data-parallel bytes at twice the ranks).
+    return f"""[parallel]
+gpus = {ranks}
 tp = 1
 pp = 1
-dp = 4
+dp = {ranks}
 zero = 0
 recompute = "none"
 global_batch = 16
-micro_batch = 4
+micro_batch = {16 // ranks}
 """
 
 
@@ -148,7 +151,7 @@ def dp_gradient_bytes(record):
 
 
 def job_text(args, opt, comm, run_dir):
-    job = MODEL + PARALLEL + train(args.steps, f'run_dir = "{run_dir}"\n' + opt[0], opt[1])
+    job = MODEL + parallel(args.ranks) + train(args.steps, f'run_dir = "{run_dir}"\n' + opt[0], opt[1])
     return job + "[comm]\n" + comm if comm else job
 
 
@@ -172,7 +175,7 @@ def run_one(args, name, opt, comm, run_dir):
                    OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1",
                    OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1")
         t0 = time.time()
-        subprocess.run(["mpirun", "-np", "4", os.path.join(args.build, "exatrain"), "train", path], check=True,
+        subprocess.run(["mpirun", "-np", str(args.ranks), os.path.join(args.build, "exatrain"), "train", path], check=True,
                        env=env, stdout=subprocess.DEVNULL)
         wall = time.time() - t0
     records = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
@@ -198,6 +201,7 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--out", default="bench/comm/results")
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--ranks", type=int, default=4, choices=[2, 4, 8, 16], help="data-parallel ranks (global batch 16)")
     ap.add_argument("--only", default="", help="comma-separated run names (default: all)")
     ap.add_argument("--reuse", action="store_true", help="read a finished run of the same job instead of rerunning it")
     args = ap.parse_args()
@@ -246,7 +250,7 @@ def main():
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
     chart_spec = {"height": 360, "charts": [
-        {"title": f"Validation loss, dp 4, {args.steps} steps", "x_label": "step", "y_label": "validation loss",
+        {"title": f"Validation loss, dp {args.ranks}, {args.steps} steps", "x_label": "step", "y_label": "validation loss",
          "series": []},
         {"title": "Validation loss against data-parallel bytes sent (rank 0, cumulative)", "x_label": "bytes sent",
          "y_label": "validation loss", "log_x": True, "series": []}]}

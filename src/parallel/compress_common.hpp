@@ -118,7 +118,7 @@ class CompressorBase : public Compressor {
 };
 
 // Scratch slots below 100 (the sparse collectives use 100 and up).
-enum Slot : int { kSum = 1, kDense, kIdx, kVal, kTmp, kSamples, kP, kQ, kBits, kScales, kBlocks, kBlockVal, kGrad, kMomentum, kQuantized };
+enum Slot : int { kSum = 1, kDense, kIdx, kVal, kTmp, kSamples, kP, kQ, kBits, kScales, kBlocks, kBlockVal, kGrad, kMomentum, kRoundingLoss };
 
 // The pieces' selections of one bucket as pairs (scratch kIdx/kVal): exact top-k, or the threshold
 // of a sample (DGC) with an exact fallback when it selects nothing or more than twice k.

@@ -101,7 +101,13 @@ SparsePairs allgather_packed_sum(Group& g, Backend& be, SparsePairs mine, int64_
     be.download(my_idx.data(), mine.idx, sizeof(int32_t) * size_t(mine.k));
     be.download(my_val.data(), mine.val, sizeof(float) * size_t(mine.k));
   }
-  const std::vector<uint32_t> words = encode_pairs(my_idx.data(), my_val.data(), mine.k, segments, format);
+  return allgather_packed_sum(g, be, my_idx.data(), my_val.data(), mine.k, n, segments, format, out, s);
+}
+
+SparsePairs allgather_packed_sum(Group& g, Backend& be, const int32_t* my_idx, const float* my_val, int64_t k,
+                                 int64_t n, const std::vector<PairSegment>& segments, PairFormat format, float* out,
+                                 Scratch& s) {
+  const std::vector<uint32_t> words = encode_pairs(my_idx, my_val, k, segments, format);
   const std::vector<int64_t> counts = all_gather_counts(g, be, {int64_t(words.size())}, s);
   std::vector<int64_t> first(size_t(g.size()) + 1, 0);
   for (int r = 0; r < g.size(); r++) first[size_t(r) + 1] = first[size_t(r)] + counts[size_t(r)];

@@ -57,6 +57,10 @@ SparsePairs allgather_pairs_sum(Group& g, Backend& be, SparsePairs mine, int64_t
 // Returns the decoded pairs of every rank, rank after rank (in scratch).
 SparsePairs allgather_packed_sum(Group& g, Backend& be, SparsePairs mine, int64_t n,
                                  const std::vector<PairSegment>& segments, PairFormat format, float* out, Scratch& s);
+// The same from pairs the caller holds on the host (the packed compressors quantize there): no
+// download. idx[k] ascending within each segment, val[k] as the format carries them.
+SparsePairs allgather_packed_sum(Group& g, Backend& be, const int32_t* idx, const float* val, int64_t k, int64_t n,
+                                 const std::vector<PairSegment>& segments, PairFormat format, float* out, Scratch& s);
 
 // 1b. The same for blocks (blocktopk): block indices blocks[kb] (blocks of `block` elements tiling
 // [0, n)) and their values val[kb * block] (0 past n) all-gathered; out[n] = every rank's blocks

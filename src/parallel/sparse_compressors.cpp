@@ -147,12 +147,10 @@ class SparseCompressor final : public CompressorBase {
     quantize_pairs(idx.data(), val.data(), k, segments, format.values);
     for (int64_t i = 0; i < k; i++) lost[i] -= val[i];
     Scratch& s = scratch(be);
-    float* sent = s.floats(kQuantized, k);
-    if (k > 0) be.upload(sent, val.data(), sizeof(float) * size_t(k));
-    allgather_packed_sum(dp, be, {mine.idx, sent, k}, st.plan.len, segments, format, sum, s);
+    allgather_packed_sum(dp, be, idx.data(), val.data(), k, st.plan.len, segments, format, sum, s);
     if (!ef_) return;
     be.scatter_fill(acc, st.plan.len, mine.idx, k, 0.0f);
-    float* back = s.floats(kQuantized, k);
+    float* back = s.floats(kRoundingLoss, k);  // acc - the sent value, at the sent indices
     if (k > 0) be.upload(back, lost.data(), sizeof(float) * size_t(k));
     be.scatter_add(acc, st.plan.len, mine.idx, back, k, 0);
   }
