@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Convergence under gradient compression (docs/compression.md, "Convergence").
 
-A small GPT on the bundled corpus at dp 4 (4 MPI ranks; on a 2-core machine they are
+A small GPT on the bundled corpus at dp 4 (4 MPI ranks, --ranks for others; on a 2-core machine they are
 oversubscribed: times are side by side in one run, as ratios to the dense run), the same steps
 for the dense reduction and for each compressor of [comm]; the Adam question (top-k under AdamW
 with and without error feedback, and with a dense warm-up) and DGC against its own dense SGD
@@ -33,8 +33,9 @@ seq_len = 64
 vocab = 4096
 """
 def parallel(ranks):
-    # The same global batch (16 sequences) on any number of ranks: the same optimisation problem,
-    # 16 / ranks sequences per rank (--ranks 8: the data-parallel bytes at twice the ranks).
+    # The same global batch (16 sequences) on any number of ranks, 16 / ranks sequences per rank
+    # (--ranks 8: the data-parallel bytes at twice the ranks). Each rank draws its own sequences, so
+    # the data order, and the dense baseline's loss, differ with the rank count.
     return f"""[parallel]
 gpus = {ranks}
 tp = 1
@@ -199,12 +200,14 @@ def run_one(args, name, opt, comm, run_dir):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build")
-    ap.add_argument("--out", default="bench/comm/results")
+    ap.add_argument("--out", default=None, help="default bench/comm/results, bench/comm/results/dpN for --ranks N != 4")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--ranks", type=int, default=4, choices=[2, 4, 8, 16], help="data-parallel ranks (global batch 16)")
     ap.add_argument("--only", default="", help="comma-separated run names (default: all)")
     ap.add_argument("--reuse", action="store_true", help="read a finished run of the same job instead of rerunning it")
     args = ap.parse_args()
+    if args.out is None:  # other rank counts never overwrite the dp 4 results (no job of theirs matches)
+        args.out = "bench/comm/results" if args.ranks == 4 else f"bench/comm/results/dp{args.ranks}"
     os.makedirs(args.out, exist_ok=True)
     runs_dir = os.path.abspath(os.path.join(args.out, "runs"))
     os.makedirs(runs_dir, exist_ok=True)

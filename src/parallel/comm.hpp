@@ -27,6 +27,7 @@
 //                   (= 2 (p-1)/p E when p divides E; max/sum alike)
 //   broadcast       E - chunk((r+1) mod p)                kind "<g>_broadcast" (modelled as
 //                                                         scatter + ring all-gather; start-up only)
+//   all-to-all      (p-1) n of the p n elements           kind "<g>_all_to_all" (this rank's block stays)
 //   send            E                                     kind "<g>_send" (pp_send, cp_send)
 //   receive         nothing
 // times the element size of the call's DType (4 for fp32, 2 for bf16 and fp16). p = 1 sends nothing (the call returns without MPI).

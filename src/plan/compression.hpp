@@ -11,7 +11,7 @@
 //
 // Bytes (per rank per reduction, P ranks, N_c compressible elements, k = density N_c, N_d dense):
 //   topk, dgc          all-gather: (P-1) (b k / 8 + 4 [+ 9 per piece packed]), b = pair_bits (64 unpacked)
-//                                                             split_reduce: (P-1)/P 16 k + 4 P (P-1) + 4 (P-1)
+//                                                             split_reduce: (P-1)/P 16 k + 4 (P-1) + 4 (P-1)
 //   temporal           (refresh + (R-1) shared-index all-reduces of k values, 2 (P-1)/P 4 k) / R
 //   blocktopk          (P-1) (4 + 4 B) k / B   (one index per block of B)
 //   powersgd           2 (P-1)/P 4 sum over matrices (rows + cols) r

@@ -51,8 +51,8 @@ int64_t matrix_parameters_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_
 
 double gathered_weight_bytes(const Plan& p, double parameters, double matrix_parameters) {
   const double elem = double(element_bytes(p.precision));
-  const double matrix_elem = p.fp8_all_gather && p.precision == Precision::fp8 && p.zero >= 3 ? 1.0 : elem;
-  return elem * (parameters - matrix_parameters) + matrix_elem * matrix_parameters;
+  if (!(p.fp8_all_gather && p.precision == Precision::fp8 && p.zero >= 3)) return elem * parameters;
+  return elem * (parameters - matrix_parameters) + 1.0 * matrix_parameters;
 }
 
 double gathered_unit_bytes(const ModelSpec& m, const Plan& p, int64_t pp_rank) {

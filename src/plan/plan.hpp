@@ -76,8 +76,9 @@ struct Plan {
   // torchao's float8 all-gather under FSDP2 (torchtitan --float8.enable_fsdp_float8_all_gather):
   // each unit's linear weights are cast to float8 on their shard and all-gathered as float8, so the
   // gathered units hold, and the all-gathers move, 1 byte per matrix element instead of 2
-  // (plan/memory.cpp, predict.cpp zero3_time). ZeRO 3 with fp8 only. Not a job key (this runtime
-  // has no fp8): validation sets it for the runs that state it.
+  // (plan/memory.cpp, predict.cpp zero3_time's time). ZeRO 3 with fp8 only. Not a job key (this
+  // runtime has no fp8): validation sets it for the runs that state it. bytes_sent_per_step (the
+  // runtime's ledger convention, plan/comm.hpp) keeps 16-bit all-gathers: no run of this runtime sets it.
   bool fp8_all_gather = false;
   // Element-wise kernels: fused (Megatron's bias-GELU and bias-dropout-add, TE, torch.compile) or
   // one kernel per op (PyTorch eager); plan/compute.cpp counts each one's bytes.
