@@ -25,14 +25,18 @@ enum Slot : int {
 constexpr int kTagIdx = 9301, kTagVal = 9302;
 
 // Every rank's `mine` (host) through a device buffer: out[P * m] (host), rank after rank.
+// counts[0, n) as int32 into host[0, n): what the count exchanges send (each below 2^31).
+void stage_counts(const std::vector<int64_t>& counts, HostBuffer<int32_t>& host) {
+  for (size_t i = 0; i < counts.size(); i++) {
+    EXA_CHECK(counts[i] >= 0 && counts[i] < (int64_t(1) << 31), "sparse collective: count {} out of range", counts[i]);
+    host[int64_t(i)] = int32_t(counts[i]);
+  }
+}
+
 std::vector<int64_t> all_gather_counts(Group& g, Backend& be, const std::vector<int64_t>& mine, Scratch& s) {
   const int64_t m = int64_t(mine.size()), p = g.size();
   HostBuffer<int32_t> host(be, p * m);
-  for (int64_t i = 0; i < m; i++) {
-    EXA_CHECK(mine[size_t(i)] >= 0 && mine[size_t(i)] < (int64_t(1) << 31), "sparse collective: count {} out of range",
-              mine[size_t(i)]);
-    host[i] = int32_t(mine[size_t(i)]);
-  }
+  stage_counts(mine, host);
   int32_t* dev = s.ints(kCounts, p * m);
   be.upload(dev + g.rank() * m, host.data(), sizeof(int32_t) * size_t(m));
   g.all_gather(nullptr, dev, m, DType::i32);
@@ -48,11 +52,7 @@ std::vector<int64_t> all_gather_counts(Group& g, Backend& be, const std::vector<
 std::vector<int64_t> exchange_counts(Group& g, Backend& be, const std::vector<int64_t>& sends, Scratch& s) {
   const int64_t p = g.size();
   HostBuffer<int32_t> host(be, p);
-  for (int64_t r = 0; r < p; r++) {
-    EXA_CHECK(sends[size_t(r)] >= 0 && sends[size_t(r)] < (int64_t(1) << 31),
-              "sparse collective: count {} out of range", sends[size_t(r)]);
-    host[r] = int32_t(sends[size_t(r)]);
-  }
+  stage_counts(sends, host);
   int32_t* dev = s.ints(kCounts, 2 * p);  // [0, p): mine to each rank; [p, 2p): each rank's to me
   be.upload(dev, host.data(), sizeof(int32_t) * size_t(p));
   g.all_to_all(dev, dev + p, 1, DType::i32);
