@@ -1,5 +1,5 @@
 // The sparse collectives (parallel/sparse_collectives.hpp) against dense MPI_Allreduce, side by side
-// in one run (run under mpirun; bench/comm/run_collectives.sh runs 2, 4 and 8 ranks):
+// in one run (run under mpirun; bench/comm/collectives.py runs 2, 4 and 8 ranks):
 //   dense          Group::all_reduce_sum of n floats (MPI_Allreduce)
 //   allgather      all-gather of every rank's k = density n (index, value) pairs, summed into n
 //   allgather_packed  the same pairs packed (parallel/pair_codec.hpp): the values rounded to signs with
@@ -16,6 +16,15 @@
 // local.toml): the collective's time and its break-even density (pred_be: of the collective alone
 // for the collective rows, of the whole compressor for topk_e2e). --json FILE writes every row.
 // Pairs: k distinct indices per rank, one drawn in each of k equal strata (seeded per rank).
+//
+// The heap keeps large blocks (mallopt below): Open MPI 4.1's MPI_Allreduce allocates a temporary
+// buffer of the message's size on every call, and glibc serves a block over 32 MiB (its largest
+// dynamic mmap threshold) with fresh mmap'ed pages that are faulted in and unmapped each time. On
+// this VM that made the dense all-reduce of 16M floats 10x slower than of 4M (0.3 GB/s instead of
+// 3-5, in a plain C MPI_Allreduce loop too, on shared memory and on TCP alike; gone with
+// MALLOC_MMAP_THRESHOLD_ set), a baseline no tuned training process sees. The trainer's buckets
+// (1 MiB) are far below the threshold.
+#include <malloc.h>
 #include <mpi.h>
 
 #include <algorithm>
@@ -82,13 +91,18 @@ double timed(Group& g, CommLedger& ledger, int reps, const std::function<void()>
   return median(t);
 }
 
-// The planner's break-even density of the collective alone (its comm_s against the dense
-// all-reduce's time, without the selection and error-feedback compute): bisection in log density.
+// The planner's time of the collective alone, as this benchmark times it: the wire (comm_s) and
+// the collective's own decoding (decode_s: the zero fill, the scatters, the codec), without the
+// compressor's selection and error feedback.
+double collective_s(const plan::CompressionCost& c) { return c.comm_s + c.decode_s; }
+
+// The planner's break-even density of the collective alone against the dense all-reduce's time:
+// bisection in log density.
 double comm_break_even(CommSpec spec, const MachineSpec& m, const Device& d, double n, int p) {
   auto excess = [&](double density) {
     spec.density = density;
     const plan::CompressionCost c = plan::compression_cost_flat(spec, m, d, n, p, 1);
-    return c.comm_s - c.dense_s;
+    return collective_s(c) - c.dense_s;
   };
   if (excess(1e-7) >= 0) return 0;
   if (excess(1.0) < 0) return 1;
@@ -159,7 +173,7 @@ struct SizeBench {
         if (std::string(collective) == "allgather") allgather_pairs_sum(g, be, mine, n, out, scratch);
         else split_reduce_all(g, be, mine, n, (k + p - 1) / p, out, scratch);
       }, &bytes);
-      row(d, collective, s, bytes, pred.comm_s, comm_break_even(spec, local, device, double(n), p));
+      row(d, collective, s, bytes, collective_s(pred), comm_break_even(spec, local, device, double(n), p));
     }
     {  // the same pairs packed: signs with one magnitude, Rice-coded gaps (about 9 bits a pair at 1%)
       const std::vector<PairSegment> whole = {{0, n}};
@@ -175,7 +189,7 @@ struct SizeBench {
       const double s = timed(g, ledger, o.reps, [&] {
         allgather_packed_sum(g, be, packed, n, whole, {PairIndices::rice, PairValues::sign}, out, scratch);
       }, &bytes);
-      row(d, "allgather_packed", s, bytes, pred.comm_s, comm_break_even(spec, local, device, double(n), p));
+      row(d, "allgather_packed", s, bytes, collective_s(pred), comm_break_even(spec, local, device, double(n), p));
     }
     int64_t bytes = 0;
     const double s = timed(g, ledger, o.reps, [&] {
@@ -184,7 +198,8 @@ struct SizeBench {
     }, &bytes);
     CommSpec temporal;
     temporal.compressor = "temporal", temporal.density = d, temporal.refresh_every = 1000000;
-    row(d, "shared_index", s, bytes, plan::compression_cost_flat(temporal, local, device, double(n), p, 1).comm_s, NAN);
+    row(d, "shared_index", s, bytes, collective_s(plan::compression_cost_flat(temporal, local, device, double(n), p, 1)),
+        comm_break_even(temporal, local, device, double(n), p));
   }
 
   // The topk compressor on a dense bucket of n: the gradient copied in, then start().
@@ -229,6 +244,8 @@ Options parse_options(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);  // 1 GiB: large blocks come from the heap (above)
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);  // and stay there between calls
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   const Options o = parse_options(argc, argv);

@@ -10,6 +10,7 @@ On a 2-core machine 4 and 8 ranks are oversubscribed: every time is measured sid
 dense in the same run, and the ratios are what to read; the bytes are exact.
 
   bench/comm/collectives.py [--build build] [--out bench/comm/results] [--ranks 2,4,8] [--sizes ...]
+  bench/comm/collectives.py --from-json      # only rewrite the table and chart from RESULTS/collectives.json
 """
 import argparse
 import json
@@ -46,8 +47,20 @@ def main():
     ap.add_argument("--sizes", default=",".join(str(s) for s in REPS))
     ap.add_argument("--densities", default=DENSITIES)
     ap.add_argument("--e2e-max", type=int, default=1 << 24)
+    ap.add_argument("--from-json", action="store_true", help="render the last run's rows again, run nothing")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.from_json:
+        with open(os.path.join(args.out, "collectives.json")) as f:
+            return render(args, json.load(f))
+    rows = measure(args)
+    with open(os.path.join(args.out, "collectives.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    return render(args, rows)
+
+
+def measure(args):
+    """Every rank count and size under mpirun; the rows of bench_sparse_collectives --json."""
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1",
                OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1")
@@ -62,10 +75,13 @@ def main():
             subprocess.run(cmd, check=True, env=env)
             rows += json.load(open(tmp))
             os.remove(tmp)
-    with open(os.path.join(args.out, "collectives.json"), "w") as f:
-        json.dump(rows, f, indent=1)
+    return rows
+
+
+def render(args, rows):
+    """collectives.md (with the planner's dense time and break-even beside the measured) and .svg."""
     methods = ["allgather", "allgather_packed", "split_reduce", "shared_index", "topk_e2e"]
-    lines = ["| ranks | floats | dense s | method | time / dense at 0.1%, 1%, 10% | bytes fewer at 0.1%, 1%, 10% | "
+    lines = ["| ranks | floats | dense s (planner's) | method | time / dense at 0.1%, 1%, 10% | bytes fewer at 0.1%, 1%, 10% | "
              "measured crossover | planner's break-even |", "|---|---|---|---|---|---|---|---|"]
     charts = []
     for p in sorted({r["ranks"] for r in rows}):
@@ -85,7 +101,7 @@ def main():
                 pred_text = f"{pred[0]:.3g}" if pred else "–"
                 ratio = ", ".join(f"{by[d]['seconds'] / by[d]['dense_seconds']:.2f}" if d in by else "–" for d in (0.001, 0.01, 0.1))
                 fewer = ", ".join(f"{by[d]['dense_bytes'] / max(by[d]['bytes'], 1):.0f}x" if d in by else "–" for d in (0.001, 0.01, 0.1))
-                lines.append(f"| {p} | {n:,} | {dense['seconds']:.4f} | {m} | {ratio} | {fewer} | {text} | {pred_text} |")
+                lines.append(f"| {p} | {n:,} | {dense['seconds']:.4f} ({dense['predicted_seconds']:.4f}) | {m} | {ratio} | {fewer} | {text} | {pred_text} |")
                 if m in ("allgather", "allgather_packed", "split_reduce", "topk_e2e"):
                     chart["series"].append({"name": f"{m} {n >> 20}M", "color": COLORS[m], "dash": DASH.get(n, ""),
                                             "xs": [d for d, _ in pts], "ys": [q for _, q in pts], "markers": True})

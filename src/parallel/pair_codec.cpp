@@ -91,17 +91,24 @@ int64_t segment_end(const int32_t* idx, int64_t k, int64_t first, const PairSegm
   return last;
 }
 
-// The Rice parameter with the shortest code for these gaps (each b costs c (b + 1) + sum d >> b).
+// The Rice parameter with the shortest code for these gaps: b costs f(b) = c (b + 1) + sum d >> b.
+// f is convex in b (f(b) - f(b + 1) = sum ceil((d >> b) / 2) - c, which never grows with b), so a
+// walk from b = log2 of the mean gap to the first b whose right neighbour is no shorter and whose
+// left one is longer finds the smallest best b in a few passes over the gaps, not 31.
 int best_rice(const int32_t* idx, int64_t c, int64_t begin) {
-  int best = 0;
-  uint64_t best_bits = std::numeric_limits<uint64_t>::max();
-  for (int b = 0; b < 31; b++) {
-    uint64_t bits = uint64_t(c) * uint64_t(b + 1);
+  auto bits = [&](int b) {
+    uint64_t sum = uint64_t(c) * uint64_t(b + 1);
     int64_t prev = begin - 1;
-    for (int64_t i = 0; i < c; i++) bits += uint64_t(idx[i] - prev - 1) >> b, prev = idx[i];
-    if (bits < best_bits) best_bits = bits, best = b;
-  }
-  return best;
+    for (int64_t i = 0; i < c; i++) sum += uint64_t(idx[i] - prev - 1) >> b, prev = idx[i];
+    return sum;
+  };
+  const uint64_t mean = uint64_t(idx[c - 1] - (begin - 1)) / uint64_t(c);  // about the mean gap + 1
+  int b = 0;
+  while (b < 30 && (uint64_t(2) << b) <= mean) b++;
+  uint64_t here = bits(b);
+  for (uint64_t right; b < 30 && (right = bits(b + 1)) < here;) b++, here = right;
+  for (uint64_t left; b > 0 && (left = bits(b - 1)) <= here;) b--, here = left;
+  return b;
 }
 
 // The magnitude every value of a sign-coded segment carries (they were quantized to it), compared

@@ -20,7 +20,8 @@ struct SparseExtra final : Bucket::Extra {
 class SparseCompressor final : public CompressorBase {
  public:
   SparseCompressor(const CommSpec& spec, const CompressorContext& ctx)
-      : CompressorBase(spec, ctx, rules_of(spec), spec.compressor == "dgc" || spec.error_feedback) {}
+      : CompressorBase(spec, ctx, rules_of(spec), spec.compressor == "dgc" || spec.error_feedback),
+        format_{pair_indices_from(spec.indices), pair_values_from(spec.values)} {}
 
  protected:
   void reduce(Group& dp, Backend& be, const BucketReduce& b, Bucket& st, float* acc, float* sum) override {
@@ -132,7 +133,6 @@ class SparseCompressor final : public CompressorBase {
   // or sign x the piece's mean magnitude), the pieces as the segments; with error feedback the
   // residual keeps what was not sent and what the rounding lost (acc - the sent value).
   void exchange_packed(Group& dp, Backend& be, Bucket& st, SparsePairs mine, float* acc, float* sum) {
-    const PairFormat format{pair_indices_from(spec_.indices), pair_values_from(spec_.values)};
     std::vector<PairSegment> segments;
     for (const Piece& p : st.plan.pieces)
       if (!p.dense) segments.push_back({p.offset, p.offset + p.len});
@@ -144,10 +144,10 @@ class SparseCompressor final : public CompressorBase {
       be.download(val.data(), mine.val, sizeof(float) * size_t(k));
     }
     for (int64_t i = 0; i < k; i++) lost[i] = val[i];
-    quantize_pairs(idx.data(), val.data(), k, segments, format.values);
+    quantize_pairs(idx.data(), val.data(), k, segments, format_.values);
     for (int64_t i = 0; i < k; i++) lost[i] -= val[i];
     Scratch& s = scratch(be);
-    allgather_packed_sum(dp, be, idx.data(), val.data(), k, st.plan.len, segments, format, sum, s);
+    allgather_packed_sum(dp, be, idx.data(), val.data(), k, st.plan.len, segments, format_, sum, s);
     if (!ef_) return;
     be.scatter_fill(acc, st.plan.len, mine.idx, k, 0.0f);
     float* back = s.floats(kRoundingLoss, k);  // acc - the sent value, at the sent indices
@@ -230,6 +230,8 @@ class SparseCompressor final : public CompressorBase {
     if (ef_) be.fill_blocks(acc, len, blocks, kb, B, 0.0f);
     stats_.selected += double(std::min(kb * B, len));
   }
+
+  const PairFormat format_;  // [comm] indices, values: the wire's format of the pairs (pair_codec.hpp)
 };
 
 }  // namespace

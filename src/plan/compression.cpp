@@ -78,15 +78,19 @@ void small_pieces(const Setting& s, const Gradients& x, CompressionCost& out) {
 // Packed pairs beyond their bits: each piece's header (a 32-bit count; Rice's b, 5 bits; the sign
 // magnitude, 32 bits; the message's padding to a word is left out) and the host codec, bit-serial:
 // this rank's k pairs quantized and encoded, every rank's decoded, at kCodecSecondsPerPair each.
-// Measured with bench_sparse_collectives at one rank (the packed all-gather less the plain one):
-// 41 to 118 ns per pair coded on this 2-core machine under load (load average 8.5; 4M floats at
-// densities 10% and 1%): 8e-8 s here, an order of magnitude, not a fitted constant.
-constexpr double kCodecSecondsPerPair = 8e-8;
+// Measured with bench_sparse_collectives at one rank (the packed all-gather less the plain one:
+// 2 k pairs coded, encoded and decoded): 12.9 to 13.9 ns per pair on this 2-core machine at load
+// average 3 (4M and 16M floats at densities 1% and 10%; `OMPI_ALLOW_RUN_AS_ROOT=1 mpirun -np 1
+// build/bench/comm/bench_sparse_collectives --sizes 4194304,16777216 --densities 0.01,0.1 --reps 5`),
+// after the Rice parameter's search went from 31 passes over the gaps to a few (pair_codec.cpp
+// best_rice); 41-118 ns before, under load average 8.5. A host's figure, not a fitted constant.
+constexpr double kCodecSecondsPerPair = 1.3e-8;
 void packed_extras(const Setting& s, const Gradients& x, double k, CompressionCost& out) {
   const double p = double(s.g.size);
   const double header_bits = 32 + (s.c.indices == "golomb" ? 5 : 0) + (s.c.values == "sign" ? 32 : 0);
   out.bytes += (p - 1) * header_bits / 8 * x.pieces;
   out.compute_s += (1 + p) * k * kCodecSecondsPerPair;
+  out.decode_s += (1 + p) * k * kCodecSecondsPerPair;
 }
 
 // The compressed reduction at density `density` (sparsifiers) of the gradients x.
@@ -99,6 +103,8 @@ CompressionCost cost_at(const Setting& s, const Gradients& x, double density) {
   dense(s, n + x.dense, &out.dense_bytes, &out.dense_s);
   out.dense_s = std::max(0.0, out.dense_s - s.overlap_s);
   double passes = c.error_feedback || c.compressor == "dgc" ? 7 : 4;  // accumulate, residual norm, result copy, zero fill
+  // Of those passes, the collective's own (decode_s): the zero fill and what each branch adds.
+  double decode_passes = 1;
   const double k = density * n;
   auto gather = [&](double elem_bytes, double count) {  // all-gather of `count` items per rank (+ the counts)
     out.bytes += (p - 1) * (elem_bytes * count + 4);
@@ -111,6 +117,7 @@ CompressionCost cost_at(const Setting& s, const Gradients& x, double density) {
     if (c.collective == "allgather") {
       gather(pair_bits(c, density) / 8, k);
       passes += 3 * p * density;  // scatter every rank's pairs
+      decode_passes += 3 * p * density;
       if (c.packs_pairs()) packed_extras(s, x, k, out);
       return;
     }
@@ -121,6 +128,9 @@ CompressionCost cost_at(const Setting& s, const Gradients& x, double density) {
                   best_all_gather_time(4 * p, s.g, s.mach) + best_all_gather_time(8 * k, s.g, s.mach) +
                   best_all_gather_time(4 * p, s.g, s.mach);
     passes += 3 * density + 5;  // scatters, the add-back of what the kept set dropped
+    // The owner's region (n / P): its zero fill and the selection of the kept pairs (one pass,
+    // three more when more than `keep` are nonzero; one counted), and the scatters.
+    decode_passes += 2 / p + 3 * density;
   };
   if (c.compressor == "topk" || c.compressor == "dgc") {
     out.density = density;
@@ -135,11 +145,13 @@ CompressionCost cost_at(const Setting& s, const Gradients& x, double density) {
     out.bytes = (out.bytes + (r - 1) * reuse_bytes) / r;
     out.comm_s = (out.comm_s + (r - 1) * reuse_s) / r;
     passes = (passes + (r - 1) * (7 + 4 * density)) / r;  // gather k, clear k, scatter k, fill
+    decode_passes = (decode_passes + (r - 1) * (1 + 3 * density)) / r;  // the reuse steps: fill, scatter k
   } else if (c.compressor == "blocktopk") {
     out.density = density;
     const double block = double(c.block_size), kb = density * n / block;
     gather(4 + 4 * block, kb);
     passes += 1 + 3 * p * density + 2 * density;  // block norms, gather, scatter every rank's, clear
+    decode_passes += 3 * p * density;
   } else if (c.compressor == "powersgd") {
     double factors = 0, flops = 0;
     for (const Matrix& m : x.matrices) {
@@ -163,6 +175,8 @@ CompressionCost cost_at(const Setting& s, const Gradients& x, double density) {
     EXA_FAIL("compression_cost: compressor \"{}\" has no model", c.compressor);
   }
   out.compute_s += passes * 4 * n / rate;
+  const bool sparse = c.compressor != "powersgd" && c.compressor != "sign";
+  if (sparse) out.decode_s += decode_passes * 4 * n / rate;
   small_pieces(s, x, out);
   return out;
 }
@@ -233,7 +247,7 @@ nlohmann::json to_json(const CompressionCost& c) {
                       {"elements", c.elements},           {"dense_bytes", c.dense_bytes},
                       {"bytes", c.bytes},                 {"reduction", c.bytes > 0 ? c.dense_bytes / c.bytes : 0.0},
                       {"comm_s", c.comm_s},               {"compute_s", c.compute_s},
-                      {"dense_s", c.dense_s},             {"pays", c.pays()}};
+                      {"decode_s", c.decode_s},           {"dense_s", c.dense_s},             {"pays", c.pays()}};
   j["break_even_density"] = c.break_even_density ? nlohmann::json(*c.break_even_density) : nlohmann::json(nullptr);
   return j;
 }

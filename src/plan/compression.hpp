@@ -44,6 +44,10 @@ struct CompressionCost {
   double bytes = 0;         // what the compressor sends per rank
   double comm_s = 0;        // its collectives
   double compute_s = 0;     // selection, error feedback, decompression, PowerSGD's GEMMs
+  // Of compute_s, what the sparse collective itself does beside the wire (the collectives
+  // benchmark times it with the collective): zeroing the n outputs, scatter-adding the received
+  // pairs, split-and-reduce's passes over the owned region, and the packed codec.
+  double decode_s = 0;
   double dense_s = 0;       // the dense fp32 reduction of the same gradients, exposed (less the overlap)
   // Sparsifiers: the density at which comm_s + compute_s = dense_s (compression pays below it);
   // 0 when it never pays, 1 when it pays at any density. None for powersgd and sign.

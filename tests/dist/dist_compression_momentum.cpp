@@ -109,8 +109,11 @@ std::string replicas_and_losses(const Trace& m, const Trace& dense) {
   return problems;
 }
 
-int compressed(Backend& be, int dp, int rank, const Trace& dense, const std::string& compressor, double margin) {
+// *momentum (when given): the momentum run's trace, which packed() compares its bytes with.
+int compressed(Backend& be, int dp, int rank, const Trace& dense, const std::string& compressor, double margin,
+               Trace* momentum = nullptr) {
   const Trace m = train(be, job_with(dp, compressor, 0.05, "momentum"));
+  if (momentum) *momentum = m;
   const Trace g = train(be, job_with(dp, compressor, 0.05, "gradient"));
   std::string problems = replicas_and_losses(m, dense);
   if (m.losses.back() == dense.losses.back()) problems += " the last loss equals the dense run's;";
@@ -135,11 +138,11 @@ int compressed(Backend& be, int dp, int rank, const Trace& dense, const std::str
 // small pieces as signs: the replicas stay identical, the losses close to dense, and every
 // compressed step sends under a fifth of plain topk's bytes (about 6 bits a pair against 64; the
 // norms and biases 1 bit each instead of an fp32 all-reduce).
-int packed(Backend& be, int dp, int rank, const Trace& dense, const std::string& compressor) {
+// plain: the same compressor's run with plain pairs (compressed()'s momentum run).
+int packed(Backend& be, int dp, int rank, const Trace& dense, const std::string& compressor, const Trace& plain) {
   Job job = job_with(dp, compressor, 0.05, "momentum");
   job.train.comm.values = "sign", job.train.comm.indices = "golomb", job.train.comm.small_pieces = "sign";
   const Trace m = train(be, job);
-  const Trace plain = train(be, job_with(dp, compressor, 0.05, "momentum"));
   std::string problems = replicas_and_losses(m, dense);
   if (m.losses.back() == plain.losses.back()) problems += " the last loss equals the plain pairs';";
   for (int s = kWarmup; s < kSteps; s++)
@@ -171,12 +174,13 @@ int main(int argc, char** argv) {
   int failures = 0;
   const Trace dense = train(*be, job_with(mpi.size, "none", 1.0, "gradient"));
   failures += density_one(*be, mpi.size, mpi.rank, dense);
-  failures += compressed(*be, mpi.size, mpi.rank, dense, "topk", 0.5);
+  Trace topk, dgc;
+  failures += compressed(*be, mpi.size, mpi.rank, dense, "topk", 0.5, &topk);
   failures += compressed(*be, mpi.size, mpi.rank, dense, "temporal", 0.5);
   failures += compressed(*be, mpi.size, mpi.rank, dense, "sign", 0.35);
-  failures += compressed(*be, mpi.size, mpi.rank, dense, "dgc", 0.5);
-  failures += packed(*be, mpi.size, mpi.rank, dense, "topk");
-  failures += packed(*be, mpi.size, mpi.rank, dense, "dgc");
+  failures += compressed(*be, mpi.size, mpi.rank, dense, "dgc", 0.5, &dgc);
+  failures += packed(*be, mpi.size, mpi.rank, dense, "topk", topk);
+  failures += packed(*be, mpi.size, mpi.rank, dense, "dgc", dgc);
   failures += zero1_refused(*be, mpi.size, mpi.rank);
   if (mpi.rank == 0) std::printf("%d failures (backend %s)\n", failures, be->name());
   MPI_Finalize();

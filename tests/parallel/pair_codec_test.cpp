@@ -79,6 +79,45 @@ TEST(PairCodec, AHandCountedMessage) {
   EXPECT_EQ(half_convert::float_of(uint32_t((uint64_t(w[2]) << 32 | w[1]) >> 5)), mean);
 }
 
+TEST(PairCodec, TheRiceParameterIsTheSmallestShortest) {
+  // The encoder's b (bits 32-36 of a one-segment message) against every b from 0 to 30 counted by
+  // brute force (c (b + 1) + sum of d >> b), the first shortest: geometric gaps at several
+  // densities, equal gaps, a bimodal mix, one huge gap, a single pair, every index.
+  std::vector<std::vector<int32_t>> cases;
+  std::mt19937 rng(5);
+  for (double density : {0.0005, 0.01, 0.2, 0.9}) {
+    std::vector<int32_t> idx;
+    std::uniform_real_distribution<double> u(0, 1);
+    for (int32_t i = 0; i < 1000000 && idx.size() < 5000; i++)
+      if (u(rng) < density) idx.push_back(i);
+    cases.push_back(idx);
+  }
+  cases.push_back({});
+  for (int32_t i = 0; i < 400; i++) cases.back().push_back(i * 64 + 63);  // every gap 63
+  cases.push_back({});
+  for (int32_t i = 0, at = 0; i < 300; i++) cases.back().push_back(at += (i % 3 == 0 ? 5000 : 2));  // bimodal
+  cases.push_back({1, 2, 3, 1900000000});  // one huge gap
+  cases.push_back({77});
+  cases.push_back({});
+  for (int32_t i = 0; i < 100; i++) cases.back().push_back(i);  // every index: b = 0
+  for (const std::vector<int32_t>& idx : cases) {
+    const int64_t c = int64_t(idx.size());
+    int want = 0;
+    uint64_t fewest = UINT64_MAX;
+    for (int b = 0; b <= 30; b++) {
+      uint64_t bits = uint64_t(c) * uint64_t(b + 1);
+      int64_t prev = -1;
+      for (int32_t i : idx) bits += uint64_t(i - prev - 1) >> b, prev = i;
+      if (bits < fewest) fewest = bits, want = b;
+    }
+    std::vector<float> val(idx.size(), 1.0f);
+    const std::vector<PairSegment> seg = {{0, 2000000000}};
+    const std::vector<uint32_t> w = encode_pairs(idx.data(), val.data(), c, seg, {PairIndices::rice, PairValues::sign});
+    ASSERT_GE(w.size(), 2u);
+    EXPECT_EQ(int(w[1] & 31u), want) << c << " pairs, last index " << idx.back();
+  }
+}
+
 TEST(PairCodec, RiceCodedSignsCostAboutLog2OfTheGapPlusTwoBits) {
   // At density d the gaps are about geometric with mean 1/d: a Rice code takes about log2(1/d) + 1.5
   // bits, the sign one more; int32 + fp32 take 64.

@@ -89,6 +89,27 @@ TEST(Compression, SplitAndReduceVolumeDoesNotGrowWithRanksButTheAllGathersDoes) 
   EXPECT_NEAR(s512, 511.0 / 512 * 16 * k + 8 * 511, 1e-9 * s512);
 }
 
+TEST(Compression, TheCollectivesOwnDecodingIsThePartOfComputeItTimes) {
+  // decode_s: the zero fill of the n outputs and the scatter-add of every rank's pairs (3 passes of
+  // 4 n bytes per unit density per rank) at the device's stream rate; the packed codec adds
+  // (1 + P) k pairs coded; split-and-reduce the owner's region (2 / P) and one scatter of k.
+  const Device& d = find_device(frontier().device);
+  const double n = 1e8, p = 16, dens = 0.01, k = dens * n, rate = d.hbm_bw_gbs * 1e9 * d.bw_efficiency;
+  const CompressionCost gather = compression_cost_flat(spec("topk", dens), frontier(), d, n, 16, 8);
+  EXPECT_NEAR(gather.decode_s, (1 + 3 * p * dens) * 4 * n / rate, 1e-9 * gather.decode_s);
+  EXPECT_LT(gather.decode_s, gather.compute_s);  // the selection and error feedback are not the collective's
+  CommSpec split = spec("topk", dens);
+  split.collective = "split_reduce";
+  const CompressionCost sr = compression_cost_flat(split, frontier(), d, n, 16, 8);
+  EXPECT_NEAR(sr.decode_s, (1 + 2 / p + 3 * dens) * 4 * n / rate, 1e-9 * sr.decode_s);
+  CommSpec packed = spec("topk", dens);
+  packed.values = "sign", packed.indices = "golomb";
+  const CompressionCost pk = compression_cost_flat(packed, frontier(), d, n, 16, 8);
+  EXPECT_GT(pk.decode_s - gather.decode_s, (1 + p) * k * 1e-8);  // the codec: 1.3e-8 s a pair coded
+  EXPECT_LT(pk.decode_s, pk.compute_s);
+  EXPECT_EQ(compression_cost_flat(spec("powersgd", 1), frontier(), d, n, 16, 8).decode_s, 0.0);
+}
+
 TEST(Compression, BreakEvenDensityIsWhereTheCostMeetsTheDenseReduction) {
   const Device& d = find_device(frontier().device);
   for (const char* collective : {"allgather", "split_reduce"}) {
