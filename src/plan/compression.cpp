@@ -93,6 +93,33 @@ void packed_extras(const Setting& s, const Gradients& x, double k, CompressionCo
   out.decode_s += (1 + p) * k * kCodecSecondsPerPair;
 }
 
+// PowerSGD rank r: the two factor all-reduces (P = M Q, then Q = M^T P) of each matrix entry and
+// the GEMMs at the fp32 GEMM rate; returns the element-wise passes it adds (residual -= M' / P).
+double powersgd_cost(const Setting& s, const Gradients& x, CompressionCost& out) {
+  const double p = double(s.g.size), r = double(s.c.rank);
+  double factors = 0, flops = 0, prow = 0, qcol = 0;
+  for (const Matrix& m : x.matrices) {
+    factors += m.count * (m.rows + m.cols) * r;
+    flops += m.count * (6 * m.rows * m.cols * r + 2 * m.rows * r * r);  // P = MQ, Q = M^T P, M' = P Q^T; Gram-Schmidt
+    out.bytes += 2 * (p - 1) / p * 4 * m.count * (m.rows + m.cols) * r;
+    prow += m.count * m.rows * r, qcol += m.count * m.cols * r;
+  }
+  out.comm_s += best_all_reduce_time(4 * prow, s.g, s.mach) + best_all_reduce_time(4 * qcol, s.g, s.mach);
+  out.compute_s += flops / (s.d.peak_tflops(Precision::fp32) * 1e12 * s.d.gemm_efficiency);
+  out.density = x.compressible > 0 ? factors / x.compressible : 0;
+  return 3;
+}
+
+// 1-bit: every element's sign and one scale per piece, all-gathered; returns the passes it adds
+// (|x| sum, pack, every rank's unpack, the residual's).
+double sign_cost(const Setting& s, const Gradients& x, CompressionCost& out) {
+  const double p = double(s.g.size), n = x.compressible;
+  out.density = 1.0 / 32;
+  out.bytes += (p - 1) * (n / 8 + 4 * x.pieces);
+  out.comm_s += best_all_gather_time(p * n / 8, s.g, s.mach) + best_all_gather_time(4 * p * x.pieces, s.g, s.mach);
+  return 4 + 2 * p;
+}
+
 // The compressed reduction at density `density` (sparsifiers) of the gradients x.
 CompressionCost cost_at(const Setting& s, const Gradients& x, double density) {
   const CommSpec& c = s.c;
@@ -153,24 +180,9 @@ CompressionCost cost_at(const Setting& s, const Gradients& x, double density) {
     passes += 1 + 3 * p * density + 2 * density;  // block norms, gather, scatter every rank's, clear
     decode_passes += 3 * p * density;
   } else if (c.compressor == "powersgd") {
-    double factors = 0, flops = 0;
-    for (const Matrix& m : x.matrices) {
-      const double r = double(c.rank);
-      factors += m.count * (m.rows + m.cols) * r;
-      flops += m.count * (6 * m.rows * m.cols * r + 2 * m.rows * r * r);  // P = MQ, Q = M^T P, M' = P Q^T; Gram-Schmidt
-      out.bytes += 2 * (p - 1) / p * 4 * m.count * (m.rows + m.cols) * r;
-    }
-    double prow = 0, qcol = 0;
-    for (const Matrix& m : x.matrices) prow += m.count * m.rows * double(c.rank), qcol += m.count * m.cols * double(c.rank);
-    out.comm_s += best_all_reduce_time(4 * prow, s.g, s.mach) + best_all_reduce_time(4 * qcol, s.g, s.mach);
-    out.compute_s += flops / (s.d.peak_tflops(Precision::fp32) * 1e12 * s.d.gemm_efficiency);
-    out.density = n > 0 ? factors / n : 0;
-    passes += 3;  // residual -= M' / P
+    passes += powersgd_cost(s, x, out);
   } else if (c.compressor == "sign") {
-    out.density = 1.0 / 32;
-    out.bytes += (p - 1) * (n / 8 + 4 * x.pieces);
-    out.comm_s += best_all_gather_time(p * n / 8, s.g, s.mach) + best_all_gather_time(4 * p * x.pieces, s.g, s.mach);
-    passes += 4 + 2 * p;  // |x| sum, pack, every rank's unpack, the residual's
+    passes += sign_cost(s, x, out);
   } else {
     EXA_FAIL("compression_cost: compressor \"{}\" has no model", c.compressor);
   }
