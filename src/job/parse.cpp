@@ -771,7 +771,8 @@ void parse_comm_section(Section& s, Job& job, std::vector<std::string>& errors) 
     errors.push_back(fmt::format(
         "{}: [comm] compressor = \"dgc\" with [train] optimizer = \"{}\"{}: DGC's momentum correction accumulates "
         "the velocity before the selection ([comm] momentum = {}), so it replaces the optimizer's momentum; expected "
-        "optimizer = \"sgd\" with [optimizer] momentum = 0 (for AdamW and the others use compressor = \"topk\")",
+        "optimizer = \"sgd\" with [optimizer] momentum = 0, or [comm] compress = \"momentum\" with optimizer = "
+        "\"adamw\" (DGC's velocity is then AdamW's momentum; other optimizers: compressor = \"topk\")",
         job_origin(job, {"comm.compressor", "train.optimizer", "optimizer.momentum"}), t.optimizer,
         t.optimizer == "sgd" ? fmt::format(" and [optimizer] momentum = {}", t.sgd.momentum) : "", c.momentum));
 }

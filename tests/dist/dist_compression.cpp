@@ -194,13 +194,14 @@ int main(int argc, char** argv) {
   std::map<std::string, Trace> dense_runs;
   for (const Config& cfg : configs)
     for (const Case& c : cases()) failures += one(*be, mpi.rank, cfg, c, dense_runs);
-  // The optimizers that need whole tensors (Muon; K-FAC, whose factors come from the layers'
-  // inputs and output gradients, not from the reduction) take the compressed sum under ZeRO 0 like
-  // any other (under ZeRO 1 the pair is refused: tests/job/comm_keys_test.cpp).
+  // Every other optimizer takes the compressed sum under ZeRO 0 like AdamW: the element-wise Lion,
+  // and the ones that need whole tensors (LAMB, Adafactor, Muon, Shampoo, SOAP; K-FAC, whose
+  // factors come from the layers' inputs and output gradients, not from the reduction), which
+  // under ZeRO 1 are refused with a compressor (tests/job/comm_keys_test.cpp).
   if (!guarded) {
     Config z0;
     z0.dp = mpi.size;
-    for (const char* optimizer : {"muon", "kfac"}) {
+    for (const char* optimizer : {"lion", "lamb", "adafactor", "muon", "shampoo", "soap", "kfac"}) {
       Case c{fmt::format("topk with {}", optimizer), cases()[0].comm, 0.5, optimizer};
       failures += one(*be, mpi.rank, z0, c, dense_runs);
     }

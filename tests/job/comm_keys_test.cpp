@@ -124,6 +124,7 @@ TEST(JobComm, DgcNeedsPlainSgdBecauseItsMomentumCorrectionIsTheMomentum) {
                           "correction accumulates the velocity before the selection ([comm] momentum = 0.9), so it "
                           "replaces the optimizer's momentum; expected optimizer = \"sgd\" with [optimizer] momentum = 0"))
       << e;
+  EXPECT_TRUE(contains(e, "or [comm] compress = \"momentum\" with optimizer = \"adamw\"")) << e;  // the other way
   e = parse_error("[train]\noptimizer = \"sgd\"\n[comm]\ncompressor = \"dgc\"\n");
   EXPECT_TRUE(contains(e, "with [train] optimizer = \"sgd\" and [optimizer] momentum = 0.9: DGC's")) << e;
   EXPECT_EQ(parse_error("[train]\noptimizer = \"sgd\"\n[optimizer]\nmomentum = 0\n[comm]\ncompressor = \"dgc\"\n"), "");

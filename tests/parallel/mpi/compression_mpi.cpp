@@ -178,12 +178,22 @@ TEST(SparseCollectivesMpi, SplitAndReduceGivesEachRegionItsSumAndKeepsTheLargest
     for (int64_t i = lo; i < hi; i++) nz += sum[size_t(i)] != 0;
     for (int32_t i : host_topk(sum, lo, hi, std::min(keep, nz))) want[size_t(i)] = sum[size_t(i)];
   }
+  std::vector<int64_t> kept_by(static_cast<size_t>(p), 0);  // what owner q keeps: min(keep, its nonzeros)
+  for (int q = 0; q < p; q++)
+    for (int64_t i = std::min(n, q * region); i < std::min(n, q * region + region); i++)
+      kept_by[size_t(q)] += want[size_t(i)] != 0;
   DevF out(std::vector<float>(size_t(n), 5.0f));
+  ledger.reset();
   const SparsePairs kept = split_reduce_all(g, be(), {di.p(), dv.p(), int64_t(idx.size())}, n, keep, out.p(), s);
   EXPECT_EQ(down(out.p(), n), want);
   int64_t nonzero = 0;
   for (float w : want) nonzero += w != 0;
   EXPECT_EQ(kept.k, nonzero);
+  // Its bytes, exactly: the same pairs to their owners and counts, then the kept pairs' all-gather
+  // (its count, then index and value of every owner's kept pairs but the next rank's: the ring's).
+  EXPECT_EQ(ledger.bytes["dp_send"], 8 * sent);
+  EXPECT_EQ(ledger.bytes["dp_all_to_all"], 4 * (int64_t(p) - 1));
+  EXPECT_EQ(ledger.bytes["dp_all_gather"], 4 * (int64_t(p) - 1) + 8 * (nonzero - kept_by[size_t((me + 1) % p)]));
 }
 
 TEST(SparseCollectivesMpi, SharedIndexAllReduceSumsTheValuesAtCommonIndices) {
