@@ -87,6 +87,7 @@ def render(args, rows):
     for p in sorted({r["ranks"] for r in rows}):
         chart = {"title": f"{p} ranks: time / dense MPI_Allreduce time", "x_label": "density", "y_label": "x dense",
                  "log_x": True, "log_y": True, "series": []}
+        crossings = {}  # method -> the densities where it meets dense, one per size
         for n in sorted({r["floats"] for r in rows if r["ranks"] == p}):
             sel = [r for r in rows if r["ranks"] == p and r["floats"] == n]
             dense = next(r for r in sel if r["method"] == "dense")
@@ -95,16 +96,21 @@ def render(args, rows):
                 if not pts:
                     continue
                 by = {r["density"]: r for r in sel if r["method"] == m}
-                _, text = crossover(pts)
+                where, text = crossover(pts)
+                if 0 < where < 1:  # measured inside the densities run: marked on the dense line
+                    crossings.setdefault(m, []).append(where)
                 pred = [r["predicted_break_even"] for r in sel if r["method"] == m and r["predicted_break_even"] is not None
                         and not (isinstance(r["predicted_break_even"], float) and math.isnan(r["predicted_break_even"]))]
                 pred_text = f"{pred[0]:.3g}" if pred else "–"
                 ratio = ", ".join(f"{by[d]['seconds'] / by[d]['dense_seconds']:.2f}" if d in by else "–" for d in (0.001, 0.01, 0.1))
                 fewer = ", ".join(f"{by[d]['dense_bytes'] / max(by[d]['bytes'], 1):.0f}x" if d in by else "–" for d in (0.001, 0.01, 0.1))
                 lines.append(f"| {p} | {n:,} | {dense['seconds']:.4f} ({dense['predicted_seconds']:.4f}) | {m} | {ratio} | {fewer} | {text} | {pred_text} |")
-                if m in ("allgather", "allgather_packed", "split_reduce", "topk_e2e"):
+                if m in COLORS:
                     chart["series"].append({"name": f"{m} {n >> 20}M", "color": COLORS[m], "dash": DASH.get(n, ""),
                                             "xs": [d for d, _ in pts], "ys": [q for _, q in pts], "markers": True})
+        for m, xs in crossings.items():
+            chart["series"].append({"name": f"{m} crossover", "color": COLORS[m], "xs": sorted(xs),
+                                    "ys": [1.0] * len(xs), "markers": True, "dash": "1 4"})
         densities = sorted({r["density"] for r in rows if r["ranks"] == p and r["method"] != "dense"})
         chart["series"].append({"name": "dense = 1", "color": "#000", "xs": [densities[0], densities[-1]], "ys": [1, 1]})
         charts.append(chart)
