@@ -30,6 +30,9 @@ def crossover(points):
     if not points:
         return None, "no data"
     if points[0][1] >= 1:
+        faster = [d for d, r in points if r < 1]
+        if faster:  # slower at the lowest density but faster at some higher one: no single crossing
+            return 0.0, "slower at " + f"{points[0][0]:g}" + ", faster only at " + ", ".join(f"{d:g}" for d in faster)
         return 0.0, f"never (slower at {points[0][0]:g})"
     for (d0, r0), (d1, r1) in zip(points, points[1:]):
         if r0 < 1 <= r1:

@@ -207,14 +207,13 @@ def main():
     ap.add_argument("--reuse", action="store_true", help="read a finished run of the same job instead of rerunning it")
     ap.add_argument("--chart-only", action="store_true", help="redraw the chart from OUT/convergence.json, run nothing")
     args = ap.parse_args()
-    if args.chart_only:
-        with open(os.path.join(args.out or "bench/comm/results", "convergence.json")) as f:
-            args.out = args.out or "bench/comm/results"
-            loaded = json.load(f)
-            args.steps = loaded["steps"]
-            return write_chart(args, loaded["runs"])
     if args.out is None:  # other rank counts never overwrite the dp 4 results (no job of theirs matches)
         args.out = "bench/comm/results" if args.ranks == 4 else f"bench/comm/results/dp{args.ranks}"
+    if args.chart_only:
+        with open(os.path.join(args.out, "convergence.json")) as f:
+            loaded = json.load(f)
+        args.steps, args.ranks = loaded["steps"], loaded.get("ranks", args.ranks)
+        return write_chart(args, loaded["runs"])
     os.makedirs(args.out, exist_ok=True)
     runs_dir = os.path.abspath(os.path.join(args.out, "runs"))
     os.makedirs(runs_dir, exist_ok=True)
@@ -247,7 +246,7 @@ def main():
                                     if b and r["bytes_cumulative"][-1] else 1.0)
         r["time_ratio"] = r["seconds_per_step"] / b["seconds_per_step"] if b else 1.0
     with open(os.path.join(args.out, "convergence.json"), "w") as f:
-        json.dump({"steps": args.steps, "runs": results}, f, indent=1)
+        json.dump({"steps": args.steps, "ranks": args.ranks, "runs": results}, f, indent=1)
     lines = ["| run | final val loss | cost vs baseline | dp bytes/step | fewer bytes | fewer bytes, whole run | s/step (x baseline) | density | index overlap |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in results.values():

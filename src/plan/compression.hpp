@@ -46,7 +46,8 @@ struct CompressionCost {
   double compute_s = 0;     // selection, error feedback, decompression, PowerSGD's GEMMs
   // Of compute_s, what the sparse collective itself does beside the wire (the collectives
   // benchmark times it with the collective): zeroing the n outputs, scatter-adding the received
-  // pairs, split-and-reduce's passes over the owned region, and the packed codec.
+  // pairs, split-and-reduce's passes over the owned region, and the packed codec. 0 for powersgd
+  // and sign, which are not sparse collectives (their decoding stays in compute_s).
   double decode_s = 0;
   double dense_s = 0;       // the dense fp32 reduction of the same gradients, exposed (less the overlap)
   // Sparsifiers: the density at which comm_s + compute_s = dense_s (compression pays below it);

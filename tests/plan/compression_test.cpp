@@ -108,6 +108,7 @@ TEST(Compression, TheCollectivesOwnDecodingIsThePartOfComputeItTimes) {
   EXPECT_GT(pk.decode_s - gather.decode_s, (1 + p) * k * 1e-8);  // the codec: 1.3e-8 s a pair coded
   EXPECT_LT(pk.decode_s, pk.compute_s);
   EXPECT_EQ(compression_cost_flat(spec("powersgd", 1), frontier(), d, n, 16, 8).decode_s, 0.0);
+  EXPECT_EQ(compression_cost_flat(spec("sign", 1), frontier(), d, n, 16, 8).decode_s, 0.0);
 }
 
 TEST(Compression, BreakEvenDensityIsWhereTheCostMeetsTheDenseReduction) {
