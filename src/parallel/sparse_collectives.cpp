@@ -24,7 +24,6 @@ enum Slot : int {
 
 constexpr int kTagIdx = 9301, kTagVal = 9302;
 
-// Every rank's `mine` (host) through a device buffer: out[P * m] (host), rank after rank.
 // counts[0, n) as int32 into host[0, n): what the count exchanges send (each below 2^31).
 void stage_counts(const std::vector<int64_t>& counts, HostBuffer<int32_t>& host) {
   for (size_t i = 0; i < counts.size(); i++) {
@@ -33,6 +32,7 @@ void stage_counts(const std::vector<int64_t>& counts, HostBuffer<int32_t>& host)
   }
 }
 
+// Every rank's `mine` (host) through a device buffer: out[P * m] (host), rank after rank.
 std::vector<int64_t> all_gather_counts(Group& g, Backend& be, const std::vector<int64_t>& mine, Scratch& s) {
   const int64_t m = int64_t(mine.size()), p = g.size();
   HostBuffer<int32_t> host(be, p * m);

@@ -93,6 +93,12 @@ void packed_extras(const Setting& s, const Gradients& x, double k, CompressionCo
   out.decode_s += (1 + p) * k * kCodecSecondsPerPair;
 }
 
+// The compressors that send (index, value) pairs or blocks over a sparse collective, with a density
+// and a break-even: not powersgd and sign.
+bool sparsifier(const CommSpec& c) {
+  return c.compressor == "topk" || c.compressor == "dgc" || c.compressor == "temporal" || c.compressor == "blocktopk";
+}
+
 // PowerSGD rank r: the two factor all-reduces (P = M Q, then Q = M^T P) of each matrix entry and
 // the GEMMs at the fp32 GEMM rate; returns the element-wise passes it adds (residual -= M' / P).
 double powersgd_cost(const Setting& s, const Gradients& x, CompressionCost& out) {
@@ -187,15 +193,13 @@ CompressionCost cost_at(const Setting& s, const Gradients& x, double density) {
     EXA_FAIL("compression_cost: compressor \"{}\" has no model", c.compressor);
   }
   out.compute_s += passes * 4 * n / rate;
-  const bool sparse = c.compressor != "powersgd" && c.compressor != "sign";
-  if (sparse) out.decode_s += decode_passes * 4 * n / rate;
+  if (sparsifier(c)) out.decode_s += decode_passes * 4 * n / rate;
   small_pieces(s, x, out);
   return out;
 }
 
 CompressionCost cost(const Setting& s, const Gradients& x) {
-  const bool sparse = s.c.compressor == "topk" || s.c.compressor == "dgc" || s.c.compressor == "temporal" ||
-                      s.c.compressor == "blocktopk";
+  const bool sparse = sparsifier(s.c);
   CompressionCost out = cost_at(s, x, sparse ? s.c.density : 0);
   if (!sparse) return out;
   // Bisection on the density: the cost grows with it (more pairs sent and scattered).
