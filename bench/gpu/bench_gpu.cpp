@@ -10,7 +10,11 @@
 //      A bf16 run that made no gemm_half call (a check that the trainer's mixed precision,
 //      docs/precision.md, reached the GEMMs) is reported as such, not as bf16.
 //   bench_gpu [--models 124m,350m,774m] [--precisions fp32,bf16] [--batch 8] [--seq 1024] [--steps 3]
-//             [--gemm 8192] [--repeats 5] [--peak-bf16 989] [--peak-fp32 67]
+//             [--gemm 8192] [--repeats 5] [--peak-bf16 989] [--peak-fp32 67] [--vocab 50257] [--profile]
+//   --vocab: the vocabulary (50304: GPT-2's padded to a multiple of 128, as llm.c and Megatron pad it, so
+//   the head's GEMMs have aligned rows; the tokens stay below 50257).
+//   --profile: the GPU time of each backend op over the timed steps (EXATRAIN_CUDA_PROFILE=1: an event
+//   after every op, so the steps run slower; read the shares, not the speed).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -74,13 +78,13 @@ struct Shape {
 };
 
 void train_model(Backend& be, const Shape& m, Precision precision, int64_t batch, int64_t seq, int steps,
-                 double peak_bf16, double peak_fp32, double gemm_bf16) {
+                 double peak_bf16, double peak_fp32, double gemm_bf16, int64_t vocab) {
   TrainerOptions o;
   o.model.layers = m.layers;
   o.model.hidden = m.hidden;
   o.model.heads = o.model.kv_heads = m.heads;
   o.model.ffn_hidden = 4 * m.hidden;
-  o.model.vocab = 50257;
+  o.model.vocab = vocab;
   o.model.seq_len = 1024;
   o.seq = seq;
   o.plan = single_rank_plan(batch, 1);
@@ -91,7 +95,7 @@ void train_model(Backend& be, const Shape& m, Precision precision, int64_t batch
   o.peak_gflops = peak_bf16 * 1e3;
   std::mt19937 rng(1);
   std::vector<int32_t> tokens(size_t(batch * seq * (steps + 2) + 1));
-  for (auto& t : tokens) t = int32_t(rng() % 50257);
+  for (auto& t : tokens) t = int32_t(rng() % 50257);  // a padded --vocab's extra rows are never a target
   InMemoryTokenStream data(tokens);
   auto rt = parallel::ParallelRuntime::local(be);
   Trainer tr(be, *rt, o, data);
@@ -107,6 +111,7 @@ void train_model(Backend& be, const Shape& m, Precision precision, int64_t batch
                 "in this build)\n", m.name.c_str(), to_string(precision), to_string(precision));
     return;
   }
+  cuda_profile_reset(be);  // the timed steps only (EXATRAIN_CUDA_PROFILE=1, --profile)
   std::vector<double> sec, tps;
   for (int s = 0; s < steps; s++) {
     const StepMetrics x = tr.train_step();
@@ -115,11 +120,15 @@ void train_model(Backend& be, const Shape& m, Precision precision, int64_t batch
     std::printf("  step %d loss %.4f %.3f s %.0f tokens/s\n", s + 1, x.loss, x.seconds, x.tokens_per_s);
   }
   const double tflops = tr.model().flops_per_step() / median(sec) / 1e12;
-  std::printf("RESULT model=%s precision=%s tokens_per_s=%.0f step_s=%.3f model_tflops=%.1f mfu_vs_bf16_peak=%.4f "
+  const char* tf32 = std::getenv("EXATRAIN_CUDA_TF32");
+  std::printf("RESULT model=%s precision=%s tf32=%s vocab=%lld tokens_per_s=%.0f step_s=%.3f model_tflops=%.1f mfu_vs_bf16_peak=%.4f "
               "mfu_vs_fp32_peak=%.3f fraction_of_measured_bf16_gemm=%.4f\n",
-              m.name.c_str(), to_string(precision), median(tps), median(sec), tflops, tflops / peak_bf16, tflops / peak_fp32,
-              tflops / gemm_bf16);
+              m.name.c_str(), to_string(precision), tf32 && std::string(tf32) == "1" ? "on" : "off", (long long)vocab, median(tps),
+              median(sec), tflops, tflops / peak_bf16, tflops / peak_fp32, tflops / gemm_bf16);
   std::printf("memory: %s\n", cuda_memory_stats(be).c_str());
+  if (std::getenv("EXATRAIN_CUDA_PROFILE"))
+    std::printf("profile of %d steps, model %s %s:\n%s", steps, m.name.c_str(), to_string(precision),
+                cuda_profile_report(be).c_str());
   std::fflush(stdout);
 }
 
@@ -127,7 +136,7 @@ void train_model(Backend& be, const Shape& m, Precision precision, int64_t batch
 
 int main(int argc, char** argv) try {
   std::string models = "124m,350m,774m", precisions = "fp32,bf16";
-  int64_t batch = 8, seq = 1024, gemm_n = 8192;
+  int64_t batch = 8, seq = 1024, gemm_n = 8192, vocab = 50257;
   int steps = 3, repeats = 5;
   double peak_bf16 = 989, peak_fp32 = 67;
   for (int i = 1; i < argc; i++) {
@@ -145,11 +154,13 @@ int main(int argc, char** argv) try {
     else if (a == "--repeats") repeats = std::stoi(next());
     else if (a == "--peak-bf16") peak_bf16 = std::stod(next());
     else if (a == "--peak-fp32") peak_fp32 = std::stod(next());
+    else if (a == "--vocab") vocab = std::stoll(next());
+    else if (a == "--profile") setenv("EXATRAIN_CUDA_PROFILE", "1", 1);  // read when the backend is made
     else EXA_FAIL("bench_gpu: unknown argument '{}' (--models, --precisions, --batch, --seq, --steps, --gemm, --repeats, "
-                  "--peak-bf16, --peak-fp32)", a);
+                  "--peak-bf16, --peak-fp32, --vocab, --profile)", a);
   }
-  EXA_CHECK(batch >= 1 && seq >= 1 && steps >= 1 && gemm_n >= 1 && repeats >= 1,
-            "bench_gpu: --batch, --seq, --steps, --gemm and --repeats must be >= 1");
+  EXA_CHECK(batch >= 1 && seq >= 1 && steps >= 1 && gemm_n >= 1 && repeats >= 1 && vocab >= 50257,
+            "bench_gpu: --batch, --seq, --steps, --gemm and --repeats must be >= 1, --vocab >= 50257");
   auto be = make_backend("cuda");
   const double bf16 = gemm_tflops(*be, gemm_n, true, repeats);
   const double fp32 = gemm_tflops(*be, gemm_n / 2, false, repeats);
@@ -168,8 +179,13 @@ int main(int argc, char** argv) try {
     std::stringstream plist(precisions);
     for (std::string p; std::getline(plist, p, ',');) {
       EXA_CHECK(p == "fp32" || p == "bf16", "bench_gpu: precision '{}' is not fp32 or bf16", p);
-      train_model(*be, *m, p == "fp32" ? Precision::fp32 : Precision::bf16, batch, seq, steps, peak_bf16, peak_fp32,
-                  bf16);
+      try {  // one shape that does not fit (out of memory) leaves the others measured
+        train_model(*be, *m, p == "fp32" ? Precision::fp32 : Precision::bf16, batch, seq, steps, peak_bf16, peak_fp32,
+                    bf16, vocab);
+      } catch (const std::exception& e) {
+        std::printf("RESULT model=%s precision=%s failed: %s\n", m->name.c_str(), p.c_str(), e.what());
+        std::fflush(stdout);
+      }
     }
   }
   return 0;

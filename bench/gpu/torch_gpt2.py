@@ -44,6 +44,12 @@ class GPT(nn.Module):
         self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(S, C)
         self.h = nn.ModuleList([Block(C, H) for _ in range(L)])
         self.ln_f = nn.LayerNorm(C)
+        for p in self.parameters():  # GPT-2's initialisation (std 0.02, zero biases), as exatrain's
+            if p.dim() > 1:
+                nn.init.normal_(p, 0.0, 0.02)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.zeros_(m.bias)
 
     def forward(self, idx, targets):
         T = idx.shape[1]
@@ -51,7 +57,7 @@ class GPT(nn.Module):
         for b in self.h:
             x = b(x)
         logits = F.linear(self.ln_f(x), self.wte.weight)
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), targets.view(-1))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
 
 def matmul_tflops(n, dtype, repeats):

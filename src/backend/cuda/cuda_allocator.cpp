@@ -12,6 +12,11 @@ CachingAllocator::~CachingAllocator() {
   for (auto& [p, bytes] : live_) cudaFree(const_cast<void*>(p));  // leaked by the caller: returned anyway
 }
 
+void CachingAllocator::abandon() {
+  free_.clear();
+  live_.clear();
+}
+
 size_t CachingAllocator::size_class(size_t bytes) {
   constexpr size_t kSmall = 512, kLarge = size_t(2) << 20, kSmallLimit = size_t(1) << 20;
   if (bytes == 0) bytes = 1;

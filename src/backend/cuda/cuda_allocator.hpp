@@ -37,6 +37,7 @@ class CachingAllocator {
   void release(void* p);         // null: no-op; a pointer not from allocate(): an error
   size_t size_of(const void* p) const;  // the class size of a live block, 0 when not one
   void empty_cache();                    // cudaFree every cached block
+  void abandon();                        // forget every block unfreed (at exit, the runtime unloaded)
   const AllocatorStats& stats() const { return stats_; }
   std::string describe() const;  // the stats in one line, for error messages
 

@@ -68,6 +68,10 @@ CudaBackend::CudaBackend(int device) : device_(device), compute_(device) {
   EXA_CUDA(cudaMallocHost(&reduce_host_, sizeof(double)));
   const char* tf32 = std::getenv("EXATRAIN_CUDA_TF32");
   tf32_ = tf32 != nullptr && std::string(tf32) == "1";
+  tf32_attention_ = tf32 != nullptr && std::string(tf32) == "attention";
+  if (const char* stage = std::getenv("EXATRAIN_CUDA_STAGE_MIN_MNK")) stage_min_mnk_ = std::atof(stage);
+  const char* profile = std::getenv("EXATRAIN_CUDA_PROFILE");
+  profile_.on = profile != nullptr && std::string(profile) == "1";
   cpu_ = make_cpu_backend(0);
 }
 
@@ -75,6 +79,63 @@ void CudaBackend::launched(const char* op) {
   const cudaError_t err = cudaGetLastError();
   EXA_CHECK(err == cudaSuccess, "cuda backend: {}: kernel launch failed: {} ({})", op, cudaGetErrorString(err),
             cudaGetErrorName(err));
+  mark(op);
+}
+
+// ---- the per-op profile (EXATRAIN_CUDA_PROFILE=1) ---------------------------------------------------
+void CudaBackend::mark(const char* op) {
+  if (profile_.on && profile_.scope == nullptr) mark(std::string(op));
+}
+
+void CudaBackend::mark(std::string op) {
+  if (!profile_.on || profile_.scope != nullptr) return;
+  cudaEvent_t e = nullptr;
+  EXA_CUDA(cudaEventCreate(&e));
+  EXA_CUDA(cudaEventRecord(e, cs()));
+  profile_.pending.emplace_back(std::move(op), e);
+  if (profile_.pending.size() >= 4096) profile_flush();
+}
+
+void CudaBackend::profile_flush() {
+  for (auto& [op, e] : profile_.pending) {
+    EXA_CUDA(cudaEventSynchronize(e));
+    if (profile_.last != nullptr) {
+      float ms = 0;
+      EXA_CUDA(cudaEventElapsedTime(&ms, profile_.last, e));
+      auto& t = profile_.totals[op];
+      t.first += ms;
+      t.second++;
+      EXA_CUDA(cudaEventDestroy(profile_.last));
+    }
+    profile_.last = e;
+  }
+  profile_.pending.clear();
+}
+
+void CudaBackend::profile_reset() {
+  if (!profile_.on) return;
+  mark("(before the reset)");
+  profile_flush();
+  profile_.totals.clear();
+}
+
+std::string CudaBackend::profile_report() {
+  if (!profile_.on) return "profile off (EXATRAIN_CUDA_PROFILE=1 turns it on)\n";
+  profile_flush();
+  std::vector<std::pair<double, std::string>> rows;
+  double total = 0;
+  for (const auto& [op, t] : profile_.totals) {
+    rows.emplace_back(t.first, op);
+    total += t.first;
+  }
+  std::sort(rows.rbegin(), rows.rend());
+  std::string out = fmt::format("{:<44} {:>8} {:>11} {:>7} {:>11}\n", "op", "calls", "total ms", "share", "us/call");
+  for (const auto& [ms, op] : rows) {
+    const int64_t calls = profile_.totals[op].second;
+    out += fmt::format("{:<44} {:>8} {:>11.3f} {:>6.1f}% {:>11.1f}\n", op, calls, ms, 100.0 * ms / std::max(total, 1e-9),
+                       1e3 * ms / double(std::max<int64_t>(calls, 1)));
+  }
+  return out + fmt::format("{:<44} {:>8} {:>11.3f}\n", "all", "", total);
 }
 
 // The CPU backend's page rule (cpu_backend.cpp) on 4096-byte pages of the device address space:
@@ -104,17 +165,78 @@ void CudaBackend::check_heads(int64_t T, int64_t Hq, int64_t Hkv, int64_t B, con
             Hq, B);
 }
 
+// Attention (backend.hpp's contract, probs[B,Hq,T,T] materialised) as cuBLASLt GEMMs around the
+// softmax kernels. For batch b and group member g, the query heads h = kvh * group + g (kvh < Hkv)
+// are one strided batch of Hkv matrices: q_h at h * D (stride group * D), its kv head's k and v at
+// (Hq + kvh) * D and (Hq + Hkv + kvh) * D (stride D), its scores at (b Hq + h) T T (stride group T T).
+// All T x T scores are computed (the causal half above the diagonal too) and masked by the softmax.
+// Forward: S = (q k^T) / sqrt(D), P = causal softmax(S), out_h = P v. Backward: dP = dout_h v^T,
+// dS = P (dP - rowsum(P dP)) / sqrt(D), dq_h = dS k, dk = sum_g dS^T q_h, dv = sum_g P^T dout_h (the
+// group's heads in order, beta 0 then 1: no atomics). Every GEMM is fp32 (TF32 as gemm's).
+void CudaBackend::attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T, int64_t Hq,
+                                    int64_t Hkv, int64_t D) {
+  check_heads(T, Hq, Hkv, B, "attention_forward");
+  if (B * T * Hq <= 0) return;
+  const AttentionShape a{B, T, Hq, Hkv, D, (Hq + 2 * Hkv) * D, Hq / Hkv};
+  const float scale = 1.0f / std::sqrt(float(D));
+  profile_.scope = "attention_forward";
+  in_attention_ = true;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t g = 0; g < a.group; g++) {
+      const float* q = qkv + b * T * a.W + g * D;  // [T, D] rows W apart
+      const float* k = qkv + b * T * a.W + Hq * D;
+      matmul(CUDA_R_32F, false, true, T, T, D, scale, q, a.W, a.group * D, k, a.W, D, 0.0f,
+             probs + (b * Hq + g) * T * T, T, a.group * T * T, Hkv);
+    }
+  cuda::causal_softmax(cs(), probs, B * Hq * T, T);
+  if (out != nullptr)
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t g = 0; g < a.group; g++) {
+        const float* v = qkv + b * T * a.W + (Hq + Hkv) * D;
+        matmul(CUDA_R_32F, false, false, T, D, T, 1.0f, probs + (b * Hq + g) * T * T, T, a.group * T * T, v, a.W, D,
+               0.0f, out + b * T * Hq * D + g * D, Hq * D, a.group * D, Hkv);
+      }
+  profile_.scope = nullptr;
+  in_attention_ = false;
+  launched("attention_forward");
+}
+
 void CudaBackend::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int64_t B,
                                      int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
   check_heads(T, Hq, Hkv, B, "attention_backward");
   const size_t bytes = sizeof(float) * size_t(B * Hq * T * T);
   if (bytes == 0) return;
+  const AttentionShape a{B, T, Hq, Hkv, D, (Hq + 2 * Hkv) * D, Hq / Hkv};
+  const int64_t W = a.W, G = a.group, HD = Hq * D;
   // The scores' gradients [B, Hq, T, T]: scratch from the cache, freed once enqueued (the next
   // allocation that reuses it runs after this op on the same stream).
-  float* dscores = static_cast<float*>(alloc_.allocate(bytes));
-  cuda::attention_backward(cs(), dqkv, dscores, dout, qkv, probs, B, T, Hq, Hkv, D);
+  float* ds = static_cast<float*>(alloc_.allocate(bytes));
+  profile_.scope = "attention_backward";
+  in_attention_ = true;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t g = 0; g < G; g++)  // dP = dout_h v^T
+      matmul(CUDA_R_32F, false, true, T, T, D, 1.0f, dout + b * T * HD + g * D, HD, G * D,
+             qkv + b * T * W + (Hq + Hkv) * D, W, D, 0.0f, ds + (b * Hq + g) * T * T, T, G * T * T, Hkv);
+  cuda::causal_softmax_backward(cs(), ds, probs, B * Hq * T, T, 1.0f / std::sqrt(float(D)));
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t g = 0; g < G; g++) {
+      const float* dsg = ds + (b * Hq + g) * T * T;
+      const float* pg = probs + (b * Hq + g) * T * T;
+      const float* q = qkv + b * T * W + g * D;
+      const float* k = qkv + b * T * W + Hq * D;
+      float* dq = dqkv + b * T * W + g * D;
+      float* dk = dqkv + b * T * W + Hq * D;
+      float* dv = dqkv + b * T * W + (Hq + Hkv) * D;
+      const float beta = g == 0 ? 0.0f : 1.0f;
+      matmul(CUDA_R_32F, false, false, T, D, T, 1.0f, dsg, T, G * T * T, k, W, D, 0.0f, dq, W, G * D, Hkv);
+      matmul(CUDA_R_32F, true, false, T, D, T, 1.0f, dsg, T, G * T * T, q, W, G * D, beta, dk, W, D, Hkv);
+      matmul(CUDA_R_32F, true, false, T, D, T, 1.0f, pg, T, G * T * T, dout + b * T * HD + g * D, HD, G * D, beta, dv,
+             W, D, Hkv);
+    }
+  profile_.scope = nullptr;
+  in_attention_ = false;
   launched("attention_backward");
-  alloc_.release(dscores);
+  alloc_.release(ds);
 }
 
 double CudaBackend::reduce(int kind, const float* a, const float* b, int64_t n, const char* op) {
@@ -143,6 +265,15 @@ void make_layout(cublasLtMatrixLayout_t* l, cudaDataType type, int64_t rows, int
 uint32_t alignment_of(const void* p) {
   uint32_t a = 256;
   while (a > 1 && uintptr_t(p) % a != 0) a /= 2;
+  return a;
+}
+
+// The alignment of every row and every batch entry of an operand: its base's, and no more than
+// its leading dimension's and (batched) its stride's in bytes allow. Matrix i of a batch starts at
+// base + i * stride * esz, so a base alone overstates it (a misaligned-address fault, sticky).
+uint32_t operand_alignment(const void* p, int64_t ld, int64_t stride, int64_t batch, int64_t esz) {
+  uint32_t a = std::min(alignment_of(p), alignment_of(reinterpret_cast<const void*>(uintptr_t(ld * esz))));
+  if (batch > 1) a = std::min(a, alignment_of(reinterpret_cast<const void*>(uintptr_t(stride * esz))));
   return a;
 }
 
@@ -175,7 +306,12 @@ struct LtPreference {
 int64_t CudaBackend::scratch_bytes() const { return int64_t(kWorkspaceBytes); }
 
 CudaBackend::~CudaBackend() {
-  cudaStreamSynchronize(cs());
+  // A backend destroyed at exit after the CUDA runtime has unloaded (a static's destructor) frees
+  // nothing: the driver takes the context's memory back with the process.
+  if (cudaStreamSynchronize(cs()) == cudaErrorCudartUnloading) {
+    alloc_.abandon();
+    return;
+  }
   lt_plans_.clear();
   lt_api().cublasLtDestroy(lt_);
   cudaFree(workspace_);
@@ -211,8 +347,12 @@ const LtPlan& CudaBackend::lt_plan(const LtKey& key) {
   return *slot;
 }
 
-// Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's first operand is B
-// (stored [K,N] column-major as N x K when !tb), its second A, and C is N x M column-major.
+namespace {
+
+bool misaligned(const void* p, int64_t ld, int64_t esz) { return operand_alignment(p, ld, 0, 1, esz) < 16; }
+
+}  // namespace
+
 void CudaBackend::matmul(cudaDataType ab, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                          const void* A, int64_t lda, int64_t stride_a, const void* B, int64_t ldb, int64_t stride_b,
                          float beta, float* C, int64_t ldc, int64_t stride_c, int64_t batch) {
@@ -229,11 +369,69 @@ void CudaBackend::matmul(cudaDataType ab, bool ta, bool tb, int64_t M, int64_t N
     }
     return;
   }
-  const cublasComputeType_t compute = tf32_ && ab == CUDA_R_32F ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const int64_t esz = ab == CUDA_R_32F ? 4 : 2;
+  if (batch == 1 && double(M) * double(N) * double(K) >= stage_min_mnk_ &&
+      (misaligned(A, lda, esz) || misaligned(B, ldb, esz) || misaligned(C, ldc, 4)))
+    return matmul_staged(ab, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  matmul_direct(ab, ta, tb, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc, stride_c, batch);
+}
+
+// Rows that are not a multiple of 16 bytes apart (the GPT-2 head's 50,257-wide logits and their
+// gradient) make cuBLASLt pick slow kernels: on the H100, 6.6 ms for the 8192 x 50257 x 768 logits
+// GEMM against 1.1 ms at 50,304 (bench_gpu --profile, docs/cuda.md). A big unbatched GEMM with such an
+// operand runs on copies with padded rows (cudaMemcpy2DAsync), C copied back: the copies cost a pass
+// over the operand. Where the scratch does not fit, the GEMM runs unstaged.
+void CudaBackend::matmul_staged(cudaDataType ab, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                                const void* A, int64_t lda, const void* B, int64_t ldb, float beta, float* C,
+                                int64_t ldc) {
+  const int64_t esz = ab == CUDA_R_32F ? 4 : 2;
+  std::vector<void*> owned;
+  struct Release {  // the copies go back to the cache once enqueued (stream order protects them)
+    cuda::CachingAllocator& alloc;
+    std::vector<void*>& blocks;
+    ~Release() {
+      for (void* p : blocks) alloc.release(p);
+    }
+  } release{alloc_, owned};
+  auto padded = [&](const void* X, int64_t rows, int64_t cols, int64_t ld, int64_t e, bool copy_in) {
+    const int64_t ld2 = (cols * e + 15) / 16 * 16 / e;
+    void* buf = alloc_.allocate(size_t(rows * ld2 * e));
+    owned.push_back(buf);
+    if (copy_in)
+      EXA_CUDA(cudaMemcpy2DAsync(buf, ld2 * e, X, ld * e, cols * e, rows, cudaMemcpyDeviceToDevice, cs()));
+    return std::pair<void*, int64_t>(buf, ld2);
+  };
+  try {
+    // A is M x K row-major (K x M when ta), B is K x N (N x K when tb), C is M x N.
+    auto [a, la] = misaligned(A, lda, esz) ? padded(A, ta ? K : M, ta ? M : K, lda, esz, true)
+                                           : std::pair<void*, int64_t>(const_cast<void*>(A), lda);
+    auto [b, lb] = misaligned(B, ldb, esz) ? padded(B, tb ? N : K, tb ? K : N, ldb, esz, true)
+                                           : std::pair<void*, int64_t>(const_cast<void*>(B), ldb);
+    auto [c, lc] = misaligned(C, ldc, 4) ? padded(C, M, N, ldc, 4, beta != 0.0f) : std::pair<void*, int64_t>(C, ldc);
+    matmul_direct(ab, ta, tb, M, N, K, alpha, a, la, 0, b, lb, 0, beta, static_cast<float*>(c), lc, 0, 1);
+    if (c != C) EXA_CUDA(cudaMemcpy2DAsync(C, ldc * 4, c, lc * 4, N * 4, M, cudaMemcpyDeviceToDevice, cs()));
+  } catch (const std::exception&) {  // no room for the copies (C is written only by the last copy)
+    matmul_direct(ab, ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
+  }
+}
+
+// Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's first operand is B
+// (stored [K,N] column-major as N x K when !tb), its second A, and C is N x M column-major.
+void CudaBackend::matmul_direct(cudaDataType ab, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                                const void* A, int64_t lda, int64_t stride_a, const void* B, int64_t ldb,
+                                int64_t stride_b, float beta, float* C, int64_t ldc, int64_t stride_c, int64_t batch) {
+  const int64_t esz = ab == CUDA_R_32F ? 4 : 2;
+  const bool tf32 = ab == CUDA_R_32F && (tf32_ || (tf32_attention_ && in_attention_));
+  const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   const LtPlan& plan = lt_plan({int64_t(ab), int64_t(compute), ta, tb, M, N, K, lda, ldb, ldc, stride_a, stride_b,
-                                stride_c, batch, alignment_of(B), alignment_of(A), alignment_of(C)});
+                                stride_c, batch, operand_alignment(B, ldb, stride_b, batch, esz),
+                                operand_alignment(A, lda, stride_a, batch, esz), operand_alignment(C, ldc, stride_c, batch, 4)});
   EXA_CUBLAS(lt_api().cublasLtMatmul(lt_, plan.op, &alpha, B, plan.a, A, plan.b, &beta, C, plan.c, C, plan.c, &plan.algo,
                                      workspace_, kWorkspaceBytes, cs()));
+  if (profile_.on && profile_.scope == nullptr)  // each shape apart: M N K, transposes, the operands' alignments
+    mark(fmt::format("gemm {} {}x{}x{}{}{} al {}/{}/{}", ab == CUDA_R_32F ? "fp32" : "16-bit", M, N, K, ta ? " tA" : "",
+                     tb ? " tB" : "", operand_alignment(A, lda, stride_a, batch, esz),
+                     operand_alignment(B, ldb, stride_b, batch, esz), operand_alignment(C, ldc, stride_c, batch, 4)));
 }
 
 // ---- the public functions (cuda_backend.hpp, backend.hpp) -----------------------------------------
@@ -277,6 +475,15 @@ void cuda_load_libraries() { (void)lt_api(); }
 int64_t cuda_half_gemm_count(const Backend& be) {
   auto* c = dynamic_cast<const CudaBackend*>(&be);
   return c ? c->half_gemms : -1;
+}
+
+void cuda_profile_reset(Backend& be) {
+  if (auto* c = dynamic_cast<CudaBackend*>(&be)) c->profile_reset();
+}
+
+std::string cuda_profile_report(Backend& be) {
+  auto* c = dynamic_cast<CudaBackend*>(&be);
+  return c ? c->profile_report() : std::string();
 }
 
 std::string cuda_memory_stats(const Backend& be) {

@@ -46,5 +46,10 @@ std::string cuda_memory_stats(const Backend& be);
 void cuda_load_libraries();
 // gemm_half calls so far on a CUDA backend (-1 for another backend).
 int64_t cuda_half_gemm_count(const Backend& be);
+// The per-op GPU time of a CUDA backend made with EXATRAIN_CUDA_PROFILE=1 (cuda_backend_impl.hpp
+// Profile): reset starts a new count (after the work enqueued so far); report is a table, one line
+// per op, largest first ("" for another backend).
+void cuda_profile_reset(Backend& be);
+std::string cuda_profile_report(Backend& be);
 
 }  // namespace exatrain

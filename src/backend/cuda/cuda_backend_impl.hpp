@@ -10,6 +10,7 @@
 #include <map>
 #include <cmath>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_allocator.hpp"
@@ -183,7 +184,8 @@ class CudaBackend final : public Backend {
     launched("add_bias");
   }
   void bias_backward(float* dbias, const float* dout, int64_t N, int64_t O) override {
-    cuda::bias_backward(cs(), dbias, dout, N, O);
+    ColsumScratch scratch(alloc_, N, O, 1);
+    cuda::bias_backward(cs(), dbias, dout, N, O, scratch.p);
     launched("bias_backward");
   }
   double sum_squares(const float* x, int64_t n) override { return reduce(0, x, nullptr, n, "sum_squares"); }
@@ -200,7 +202,8 @@ class CudaBackend final : public Backend {
   }
   void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                           const float* mean, const float* rstd, int64_t N, int64_t C) override {
-    cuda::layernorm_backward(cs(), dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    ColsumScratch scratch(alloc_, N, C, 2);
+    cuda::layernorm_backward(cs(), dinp, dw, db, dout, inp, w, mean, rstd, N, C, scratch.p);
     launched("layernorm_backward");
   }
   void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,
@@ -210,7 +213,8 @@ class CudaBackend final : public Backend {
   }
   void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                         const float* rstd, int64_t N, int64_t C) override {
-    cuda::rmsnorm_backward(cs(), dinp, dw, dout, inp, w, rstd, N, C);
+    ColsumScratch scratch(alloc_, N, C, 1);
+    cuda::rmsnorm_backward(cs(), dinp, dw, dout, inp, w, rstd, N, C, scratch.p);
     launched("rmsnorm_backward");
   }
   void gelu_forward(float* out, const float* inp, int64_t n) override { cuda::gelu_forward(cs(), out, inp, n);
@@ -233,11 +237,7 @@ class CudaBackend final : public Backend {
     launched("rope");
   }
   void attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
-                         int64_t D) override {
-    check_heads(T, Hq, Hkv, B, "attention_forward");
-    cuda::attention_forward(cs(), out, probs, qkv, B, T, Hq, Hkv, D);
-    launched("attention_forward");
-  }
+                         int64_t D) override;
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int64_t B, int64_t T,
                           int64_t Hq, int64_t Hkv, int64_t D) override;
 
@@ -249,7 +249,9 @@ class CudaBackend final : public Backend {
   }
   void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int64_t vocab_start, int64_t V,
                           int64_t N, int64_t C) override {
-    cuda::embedding_backward(cs(), dwte, dout, tokens, vocab_start, V, N, C);
+    void* scratch = alloc_.allocate(sizeof(int32_t) * size_t(2 * std::max<int64_t>(N, 1)));
+    cuda::embedding_backward(cs(), dwte, dout, tokens, vocab_start, V, N, C, static_cast<int32_t*>(scratch));
+    alloc_.release(scratch);  // after the op is enqueued: a later use runs after it on the stream
     launched("embedding_backward");
   }
   void positional_forward(float* out, const float* wpe, int64_t B, int64_t T, int64_t C) override {
@@ -364,13 +366,33 @@ class CudaBackend final : public Backend {
 
  private:
   cudaStream_t cs() { return compute_.s; }
-  // Checks the launch of an op's kernels (configuration errors appear here; faults at the next sync).
+  // Checks the launch of an op's kernels (configuration errors appear here; faults at the next sync);
+  // with EXATRAIN_CUDA_PROFILE set, also marks the op's end on the stream (profile_).
   void launched(const char* op);
+  // Scratch for the sums across rows (cuda_kernels.cuh kColChunk), from the cache; given back when
+  // the op is enqueued (a later use of the block runs after the op on the same stream).
+  struct ColsumScratch {
+    ColsumScratch(cuda::CachingAllocator& a, int64_t N, int64_t C, int nout)
+        : alloc(a), p(static_cast<float*>(a.allocate(size_t(4 * std::max<int64_t>(1, cuda::colsum_scratch_floats(N, C, nout)))))) {}
+    ~ColsumScratch() { alloc.release(p); }
+    cuda::CachingAllocator& alloc;
+    float* p;
+  };
+  // The GEMMs of attention: the heads h = kvh * group + g (kvh < Hkv) of batch b as one strided batch
+  // (cuda_backend.cpp).
+  struct AttentionShape {
+    int64_t B, T, Hq, Hkv, D, W, group;
+  };
   void check_heads(int64_t T, int64_t Hq, int64_t Hkv, int64_t B, const char* op) const;
   double reduce(int kind, const float* a, const float* b, int64_t n, const char* op);
   void matmul(cudaDataType ab, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
               int64_t lda, int64_t stride_a, const void* B, int64_t ldb, int64_t stride_b, float beta, float* C,
               int64_t ldc, int64_t stride_c, int64_t batch);
+  void matmul_staged(cudaDataType ab, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+                     int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc);
+  void matmul_direct(cudaDataType ab, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+                     int64_t lda, int64_t stride_a, const void* B, int64_t ldb, int64_t stride_b, float beta, float* C,
+                     int64_t ldc, int64_t stride_c, int64_t batch);
   // A GEMM's key: data type, compute type, ta, tb, M, N, K, lda, ldb, ldc, the three strides, batch
   // and the three operands' alignments (cuda_backend.cpp, LtPlan).
   using LtKey = std::array<int64_t, 17>;
@@ -384,7 +406,33 @@ class CudaBackend final : public Backend {
   void* workspace_ = nullptr;
   double* reduce_scratch_ = nullptr;  // kReduceBlocks partials + the result
   double* reduce_host_ = nullptr;     // pinned
-  bool tf32_ = false;
+  // EXATRAIN_CUDA_TF32: "1" runs every fp32 GEMM on TF32 tensor cores, "attention" only attention's
+  // batched ones (in_attention_: set while attention's GEMMs are enqueued); unset: none.
+  bool tf32_ = false, tf32_attention_ = false, in_attention_ = false;
+  // Unbatched GEMMs of at least this M N K with a misaligned operand run on padded copies
+  // (matmul_staged). Off (infinite) unless EXATRAIN_CUDA_STAGE_MIN_MNK sets it (1073741824 = 2^30 for
+  // the GPT-2 head; 0: every one, as bench/gpu/run.sh's tests do): written after the last GPU run of
+  // this code, so not yet run on a GPU (docs/cuda.md).
+  double stage_min_mnk_ = HUGE_VAL;
+  // Per-op GPU time (EXATRAIN_CUDA_PROFILE=1; bench_gpu --profile): events recorded at each op's
+  // end, the time between consecutive events charged to the op that ended (so a host gap is charged
+  // to the op after it). Ops inside an op (attention's GEMMs) are charged to the outer one.
+  struct Profile {
+    bool on = false;
+    const char* scope = nullptr;  // the outer op whose GEMMs are being enqueued
+    cudaEvent_t last = nullptr;
+    std::vector<std::pair<std::string, cudaEvent_t>> pending;
+    std::map<std::string, std::pair<double, int64_t>> totals;  // op -> (ms, calls)
+  } profile_;
+  void mark(const char* op);
+  void mark(std::string op);
+  void profile_flush();
+
+ public:
+  void profile_reset();
+  std::string profile_report();
+
+ private:
   std::unique_ptr<Backend> cpu_;  // the host fallbacks' code
 };
 

@@ -1,6 +1,7 @@
 // The CUDA backend's kernels: straightforward, correct CUDA first (issue 13): grid-stride loops for
 // elementwise work, one block per row with warp-shuffle + shared-memory tree reductions for rows,
-// one thread per output column summing rows in order for reductions across rows. No atomics
+// two fixed levels (row chunks, then the chunks in order) for sums across rows, the softmax of
+// attention over scores that cuBLASLt makes (cuda_backend.cpp). No atomics
 // (cuda_kernels.cuh: determinism). Compiled with --fmad=false (CMakeLists.txt): a*b+c rounds twice,
 // as on the CPU backend (GCC in ISO mode does not contract), so the elementwise and optimizer
 // kernels give the CPU's bits; exp/tanh are CUDA's expf/tanhf (the CPU's are its own polynomials).
@@ -66,16 +67,74 @@ __global__ void k_add(float* out, const float* a, const float* b, int64_t n) {
   EXA_GRID_STRIDE(i, n) out[i] = a[i] + b[i];
 }
 __global__ void k_scale(float* x, float alpha, int64_t n) { EXA_GRID_STRIDE(i, n) x[i] *= alpha; }
+// Rows over grid y, columns over x: no 64-bit division per element.
 __global__ void k_add_bias(float* out, const float* bias, int64_t N, int64_t O) {
-  EXA_GRID_STRIDE(i, N * O) out[i] += bias[i % O];
+  for (int64_t r = blockIdx.y; r < N; r += gridDim.y)
+    for (int64_t o = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; o < O; o += int64_t(gridDim.x) * blockDim.x)
+      out[r * O + o] += bias[o];
 }
-// One thread per column, rows in order.
-__global__ void k_bias_backward(float* dbias, const float* dout, int64_t N, int64_t O) {
-  EXA_GRID_STRIDE(o, O) {
-    float s = 0;
-    for (int64_t n = 0; n < N; n++) s += dout[n * O + o];
-    dbias[o] += s;
+// ---- sums across rows (bias, norm weights): two fixed levels, no atomics ---------------------------
+// Level 1: block (kColTile columns x kColLanes row lanes) sums chunk k's kColChunk rows of its columns,
+// lane l taking rows l, l + kColLanes, ... in order, then the lanes in order: partial[j][k][c].
+// Level 2: a thread per column adds the chunks in order to out_j[c]. The chunking is fixed (not the
+// GPU's SM count), so the bits are the same run to run. term(r, c, C, j) is the j-th summed
+// quantity (j < NOUT) of row r, column c.
+constexpr int kColTile = 32, kColLanes = 8;
+template <int NOUT, class Term>
+__global__ void k_colsum_partial(Term term, int64_t N, int64_t C, int64_t chunks, float* partial) {
+  __shared__ float sh[NOUT][kColLanes][kColTile];
+  const int64_t c = int64_t(blockIdx.x) * kColTile + threadIdx.x;
+  for (int64_t k = blockIdx.y; k < chunks; k += gridDim.y) {
+    const int64_t r1 = min(N, (k + 1) * kColChunk);
+    float acc[NOUT] = {};
+    if (c < C)
+      for (int64_t r = k * kColChunk + threadIdx.y; r < r1; r += kColLanes)
+        for (int j = 0; j < NOUT; j++) acc[j] += term(r, c, C, j);
+    __syncthreads();  // sh may still be read for the previous chunk
+    for (int j = 0; j < NOUT; j++) sh[j][threadIdx.y][threadIdx.x] = acc[j];
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C)
+      for (int j = 0; j < NOUT; j++) {
+        float s = 0;
+        for (int l = 0; l < kColLanes; l++) s += sh[j][l][threadIdx.x];
+        partial[(j * chunks + k) * C + c] = s;
+      }
   }
+}
+template <int NOUT>
+__global__ void k_colsum_final(float* out0, float* out1, const float* partial, int64_t chunks, int64_t C) {
+  EXA_GRID_STRIDE(c, C) {
+    for (int j = 0; j < NOUT; j++) {
+      float s = 0;
+      for (int64_t k = 0; k < chunks; k++) s += partial[(j * chunks + k) * C + c];
+      (j == 0 ? out0 : out1)[c] += s;
+    }
+  }
+}
+struct BiasTerm {
+  const float* dout;
+  __device__ float operator()(int64_t r, int64_t c, int64_t C, int) const { return dout[r * C + c]; }
+};
+struct LayerNormTerm {  // j = 0: dw's, j = 1: db's
+  const float *dout, *inp, *mean, *rstd;
+  __device__ float operator()(int64_t r, int64_t c, int64_t C, int j) const {
+    const float dy = dout[r * C + c];
+    return j == 0 ? dy * (inp[r * C + c] - mean[r]) * rstd[r] : dy;
+  }
+};
+struct RmsNormTerm {
+  const float *dout, *inp, *rstd;
+  __device__ float operator()(int64_t r, int64_t c, int64_t C, int) const {
+    return dout[r * C + c] * inp[r * C + c] * rstd[r];
+  }
+};
+template <int NOUT, class Term>
+void colsum(cudaStream_t s, Term term, float* out0, float* out1, int64_t N, int64_t C, float* scratch) {
+  if (N <= 0 || C <= 0) return;
+  const int64_t chunks = (N + kColChunk - 1) / kColChunk;
+  const dim3 grid(unsigned((C + kColTile - 1) / kColTile), unsigned(chunks < 65535 ? chunks : 65535));
+  k_colsum_partial<NOUT><<<grid, dim3(kColTile, kColLanes), 0, s>>>(term, N, C, chunks, scratch);
+  k_colsum_final<NOUT><<<blocks_for(C), kThreads, 0, s>>>(out0, out1, scratch, chunks, C);
 }
 __global__ void k_reduce_partials(int kind, const float* a, const float* b, int64_t n, double* partials) {
   double s = 0;
@@ -94,6 +153,16 @@ __global__ void k_reduce_final(const double* partials, int count, double* result
 }
 __global__ void k_f32_to_half(int half, uint16_t* dst, const float* src, int64_t n) {
   EXA_GRID_STRIDE(i, n) dst[i] = half == 0 ? half_convert::f32_to_bf16(src[i]) : half_convert::f32_to_f16(src[i]);
+}
+// Four at a time (n % 4 == 0, src 16- and dst 8-byte aligned): the same scalar conversion of each.
+__global__ void k_f32_to_half4(int half, uint2* dst, const float4* src, int64_t n4) {
+  EXA_GRID_STRIDE(i, n4) {
+    const float4 v = src[i];
+    auto cv = [half](float x) -> uint32_t {
+      return half == 0 ? half_convert::f32_to_bf16(x) : half_convert::f32_to_f16(x);
+    };
+    dst[i] = make_uint2(cv(v.x) | (cv(v.y) << 16), cv(v.z) | (cv(v.w) << 16));
+  }
 }
 __global__ void k_half_to_f32(int half, float* dst, const uint16_t* src, int64_t n) {
   EXA_GRID_STRIDE(i, n) dst[i] = half == 0 ? half_convert::bf16_to_f32(src[i]) : half_convert::f16_to_f32(src[i]);
@@ -132,19 +201,6 @@ __global__ void k_layernorm_backward_dx(float* dinp, const float* dout, const fl
     dx[c] += (w[c] * dy[c] - sg - xhat * sgx) * r;
   }
 }
-__global__ void k_layernorm_backward_dw(float* dw, float* db, const float* dout, const float* inp,
-                                        const float* mean, const float* rstd, int64_t N, int64_t C) {
-  EXA_GRID_STRIDE(c, C) {
-    float aw = 0, ab = 0;
-    for (int64_t n = 0; n < N; n++) {
-      const float dy = dout[n * C + c];
-      aw += dy * (inp[n * C + c] - mean[n]) * rstd[n];
-      ab += dy;
-    }
-    dw[c] += aw;
-    db[c] += ab;
-  }
-}
 __global__ void k_rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t C, float eps) {
   const float* x = inp + int64_t(blockIdx.x) * C;
   float* y = out + int64_t(blockIdx.x) * C;
@@ -165,15 +221,6 @@ __global__ void k_rmsnorm_backward_dx(float* dinp, const float* dout, const floa
   const float k = r * r * block_sum(s) / float(C);
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dx[c] += r * (w[c] * dy[c] - x[c] * k);
 }
-__global__ void k_rmsnorm_backward_dw(float* dw, const float* dout, const float* inp, const float* rstd, int64_t N,
-                                      int64_t C) {
-  EXA_GRID_STRIDE(c, C) {
-    float aw = 0;
-    for (int64_t n = 0; n < N; n++) aw += dout[n * C + c] * inp[n * C + c] * rstd[n];
-    dw[c] += aw;
-  }
-}
-
 // ---- activations, rope ------------------------------------------------------------------------------
 constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
 __global__ void k_gelu_forward(float* out, const float* inp, int64_t n) {
@@ -220,25 +267,14 @@ __global__ void k_rope(float* x, int64_t B, int64_t T, int64_t row_stride, int64
   }
 }
 
-// ---- attention --------------------------------------------------------------------------------------
-// One block per (query row t, head h, batch b): scores q.k/sqrt(D) for keys t2 <= t (a thread per key),
-// the softmax over them (block max and sum), probs above the diagonal 0, then out = probs @ v (a
-// thread per channel, keys in order).
-__global__ void k_attention_forward(float* out, float* probs, const float* qkv, int64_t T, int64_t Hq, int64_t Hkv,
-                                    int64_t D) {
-  const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, W = (Hq + 2 * Hkv) * D, kvh = h / (Hq / Hkv);
-  const float scale = 1.0f / sqrtf(float(D));
-  const float* q = qkv + (b * T + t) * W + h * D;
-  float* p = probs + ((b * Hq + h) * T + t) * T;
+// ---- attention: the softmax over GEMM-made scores (cuda_backend.cpp makes them with cuBLASLt) -------
+// Row r of the scores [B*Hq*T, T] belongs to query t = r % T: keys t2 <= t are its causal window.
+// In place: the scaled scores in, the probabilities out (0 above the diagonal).
+__global__ void k_causal_softmax(float* scores, int64_t T) {
+  const int64_t r = blockIdx.x, t = r % T;
+  float* p = scores + r * T;
   float mx = -INFINITY;
-  for (int64_t t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
-    const float* k = qkv + (b * T + t2) * W + (Hq + kvh) * D;
-    float s = 0;
-    for (int64_t i = 0; i < D; i++) s += q[i] * k[i];
-    s *= scale;
-    p[t2] = s;
-    mx = fmaxf(mx, s);
-  }
+  for (int64_t t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) mx = fmaxf(mx, p[t2]);
   mx = block_max(mx);
   float sum = 0;
   for (int64_t t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
@@ -248,57 +284,16 @@ __global__ void k_attention_forward(float* out, float* probs, const float* qkv, 
   }
   const float inv = 1.0f / block_sum(sum);
   for (int64_t t2 = threadIdx.x; t2 < T; t2 += blockDim.x) p[t2] = t2 <= t ? p[t2] * inv : 0.0f;
-  if (out == nullptr) return;
-  __syncthreads();  // p (global) written by the block above is read by every thread below
-  float* o = out + (b * T + t) * Hq * D + h * D;
-  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
-    float acc = 0;
-    for (int64_t t2 = 0; t2 <= t; t2++) acc += p[t2] * qkv[(b * T + t2) * W + (Hq + Hkv + kvh) * D + i];
-    o[i] = acc;
-  }
 }
-// Per query row: dp = dout . v, ds = p (dp - sum p dp) / sqrt(D) into dscores, dq = ds @ k (overwrites).
-__global__ void k_attention_backward_q(float* dqkv, float* dscores, const float* dout, const float* qkv,
-                                       const float* probs, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
-  const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, W = (Hq + 2 * Hkv) * D, kvh = h / (Hq / Hkv);
-  const float scale = 1.0f / sqrtf(float(D));
-  const float* dy = dout + (b * T + t) * Hq * D + h * D;
-  const float* p = probs + ((b * Hq + h) * T + t) * T;
-  float* ds = dscores + ((b * Hq + h) * T + t) * T;
+// In place: dp = dout . v in, ds = p (dp - sum_t2 p dp) scale out (0 above the diagonal).
+__global__ void k_causal_softmax_backward(float* ds, const float* probs, int64_t T, float scale) {
+  const int64_t r = blockIdx.x, t = r % T;
+  const float* p = probs + r * T;
+  float* d = ds + r * T;
   float dot = 0;
-  for (int64_t t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
-    const float* v = qkv + (b * T + t2) * W + (Hq + Hkv + kvh) * D;
-    float s = 0;
-    for (int64_t i = 0; i < D; i++) s += dy[i] * v[i];
-    ds[t2] = s;
-    dot += p[t2] * s;
-  }
+  for (int64_t t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) dot += p[t2] * d[t2];
   dot = block_sum(dot);
-  for (int64_t t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) ds[t2] = p[t2] * (ds[t2] - dot) * scale;
-  __syncthreads();
-  float* dq = dqkv + (b * T + t) * W + h * D;
-  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
-    float acc = 0;
-    for (int64_t t2 = 0; t2 <= t; t2++) acc += ds[t2] * qkv[(b * T + t2) * W + (Hq + kvh) * D + i];
-    dq[i] = acc;
-  }
-}
-// Per key row j of kv head kvh: dk = sum over the group's query heads and rows t >= j of ds q,
-// dv = likewise of p dout (overwrite). A thread per channel; heads, then rows, in order.
-__global__ void k_attention_backward_kv(float* dqkv, const float* dscores, const float* dout, const float* qkv,
-                                        const float* probs, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
-  const int64_t j = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, W = (Hq + 2 * Hkv) * D, group = Hq / Hkv;
-  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
-    float dk = 0, dv = 0;
-    for (int64_t h = kvh * group; h < (kvh + 1) * group; h++)
-      for (int64_t t = j; t < T; t++) {
-        const int64_t sc = ((b * Hq + h) * T + t) * T + j;
-        dk += dscores[sc] * qkv[(b * T + t) * W + h * D + i];
-        dv += probs[sc] * dout[(b * T + t) * Hq * D + h * D + i];
-      }
-    dqkv[(b * T + j) * W + (Hq + kvh) * D + i] = dk;
-    dqkv[(b * T + j) * W + (Hq + Hkv + kvh) * D + i] = dv;
-  }
+  for (int64_t t2 = threadIdx.x; t2 < T; t2 += blockDim.x) d[t2] = t2 <= t ? p[t2] * (d[t2] - dot) * scale : 0.0f;
 }
 
 // ---- embeddings, cross-entropy -----------------------------------------------------------------------
@@ -309,13 +304,44 @@ __global__ void k_embedding_forward(float* out, const int32_t* tokens, const flo
     out[i] = (tok >= 0 && tok < V) ? wte[tok * C + c] : 0.0f;
   }
 }
-// One thread per channel c owns column c of dwte and adds the rows in token order: no atomics.
-__global__ void k_embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int64_t vocab_start,
-                                     int64_t V, int64_t N, int64_t C) {
-  EXA_GRID_STRIDE(c, C) {
-    for (int64_t n = 0; n < N; n++) {
-      const int64_t tok = int64_t(tokens[n]) - vocab_start;
-      if (tok >= 0 && tok < V) dwte[tok * C + c] += dout[n * C + c];
+// The embedding gradient in three passes, no atomics, the CPU backend's order and bits:
+//   next[n]: the next position after n with the same token (-1: none), each block scanning the
+//            tokens after its positions in shared-memory tiles until all its positions found one;
+//   has_prev[m] = 1 where m is some position's next (each position is at most one's: the links
+//            form one chain per token, in position order);
+//   a block per chain head (has_prev 0) adds the chain's rows in order to dwte's row, a thread per channel.
+constexpr int kEmbTile = 1024;
+__global__ void k_embedding_next(int32_t* next, const int32_t* tokens, int64_t N) {
+  __shared__ int32_t tile[kEmbTile];
+  const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int32_t token = n < N ? tokens[n] : 0;
+  int64_t nx = n < N ? -1 : -2;  // -1: still looking; -2: no position here
+  for (int64_t base = int64_t(blockIdx.x) * blockDim.x + 1; base < N; base += kEmbTile) {
+    if (__syncthreads_and(nx != -1)) break;  // also: every thread is done with the previous tile
+    const int64_t len = min(int64_t(kEmbTile), N - base);
+    for (int64_t i = threadIdx.x; i < len; i += blockDim.x) tile[i] = tokens[base + i];
+    __syncthreads();
+    if (nx == -1)
+      for (int64_t i = 0; i < len; i++)
+        if (base + i > n && tile[i] == token) {
+          nx = base + i;
+          break;
+        }
+  }
+  if (n < N) next[n] = int32_t(nx);
+}
+__global__ void k_embedding_heads(int32_t* has_prev, const int32_t* next, int64_t N) {
+  EXA_GRID_STRIDE(n, N) if (next[n] >= 0) has_prev[next[n]] = 1;
+}
+__global__ void k_embedding_backward(float* dwte, const float* dout, const int32_t* tokens, const int32_t* next,
+                                     const int32_t* has_prev, int64_t vocab_start, int64_t V, int64_t N, int64_t C) {
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    const int64_t tok = int64_t(tokens[n]) - vocab_start;
+    if (has_prev[n] || tok < 0 || tok >= V) continue;  // the same for the whole block
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      float acc = dwte[tok * C + c];
+      for (int64_t m = n; m >= 0; m = next[m]) acc += dout[m * C + c];
+      dwte[tok * C + c] = acc;
     }
   }
 }
@@ -440,11 +466,9 @@ int row_threads(int64_t width) {
   const int64_t t = (width + 31) / 32 * 32;
   return int(t < 32 ? 32 : (t > 1024 ? 1024 : t));
 }
-// A grid of (T, heads, B) blocks: y and z are limited to 65535.
-dim3 attention_grid(int64_t T, int64_t heads, int64_t B) { return dim3(unsigned(T), unsigned(heads), unsigned(B)); }
-
 }  // namespace
 
+// An `if` without braces: never the body of an if/else without braces of its own (a dangling else).
 #define EXA_LAUNCH(kernel, n, s, ...) \
   if ((n) > 0) kernel<<<blocks_for(n), kThreads, 0, s>>>(__VA_ARGS__)
 
@@ -455,10 +479,15 @@ void add(cudaStream_t s, float* out, const float* a, const float* b, int64_t n) 
 }
 void scale(cudaStream_t s, float* x, float alpha, int64_t n) { EXA_LAUNCH(k_scale, n, s, x, alpha, n); }
 void add_bias(cudaStream_t s, float* out, const float* bias, int64_t N, int64_t O) {
-  EXA_LAUNCH(k_add_bias, N * O, s, out, bias, N, O);
+  if (N <= 0 || O <= 0) return;
+  const int64_t gx = (O + kThreads - 1) / kThreads;
+  k_add_bias<<<dim3(unsigned(gx < 1024 ? gx : 1024), unsigned(N < 65535 ? N : 65535)), kThreads, 0, s>>>(out, bias, N, O);
 }
-void bias_backward(cudaStream_t s, float* dbias, const float* dout, int64_t N, int64_t O) {
-  EXA_LAUNCH(k_bias_backward, O, s, dbias, dout, N, O);
+int64_t colsum_scratch_floats(int64_t N, int64_t C, int nout) {
+  return int64_t(nout) * ((N + kColChunk - 1) / kColChunk) * C;
+}
+void bias_backward(cudaStream_t s, float* dbias, const float* dout, int64_t N, int64_t O, float* scratch) {
+  colsum<1>(s, BiasTerm{dout}, dbias, nullptr, N, O, scratch);
 }
 void reduce_double(cudaStream_t s, int kind, const float* a, const float* b, int64_t n, double* partials,
                    double* result) {
@@ -466,7 +495,11 @@ void reduce_double(cudaStream_t s, int kind, const float* a, const float* b, int
   k_reduce_final<<<1, kThreads, 0, s>>>(partials, kReduceBlocks, result);
 }
 void f32_to_half(cudaStream_t s, int half, uint16_t* dst, const float* src, int64_t n) {
-  EXA_LAUNCH(k_f32_to_half, n, s, half, dst, src, n);
+  if (n % 4 == 0 && uintptr_t(src) % 16 == 0 && uintptr_t(dst) % 8 == 0) {  // braces: EXA_LAUNCH is an if
+    EXA_LAUNCH(k_f32_to_half4, n / 4, s, half, reinterpret_cast<uint2*>(dst), reinterpret_cast<const float4*>(src), n / 4);
+  } else {
+    EXA_LAUNCH(k_f32_to_half, n, s, half, dst, src, n);
+  }
 }
 void half_to_f32(cudaStream_t s, int half, float* dst, const uint16_t* src, int64_t n) {
   EXA_LAUNCH(k_half_to_f32, n, s, half, dst, src, n);
@@ -477,20 +510,20 @@ void layernorm_forward(cudaStream_t s, float* out, float* mean, float* rstd, con
   if (N > 0) k_layernorm_forward<<<unsigned(N), row_threads(C), 0, s>>>(out, mean, rstd, inp, w, b, C, eps);
 }
 void layernorm_backward(cudaStream_t s, float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                        const float* w, const float* mean, const float* rstd, int64_t N, int64_t C) {
+                        const float* w, const float* mean, const float* rstd, int64_t N, int64_t C, float* scratch) {
   if (N <= 0) return;
   k_layernorm_backward_dx<<<unsigned(N), row_threads(C), 0, s>>>(dinp, dout, inp, w, mean, rstd, C);
-  EXA_LAUNCH(k_layernorm_backward_dw, C, s, dw, db, dout, inp, mean, rstd, N, C);
+  colsum<2>(s, LayerNormTerm{dout, inp, mean, rstd}, dw, db, N, C, scratch);
 }
 void rmsnorm_forward(cudaStream_t s, float* out, float* rstd, const float* inp, const float* w, int64_t N,
                      int64_t C, float eps) {
   if (N > 0) k_rmsnorm_forward<<<unsigned(N), row_threads(C), 0, s>>>(out, rstd, inp, w, C, eps);
 }
 void rmsnorm_backward(cudaStream_t s, float* dinp, float* dw, const float* dout, const float* inp, const float* w,
-                      const float* rstd, int64_t N, int64_t C) {
+                      const float* rstd, int64_t N, int64_t C, float* scratch) {
   if (N <= 0) return;
   k_rmsnorm_backward_dx<<<unsigned(N), row_threads(C), 0, s>>>(dinp, dout, inp, w, rstd, C);
-  EXA_LAUNCH(k_rmsnorm_backward_dw, C, s, dw, dout, inp, rstd, N, C);
+  colsum<1>(s, RmsNormTerm{dout, inp, rstd}, dw, nullptr, N, C, scratch);
 }
 void gelu_forward(cudaStream_t s, float* out, const float* inp, int64_t n) { EXA_LAUNCH(k_gelu_forward, n, s, out, inp, n); }
 void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* dout, int64_t n) {
@@ -507,16 +540,13 @@ void rope(cudaStream_t s, float* x, int64_t B, int64_t T, int64_t row_stride, in
   EXA_LAUNCH(k_rope, B * T * n_heads * (D / 2), s, x, B, T, row_stride, n_heads, D, theta, inverse);
 }
 
-void attention_forward(cudaStream_t s, float* out, float* probs, const float* qkv, int64_t B, int64_t T,
-                       int64_t Hq, int64_t Hkv, int64_t D) {
-  if (B * T * Hq > 0) k_attention_forward<<<attention_grid(T, Hq, B), 128, 0, s>>>(out, probs, qkv, T, Hq, Hkv, D);
+// Softmax rows: a block of up to 256 threads (a multiple of 32) per row.
+void causal_softmax(cudaStream_t s, float* scores, int64_t rows, int64_t T) {
+  if (rows > 0) k_causal_softmax<<<unsigned(rows), row_threads(T < 256 ? T : 256), 0, s>>>(scores, T);
 }
-void attention_backward(cudaStream_t s, float* dqkv, float* dscores, const float* dout, const float* qkv,
-                        const float* probs, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
-  if (B * T * Hq <= 0) return;
-  k_attention_backward_q<<<attention_grid(T, Hq, B), 128, 0, s>>>(dqkv, dscores, dout, qkv, probs, T, Hq, Hkv, D);
-  k_attention_backward_kv<<<attention_grid(T, Hkv, B), row_threads(D), 0, s>>>(dqkv, dscores, dout, qkv, probs, T,
-                                                                               Hq, Hkv, D);
+void causal_softmax_backward(cudaStream_t s, float* ds, const float* probs, int64_t rows, int64_t T, float scale) {
+  if (rows > 0)
+    k_causal_softmax_backward<<<unsigned(rows), row_threads(T < 256 ? T : 256), 0, s>>>(ds, probs, T, scale);
 }
 
 void embedding_forward(cudaStream_t s, float* out, const int32_t* tokens, const float* wte, int64_t vocab_start,
@@ -524,8 +554,14 @@ void embedding_forward(cudaStream_t s, float* out, const int32_t* tokens, const 
   EXA_LAUNCH(k_embedding_forward, N * C, s, out, tokens, wte, vocab_start, V, N, C);
 }
 void embedding_backward(cudaStream_t s, float* dwte, const float* dout, const int32_t* tokens,
-                        int64_t vocab_start, int64_t V, int64_t N, int64_t C) {
-  EXA_LAUNCH(k_embedding_backward, C, s, dwte, dout, tokens, vocab_start, V, N, C);
+                        int64_t vocab_start, int64_t V, int64_t N, int64_t C, int32_t* scratch) {
+  if (N <= 0 || C <= 0) return;
+  int32_t *next = scratch, *has_prev = scratch + N;
+  k_embedding_next<<<unsigned((N + 255) / 256), 256, 0, s>>>(next, tokens, N);
+  cudaMemsetAsync(has_prev, 0, sizeof(int32_t) * size_t(N), s);
+  EXA_LAUNCH(k_embedding_heads, N, s, has_prev, next, N);
+  k_embedding_backward<<<unsigned(N < (1 << 20) ? N : (1 << 20)), 256, 0, s>>>(dwte, dout, tokens, next, has_prev,
+                                                                            vocab_start, V, N, C);
 }
 void positional_forward(cudaStream_t s, float* out, const float* wpe, int64_t B, int64_t T, int64_t C) {
   EXA_LAUNCH(k_positional_forward, B * T * C, s, out, wpe, B, T, C);

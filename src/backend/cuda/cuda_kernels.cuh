@@ -5,8 +5,9 @@
 //
 // Determinism (backend.hpp's promise of identical bits for identical inputs): no kernel uses
 // atomics. Row reductions are one block per row with a fixed tree (warp shuffles, then shared
-// memory); reductions across rows (bias, norm weight, embedding and positional gradients) give each
-// output element to one thread that sums the rows in order; whole-buffer sums are two passes over a
+// memory); reductions across rows (bias and norm weight gradients) sum fixed chunks of kColChunk
+// rows, then the chunks in order; the embedding gradient gives each vocabulary row to the block of
+// its first position, which adds the positions in order; whole-buffer sums are two passes over a
 // fixed grid (kReduceBlocks blocks, independent of the GPU). The results are not the CPU backend's
 // bits (another summation order), but the same bits run to run on one GPU model.
 #pragma once
@@ -18,6 +19,10 @@ namespace exatrain::cuda {
 
 // Grid of the whole-buffer reductions (sum_squares, dot, sum_abs): partials[kReduceBlocks] doubles.
 constexpr int kReduceBlocks = 256;
+// Rows per partial sum of the sums across rows (bias_backward, the norms' weight gradients), and the
+// floats of scratch (device memory) they need for N rows, C columns and nout sums.
+constexpr int64_t kColChunk = 256;
+int64_t colsum_scratch_floats(int64_t N, int64_t C, int nout);
 
 // ---- elementwise --------------------------------------------------------------------------------
 void fill(cudaStream_t s, float* x, float value, int64_t n);
@@ -25,7 +30,7 @@ void add_inplace(cudaStream_t s, float* y, const float* x, int64_t n);
 void add(cudaStream_t s, float* out, const float* a, const float* b, int64_t n);
 void scale(cudaStream_t s, float* x, float alpha, int64_t n);
 void add_bias(cudaStream_t s, float* out, const float* bias, int64_t N, int64_t O);
-void bias_backward(cudaStream_t s, float* dbias, const float* dout, int64_t N, int64_t O);
+void bias_backward(cudaStream_t s, float* dbias, const float* dout, int64_t N, int64_t O, float* scratch);
 // kind: 0 = sum of squares, 1 = dot(a, b), 2 = sum of |a|. Writes the double result to *result
 // (device memory) after a second single-block pass over the partials.
 void reduce_double(cudaStream_t s, int kind, const float* a, const float* b, int64_t n, double* partials,
@@ -38,11 +43,11 @@ void half_to_f32(cudaStream_t s, int half, float* dst, const uint16_t* src, int6
 void layernorm_forward(cudaStream_t s, float* out, float* mean, float* rstd, const float* inp, const float* w,
                        const float* b, int64_t N, int64_t C, float eps);
 void layernorm_backward(cudaStream_t s, float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                        const float* w, const float* mean, const float* rstd, int64_t N, int64_t C);
+                        const float* w, const float* mean, const float* rstd, int64_t N, int64_t C, float* scratch);
 void rmsnorm_forward(cudaStream_t s, float* out, float* rstd, const float* inp, const float* w, int64_t N,
                      int64_t C, float eps);
 void rmsnorm_backward(cudaStream_t s, float* dinp, float* dw, const float* dout, const float* inp,
-                      const float* w, const float* rstd, int64_t N, int64_t C);
+                      const float* w, const float* rstd, int64_t N, int64_t C, float* scratch);
 void gelu_forward(cudaStream_t s, float* out, const float* inp, int64_t n);
 void gelu_backward(cudaStream_t s, float* dinp, const float* inp, const float* dout, int64_t n);
 void swiglu_forward(cudaStream_t s, float* out, const float* inp, int64_t N, int64_t F);
@@ -51,17 +56,18 @@ void rope(cudaStream_t s, float* x, int64_t B, int64_t T, int64_t row_stride, in
           float theta, bool inverse);
 
 // ---- attention (the probs contract of backend.hpp: probs[B,Hq,T,T] materialised) ----------------
-void attention_forward(cudaStream_t s, float* out, float* probs, const float* qkv, int64_t B, int64_t T,
-                       int64_t Hq, int64_t Hkv, int64_t D);
-// dscores[B,Hq,T,T] is scratch (the softmax-backward scores, scaled by 1/sqrt(D)).
-void attention_backward(cudaStream_t s, float* dqkv, float* dscores, const float* dout, const float* qkv,
-                        const float* probs, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D);
+// The GEMMs are cuBLASLt's (cuda_backend.cpp); these are the softmax between them, over `rows` rows
+// of T scores, row r being query t = r % T (causal: keys t2 <= t). In place: scaled scores in,
+// probabilities out; backward: dp = dout . v in, ds = p (dp - sum p dp) scale out.
+void causal_softmax(cudaStream_t s, float* scores, int64_t rows, int64_t T);
+void causal_softmax_backward(cudaStream_t s, float* ds, const float* probs, int64_t rows, int64_t T, float scale);
 
 // ---- embeddings, cross-entropy -----------------------------------------------------------------
 void embedding_forward(cudaStream_t s, float* out, const int32_t* tokens, const float* wte, int64_t vocab_start,
                        int64_t V, int64_t N, int64_t C);
+// scratch: 2 N int32 (device memory): the chains of equal tokens (cuda_kernels.cu).
 void embedding_backward(cudaStream_t s, float* dwte, const float* dout, const int32_t* tokens,
-                        int64_t vocab_start, int64_t V, int64_t N, int64_t C);
+                        int64_t vocab_start, int64_t V, int64_t N, int64_t C, int32_t* scratch);
 void positional_forward(cudaStream_t s, float* out, const float* wpe, int64_t B, int64_t T, int64_t C);
 // half: 0 = bf16, 1 = fp16 (as half_to_f32).
 void embedding_forward_half(cudaStream_t s, int half, float* out, const int32_t* tokens, const uint16_t* wte,
