@@ -21,6 +21,9 @@ for b in "${bins[@]}"; do
   [ -x "$b" ] || { echo "bundle.sh: $b is missing: build exatrain test_backend test_model bench_gpu first" >&2; exit 1; }
   cp "$b" "$stage/bin/"
 done
+for b in "${bins[@]}"; do  # a library this machine lacks would make an incomplete bundle
+  if ldd "$b" | grep "not found"; then echo "bundle.sh: $b needs the libraries above, not found here" >&2; exit 1; fi
+done
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libstdc\+\+|libgcc_s|libnccl|libcublas)'
 for b in "${bins[@]}"; do
   ldd "$b" | awk '$3 ~ /^\// {print $1, $3}'

@@ -29,6 +29,9 @@ failures=()
 stage() { echo; echo "=== [$(( $(date +%s) - start )) s] $*"; }
 die() { echo "FATAL: $*" >&2; exit 1; }
 want() { [[ ",$STAGES," == *",$1,"* ]]; }
+# bench_gpu reports a model that failed (out of memory, say) as "RESULT model=... failed: ..." and
+# goes on with the others; a log with such a line fails the script.
+check_models() { ! grep -q "^RESULT model=.* failed:" "$1" || { grep "^RESULT model=.* failed:" "$1"; failures+=("$2"); }; }
 
 { [ -f CMakeLists.txt ] && [ -d src/backend/cuda ]; } || die "run from the repository root (bash bench/gpu/run.sh)"
 mkdir -p "$OUT"
@@ -58,7 +61,7 @@ if [ -n "${EXA_BUNDLE:-}" ]; then
   stage "binaries: unpacking $EXA_BUNDLE (made by bench/gpu/bundle.sh)"
   B=/tmp/exa-bundle
   rm -rf "$B" && mkdir -p "$B" && tar -C "$B" -xJf "$EXA_BUNDLE" || die "cannot unpack $EXA_BUNDLE"
-  triplet=$(cat "$B/ompi/triplet")
+  triplet=$(cat "$B/ompi/triplet") && [ -n "$triplet" ] || die "$EXA_BUNDLE has no ompi/triplet: make it with bench/gpu/bundle.sh"
   # Open MPI finds its components and help files at the paths it was built with; put them there
   # only where the machine has none (a singleton MPI_Init: `exatrain train` without mpirun).
   [ -e "/usr/lib/$triplet/openmpi" ] || { mkdir -p "/usr/lib/$triplet" && cp -a "$B/ompi/lib-openmpi" "/usr/lib/$triplet/openmpi"; }
@@ -71,7 +74,7 @@ if [ -n "${EXA_BUNDLE:-}" ]; then
   # A singleton MPI_Init without Open MPI's daemon, shared memory and loopback only, as root.
   export OMPI_MCA_ess_singleton_isolated=1 OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader \
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mca_base_component_show_load_errors=0
-  ldd "$BIN/exatrain" | grep "not found" && die "a library of exatrain is missing (above)"
+  for b in "$BIN"/*; do ldd "$b" | grep "not found" && die "a library of $b is missing (above)"; done
 else
   NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
   [ -x "$NVCC" ] || die "nvcc not found (PATH, /usr/local/cuda/bin): the CUDA toolkit is needed to build the backend"
@@ -97,6 +100,10 @@ op_tests() {
   local label=$1 filter=$2 passed=0 skipped=0 failed=() t f tests logs
   mapfile -t tests < <("$TEST_BACKEND" --gtest_list_tests --gtest_filter="$filter" |
     awk '/^[^ ]/ {suite=$1} /^  / {print suite $1}')
+  if [ ${#tests[@]} -eq 0 ]; then  # the binary did not start, or the filter matched nothing
+    echo "FAIL: $label: no test listed ($TEST_BACKEND --gtest_list_tests --gtest_filter='$filter')"
+    failures+=("$label (none listed)"); return
+  fi
   logs=$(mktemp -d)
   export TEST_BACKEND logs
   printf '%s\n' "${tests[@]}" | timeout 150 xargs -P 4 -I{} bash -c \
@@ -142,6 +149,7 @@ if want model; then
   if EXATRAIN_CUDA_STAGE_MIN_MNK=0 CUDA_LAUNCH_BLOCKING=1 timeout 90 "$TEST_MODEL" --gtest_filter='GptCuda*' > /tmp/model_staged.log 2>&1; then
     echo "the same with every misaligned GEMM staged: $(grep -cE "OK \]" /tmp/model_staged.log) passed"
   else
+    cp /tmp/model_staged.log "$OUT/"
     echo "FAIL: model equivalence with staged GEMMs:"; grep -E "Failure|Expected|Which is|FAILED" /tmp/model_staged.log | head -10
     failures+=(model_equivalence_staged)
   fi
@@ -161,6 +169,7 @@ if want bench; then
   timeout 200 "$BENCH" --models "$MODELS" --precisions "$PRECISIONS" --batch "$BATCH" --seq "$SEQ" --steps "$STEPS" 2>&1 |
     tee "$OUT/bench_gpu.log" | grep -E "RESULT|bench_gpu:" ||
     { echo "FAIL: bench_gpu"; tail -20 "$OUT/bench_gpu.log"; failures+=(bench_gpu); }
+  check_models "$OUT/bench_gpu.log" "bench_gpu: a model failed"
 fi
 
 if want tf32; then
@@ -179,6 +188,7 @@ if want tf32; then
   EXATRAIN_CUDA_TF32=attention timeout 100 "$BENCH" --models "$MODELS" --precisions bf16 --batch "$BATCH" --seq "$SEQ" \
     --steps "$STEPS" --gemm 4096 --vocab 50304 2>&1 | tee -a "$OUT/bench_tf32.log" | grep -E "RESULT model" ||
     { echo "FAIL: bench_gpu (TF32 attention, vocab 50304)"; failures+=(bench_tf32_vocab); }
+  check_models "$OUT/bench_tf32.log" "bench_gpu (TF32): a model failed"
 fi
 
 if want torch; then
@@ -194,8 +204,9 @@ fi
 
 if want predict; then
   stage "exatrain predict for $EXA_DEVICE beside each measurement"
-  preset_of() { case $1 in 124m) echo gpt2 ;; 350m) echo gpt2-medium ;; 774m) echo gpt2-large ;; *) die "model $1" ;; esac; }
+  preset_of() { case $1 in 124m) echo gpt2 ;; 350m) echo gpt2-medium ;; 774m) echo gpt2-large ;; *) echo "?" ;; esac; }
   for m in ${MODELS//,/ }; do
+    [ "$(preset_of "$m")" != "?" ] || die "MODELS: '$m' is not one of 124m, 350m, 774m"
     for precision in fp32 bf16; do
       job=/tmp/predict_${m}_$precision.toml
       printf '[model]\npreset = "%s"\nseq_len = %s\n[machine]\npreset = "eos"\ndevice = "%s"\n[parallel]\ngpus = 1\ntp = 1\npp = 1\nmicro_batch = %s\nglobal_batch = %s\nrecompute = "none"\nzero = 0\n[train]\nprecision = "%s"\n' \

@@ -39,6 +39,7 @@ void* CachingAllocator::allocate(size_t bytes) {
       (void)cudaGetLastError();
       empty_cache();
       err = cudaMalloc(&p, cls);
+      if (err == cudaErrorMemoryAllocation) (void)cudaGetLastError();  // else the next op's launch check reports it
     }
     EXA_CHECK(err == cudaSuccess, "cuda backend: cudaMalloc of {} bytes (class {}) failed: {} ({})", bytes, cls,
               cudaGetErrorString(err), describe());

@@ -67,9 +67,19 @@ CudaBackend::CudaBackend(int device) : device_(device), compute_(device) {
   EXA_CUDA(cudaMalloc(&reduce_scratch_, sizeof(double) * (cuda::kReduceBlocks + 1)));
   EXA_CUDA(cudaMallocHost(&reduce_host_, sizeof(double)));
   const char* tf32 = std::getenv("EXATRAIN_CUDA_TF32");
-  tf32_ = tf32 != nullptr && std::string(tf32) == "1";
-  tf32_attention_ = tf32 != nullptr && std::string(tf32) == "attention";
-  if (const char* stage = std::getenv("EXATRAIN_CUDA_STAGE_MIN_MNK")) stage_min_mnk_ = std::atof(stage);
+  const std::string tf32_value = tf32 ? tf32 : "";
+  EXA_CHECK(tf32_value.empty() || tf32_value == "0" || tf32_value == "1" || tf32_value == "attention",
+            "cuda backend: EXATRAIN_CUDA_TF32='{}': expected 0, 1 (every fp32 GEMM on TF32) or attention "
+            "(attention's GEMMs only)", tf32_value);
+  tf32_ = tf32_value == "1";
+  tf32_attention_ = tf32_value == "attention";
+  if (const char* stage = std::getenv("EXATRAIN_CUDA_STAGE_MIN_MNK")) {
+    char* end = nullptr;
+    stage_min_mnk_ = std::strtod(stage, &end);
+    EXA_CHECK(*stage != '\0' && end != nullptr && *end == '\0' && stage_min_mnk_ >= 0,
+              "cuda backend: EXATRAIN_CUDA_STAGE_MIN_MNK='{}': expected a number >= 0 (the smallest M N K of a "
+              "misaligned GEMM to stage; 0: every one)", stage);
+  }
   const char* profile = std::getenv("EXATRAIN_CUDA_PROFILE");
   profile_.on = profile != nullptr && std::string(profile) == "1";
   cpu_ = make_cpu_backend(0);
@@ -179,8 +189,7 @@ void CudaBackend::attention_forward(float* out, float* probs, const float* qkv, 
   if (B * T * Hq <= 0) return;
   const AttentionShape a{B, T, Hq, Hkv, D, (Hq + 2 * Hkv) * D, Hq / Hkv};
   const float scale = 1.0f / std::sqrt(float(D));
-  profile_.scope = "attention_forward";
-  in_attention_ = true;
+  AttentionScope scope(*this, "attention_forward");
   for (int64_t b = 0; b < B; b++)
     for (int64_t g = 0; g < a.group; g++) {
       const float* q = qkv + b * T * a.W + g * D;  // [T, D] rows W apart
@@ -196,8 +205,7 @@ void CudaBackend::attention_forward(float* out, float* probs, const float* qkv, 
         matmul(CUDA_R_32F, false, false, T, D, T, 1.0f, probs + (b * Hq + g) * T * T, T, a.group * T * T, v, a.W, D,
                0.0f, out + b * T * Hq * D + g * D, Hq * D, a.group * D, Hkv);
       }
-  profile_.scope = nullptr;
-  in_attention_ = false;
+  scope.end();
   launched("attention_forward");
 }
 
@@ -211,8 +219,12 @@ void CudaBackend::attention_backward(float* dqkv, const float* dout, const float
   // The scores' gradients [B, Hq, T, T]: scratch from the cache, freed once enqueued (the next
   // allocation that reuses it runs after this op on the same stream).
   float* ds = static_cast<float*>(alloc_.allocate(bytes));
-  profile_.scope = "attention_backward";
-  in_attention_ = true;
+  struct Release {  // also when an error unwinds the op
+    cuda::CachingAllocator& alloc;
+    void* p;
+    ~Release() { alloc.release(p); }
+  } release{alloc_, ds};
+  AttentionScope scope(*this, "attention_backward");
   for (int64_t b = 0; b < B; b++)
     for (int64_t g = 0; g < G; g++)  // dP = dout_h v^T
       matmul(CUDA_R_32F, false, true, T, T, D, 1.0f, dout + b * T * HD + g * D, HD, G * D,
@@ -233,10 +245,8 @@ void CudaBackend::attention_backward(float* dqkv, const float* dout, const float
       matmul(CUDA_R_32F, true, false, T, D, T, 1.0f, pg, T, G * T * T, dout + b * T * HD + g * D, HD, G * D, beta, dv,
              W, D, Hkv);
     }
-  profile_.scope = nullptr;
-  in_attention_ = false;
+  scope.end();
   launched("attention_backward");
-  alloc_.release(ds);
 }
 
 double CudaBackend::reduce(int kind, const float* a, const float* b, int64_t n, const char* op) {
@@ -313,6 +323,8 @@ CudaBackend::~CudaBackend() {
     return;
   }
   lt_plans_.clear();
+  for (auto& [op, e] : profile_.pending) cudaEventDestroy(e);
+  if (profile_.last != nullptr) cudaEventDestroy(profile_.last);
   lt_api().cublasLtDestroy(lt_);
   cudaFree(workspace_);
   cudaFree(reduce_scratch_);
@@ -385,34 +397,45 @@ void CudaBackend::matmul_staged(cudaDataType ab, bool ta, bool tb, int64_t M, in
                                 const void* A, int64_t lda, const void* B, int64_t ldb, float beta, float* C,
                                 int64_t ldc) {
   const int64_t esz = ab == CUDA_R_32F ? 4 : 2;
-  std::vector<void*> owned;
+  // A is M x K row-major (K x M when ta), B is K x N (N x K when tb), C is M x N: {rows, cols, ld, elem}.
+  struct Operand {
+    const void* p;
+    int64_t rows, cols, ld, e;
+    void* copy = nullptr;  // the padded copy, or null where the operand is aligned
+    int64_t ld2 = 0;
+  };
+  std::array<Operand, 3> op{{{A, ta ? K : M, ta ? M : K, lda, esz}, {B, tb ? N : K, tb ? K : N, ldb, esz},
+                             {C, M, N, ldc, 4}}};
   struct Release {  // the copies go back to the cache once enqueued (stream order protects them)
     cuda::CachingAllocator& alloc;
-    std::vector<void*>& blocks;
+    std::array<Operand, 3>& ops;
     ~Release() {
-      for (void* p : blocks) alloc.release(p);
+      for (Operand& o : ops) alloc.release(o.copy);
     }
-  } release{alloc_, owned};
-  auto padded = [&](const void* X, int64_t rows, int64_t cols, int64_t ld, int64_t e, bool copy_in) {
-    const int64_t ld2 = (cols * e + 15) / 16 * 16 / e;
-    void* buf = alloc_.allocate(size_t(rows * ld2 * e));
-    owned.push_back(buf);
-    if (copy_in)
-      EXA_CUDA(cudaMemcpy2DAsync(buf, ld2 * e, X, ld * e, cols * e, rows, cudaMemcpyDeviceToDevice, cs()));
-    return std::pair<void*, int64_t>(buf, ld2);
-  };
-  try {
-    // A is M x K row-major (K x M when ta), B is K x N (N x K when tb), C is M x N.
-    auto [a, la] = misaligned(A, lda, esz) ? padded(A, ta ? K : M, ta ? M : K, lda, esz, true)
-                                           : std::pair<void*, int64_t>(const_cast<void*>(A), lda);
-    auto [b, lb] = misaligned(B, ldb, esz) ? padded(B, tb ? N : K, tb ? K : N, ldb, esz, true)
-                                           : std::pair<void*, int64_t>(const_cast<void*>(B), ldb);
-    auto [c, lc] = misaligned(C, ldc, 4) ? padded(C, M, N, ldc, 4, beta != 0.0f) : std::pair<void*, int64_t>(C, ldc);
-    matmul_direct(ab, ta, tb, M, N, K, alpha, a, la, 0, b, lb, 0, beta, static_cast<float*>(c), lc, 0, 1);
-    if (c != C) EXA_CUDA(cudaMemcpy2DAsync(C, ldc * 4, c, lc * 4, N * 4, M, cudaMemcpyDeviceToDevice, cs()));
-  } catch (const std::exception&) {  // no room for the copies (C is written only by the last copy)
-    matmul_direct(ab, ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
+  } release{alloc_, op};
+  try {  // every copy first: where one does not fit, nothing has been enqueued and the GEMM runs unstaged
+    for (Operand& o : op)
+      if (misaligned(o.p, o.ld, o.e)) {
+        o.ld2 = (o.cols * o.e + 15) / 16 * 16 / o.e;
+        o.copy = alloc_.allocate(size_t(o.rows * o.ld2 * o.e));
+      }
+  } catch (const std::exception&) {
+    return matmul_direct(ab, ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
   }
+  for (int i = 0; i < 3; i++) {
+    Operand& o = op[size_t(i)];
+    if (o.copy != nullptr && (i < 2 || beta != 0.0f))  // C's old values only where beta reads them
+      EXA_CUDA(cudaMemcpy2DAsync(o.copy, o.ld2 * o.e, o.p, o.ld * o.e, o.cols * o.e, o.rows, cudaMemcpyDeviceToDevice,
+                                 cs()));
+  }
+  auto use = [](const Operand& o) { return std::pair<const void*, int64_t>(o.copy ? o.copy : o.p, o.copy ? o.ld2 : o.ld); };
+  const auto [a, la] = use(op[0]);
+  const auto [b, lb] = use(op[1]);
+  const auto [c, lc] = use(op[2]);
+  matmul_direct(ab, ta, tb, M, N, K, alpha, a, la, 0, b, lb, 0, beta, static_cast<float*>(const_cast<void*>(c)), lc, 0,
+                1);
+  if (op[2].copy != nullptr)
+    EXA_CUDA(cudaMemcpy2DAsync(C, ldc * 4, op[2].copy, op[2].ld2 * 4, N * 4, M, cudaMemcpyDeviceToDevice, cs()));
 }
 
 // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's first operand is B

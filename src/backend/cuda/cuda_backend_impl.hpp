@@ -383,6 +383,20 @@ class CudaBackend final : public Backend {
   struct AttentionShape {
     int64_t B, T, Hq, Hkv, D, W, group;
   };
+  // While attention's GEMMs are enqueued: the profile charges them to the op, and
+  // EXATRAIN_CUDA_TF32=attention applies. Ends at end() or when an error unwinds the op.
+  struct AttentionScope {
+    AttentionScope(CudaBackend& b, const char* op) : be(b) {
+      be.profile_.scope = op;
+      be.in_attention_ = true;
+    }
+    ~AttentionScope() { end(); }
+    void end() {
+      be.profile_.scope = nullptr;
+      be.in_attention_ = false;
+    }
+    CudaBackend& be;
+  };
   void check_heads(int64_t T, int64_t Hq, int64_t Hkv, int64_t B, const char* op) const;
   double reduce(int kind, const float* a, const float* b, int64_t n, const char* op);
   void matmul(cudaDataType ab, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,

@@ -330,6 +330,7 @@ __global__ void k_embedding_next(int32_t* next, const int32_t* tokens, int64_t N
   }
   if (n < N) next[n] = int32_t(nx);
 }
+__global__ void k_zero_i32(int32_t* x, int64_t n) { EXA_GRID_STRIDE(i, n) x[i] = 0; }
 __global__ void k_embedding_heads(int32_t* has_prev, const int32_t* next, int64_t N) {
   EXA_GRID_STRIDE(n, N) if (next[n] >= 0) has_prev[next[n]] = 1;
 }
@@ -558,7 +559,7 @@ void embedding_backward(cudaStream_t s, float* dwte, const float* dout, const in
   if (N <= 0 || C <= 0) return;
   int32_t *next = scratch, *has_prev = scratch + N;
   k_embedding_next<<<unsigned((N + 255) / 256), 256, 0, s>>>(next, tokens, N);
-  cudaMemsetAsync(has_prev, 0, sizeof(int32_t) * size_t(N), s);
+  EXA_LAUNCH(k_zero_i32, N, s, has_prev, N);  // a kernel: its errors reach the caller's launch check
   EXA_LAUNCH(k_embedding_heads, N, s, has_prev, next, N);
   k_embedding_backward<<<unsigned(N < (1 << 20) ? N : (1 << 20)), 256, 0, s>>>(dwte, dout, tokens, next, has_prev,
                                                                             vocab_start, V, N, C);
