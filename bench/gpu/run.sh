@@ -29,9 +29,6 @@ failures=()
 stage() { echo; echo "=== [$(( $(date +%s) - start )) s] $*"; }
 die() { echo "FATAL: $*" >&2; exit 1; }
 want() { [[ ",$STAGES," == *",$1,"* ]]; }
-# bench_gpu reports a model that failed (out of memory, say) as "RESULT model=... failed: ..." and
-# goes on with the others; a log with such a line fails the script.
-check_models() { ! grep -q "^RESULT model=.* failed:" "$1" || { grep "^RESULT model=.* failed:" "$1"; failures+=("$2"); }; }
 
 { [ -f CMakeLists.txt ] && [ -d src/backend/cuda ]; } || die "run from the repository root (bash bench/gpu/run.sh)"
 mkdir -p "$OUT"
@@ -155,40 +152,46 @@ if want model; then
   fi
 fi
 
+# bench LOG LABEL LIMIT ARGS...: one bench_gpu run (the caller's environment prefix applies), its
+# output appended to LOG and its RESULT lines shown. A run that fails, or reports a model that failed
+# (bench_gpu goes on after one that runs out of memory, say: "RESULT model=... failed: ..."), fails
+# the script.
+bench() {
+  local log=$1 label=$2 limit=$3 out
+  shift 3
+  out=$(timeout "$limit" "$BENCH" --batch "$BATCH" --seq "$SEQ" "$@" 2>&1) ||
+    { echo "FAIL: bench_gpu ($label)"; failures+=("bench_gpu ($label)"); }
+  echo "$out" >> "$log"
+  grep -E "^RESULT|bench_gpu:" <<< "$out"
+  if grep -q "^RESULT model=.* failed:" <<< "$out"; then failures+=("bench_gpu ($label): a model failed"); fi
+}
+
 if want profile; then
   stage "bench_gpu --profile: the GPU time of each op of GPT-2 124M's bf16 steps"
-  timeout 100 "$BENCH" --models 124m --precisions bf16 --batch "$BATCH" --seq "$SEQ" --steps 2 --gemm 4096 --profile 2>&1 |
-    tee "$OUT/profile.log" | sed -n '/^profile of/,$p' || failures+=(profile)
+  profile_args=(--models 124m --precisions bf16 --batch "$BATCH" --seq "$SEQ" --steps 2 --gemm 4096 --profile)
+  timeout 100 "$BENCH" "${profile_args[@]}" 2>&1 | tee "$OUT/profile.log" | sed -n '/^profile of/,$p' ||
+    failures+=(profile)
   echo "--- the same with EXATRAIN_CUDA_TF32=attention (attention's batched GEMMs on TF32 tensor cores)"
-  EXATRAIN_CUDA_TF32=attention timeout 100 "$BENCH" --models 124m --precisions bf16 --batch "$BATCH" --seq "$SEQ" --steps 2 \
-    --gemm 4096 --profile 2>&1 | tee "$OUT/profile_tf32.log" | sed -n '/^profile of/,$p' || failures+=(profile_tf32)
+  EXATRAIN_CUDA_TF32=attention timeout 100 "$BENCH" "${profile_args[@]}" 2>&1 | tee "$OUT/profile_tf32.log" |
+    sed -n '/^profile of/,$p' || failures+=(profile_tf32)
 fi
 
 if want bench; then
   stage "bench_gpu: GEMM rates and GPT-2 training steps ($PRECISIONS)"
-  timeout 200 "$BENCH" --models "$MODELS" --precisions "$PRECISIONS" --batch "$BATCH" --seq "$SEQ" --steps "$STEPS" 2>&1 |
-    tee "$OUT/bench_gpu.log" | grep -E "RESULT|bench_gpu:" ||
-    { echo "FAIL: bench_gpu"; tail -20 "$OUT/bench_gpu.log"; failures+=(bench_gpu); }
-  check_models "$OUT/bench_gpu.log" "bench_gpu: a model failed"
+  bench "$OUT/bench_gpu.log" default 200 --models "$MODELS" --precisions "$PRECISIONS" --steps "$STEPS"
 fi
 
 if want tf32; then
   stage "bench_gpu with TF32: EXATRAIN_CUDA_TF32=1 (every fp32 GEMM) for fp32, =attention (attention's GEMMs) for bf16"
-  EXATRAIN_CUDA_TF32=1 timeout 100 "$BENCH" --models "$MODELS" --precisions fp32 --batch "$BATCH" --seq "$SEQ" \
-    --steps "$STEPS" --gemm 4096 2>&1 | tee "$OUT/bench_tf32.log" | grep -E "RESULT model" ||
-    { echo "FAIL: bench_gpu (TF32)"; tail -20 "$OUT/bench_tf32.log"; failures+=(bench_tf32); }
-  EXATRAIN_CUDA_TF32=attention timeout 100 "$BENCH" --models "$MODELS" --precisions bf16 --batch "$BATCH" --seq "$SEQ" \
-    --steps "$STEPS" --gemm 4096 2>&1 | tee -a "$OUT/bench_tf32.log" | grep -E "RESULT model" ||
-    { echo "FAIL: bench_gpu (TF32 attention)"; tail -20 "$OUT/bench_tf32.log"; failures+=(bench_tf32_attention); }
+  args=(--models "$MODELS" --steps "$STEPS" --gemm 4096)
+  EXATRAIN_CUDA_TF32=1 bench "$OUT/bench_tf32.log" "TF32" 100 "${args[@]}" --precisions fp32
+  EXATRAIN_CUDA_TF32=attention bench "$OUT/bench_tf32.log" "TF32 attention" 100 "${args[@]}" --precisions bf16
   echo "--- and the LM head's misaligned GEMMs staged through padded copies (EXATRAIN_CUDA_STAGE_MIN_MNK=2^30)"
-  EXATRAIN_CUDA_TF32=attention EXATRAIN_CUDA_STAGE_MIN_MNK=1073741824 timeout 100 "$BENCH" --models "$MODELS" \
-    --precisions bf16 --batch "$BATCH" --seq "$SEQ" --steps "$STEPS" --gemm 4096 2>&1 | tee -a "$OUT/bench_tf32.log" |
-    grep -E "RESULT model" || { echo "FAIL: bench_gpu (TF32 attention, staged)"; failures+=(bench_tf32_staged); }
+  EXATRAIN_CUDA_TF32=attention EXATRAIN_CUDA_STAGE_MIN_MNK=1073741824 \
+    bench "$OUT/bench_tf32.log" "TF32 attention, staged" 100 "${args[@]}" --precisions bf16
   echo "--- and the vocabulary padded to 50304 (a multiple of 128: the LM head's GEMMs on aligned rows, no staging)"
-  EXATRAIN_CUDA_TF32=attention timeout 100 "$BENCH" --models "$MODELS" --precisions bf16 --batch "$BATCH" --seq "$SEQ" \
-    --steps "$STEPS" --gemm 4096 --vocab 50304 2>&1 | tee -a "$OUT/bench_tf32.log" | grep -E "RESULT model" ||
-    { echo "FAIL: bench_gpu (TF32 attention, vocab 50304)"; failures+=(bench_tf32_vocab); }
-  check_models "$OUT/bench_tf32.log" "bench_gpu (TF32): a model failed"
+  EXATRAIN_CUDA_TF32=attention bench "$OUT/bench_tf32.log" "TF32 attention, vocab 50304" 100 "${args[@]}" \
+    --precisions bf16 --vocab 50304
 fi
 
 if want torch; then

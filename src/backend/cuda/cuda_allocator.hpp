@@ -16,6 +16,7 @@
 #include <map>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace exatrain::cuda {
@@ -45,6 +46,32 @@ class CachingAllocator {
   std::map<size_t, std::vector<void*>> free_;  // class size -> cached blocks
   std::unordered_map<const void*, size_t> live_;
   AllocatorStats stats_;
+};
+
+// A block from the cache for the length of one op, given back when it goes out of scope (also when
+// an error unwinds the op). Giving it back once the op's work is enqueued is safe: a later use of
+// the block runs after that work on the same stream (above). Empty when default-made.
+class Scratch {
+ public:
+  Scratch() = default;
+  Scratch(CachingAllocator& a, size_t bytes) : alloc_(&a), p_(a.allocate(bytes)) {}
+  Scratch(Scratch&& o) noexcept : alloc_(o.alloc_), p_(o.p_) { o.alloc_ = nullptr, o.p_ = nullptr; }
+  Scratch& operator=(Scratch&& o) noexcept {
+    std::swap(alloc_, o.alloc_);
+    std::swap(p_, o.p_);
+    return *this;
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() {
+    if (alloc_ != nullptr) alloc_->release(p_);
+  }
+  template <class T = void>
+  T* get() const { return static_cast<T*>(p_); }
+
+ private:
+  CachingAllocator* alloc_ = nullptr;
+  void* p_ = nullptr;
 };
 
 }  // namespace exatrain::cuda

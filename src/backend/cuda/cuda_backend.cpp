@@ -187,23 +187,23 @@ void CudaBackend::attention_forward(float* out, float* probs, const float* qkv, 
                                     int64_t Hkv, int64_t D) {
   check_heads(T, Hq, Hkv, B, "attention_forward");
   if (B * T * Hq <= 0) return;
-  const AttentionShape a{B, T, Hq, Hkv, D, (Hq + 2 * Hkv) * D, Hq / Hkv};
+  const int64_t W = (Hq + 2 * Hkv) * D, G = Hq / Hkv;  // qkv's row width, the query heads per kv head
   const float scale = 1.0f / std::sqrt(float(D));
   AttentionScope scope(*this, "attention_forward");
   for (int64_t b = 0; b < B; b++)
-    for (int64_t g = 0; g < a.group; g++) {
-      const float* q = qkv + b * T * a.W + g * D;  // [T, D] rows W apart
-      const float* k = qkv + b * T * a.W + Hq * D;
-      matmul(CUDA_R_32F, false, true, T, T, D, scale, q, a.W, a.group * D, k, a.W, D, 0.0f,
-             probs + (b * Hq + g) * T * T, T, a.group * T * T, Hkv);
+    for (int64_t g = 0; g < G; g++) {
+      const float* q = qkv + b * T * W + g * D;  // [T, D] rows W apart
+      const float* k = qkv + b * T * W + Hq * D;
+      matmul(CUDA_R_32F, false, true, T, T, D, scale, q, W, G * D, k, W, D, 0.0f, probs + (b * Hq + g) * T * T, T,
+             G * T * T, Hkv);
     }
   cuda::causal_softmax(cs(), probs, B * Hq * T, T);
   if (out != nullptr)
     for (int64_t b = 0; b < B; b++)
-      for (int64_t g = 0; g < a.group; g++) {
-        const float* v = qkv + b * T * a.W + (Hq + Hkv) * D;
-        matmul(CUDA_R_32F, false, false, T, D, T, 1.0f, probs + (b * Hq + g) * T * T, T, a.group * T * T, v, a.W, D,
-               0.0f, out + b * T * Hq * D + g * D, Hq * D, a.group * D, Hkv);
+      for (int64_t g = 0; g < G; g++) {
+        const float* v = qkv + b * T * W + (Hq + Hkv) * D;
+        matmul(CUDA_R_32F, false, false, T, D, T, 1.0f, probs + (b * Hq + g) * T * T, T, G * T * T, v, W, D, 0.0f,
+               out + b * T * Hq * D + g * D, Hq * D, G * D, Hkv);
       }
   scope.end();
   launched("attention_forward");
@@ -214,16 +214,9 @@ void CudaBackend::attention_backward(float* dqkv, const float* dout, const float
   check_heads(T, Hq, Hkv, B, "attention_backward");
   const size_t bytes = sizeof(float) * size_t(B * Hq * T * T);
   if (bytes == 0) return;
-  const AttentionShape a{B, T, Hq, Hkv, D, (Hq + 2 * Hkv) * D, Hq / Hkv};
-  const int64_t W = a.W, G = a.group, HD = Hq * D;
-  // The scores' gradients [B, Hq, T, T]: scratch from the cache, freed once enqueued (the next
-  // allocation that reuses it runs after this op on the same stream).
-  float* ds = static_cast<float*>(alloc_.allocate(bytes));
-  struct Release {  // also when an error unwinds the op
-    cuda::CachingAllocator& alloc;
-    void* p;
-    ~Release() { alloc.release(p); }
-  } release{alloc_, ds};
+  const int64_t W = (Hq + 2 * Hkv) * D, G = Hq / Hkv, HD = Hq * D;
+  const cuda::Scratch dscores(alloc_, bytes);  // the scores' gradients [B, Hq, T, T]
+  float* ds = dscores.get<float>();
   AttentionScope scope(*this, "attention_backward");
   for (int64_t b = 0; b < B; b++)
     for (int64_t g = 0; g < G; g++)  // dP = dout_h v^T
@@ -397,45 +390,36 @@ void CudaBackend::matmul_staged(cudaDataType ab, bool ta, bool tb, int64_t M, in
                                 const void* A, int64_t lda, const void* B, int64_t ldb, float beta, float* C,
                                 int64_t ldc) {
   const int64_t esz = ab == CUDA_R_32F ? 4 : 2;
-  // A is M x K row-major (K x M when ta), B is K x N (N x K when tb), C is M x N: {rows, cols, ld, elem}.
+  // A is M x K row-major (K x M when ta), B is K x N (N x K when tb), C is M x N.
   struct Operand {
     const void* p;
     int64_t rows, cols, ld, e;
-    void* copy = nullptr;  // the padded copy, or null where the operand is aligned
+    cuda::Scratch copy;  // the padded copy, empty where the operand is aligned
     int64_t ld2 = 0;
+    const void* use() const { return copy.get() ? copy.get() : p; }
+    int64_t use_ld() const { return copy.get() ? ld2 : ld; }
   };
   std::array<Operand, 3> op{{{A, ta ? K : M, ta ? M : K, lda, esz}, {B, tb ? N : K, tb ? K : N, ldb, esz},
                              {C, M, N, ldc, 4}}};
-  struct Release {  // the copies go back to the cache once enqueued (stream order protects them)
-    cuda::CachingAllocator& alloc;
-    std::array<Operand, 3>& ops;
-    ~Release() {
-      for (Operand& o : ops) alloc.release(o.copy);
-    }
-  } release{alloc_, op};
   try {  // every copy first: where one does not fit, nothing has been enqueued and the GEMM runs unstaged
     for (Operand& o : op)
       if (misaligned(o.p, o.ld, o.e)) {
         o.ld2 = (o.cols * o.e + 15) / 16 * 16 / o.e;
-        o.copy = alloc_.allocate(size_t(o.rows * o.ld2 * o.e));
+        o.copy = cuda::Scratch(alloc_, size_t(o.rows * o.ld2 * o.e));
       }
   } catch (const std::exception&) {
     return matmul_direct(ab, ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
   }
   for (int i = 0; i < 3; i++) {
-    Operand& o = op[size_t(i)];
-    if (o.copy != nullptr && (i < 2 || beta != 0.0f))  // C's old values only where beta reads them
-      EXA_CUDA(cudaMemcpy2DAsync(o.copy, o.ld2 * o.e, o.p, o.ld * o.e, o.cols * o.e, o.rows, cudaMemcpyDeviceToDevice,
-                                 cs()));
+    const Operand& o = op[size_t(i)];
+    if (o.copy.get() != nullptr && (i < 2 || beta != 0.0f))  // C's old values only where beta reads them
+      EXA_CUDA(cudaMemcpy2DAsync(o.copy.get(), o.ld2 * o.e, o.p, o.ld * o.e, o.cols * o.e, o.rows,
+                                 cudaMemcpyDeviceToDevice, cs()));
   }
-  auto use = [](const Operand& o) { return std::pair<const void*, int64_t>(o.copy ? o.copy : o.p, o.copy ? o.ld2 : o.ld); };
-  const auto [a, la] = use(op[0]);
-  const auto [b, lb] = use(op[1]);
-  const auto [c, lc] = use(op[2]);
-  matmul_direct(ab, ta, tb, M, N, K, alpha, a, la, 0, b, lb, 0, beta, static_cast<float*>(const_cast<void*>(c)), lc, 0,
-                1);
-  if (op[2].copy != nullptr)
-    EXA_CUDA(cudaMemcpy2DAsync(C, ldc * 4, op[2].copy, op[2].ld2 * 4, N * 4, M, cudaMemcpyDeviceToDevice, cs()));
+  float* c = static_cast<float*>(const_cast<void*>(op[2].use()));
+  matmul_direct(ab, ta, tb, M, N, K, alpha, op[0].use(), op[0].use_ld(), 0, op[1].use(), op[1].use_ld(), 0, beta, c,
+                op[2].use_ld(), 0, 1);
+  if (c != C) EXA_CUDA(cudaMemcpy2DAsync(C, ldc * 4, c, op[2].ld2 * 4, N * 4, M, cudaMemcpyDeviceToDevice, cs()));
 }
 
 // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's first operand is B

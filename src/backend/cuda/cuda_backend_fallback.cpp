@@ -17,15 +17,13 @@ void CudaBackend::permute_matrix(float* a, int64_t rows, int64_t cols, const int
   std::vector<int64_t> co(col_order ? col_order : nullptr, col_order ? col_order + cols : nullptr);
   for (int64_t v : ro) EXA_CHECK(v >= 0 && v < rows, "permute_matrix: row index {} outside [0, {})", v, rows);
   for (int64_t v : co) EXA_CHECK(v >= 0 && v < cols, "permute_matrix: column index {} outside [0, {})", v, cols);
-  auto* scratch = static_cast<float*>(alloc_.allocate(sizeof(float) * size_t(n)));
-  auto* dro = ro.empty() ? nullptr : static_cast<int64_t*>(alloc_.allocate(sizeof(int64_t) * ro.size()));
-  auto* dco = co.empty() ? nullptr : static_cast<int64_t*>(alloc_.allocate(sizeof(int64_t) * co.size()));
-  if (dro) device(dro, ro);
-  if (dco) device(dco, co);
-  cuda::permute_matrix(cs(), scratch, a, rows, cols, dro, dco);
+  const cuda::Scratch scratch(alloc_, sizeof(float) * size_t(n));
+  cuda::Scratch rows_dev, cols_dev;
+  if (!ro.empty()) rows_dev = cuda::Scratch(alloc_, sizeof(int64_t) * ro.size()), device(rows_dev.get<int64_t>(), ro);
+  if (!co.empty()) cols_dev = cuda::Scratch(alloc_, sizeof(int64_t) * co.size()), device(cols_dev.get<int64_t>(), co);
+  cuda::permute_matrix(cs(), scratch.get<float>(), a, rows, cols, rows_dev.get<int64_t>(), cols_dev.get<int64_t>());
   launched("permute_matrix");
-  copy(a, scratch, sizeof(float) * size_t(n));
-  alloc_.release(scratch), alloc_.release(dro), alloc_.release(dco);
+  copy(a, scratch.get(), sizeof(float) * size_t(n));
 }
 
 void CudaBackend::lamb_update(float* param, const float* grad, float* m, float* v, float* scratch, int64_t n,

@@ -184,8 +184,8 @@ class CudaBackend final : public Backend {
     launched("add_bias");
   }
   void bias_backward(float* dbias, const float* dout, int64_t N, int64_t O) override {
-    ColsumScratch scratch(alloc_, N, O, 1);
-    cuda::bias_backward(cs(), dbias, dout, N, O, scratch.p);
+    const cuda::Scratch scratch = colsum_scratch(N, O, 1);
+    cuda::bias_backward(cs(), dbias, dout, N, O, scratch.get<float>());
     launched("bias_backward");
   }
   double sum_squares(const float* x, int64_t n) override { return reduce(0, x, nullptr, n, "sum_squares"); }
@@ -202,8 +202,8 @@ class CudaBackend final : public Backend {
   }
   void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                           const float* mean, const float* rstd, int64_t N, int64_t C) override {
-    ColsumScratch scratch(alloc_, N, C, 2);
-    cuda::layernorm_backward(cs(), dinp, dw, db, dout, inp, w, mean, rstd, N, C, scratch.p);
+    const cuda::Scratch scratch = colsum_scratch(N, C, 2);
+    cuda::layernorm_backward(cs(), dinp, dw, db, dout, inp, w, mean, rstd, N, C, scratch.get<float>());
     launched("layernorm_backward");
   }
   void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,
@@ -213,8 +213,8 @@ class CudaBackend final : public Backend {
   }
   void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                         const float* rstd, int64_t N, int64_t C) override {
-    ColsumScratch scratch(alloc_, N, C, 1);
-    cuda::rmsnorm_backward(cs(), dinp, dw, dout, inp, w, rstd, N, C, scratch.p);
+    const cuda::Scratch scratch = colsum_scratch(N, C, 1);
+    cuda::rmsnorm_backward(cs(), dinp, dw, dout, inp, w, rstd, N, C, scratch.get<float>());
     launched("rmsnorm_backward");
   }
   void gelu_forward(float* out, const float* inp, int64_t n) override { cuda::gelu_forward(cs(), out, inp, n);
@@ -249,9 +249,8 @@ class CudaBackend final : public Backend {
   }
   void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int64_t vocab_start, int64_t V,
                           int64_t N, int64_t C) override {
-    void* scratch = alloc_.allocate(sizeof(int32_t) * size_t(2 * std::max<int64_t>(N, 1)));
-    cuda::embedding_backward(cs(), dwte, dout, tokens, vocab_start, V, N, C, static_cast<int32_t*>(scratch));
-    alloc_.release(scratch);  // after the op is enqueued: a later use runs after it on the stream
+    const cuda::Scratch chains(alloc_, sizeof(int32_t) * size_t(2 * std::max<int64_t>(N, 1)));
+    cuda::embedding_backward(cs(), dwte, dout, tokens, vocab_start, V, N, C, chains.get<int32_t>());
     launched("embedding_backward");
   }
   void positional_forward(float* out, const float* wpe, int64_t B, int64_t T, int64_t C) override {
@@ -369,20 +368,10 @@ class CudaBackend final : public Backend {
   // Checks the launch of an op's kernels (configuration errors appear here; faults at the next sync);
   // with EXATRAIN_CUDA_PROFILE set, also marks the op's end on the stream (profile_).
   void launched(const char* op);
-  // Scratch for the sums across rows (cuda_kernels.cuh kColChunk), from the cache; given back when
-  // the op is enqueued (a later use of the block runs after the op on the same stream).
-  struct ColsumScratch {
-    ColsumScratch(cuda::CachingAllocator& a, int64_t N, int64_t C, int nout)
-        : alloc(a), p(static_cast<float*>(a.allocate(size_t(4 * std::max<int64_t>(1, cuda::colsum_scratch_floats(N, C, nout)))))) {}
-    ~ColsumScratch() { alloc.release(p); }
-    cuda::CachingAllocator& alloc;
-    float* p;
-  };
-  // The GEMMs of attention: the heads h = kvh * group + g (kvh < Hkv) of batch b as one strided batch
-  // (cuda_backend.cpp).
-  struct AttentionShape {
-    int64_t B, T, Hq, Hkv, D, W, group;
-  };
+  // Scratch for the sums across rows (cuda_kernels.cuh kColChunk) of N rows, C columns, nout sums.
+  cuda::Scratch colsum_scratch(int64_t N, int64_t C, int nout) {
+    return cuda::Scratch(alloc_, size_t(4 * std::max<int64_t>(1, cuda::colsum_scratch_floats(N, C, nout))));
+  }
   // While attention's GEMMs are enqueued: the profile charges them to the op, and
   // EXATRAIN_CUDA_TF32=attention applies. Ends at end() or when an error unwinds the op.
   struct AttentionScope {
