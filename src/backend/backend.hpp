@@ -194,15 +194,19 @@ class Backend {
 
   // ---- causal self-attention (grouped-query) ------------------------------------------------
   // qkv[B,T,(Hq+2*Hkv)*D]: per row Hq query heads, then Hkv key heads, then Hkv value heads.
-  // probs[B,Hq,T,T] = softmax_causal(q k^T / sqrt(D)) (entries above the diagonal are 0);
-  // out[B,T,Hq*D] = probs @ v, unless out == nullptr (then only probs are computed: used to
-  // recompute probs in the backward pass under selective recomputation).
-  // Query head h reads key/value head h / (Hq/Hkv).
-  virtual void attention_forward(float* out, float* probs, const float* qkv, int64_t B,
+  // out[B,T,Hq*D] = softmax_causal(q k^T / sqrt(D)) @ v; query head h reads key/value head
+  // h / (Hq/Hkv). What the backward needs besides qkv is the backend's own: `saved`, of
+  // attention_saved_floats(B, T, Hq) floats, written by the forward and read by the backward (CPU:
+  // each query row's log-sum-exp [B,Hq,T], from which the backward recomputes the row's
+  // probabilities, as FlashAttention does; CUDA: the probabilities [B,Hq,T,T]). out == nullptr:
+  // only `saved` is computed (selective recomputation refills it before the backward), the same
+  // bits as with out.
+  virtual int64_t attention_saved_floats(int64_t B, int64_t T, int64_t Hq) const = 0;
+  virtual void attention_forward(float* out, float* saved, const float* qkv, int64_t B,
                                  int64_t T, int64_t Hq, int64_t Hkv, int64_t D) = 0;
   // dqkv[B,T,(Hq+2*Hkv)*D] overwritten.
   virtual void attention_backward(float* dqkv, const float* dout, const float* qkv,
-                                  const float* probs, int64_t B, int64_t T, int64_t Hq,
+                                  const float* saved, int64_t B, int64_t T, int64_t Hq,
                                   int64_t Hkv, int64_t D) = 0;
 
   // ---- embeddings ----------------------------------------------------------------------------
@@ -233,13 +237,16 @@ class Backend {
   //                                                                    (then all-reduce SUM)
   //   3. xent_backward (in place): logits[N,V] <- scale * (softmax - onehot(target)).
   // The loss of row n is log(sumexp) + rowmax - target_logit (computed on the host).
-  virtual void xent_max(float* rowmax, const float* logits, int64_t N, int64_t V) = 0;
+  // Row n starts at logits + n*ld (ld >= V): the model pads its logits' rows to an aligned width
+  // (Gpt::logits_ld) so that the head's GEMMs get aligned rows; columns [V, ld) are neither read
+  // nor written.
+  virtual void xent_max(float* rowmax, const float* logits, int64_t N, int64_t V, int64_t ld) = 0;
   virtual void xent_stats(float* sumexp, float* target_logit, const float* logits,
                           const float* rowmax, const int32_t* targets, int64_t vocab_start,
-                          int64_t N, int64_t V) = 0;
+                          int64_t N, int64_t V, int64_t ld) = 0;
   virtual void xent_backward(float* logits, const float* rowmax, const float* sumexp,
                              const int32_t* targets, int64_t vocab_start, float scale, int64_t N,
-                             int64_t V) = 0;
+                             int64_t V, int64_t ld) = 0;
 
   // ---- optimizer -----------------------------------------------------------------------------
   // AdamW with decoupled weight decay (Loshchilov & Hutter), as torch.optim.AdamW:

@@ -55,6 +55,7 @@ Gpt::Gpt(Backend& backend, const GptOptions& options, ParallelHooks* hooks)
   const VocabSlice vs = vocab_slice(m.vocab, tp, opt_.tp.rank);
   vocab_start_ = vs.start;
   vocab_local_ = vs.rows;
+  logits_ld_ = (vocab_local_ + kLogitsRowAlign - 1) / kLogitsRowAlign * kLogitsRowAlign;
   EXA_CHECK(vocab_local_ > 0, "model: vocab {} too small for tp = {}", m.vocab, tp);
   sp_ = opt_.tp.sequence_parallel;
   EXA_CHECK(!sp_ || (B_ * T_) % tp == 0, "model: sequence parallelism needs micro_batch * seq "
@@ -205,7 +206,7 @@ uint16_t* Gpt::alloc_half(int64_t n) {
   return p;
 }
 
-std::unique_ptr<Gpt::Acts> Gpt::make_acts(bool own_probs) {
+std::unique_ptr<Gpt::Acts> Gpt::make_acts(bool own_attention_state) {
   const int64_t N = B_ * T_, C = C_;
   const bool ln = opt_.model.norm == Norm::layernorm;
   const int64_t qkv_w = (Hq_ + 2 * Hkv_) * D_;
@@ -223,7 +224,7 @@ std::unique_ptr<Gpt::Acts> Gpt::make_acts(bool own_probs) {
   if (ln) a->ln1_mean = alloc_act(Ns);
   a->ln1_rstd = alloc_act(Ns);
   a->qkv = alloc_act(N * qkv_w);
-  a->probs = own_probs ? alloc_act(B_ * Hq_ * T_ * T_) : shared_probs_;
+  a->attn_saved = own_attention_state ? alloc_act(be_.attention_saved_floats(B_, T_, Hq_)) : shared_attn_saved_;
   kept(&a->att, &a->att_h, N * Hq_ * D_);
   a->mid = alloc_act(Ns * C);
   kept(&a->ln2, &a->ln2_h, N * C);
@@ -239,17 +240,17 @@ void Gpt::allocate_activations() {
   const bool ln = opt_.model.norm == Norm::layernorm;
   const int64_t qkv_w = (Hq_ + 2 * Hkv_) * D_;
   const int64_t fc_w = opt_.model.activation == Activation::swiglu ? 2 * F_ : F_;
-  // none: every layer keeps everything; selective: everything but the attention
-  // probabilities (one shared buffer, recomputed in backward); full: one shared set, the
+  // none: every layer keeps everything; selective: everything but the attention's saved state
+  // (one shared buffer, recomputed in backward); full: one shared set, the
   // layer is re-run from its input (the slot's res[l]) in backward.
   const RecomputePolicy rc = recompute_;
   if (mixed_) {  // the float32 GEMM inputs before rounding, the rounded output gradient
     const int64_t widest_in = std::max({C, Hq_ * D_, F_});
     fwd32_ = alloc_act(N * widest_in);
-    dy16_ = alloc_half(N * std::max({C, qkv_w, fc_w, opt_.stage.has_head ? vocab_local_ : 0}));
+    dy16_ = alloc_half(N * std::max({C, qkv_w, fc_w, opt_.stage.has_head ? logits_ld_ : 0}));
   }
-  if (rc.layer_keeps_activations() && !rc.layer_keeps_probs())
-    shared_probs_ = alloc_act(B_ * Hq_ * T_ * T_);
+  if (rc.layer_keeps_activations() && !rc.layer_keeps_attention_state())
+    shared_attn_saved_ = alloc_act(be_.attention_saved_floats(B_, T_, Hq_));
   if (!rc.layer_keeps_activations() && L_ > 0) {
     recompute_out_ = alloc_act(Ns_ * C);
     full_acts_ = make_acts(true);
@@ -258,7 +259,7 @@ void Gpt::allocate_activations() {
   for (Slot& s : slots_) {
     for (int64_t l = 0; l <= L_; l++) s.res.push_back(alloc_act(Ns_ * C));
     if (rc.layer_keeps_activations())
-      for (int64_t l = 0; l < L_; l++) s.acts.push_back(make_acts(rc.layer_keeps_probs()));
+      for (int64_t l = 0; l < L_; l++) s.acts.push_back(make_acts(rc.layer_keeps_attention_state()));
     s.tokens = static_cast<int32_t*>(be_.alloc_bytes(sizeof(int32_t) * size_t(N)));
     s.targets = static_cast<int32_t*>(be_.alloc_bytes(sizeof(int32_t) * size_t(N)));
     owned_.push_back(s.tokens);
@@ -271,7 +272,7 @@ void Gpt::allocate_activations() {
         s.lnf = alloc_act(N * C);
       if (ln) s.lnf_mean = alloc_act(Ns_);
       s.lnf_rstd = alloc_act(Ns_);
-      s.logits = alloc_act(N * vocab_local_);
+      s.logits = alloc_act(N * logits_ld_);  // zeroed: the padding columns stay 0
       s.rowmax = alloc_act(N);
       s.xstats = alloc_act(2 * N);
     }
@@ -364,8 +365,13 @@ const float* Gpt::output(int64_t slot) const {
   return const_cast<Gpt*>(this)->slot_at(slot).res[size_t(L_)];
 }
 const float* Gpt::input_grad() const { return din_; }
-const float* Gpt::logits(int64_t slot) const {
-  return const_cast<Gpt*>(this)->slot_at(slot).logits;
+std::vector<float> Gpt::download_logits(int64_t slot) const {
+  const int64_t N = B_ * T_, V = vocab_local_;
+  std::vector<float> padded(size_t(N * logits_ld_)), dense(size_t(N * V));
+  be_.download(padded.data(), const_cast<Gpt*>(this)->slot_at(slot).logits, sizeof(float) * padded.size());
+  for (int64_t n = 0; n < N; n++)
+    std::copy_n(padded.begin() + n * logits_ld_, V, dense.begin() + n * V);
+  return dense;
 }
 
 float Gpt::forward(const int32_t* tokens, const float* input, const int32_t* targets,
@@ -410,12 +416,12 @@ float Gpt::forward(const int32_t* tokens, const float* input, const int32_t* tar
   be_.upload(s.targets, targets, sizeof(int32_t) * size_t(N));
   hooks_->before_layer(ParallelHooks::kHead, Pass::forward);
   norm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, s.res[size_t(L_)], off_lnf_w_, off_lnf_b_);
-  // logits[N, V] = lnf[N, C] @ W_head[V, C]^T (column-parallel over the vocabulary)
-  linear_forward(s.lnf, s.lnf_h, C, off_head_, vocab_local_, s.logits);
-  be_.xent_max(s.rowmax, s.logits, N, vocab_local_);
+  // logits[N, V] (rows Vp apart) = lnf[N, C] @ W_head[V, C]^T (column-parallel over the vocabulary)
+  linear_forward(s.lnf, s.lnf_h, C, off_head_, vocab_local_, s.logits, logits_ld_);
+  be_.xent_max(s.rowmax, s.logits, N, vocab_local_, logits_ld_);
   hooks_->vocab_max_allreduce(s.rowmax, N);
   be_.xent_stats(s.xstats, s.xstats + N, s.logits, s.rowmax, s.targets, vocab_start_, N,
-                 vocab_local_);
+                 vocab_local_, logits_ld_);
   hooks_->vocab_sum_allreduce(s.xstats, 2 * N);
   hooks_->after_layer(ParallelHooks::kHead, Pass::forward);
   be_.download(host_stats_.data(), s.rowmax, sizeof(float) * size_t(N));
@@ -438,9 +444,9 @@ void Gpt::backward(const float* output_grad, float loss_scale, int64_t slot) {
     hooks_->before_layer(ParallelHooks::kHead, Pass::backward);
     // dlogits (in place) = loss_scale/N * (softmax - onehot)
     be_.xent_backward(s.logits, s.rowmax, s.xstats, s.targets, vocab_start_,
-                      loss_scale / float(N), N, vocab_local_);
+                      loss_scale / float(N), N, vocab_local_, logits_ld_);
     // dW_head[V,C] += dlogits^T[V,N] @ lnf[N,C];  dlnf[N,C] = dlogits[N,V] @ W_head[V,C]
-    linear_backward(s.logits, s.lnf, s.lnf_h, C, off_head_, vocab_local_, dln_);
+    linear_backward(s.logits, s.lnf, s.lnf_h, C, off_head_, vocab_local_, dln_, logits_ld_);
     const float* dlnf = grad_to_local();
     be_.zero(dx, sizeof(float) * size_t(Ns_ * C));
     norm_backward(dx, off_lnf_w_, off_lnf_b_, dlnf, s.res[size_t(L_)], s.lnf_mean, s.lnf_rstd);

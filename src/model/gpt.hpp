@@ -5,7 +5,8 @@
 // Data flow (N = B*T rows, C = hidden, V = local vocabulary slice):
 //   forward:  tokens [B,T] (has_embedding) or input activations [B,T,C]
 //             -> res[0] -> layer -> res[1] -> ... -> res[L] [B,T,C]
-//             -> (has_head) ln_f -> logits [N,V] -> loss (mean over N rows)
+//             -> (has_head) ln_f -> logits [N,V] (rows Vp = logits_ld() apart) -> loss (mean
+//             over N rows)
 //   backward: (has_head) d loss, or output gradient [B,T,C] -> ... -> input gradient [B,T,C]
 //             (has_embedding: into wte/wpe instead). Gradients ACCUMULATE into the gradient
 //             arena (gradient accumulation = several forward/backward before zero_grad()).
@@ -135,13 +136,24 @@ class Gpt {
   void backward(const float* output_grad, float loss_scale, int64_t slot = 0);
   const float* output(int64_t slot = 0) const;  // device [B,T,C]: the last layer's output
   const float* input_grad() const;              // device [B,T,C]: d loss / d input
-  const float* logits(int64_t slot = 0) const;  // device [N,V]: after forward, until backward
+  // host [N,V] (this rank's vocabulary columns, dense): after forward, until backward.
+  std::vector<float> download_logits(int64_t slot = 0) const;
 
   // ---- facts -------------------------------------------------------------------------------
   const GptOptions& options() const { return opt_; }
   Backend& backend() const { return be_; }
   int64_t vocab_start() const { return vocab_start_; }
   int64_t vocab_local() const { return vocab_local_; }
+  // The row stride of the logits on the device: vocab_local rounded up to kLogitsRowAlign.
+  int64_t logits_ld() const { return logits_ld_; }
+  // Why the logits' rows are padded: cuBLASLt picks fast kernels only for operands whose rows start
+  // 16-byte aligned, and GPT-2's 50,257-wide rows are not (on an H100 the 8192 x 50257 x 768 logits
+  // GEMM took 6.6 ms against 1.1 ms at 50,304: bench/gpu/results/h100-2026-12-05). 64 columns (as
+  // llm.c's padded Vp = 50,304) keeps both the float32 logits and their 16-bit gradient aligned; the
+  // parameters keep the true vocabulary, the GEMMs and the cross-entropy never touch the columns
+  // [V, Vp) (they stay the zeros they were allocated with; mixed precision rounds them along with
+  // the gradient, as one contiguous conversion).
+  static constexpr int64_t kLogitsRowAlign = 64;
   ModelMemory memory() const { return mem_; }
   // Model FLOPs of one forward+backward of this stage for B*T tokens (matmuls and attention,
   // the usual 6*params*tokens + attention count; excludes recomputation).
@@ -158,10 +170,10 @@ class Gpt {
     int32_t* targets = nullptr;                // device [N]
     float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr;  // [N,C], [N], [N]
     uint16_t* lnf_h = nullptr;                 // mixed precision: lnf in 16 bits [N,C]
-    float* logits = nullptr;                   // [N,V]
+    float* logits = nullptr;                   // [N,V], row stride logits_ld_
     float *rowmax = nullptr, *xstats = nullptr;  // [N], [2,N]
   };
-  std::unique_ptr<Acts> make_acts(bool own_probs);
+  std::unique_ptr<Acts> make_acts(bool own_attention_state);
   Slot& slot_at(int64_t slot);
   void build_layout();
   // One parameter of the layout: name, role, unit, global shape, split dim (-1: replicated), local
@@ -185,7 +197,7 @@ class Gpt {
   ParallelHooks* hooks_;
   LinearObserver* observer_ = nullptr;
   // shapes
-  int64_t B_, T_, C_, L_, first_, Hq_, Hkv_, D_, F_, vocab_start_, vocab_local_;
+  int64_t B_, T_, C_, L_, first_, Hq_, Hkv_, D_, F_, vocab_start_, vocab_local_, logits_ld_;
   bool sp_ = false;  // sequence parallel
   int64_t Ns_ = 0;   // rows of the residual stream on this rank: B*T, or B*T/tp with sp_
   ParamLayout layout_;
@@ -197,7 +209,7 @@ class Gpt {
   std::vector<void*> owned_;
   std::vector<Slot> slots_;
   std::unique_ptr<Acts> full_acts_;  // full: one set shared by all layers and slots
-  float* shared_probs_ = nullptr;    // selective: [B,Hq,T,T] reused by all layers and slots
+  float* shared_attn_saved_ = nullptr;  // selective: attention's saved state, reused by all layers and slots
   float* recompute_out_ = nullptr;   // full: [N,C] scratch output of the re-run
   // backward scratch
   float *dres_a_ = nullptr, *dres_b_ = nullptr, *dmid_ = nullptr, *dln_ = nullptr;
@@ -224,19 +236,22 @@ class Gpt {
   std::vector<char> half_fresh_;     // per layout entry: its 16-bit copy matches params_
   bool half_external_ = false;       // keep_half_externally(): params_ holds only a shard of the masters
   float* fwd32_ = nullptr;           // [N, max(C, Hq*D, F)] float32 GEMM input before rounding
-  uint16_t* dy16_ = nullptr;         // [N, max(C, QKV, FC, V)] the output gradient, rounded
+  uint16_t* dy16_ = nullptr;         // [N, max(C, QKV, FC, Vp)] the output gradient, rounded
   uint16_t* alloc_half(int64_t n);
   const uint16_t* weight_half(int64_t offset, int64_t n);  // the 16-bit copy of params_[offset, +n)
   // out[N, C] = wte[tokens] of this vocabulary slice (0 outside it); out[B,T,C] += wpe[T,C].
   // Mixed precision: from the 16-bit copies.
   void lookup_tokens(float* out, const int32_t* tokens);
   void add_positions(float* out);
-  // y[N, O] = x[N, I] @ W[O, I]^T (W at parameter offset w). Mixed: x32 is rounded into x16 (the
-  // kept copy) first and the GEMM is 16-bit; fp32: x32 is used as it is.
-  void linear_forward(const float* x32, uint16_t* x16, int64_t I, int64_t w, int64_t O, float* y);
-  // dW[O, I] += dy^T x;  dx[N, I] = dy[N, O] @ W[O, I] (dy with row stride O).
+  // y[N, O] = x[N, I] @ W[O, I]^T (W at parameter offset w; y's rows ldy >= O apart, 0: O). Mixed:
+  // x32 is rounded into x16 (the kept copy) first and the GEMM is 16-bit; fp32: x32 is used as it is.
+  void linear_forward(const float* x32, uint16_t* x16, int64_t I, int64_t w, int64_t O, float* y,
+                      int64_t ldy = 0);
+  // dW[O, I] += dy^T x;  dx[N, I] = dy[N, O] @ W[O, I] (dy's rows ldy >= O apart, 0: O; under mixed
+  // precision the padding columns are rounded too, so they must hold finite values: the logits'
+  // padding stays the zeros it was allocated with).
   void linear_backward(const float* dy, const float* x32, const uint16_t* x16, int64_t I, int64_t w, int64_t O,
-                       float* dx);
+                       float* dx, int64_t ldy = 0);
 };
 
 }  // namespace exatrain

@@ -24,7 +24,7 @@ struct Gpt::Acts {
   float* ln1_mean = nullptr;  // [N] (layernorm only)
   float* ln1_rstd = nullptr;  // [N]
   float* qkv = nullptr;       // [N, (Hq+2Hkv)*D] after rope
-  float* probs = nullptr;     // [B, Hq, T, T] attention probabilities
+  float* attn_saved = nullptr;  // attention's state for backward (Backend::attention_saved_floats)
   float* att = nullptr;       // [N, Hq*D] attention output before the out-projection
   float* mid = nullptr;       // [N, C] residual after attention
   float* ln2 = nullptr;       // [N, C]

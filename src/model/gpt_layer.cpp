@@ -31,7 +31,7 @@ void Gpt::layer_forward(int64_t l, const float* x, float* out, Acts& a) {
   if (o.qkv_b >= 0) be_.add_bias(a.qkv, P + o.qkv_b, N, QKV);
   if (m.position == Position::rope)  // rotate the Hq query and Hkv key heads (adjacent)
     be_.rope(a.qkv, B_, T_, QKV, Hq_ + Hkv_, D_, float(m.rope_theta), false);
-  be_.attention_forward(a.att, a.probs, a.qkv, B_, T_, Hq_, Hkv_, D_);
+  be_.attention_forward(a.att, a.attn_saved, a.qkv, B_, T_, Hq_, Hkv_, D_);
   // mid[Ns, C] = sum over tp of att[N, HD] @ W_o[C, HD]^T, + b_o + x
   float* part = region_exit(a.mid);
   linear_forward(a.att, a.att_h, HD, o.o_w, C, part);
@@ -63,8 +63,8 @@ void Gpt::layer_backward(int64_t l, const float* x, const float* dout, float* dx
   const int64_t FC = m.activation == Activation::swiglu ? 2 * F_ : F_;
   float* G = grads_;
 
-  if (recompute_.recompute_probs_before_backward())  // probabilities were not kept
-    be_.attention_forward(nullptr, a.probs, a.qkv, B_, T_, Hq_, Hkv_, D_);
+  if (recompute_.recompute_attention_before_backward())  // its saved state was not kept
+    be_.attention_forward(nullptr, a.attn_saved, a.qkv, B_, T_, Hq_, Hkv_, D_);
 
   // ---- MLP block: dout is d/d out [Ns, C] ----
   if (o.fc2_b >= 0) be_.bias_backward(G + o.fc2_b, dout, Ns, C);
@@ -92,7 +92,7 @@ void Gpt::layer_backward(int64_t l, const float* x, const float* dout, float* dx
   // dW_o[C, HD] += dmid^T[C, N] @ att[N, HD];  datt[N, HD] = dmid[N, C] @ W_o[C, HD]
   linear_backward(dmid_full, a.att, a.att_h, HD, o.o_w, C, datt_);
   observe(o.o, a.att, a.att_h, HD, dmid_full, C);
-  be_.attention_backward(dqkv_, datt_, a.qkv, a.probs, B_, T_, Hq_, Hkv_, D_);
+  be_.attention_backward(dqkv_, datt_, a.qkv, a.attn_saved, B_, T_, Hq_, Hkv_, D_);
   if (m.position == Position::rope)  // gradient w.r.t. the pre-rotation q and k
     be_.rope(dqkv_, B_, T_, QKV, Hq_ + Hkv_, D_, float(m.rope_theta), true);
   if (o.qkv_b >= 0) be_.bias_backward(G + o.qkv_b, dqkv_, N, QKV);
@@ -120,24 +120,27 @@ void Gpt::observe(size_t entry, const float* x, const uint16_t* x16, int64_t ldx
 
 // ---- the linear layers' GEMMs: float32, or 16-bit operands with float32 accumulation ----------
 
-void Gpt::linear_forward(const float* x32, uint16_t* x16, int64_t I, int64_t w, int64_t O, float* y) {
+void Gpt::linear_forward(const float* x32, uint16_t* x16, int64_t I, int64_t w, int64_t O, float* y,
+                         int64_t ldy) {
   const int64_t N = B_ * T_;
-  if (!mixed_) return be_.gemm(false, true, N, O, I, 1.0f, x32, I, params_ + w, I, 0.0f, y, O);
+  if (ldy == 0) ldy = O;
+  if (!mixed_) return be_.gemm(false, true, N, O, I, 1.0f, x32, I, params_ + w, I, 0.0f, y, ldy);
   be_.f32_to_half(half_, x16, x32, N * I);
-  be_.gemm_half(half_, false, true, N, O, I, 1.0f, x16, I, weight_half(w, O * I), I, 0.0f, y, O);
+  be_.gemm_half(half_, false, true, N, O, I, 1.0f, x16, I, weight_half(w, O * I), I, 0.0f, y, ldy);
 }
 
 void Gpt::linear_backward(const float* dy, const float* x32, const uint16_t* x16, int64_t I, int64_t w, int64_t O,
-                          float* dx) {
+                          float* dx, int64_t ldy) {
   const int64_t N = B_ * T_;
+  if (ldy == 0) ldy = O;
   if (!mixed_) {
-    be_.gemm(true, false, O, I, N, 1.0f, dy, O, x32, I, 1.0f, grads_ + w, I);
-    be_.gemm(false, false, N, I, O, 1.0f, dy, O, params_ + w, I, 0.0f, dx, I);
+    be_.gemm(true, false, O, I, N, 1.0f, dy, ldy, x32, I, 1.0f, grads_ + w, I);
+    be_.gemm(false, false, N, I, O, 1.0f, dy, ldy, params_ + w, I, 0.0f, dx, I);
     return;
   }
-  be_.f32_to_half(half_, dy16_, dy, N * O);
-  be_.gemm_half(half_, true, false, O, I, N, 1.0f, dy16_, O, x16, I, 1.0f, grads_ + w, I);  // fp32 accumulation
-  be_.gemm_half(half_, false, false, N, I, O, 1.0f, dy16_, O, weight_half(w, O * I), I, 0.0f, dx, I);
+  be_.f32_to_half(half_, dy16_, dy, N * ldy);
+  be_.gemm_half(half_, true, false, O, I, N, 1.0f, dy16_, ldy, x16, I, 1.0f, grads_ + w, I);  // fp32 accumulation
+  be_.gemm_half(half_, false, false, N, I, O, 1.0f, dy16_, ldy, weight_half(w, O * I), I, 0.0f, dx, I);
 }
 
 }  // namespace exatrain

@@ -13,15 +13,16 @@ struct RecomputePolicy {
   // Each layer keeps its own saved activations (none, selective). false (full): all layers
   // share ONE set, and only the layer inputs (the residual stream) are kept.
   bool layer_keeps_activations() const { return mode != Recompute::full; }
-  // A layer's own set includes its attention probabilities [B,Hq,T,T] (none). false
-  // (selective): one probabilities buffer shared by all layers.
-  bool layer_keeps_probs() const { return mode == Recompute::none; }
+  // A layer's own set includes what its attention saved for backward (none): the backend's
+  // (Backend::attention_saved_floats: CPU the rows' log-sum-exp [B,Hq,T], CUDA the probabilities
+  // [B,Hq,T,T]). false (selective): one such buffer shared by all layers.
+  bool layer_keeps_attention_state() const { return mode == Recompute::none; }
   // Before a layer's backward: re-run its forward from the saved layer input, refilling the
   // shared set (full).
   bool rerun_layer_before_backward() const { return mode == Recompute::full; }
-  // Before a layer's backward: recompute the attention probabilities from the saved qkv into
+  // Before a layer's backward: recompute the attention's saved state from the saved qkv into
   // the shared buffer (selective).
-  bool recompute_probs_before_backward() const { return mode == Recompute::selective; }
+  bool recompute_attention_before_backward() const { return mode == Recompute::selective; }
 };
 
 }  // namespace exatrain

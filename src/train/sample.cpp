@@ -73,14 +73,13 @@ SampleResult sample_from_checkpoint(const std::string& dir, const SampleOptions&
   SampleResult out;
   out.prompt_tokens = int64_t(ids.size());
   std::vector<int32_t> window(static_cast<size_t>(T), 0), targets(static_cast<size_t>(T), 0);
-  std::vector<float> logits(static_cast<size_t>(T * model.vocab_local()));
   std::mt19937_64 rng(so.seed);
   for (int64_t n = 0; n < so.max_new_tokens; ++n) {
     // The last T tokens (or fewer) form the context.
     const int64_t len = std::min<int64_t>(int64_t(ids.size()), T), start = int64_t(ids.size()) - len;
     for (int64_t i = 0; i < T; ++i) window[size_t(i)] = i < len ? int32_t(ids[size_t(start + i)]) : 0;
     model.forward(window.data(), nullptr, targets.data());
-    backend.download(logits.data(), model.logits(), logits.size() * sizeof(float));
+    const std::vector<float> logits = model.download_logits();  // [T, V]
     const float* row = logits.data() + (len - 1) * V;
     // Temperature and top-k, then a draw (argmax when temperature is 0).
     std::vector<int32_t> order(static_cast<size_t>(V));

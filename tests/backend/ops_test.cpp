@@ -335,17 +335,18 @@ void check_attention(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, u
   std::mt19937 rng(seed);
   const int64_t W = (Hq + 2 * Hkv) * D;
   Vec qkv = random_vec(rng, size_t(B * T * W)), proj = random_vec(rng, size_t(B * T * Hq * D));
-  Buf bq(be(), qkv), out(be(), size_t(B * T * Hq * D)), probs(be(), size_t(B * Hq * T * T));
-  be().attention_forward(out.p, probs.p, bq.p, B, T, Hq, Hkv, D);
+  const size_t saved_n = size_t(be().attention_saved_floats(B, T, Hq));
+  Buf bq(be(), qkv), out(be(), size_t(B * T * Hq * D)), saved(be(), saved_n);
+  be().attention_forward(out.p, saved.p, bq.p, B, T, Hq, Hkv, D);
   expect_close(out.get(), naive_attention(qkv, B, T, Hq, Hkv, D), kFwdTol, "attention fwd");
   Buf dout(be(), proj), dqkv(be(), size_t(B * T * W));
-  be().attention_backward(dqkv.p, dout.p, bq.p, probs.p, B, T, Hq, Hkv, D);
+  be().attention_backward(dqkv.p, dout.p, bq.p, saved.p, B, T, Hq, Hkv, D);
   Fn f = [&](const std::vector<Vec>& in) { return naive_attention(in[0], B, T, Hq, Hkv, D); };
   expect_close(dqkv.get(), fd_grad(f, {qkv}, 0, proj), kBwdTol, "attention bwd");
-  // probs-only recomputation gives the same probabilities
-  Buf probs2(be(), size_t(B * Hq * T * T));
-  be().attention_forward(nullptr, probs2.p, bq.p, B, T, Hq, Hkv, D);
-  EXPECT_EQ(probs2.get(), probs.get());
+  // recomputing only the saved state (selective recomputation) gives the same bits
+  Buf saved2(be(), saved_n);
+  be().attention_forward(nullptr, saved2.p, bq.p, B, T, Hq, Hkv, D);
+  EXPECT_EQ(saved2.get(), saved.get());
 }
 
 TEST_P(Ops, AttentionMultiHead) { check_attention(2, 5, 3, 3, 4, 10); }
@@ -424,14 +425,14 @@ TEST_P(Ops, CrossEntropyForwardBackward) {
   Buf bl(be(), logits), rowmax(be(), size_t(N)), stats(be(), size_t(2 * N));
   auto* dt = static_cast<int32_t*>(be().alloc_bytes(sizeof(int32_t) * size_t(N)));
   be().upload(dt, tgt.data(), sizeof(int32_t) * size_t(N));
-  be().xent_max(rowmax.p, bl.p, N, V);
-  be().xent_stats(stats.p, stats.p + N, bl.p, rowmax.p, dt, 0, N, V);
+  be().xent_max(rowmax.p, bl.p, N, V, V);
+  be().xent_stats(stats.p, stats.p + N, bl.p, rowmax.p, dt, 0, N, V, V);
   Vec mx = rowmax.get(), st = stats.get();
   double loss = 0;
   for (int64_t n = 0; n < N; n++) loss += std::log(st[size_t(n)]) + mx[size_t(n)] - st[size_t(N + n)];
   loss /= double(N);
   EXPECT_NEAR(loss, naive_loss({logits})[0], 1e-5 * std::fabs(loss));
-  be().xent_backward(bl.p, rowmax.p, stats.p, dt, 0, 1.0f / float(N), N, V);
+  be().xent_backward(bl.p, rowmax.p, stats.p, dt, 0, 1.0f / float(N), N, V, V);
   expect_close(bl.get(), fd_grad(naive_loss, {logits}, 0, Vec{1.0}), kBwdTol, "xent bwd");
   be().free_bytes(dt);
 }
@@ -466,32 +467,37 @@ Vec naive_xent_grad(const Vec& logits, const std::vector<int32_t>& tgt, int64_t 
 // has its own vocab_start, targets mostly fall outside one of them; the host combines the
 // partial results as the MAX / SUM all-reduces would. The combined loss and the two slices'
 // gradients must equal the full-vocabulary reference. `scale` sets the logits' magnitude
-// (1e3: a stability case where exp without max-subtraction overflows).
-void check_sliced_xent(int64_t N, int64_t V, int64_t S, double scale, double tol, unsigned seed) {
+// (1e3: a stability case where exp without max-subtraction overflows). Each slice's rows are
+// width + pad apart (the model pads its logits' rows, Gpt::logits_ld) and the padding holds 2^100:
+// an op that read it would take it as the row's maximum (every real logit's exp then 0, the loss
+// infinite) or add exp(2^100) to the sum; one that wrote it would overwrite it.
+void check_sliced_xent(int64_t N, int64_t V, int64_t S, double scale, double tol, unsigned seed,
+                       int64_t pad = 0) {
+  const double kPadding = std::ldexp(1.0, 100);
   std::mt19937 rng(seed);
   Vec logits = random_vec(rng, size_t(N * V), scale);
   std::vector<int32_t> tgt(static_cast<size_t>(N));
   for (auto& t : tgt) t = int32_t(pick(rng, 0, V - 1));
   auto* dt = static_cast<int32_t*>(be().alloc_bytes(sizeof(int32_t) * size_t(N)));
   be().upload(dt, tgt.data(), sizeof(int32_t) * size_t(N));
-  const int64_t start[2] = {0, S}, width[2] = {S, V - S};
+  const int64_t start[2] = {0, S}, width[2] = {S, V - S}, ld[2] = {S + pad, V - S + pad};
   std::vector<std::unique_ptr<Buf>> slice(2);
   Vec rowmax(size_t(N), -1e300), sumexp(size_t(N), 0.0), target_logit(size_t(N), 0.0);
   for (int s = 0; s < 2; s++) {  // step 1 on each slice, then "all-reduce MAX"
-    Vec part(size_t(N * width[s]));
+    Vec part(size_t(N * ld[s]), kPadding);
     for (int64_t n = 0; n < N; n++)
       for (int64_t v = 0; v < width[s]; v++)
-        part[size_t(n * width[s] + v)] = logits[size_t(n * V + start[s] + v)];
+        part[size_t(n * ld[s] + v)] = logits[size_t(n * V + start[s] + v)];
     slice[size_t(s)] = std::make_unique<Buf>(be(), part);
     Buf mx(be(), size_t(N));
-    be().xent_max(mx.p, slice[size_t(s)]->p, N, width[s]);
+    be().xent_max(mx.p, slice[size_t(s)]->p, N, width[s], ld[s]);
     Vec m = mx.get();
     for (int64_t n = 0; n < N; n++) rowmax[size_t(n)] = std::max(rowmax[size_t(n)], m[size_t(n)]);
   }
   Buf dmax(be(), rowmax);
   for (int s = 0; s < 2; s++) {  // step 2 on each slice, then "all-reduce SUM"
     Buf st(be(), size_t(2 * N));
-    be().xent_stats(st.p, st.p + N, slice[size_t(s)]->p, dmax.p, dt, start[s], N, width[s]);
+    be().xent_stats(st.p, st.p + N, slice[size_t(s)]->p, dmax.p, dt, start[s], N, width[s], ld[s]);
     Vec v = st.get();
     for (int64_t n = 0; n < N; n++) {
       sumexp[size_t(n)] += v[size_t(n)];
@@ -509,11 +515,17 @@ void check_sliced_xent(int64_t N, int64_t V, int64_t S, double scale, double tol
   Buf dsum(be(), sumexp);
   for (int s = 0; s < 2; s++) {  // step 3 on each slice
     be().xent_backward(slice[size_t(s)]->p, dmax.p, dsum.p, dt, start[s], 1.0f / float(N), N,
-                       width[s]);
-    Vec got = slice[size_t(s)]->get(), want_s(got.size());
-    for (int64_t n = 0; n < N; n++)
-      for (int64_t v = 0; v < width[s]; v++)
+                       width[s], ld[s]);
+    const Vec stored = slice[size_t(s)]->get();
+    Vec got(size_t(N * width[s])), want_s(got.size());
+    for (int64_t n = 0; n < N; n++) {
+      for (int64_t v = 0; v < width[s]; v++) {
+        got[size_t(n * width[s] + v)] = stored[size_t(n * ld[s] + v)];
         want_s[size_t(n * width[s] + v)] = want_grad[size_t(n * V + start[s] + v)];
+      }
+      for (int64_t v = width[s]; v < ld[s]; v++)
+        ASSERT_EQ(stored[size_t(n * ld[s] + v)], kPadding) << "row " << n << " padding column " << v << " was written";
+    }
     for (double g : got) ASSERT_TRUE(std::isfinite(g));
     expect_close(got, want_s, tol, s == 0 ? "xent bwd slice 0" : "xent bwd slice 1");
   }
@@ -524,8 +536,9 @@ TEST_P(Ops, CrossEntropyRandomShapesAndVocabularySlices) {
   std::mt19937 rng(23);
   for (int trial = 0; trial < 4; trial++) {
     const int64_t N = pick(rng, 1, 17), V = pick(rng, 2, 301), S = pick(rng, 1, V - 1);
-    SCOPED_TRACE(testing::Message() << "N " << N << " V " << V << " slice at " << S);
-    check_sliced_xent(N, V, S, 3.0, kBwdTol, 200 + unsigned(trial));
+    const int64_t pad = trial == 0 ? 0 : pick(rng, 1, 63);  // 0: dense rows; else padded as the model's
+    SCOPED_TRACE(testing::Message() << "N " << N << " V " << V << " slice at " << S << " padding " << pad);
+    check_sliced_xent(N, V, S, 3.0, kBwdTol, 200 + unsigned(trial), pad);
   }
 }
 
@@ -540,14 +553,14 @@ TEST_P(Ops, AttentionStableForScoresAround1e3) {
   std::mt19937 rng(32);
   const int64_t B = 1, T = 9, Hq = 2, Hkv = 1, D = 4, W = (Hq + 2 * Hkv) * D;
   Vec qkv = random_vec(rng, size_t(B * T * W), 30.0);  // q.k / sqrt(D) ~ 1e3
-  Buf bq(be(), qkv), out(be(), size_t(B * T * Hq * D)), probs(be(), size_t(B * Hq * T * T));
-  be().attention_forward(out.p, probs.p, bq.p, B, T, Hq, Hkv, D);
+  Buf bq(be(), qkv), out(be(), size_t(B * T * Hq * D)), saved(be(), size_t(be().attention_saved_floats(B, T, Hq)));
+  be().attention_forward(out.p, saved.p, bq.p, B, T, Hq, Hkv, D);
   Vec got = out.get();
   for (double v : got) ASSERT_TRUE(std::isfinite(v));
   expect_close(got, naive_attention(qkv, B, T, Hq, Hkv, D), 1e-3, "attention fwd, large scores");
   Vec proj = random_vec(rng, size_t(B * T * Hq * D));
   Buf dout(be(), proj), dqkv(be(), size_t(B * T * W));
-  be().attention_backward(dqkv.p, dout.p, bq.p, probs.p, B, T, Hq, Hkv, D);
+  be().attention_backward(dqkv.p, dout.p, bq.p, saved.p, B, T, Hq, Hkv, D);
   Fn f = [&](const std::vector<Vec>& in) { return naive_attention(in[0], B, T, Hq, Hkv, D); };
   expect_close(dqkv.get(), fd_grad(f, {qkv}, 0, proj, 1e-4), 1e-3, "attention bwd, large scores");
 }

@@ -64,9 +64,8 @@ int main(int argc, char** argv) {
   std::vector<int32_t> tokens(static_cast<size_t>(T)), targets(static_cast<size_t>(T), 0);
   for (int64_t i = 0; i < T; ++i) tokens[size_t(i)] = int32_t((i * 37 + 11) % V);
   gpt.forward(tokens.data(), nullptr, targets.data());
-  std::vector<float> logits(static_cast<size_t>(T * V));
-  be.download(logits.data(), gpt.logits(), logits.size() * sizeof(float));
-  std::ofstream(out + "/logits.bin", std::ios::binary).write(reinterpret_cast<char*>(logits.data()),
+  const std::vector<float> logits = gpt.download_logits();  // [T, V]
+  std::ofstream(out + "/logits.bin", std::ios::binary).write(reinterpret_cast<const char*>(logits.data()),
                                                              std::streamsize(logits.size() * sizeof(float)));
   std::ofstream(out + "/tokens.bin", std::ios::binary).write(reinterpret_cast<char*>(tokens.data()),
                                                              std::streamsize(tokens.size() * sizeof(int32_t)));

@@ -70,10 +70,6 @@ TEST(Gpt, RecomputeSavesActivationMemory) {
   EXPECT_LT(mem(Recompute::full), mem(Recompute::selective));
 }
 
-// Mixed precision keeps the GEMM inputs (ln1, att, ln2, fc_act per layer, lnf at the head) in 16
-// bits instead of 32, and adds the float32 staging of one GEMM input (fwd32_: [N, max(C, HD, F)],
-// also where the observer widens a kept input) and the rounded output gradient (dy16_: [N, max(C,
-// QKV, FC, V)] in 16 bits): exactly that difference, nothing else (no float32 lnf beside its copy).
 // The one mapping from a training precision to its 16-bit format (the weight copy and GEMM inputs
 // here; the runtime's tp and pp messages use it too): fp16 computes in IEEE half, bf16 in bfloat16.
 TEST(Gpt, HalfFormatOfEachPrecision) {
@@ -83,6 +79,11 @@ TEST(Gpt, HalfFormatOfEachPrecision) {
   EXPECT_FALSE(half_format(Precision::fp8).has_value());
 }
 
+// Mixed precision keeps the GEMM inputs (ln1, att, ln2, fc_act per layer, lnf at the head) in 16
+// bits instead of 32, and adds the float32 staging of one GEMM input (fwd32_: [N, max(C, HD, F)],
+// also where the observer widens a kept input) and the rounded output gradient (dy16_: [N, max(C,
+// QKV, FC, Vp)] in 16 bits, Vp the logits' padded row width): exactly that difference, nothing
+// else (no float32 lnf beside its copy).
 TEST(Gpt, MixedPrecisionActivationBytesAreTheKeptInputsIn16Bits) {
   auto be = make_cpu_backend(1);
   const ModelSpec m = tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4);
@@ -95,7 +96,8 @@ TEST(Gpt, MixedPrecisionActivationBytesAreTheKeptInputsIn16Bits) {
   };
   const int64_t N = 2 * m.seq_len, C = m.hidden, HD = m.hidden, F = m.ffn_hidden, QKV = 3 * m.hidden;
   const int64_t kept = m.layers * (N * C + N * HD + N * C + N * F) + N * C;
-  const int64_t staging = 4 * N * std::max({C, HD, F}) + 2 * N * std::max({C, QKV, F, m.vocab});
+  const int64_t Vp = (m.vocab + Gpt::kLogitsRowAlign - 1) / Gpt::kLogitsRowAlign * Gpt::kLogitsRowAlign;
+  const int64_t staging = 4 * N * std::max({C, HD, F}) + 2 * N * std::max({C, QKV, F, Vp});  // logits' padded rows
   EXPECT_EQ(mem(Precision::bf16), mem(Precision::fp32) - 2 * kept + staging);
   EXPECT_EQ(mem(Precision::fp16), mem(Precision::bf16));
 }
@@ -306,7 +308,7 @@ void check_tensor_parallel(const ModelSpec& m, int tp, bool sequence_parallel) {
   ref.init_weights(5);
   ref.zero_grad();
   const float ref_loss = ref.forward(tok.data(), nullptr, tgt.data());
-  auto ref_logits = host_copy(*be1, ref.logits(), N * m.vocab);
+  auto ref_logits = ref.download_logits();
   ref.backward(nullptr, 1.0f);
   auto ref_grads = host_copy(*be1, ref.grads(), ref.num_params());
 
@@ -326,7 +328,7 @@ void check_tensor_parallel(const ModelSpec& m, int tp, bool sequence_parallel) {
       g.init_weights(5);
       g.zero_grad();
       losses[size_t(r)] = g.forward(tok.data(), nullptr, tgt.data());
-      auto lg = host_copy(*be, g.logits(), N * g.vocab_local());  // this rank's vocab columns
+      auto lg = g.download_logits();  // this rank's vocab columns
       for (int64_t n = 0; n < N; n++)
         for (int64_t v = 0; v < g.vocab_local(); v++) {
           float want = ref_logits[size_t(n * m.vocab + g.vocab_start() + v)];

@@ -103,7 +103,7 @@ int main(int argc, char** argv) try {
   first_batch.next_batch(B, T, tok.data(), tgt.data());
   g.zero_grad();
   const float loss = g.forward(tok.data(), nullptr, tgt.data());
-  write_bin(dir + "/logits.bin", download(*be, g.logits(), N * m.vocab));
+  write_bin(dir + "/logits.bin", g.download_logits());
   g.backward(nullptr, 1.0f);
   write_bin(dir + "/params.bin", download(*be, g.params(), g.num_params()));
   write_bin(dir + "/grads.bin", download(*be, g.grads(), g.num_params()));

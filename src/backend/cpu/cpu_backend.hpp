@@ -79,9 +79,11 @@ class CpuBackend final : public Backend {
 
   void rope(float* x, int64_t B, int64_t T, int64_t row_stride, int64_t n_heads, int64_t D,
             float theta, bool inverse) override;
-  void attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T,
+  // saved: each query row's log-sum-exp [B, Hq, T] (cpu_attention.cpp).
+  int64_t attention_saved_floats(int64_t B, int64_t T, int64_t Hq) const override { return B * Hq * T; }
+  void attention_forward(float* out, float* saved, const float* qkv, int64_t B, int64_t T,
                          int64_t Hq, int64_t Hkv, int64_t D) override;
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs,
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* saved,
                           int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) override;
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte,
@@ -97,12 +99,12 @@ class CpuBackend final : public Backend {
   void positional_forward_half(Half type, float* out, const uint16_t* wpe, int64_t B, int64_t T,
                                int64_t C) override;
 
-  void xent_max(float* rowmax, const float* logits, int64_t N, int64_t V) override;
+  void xent_max(float* rowmax, const float* logits, int64_t N, int64_t V, int64_t ld) override;
   void xent_stats(float* sumexp, float* target_logit, const float* logits, const float* rowmax,
-                  const int32_t* targets, int64_t vocab_start, int64_t N, int64_t V) override;
+                  const int32_t* targets, int64_t vocab_start, int64_t N, int64_t V, int64_t ld) override;
   void xent_backward(float* logits, const float* rowmax, const float* sumexp,
                      const int32_t* targets, int64_t vocab_start, float scale, int64_t N,
-                     int64_t V) override;
+                     int64_t V, int64_t ld) override;
 
   void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                     float beta1, float beta2, float eps, float weight_decay,

@@ -226,18 +226,21 @@ class GuardedCpuBackend final : public Backend {
     OpScope s("rope", {matrix(x, B * T, n_heads * D, row_stride)});
     cpu_.rope(x, B, T, row_stride, n_heads, D, theta, inverse);
   }
-  void attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T,
-                         int64_t Hq, int64_t Hkv, int64_t D) override {
-    OpScope s("attention_forward", {span(out, B * T * Hq * D), span(probs, B * Hq * T * T),
-                                    span(qkv, B * T * (Hq + 2 * Hkv) * D)});
-    cpu_.attention_forward(out, probs, qkv, B, T, Hq, Hkv, D);
+  int64_t attention_saved_floats(int64_t B, int64_t T, int64_t Hq) const override {
+    return cpu_.attention_saved_floats(B, T, Hq);
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs,
+  void attention_forward(float* out, float* saved, const float* qkv, int64_t B, int64_t T,
+                         int64_t Hq, int64_t Hkv, int64_t D) override {
+    OpScope s("attention_forward", {span(out, B * T * Hq * D), span(saved, attention_saved_floats(B, T, Hq)),
+                                    span(qkv, B * T * (Hq + 2 * Hkv) * D)});
+    cpu_.attention_forward(out, saved, qkv, B, T, Hq, Hkv, D);
+  }
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* saved,
                           int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) override {
     const int64_t W = (Hq + 2 * Hkv) * D;
     OpScope s("attention_backward", {span(dqkv, B * T * W), span(dout, B * T * Hq * D),
-                                     span(qkv, B * T * W), span(probs, B * Hq * T * T)});
-    cpu_.attention_backward(dqkv, dout, qkv, probs, B, T, Hq, Hkv, D);
+                                     span(qkv, B * T * W), span(saved, attention_saved_floats(B, T, Hq))});
+    cpu_.attention_backward(dqkv, dout, qkv, saved, B, T, Hq, Hkv, D);
   }
 
   // ---- embeddings ------------------------------------------------------------------------------
@@ -273,22 +276,22 @@ class GuardedCpuBackend final : public Backend {
   }
 
   // ---- cross-entropy ---------------------------------------------------------------------------
-  void xent_max(float* rowmax, const float* logits, int64_t N, int64_t V) override {
-    OpScope s("xent_max", {span(rowmax, N), span(logits, N * V)});
-    cpu_.xent_max(rowmax, logits, N, V);
+  void xent_max(float* rowmax, const float* logits, int64_t N, int64_t V, int64_t ld) override {
+    OpScope s("xent_max", {span(rowmax, N), matrix(logits, N, V, ld)});
+    cpu_.xent_max(rowmax, logits, N, V, ld);
   }
   void xent_stats(float* sumexp, float* target_logit, const float* logits, const float* rowmax,
-                  const int32_t* targets, int64_t vocab_start, int64_t N, int64_t V) override {
-    OpScope s("xent_stats", {span(sumexp, N), span(target_logit, N), span(logits, N * V),
+                  const int32_t* targets, int64_t vocab_start, int64_t N, int64_t V, int64_t ld) override {
+    OpScope s("xent_stats", {span(sumexp, N), span(target_logit, N), matrix(logits, N, V, ld),
                              span(rowmax, N), span(targets, N)});
-    cpu_.xent_stats(sumexp, target_logit, logits, rowmax, targets, vocab_start, N, V);
+    cpu_.xent_stats(sumexp, target_logit, logits, rowmax, targets, vocab_start, N, V, ld);
   }
   void xent_backward(float* logits, const float* rowmax, const float* sumexp,
                      const int32_t* targets, int64_t vocab_start, float scale, int64_t N,
-                     int64_t V) override {
-    OpScope s("xent_backward", {span(logits, N * V), span(rowmax, N), span(sumexp, N),
+                     int64_t V, int64_t ld) override {
+    OpScope s("xent_backward", {matrix(logits, N, V, ld), span(rowmax, N), span(sumexp, N),
                                 span(targets, N)});
-    cpu_.xent_backward(logits, rowmax, sumexp, targets, vocab_start, scale, N, V);
+    cpu_.xent_backward(logits, rowmax, sumexp, targets, vocab_start, scale, N, V, ld);
   }
 
   // ---- optimizer -------------------------------------------------------------------------------

@@ -73,13 +73,6 @@ CudaBackend::CudaBackend(int device) : device_(device), compute_(device) {
             "(attention's GEMMs only)", tf32_value);
   tf32_ = tf32_value == "1";
   tf32_attention_ = tf32_value == "attention";
-  if (const char* stage = std::getenv("EXATRAIN_CUDA_STAGE_MIN_MNK")) {
-    char* end = nullptr;
-    stage_min_mnk_ = std::strtod(stage, &end);
-    EXA_CHECK(*stage != '\0' && end != nullptr && *end == '\0' && stage_min_mnk_ >= 0,
-              "cuda backend: EXATRAIN_CUDA_STAGE_MIN_MNK='{}': expected a number >= 0 (the smallest M N K of a "
-              "misaligned GEMM to stage; 0: every one)", stage);
-  }
   const char* profile = std::getenv("EXATRAIN_CUDA_PROFILE");
   profile_.on = profile != nullptr && std::string(profile) == "1";
   cpu_ = make_cpu_backend(0);
@@ -354,7 +347,6 @@ const LtPlan& CudaBackend::lt_plan(const LtKey& key) {
 
 namespace {
 
-bool misaligned(const void* p, int64_t ld, int64_t esz) { return operand_alignment(p, ld, 0, 1, esz) < 16; }
 
 }  // namespace
 
@@ -374,57 +366,17 @@ void CudaBackend::matmul(cudaDataType ab, bool ta, bool tb, int64_t M, int64_t N
     }
     return;
   }
-  const int64_t esz = ab == CUDA_R_32F ? 4 : 2;
-  if (batch == 1 && double(M) * double(N) * double(K) >= stage_min_mnk_ &&
-      (misaligned(A, lda, esz) || misaligned(B, ldb, esz) || misaligned(C, ldc, 4)))
-    return matmul_staged(ab, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  matmul_direct(ab, ta, tb, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc, stride_c, batch);
+  matmul_lt(ab, ta, tb, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc, stride_c, batch);
 }
 
-// Rows that are not a multiple of 16 bytes apart (the GPT-2 head's 50,257-wide logits and their
-// gradient) make cuBLASLt pick slow kernels: on the H100, 6.6 ms for the 8192 x 50257 x 768 logits
-// GEMM against 1.1 ms at 50,304 (bench_gpu --profile, docs/cuda.md). A big unbatched GEMM with such an
-// operand runs on copies with padded rows (cudaMemcpy2DAsync), C copied back: the copies cost a pass
-// over the operand. Where the scratch does not fit, the GEMM runs unstaged.
-void CudaBackend::matmul_staged(cudaDataType ab, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-                                const void* A, int64_t lda, const void* B, int64_t ldb, float beta, float* C,
-                                int64_t ldc) {
-  const int64_t esz = ab == CUDA_R_32F ? 4 : 2;
-  // A is M x K row-major (K x M when ta), B is K x N (N x K when tb), C is M x N.
-  struct Operand {
-    const void* p;
-    int64_t rows, cols, ld, e;
-    cuda::Scratch copy;  // the padded copy, empty where the operand is aligned
-    int64_t ld2 = 0;
-    const void* use() const { return copy.get() ? copy.get() : p; }
-    int64_t use_ld() const { return copy.get() ? ld2 : ld; }
-  };
-  std::array<Operand, 3> op{{{A, ta ? K : M, ta ? M : K, lda, esz}, {B, tb ? N : K, tb ? K : N, ldb, esz},
-                             {C, M, N, ldc, 4}}};
-  try {  // every copy first: where one does not fit, nothing has been enqueued and the GEMM runs unstaged
-    for (Operand& o : op)
-      if (misaligned(o.p, o.ld, o.e)) {
-        o.ld2 = (o.cols * o.e + 15) / 16 * 16 / o.e;
-        o.copy = cuda::Scratch(alloc_, size_t(o.rows * o.ld2 * o.e));
-      }
-  } catch (const std::exception&) {
-    return matmul_direct(ab, ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
-  }
-  for (int i = 0; i < 3; i++) {
-    const Operand& o = op[size_t(i)];
-    if (o.copy.get() != nullptr && (i < 2 || beta != 0.0f))  // C's old values only where beta reads them
-      EXA_CUDA(cudaMemcpy2DAsync(o.copy.get(), o.ld2 * o.e, o.p, o.ld * o.e, o.cols * o.e, o.rows,
-                                 cudaMemcpyDeviceToDevice, cs()));
-  }
-  float* c = static_cast<float*>(const_cast<void*>(op[2].use()));
-  matmul_direct(ab, ta, tb, M, N, K, alpha, op[0].use(), op[0].use_ld(), 0, op[1].use(), op[1].use_ld(), 0, beta, c,
-                op[2].use_ld(), 0, 1);
-  if (c != C) EXA_CUDA(cudaMemcpy2DAsync(C, ldc * 4, c, op[2].ld2 * 4, N * 4, M, cudaMemcpyDeviceToDevice, cs()));
-}
-
+// GEMMs whose rows are not a multiple of 16 bytes apart make cuBLASLt pick slow kernels (on the
+// H100, 6.6 ms for GPT-2's 8192 x 50257 x 768 logits against 1.1 ms at 50,304: bench_gpu --profile,
+// docs/cuda.md); the model pads the logits' rows for that reason (Gpt::logits_ld), so no operand is
+// copied here: the real alignment is told to the heuristic (operand_alignment) and it chooses.
+//
 // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's first operand is B
 // (stored [K,N] column-major as N x K when !tb), its second A, and C is N x M column-major.
-void CudaBackend::matmul_direct(cudaDataType ab, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+void CudaBackend::matmul_lt(cudaDataType ab, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                                 const void* A, int64_t lda, int64_t stride_a, const void* B, int64_t ldb,
                                 int64_t stride_b, float beta, float* C, int64_t ldc, int64_t stride_c, int64_t batch) {
   const int64_t esz = ab == CUDA_R_32F ? 4 : 2;

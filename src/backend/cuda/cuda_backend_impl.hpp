@@ -236,6 +236,9 @@ class CudaBackend final : public Backend {
     cuda::rope(cs(), x, B, T, row_stride, n_heads, D, theta, inverse);
     launched("rope");
   }
+  // saved: the probabilities [B, Hq, T, T] (cuda_backend.cpp; a fused kernel would keep the rows'
+  // log-sum-exp as the CPU does: docs/cuda.md "Missing").
+  int64_t attention_saved_floats(int64_t B, int64_t T, int64_t Hq) const override { return B * Hq * T * T; }
   void attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                          int64_t D) override;
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int64_t B, int64_t T,
@@ -271,18 +274,18 @@ class CudaBackend final : public Backend {
     cuda::positional_forward_half(cs(), type == Half::bf16 ? 0 : 1, out, wpe, B, T, C);
     launched("positional_forward_half");
   }
-  void xent_max(float* rowmax, const float* logits, int64_t N, int64_t V) override {
-    cuda::xent_max(cs(), rowmax, logits, N, V);
+  void xent_max(float* rowmax, const float* logits, int64_t N, int64_t V, int64_t ld) override {
+    cuda::xent_max(cs(), rowmax, logits, N, V, ld);
     launched("xent_max");
   }
   void xent_stats(float* sumexp, float* target_logit, const float* logits, const float* rowmax,
-                  const int32_t* targets, int64_t vocab_start, int64_t N, int64_t V) override {
-    cuda::xent_stats(cs(), sumexp, target_logit, logits, rowmax, targets, vocab_start, N, V);
+                  const int32_t* targets, int64_t vocab_start, int64_t N, int64_t V, int64_t ld) override {
+    cuda::xent_stats(cs(), sumexp, target_logit, logits, rowmax, targets, vocab_start, N, V, ld);
     launched("xent_stats");
   }
   void xent_backward(float* logits, const float* rowmax, const float* sumexp, const int32_t* targets,
-                     int64_t vocab_start, float scale, int64_t N, int64_t V) override {
-    cuda::xent_backward(cs(), logits, rowmax, sumexp, targets, vocab_start, scale, N, V);
+                     int64_t vocab_start, float scale, int64_t N, int64_t V, int64_t ld) override {
+    cuda::xent_backward(cs(), logits, rowmax, sumexp, targets, vocab_start, scale, N, V, ld);
     launched("xent_backward");
   }
 
@@ -391,9 +394,7 @@ class CudaBackend final : public Backend {
   void matmul(cudaDataType ab, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
               int64_t lda, int64_t stride_a, const void* B, int64_t ldb, int64_t stride_b, float beta, float* C,
               int64_t ldc, int64_t stride_c, int64_t batch);
-  void matmul_staged(cudaDataType ab, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
-                     int64_t lda, const void* B, int64_t ldb, float beta, float* C, int64_t ldc);
-  void matmul_direct(cudaDataType ab, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+  void matmul_lt(cudaDataType ab, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
                      int64_t lda, int64_t stride_a, const void* B, int64_t ldb, int64_t stride_b, float beta, float* C,
                      int64_t ldc, int64_t stride_c, int64_t batch);
   // A GEMM's key: data type, compute type, ta, tb, M, N, K, lda, ldb, ldc, the three strides, batch
@@ -412,11 +413,6 @@ class CudaBackend final : public Backend {
   // EXATRAIN_CUDA_TF32: "1" runs every fp32 GEMM on TF32 tensor cores, "attention" only attention's
   // batched ones (in_attention_: set while attention's GEMMs are enqueued); unset: none.
   bool tf32_ = false, tf32_attention_ = false, in_attention_ = false;
-  // Unbatched GEMMs of at least this M N K with a misaligned operand run on padded copies
-  // (matmul_staged). Off (infinite) unless EXATRAIN_CUDA_STAGE_MIN_MNK sets it (1073741824 = 2^30 for
-  // the GPT-2 head; 0: every one, as bench/gpu/run.sh's tests do): written after the last GPU run of
-  // this code, so not yet run on a GPU (docs/cuda.md).
-  double stage_min_mnk_ = HUGE_VAL;
   // Per-op GPU time (EXATRAIN_CUDA_PROFILE=1; bench_gpu --profile): events recorded at each op's
   // end, the time between consecutive events charged to the op that ended (so a host gap is charged
   // to the op after it). Ops inside an op (attention's GEMMs) are charged to the outer one.

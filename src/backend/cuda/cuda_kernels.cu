@@ -370,17 +370,17 @@ __global__ void k_positional_backward(float* dwpe, const float* dout, int64_t B,
     dwpe[i] += s;
   }
 }
-__global__ void k_xent_max(float* rowmax, const float* logits, int64_t V) {
-  const float* l = logits + int64_t(blockIdx.x) * V;
+__global__ void k_xent_max(float* rowmax, const float* logits, int64_t V, int64_t ld) {
+  const float* l = logits + int64_t(blockIdx.x) * ld;
   float m = -INFINITY;
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, l[v]);
   m = block_max(m);
   if (threadIdx.x == 0) rowmax[blockIdx.x] = m;
 }
 __global__ void k_xent_stats(float* sumexp, float* target_logit, const float* logits, const float* rowmax,
-                             const int32_t* targets, int64_t vocab_start, int64_t V) {
+                             const int32_t* targets, int64_t vocab_start, int64_t V, int64_t ld) {
   const int64_t n = blockIdx.x;
-  const float* l = logits + n * V;
+  const float* l = logits + n * ld;
   const float m = rowmax[n];
   double s = 0;
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) s += double(expf(l[v] - m));
@@ -392,9 +392,9 @@ __global__ void k_xent_stats(float* sumexp, float* target_logit, const float* lo
   }
 }
 __global__ void k_xent_backward(float* logits, const float* rowmax, const float* sumexp, const int32_t* targets,
-                                int64_t vocab_start, float scale, int64_t V) {
+                                int64_t vocab_start, float scale, int64_t V, int64_t ld) {
   const int64_t n = blockIdx.x, t = int64_t(targets[n]) - vocab_start;
-  float* l = logits + n * V;
+  float* l = logits + n * ld;
   const float m = rowmax[n], inv = scale / sumexp[n];
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
     float x = expf(l[v] - m) * inv;
@@ -578,18 +578,20 @@ void positional_forward_half(cudaStream_t s, int half, float* out, const uint16_
 void positional_backward(cudaStream_t s, float* dwpe, const float* dout, int64_t B, int64_t T, int64_t C) {
   EXA_LAUNCH(k_positional_backward, T * C, s, dwpe, dout, B, T, C);
 }
-void xent_max(cudaStream_t s, float* rowmax, const float* logits, int64_t N, int64_t V) {
-  if (N > 0) k_xent_max<<<unsigned(N), row_threads(V), 0, s>>>(rowmax, logits, V);
+void xent_max(cudaStream_t s, float* rowmax, const float* logits, int64_t N, int64_t V, int64_t ld) {
+  if (N > 0) k_xent_max<<<unsigned(N), row_threads(V), 0, s>>>(rowmax, logits, V, ld);
 }
 void xent_stats(cudaStream_t s, float* sumexp, float* target_logit, const float* logits, const float* rowmax,
-                const int32_t* targets, int64_t vocab_start, int64_t N, int64_t V) {
+                const int32_t* targets, int64_t vocab_start, int64_t N, int64_t V, int64_t ld) {
   if (N > 0)
-    k_xent_stats<<<unsigned(N), row_threads(V), 0, s>>>(sumexp, target_logit, logits, rowmax, targets, vocab_start, V);
+    k_xent_stats<<<unsigned(N), row_threads(V), 0, s>>>(sumexp, target_logit, logits, rowmax, targets, vocab_start, V,
+                                                        ld);
 }
 void xent_backward(cudaStream_t s, float* logits, const float* rowmax, const float* sumexp, const int32_t* targets,
-                   int64_t vocab_start, float scale, int64_t N, int64_t V) {
+                   int64_t vocab_start, float scale, int64_t N, int64_t V, int64_t ld) {
   if (N > 0)
-    k_xent_backward<<<unsigned(N), row_threads(V), 0, s>>>(logits, rowmax, sumexp, targets, vocab_start, scale, V);
+    k_xent_backward<<<unsigned(N), row_threads(V), 0, s>>>(logits, rowmax, sumexp, targets, vocab_start, scale, V,
+                                                           ld);
 }
 
 void adamw_update(cudaStream_t s, float* param, const float* grad, float* m, float* v, int64_t n, float beta1,

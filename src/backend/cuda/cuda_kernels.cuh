@@ -75,11 +75,11 @@ void embedding_forward_half(cudaStream_t s, int half, float* out, const int32_t*
 void positional_forward_half(cudaStream_t s, int half, float* out, const uint16_t* wpe, int64_t B, int64_t T,
                              int64_t C);
 void positional_backward(cudaStream_t s, float* dwpe, const float* dout, int64_t B, int64_t T, int64_t C);
-void xent_max(cudaStream_t s, float* rowmax, const float* logits, int64_t N, int64_t V);
+void xent_max(cudaStream_t s, float* rowmax, const float* logits, int64_t N, int64_t V, int64_t ld);
 void xent_stats(cudaStream_t s, float* sumexp, float* target_logit, const float* logits, const float* rowmax,
-                const int32_t* targets, int64_t vocab_start, int64_t N, int64_t V);
+                const int32_t* targets, int64_t vocab_start, int64_t N, int64_t V, int64_t ld);
 void xent_backward(cudaStream_t s, float* logits, const float* rowmax, const float* sumexp, const int32_t* targets,
-                   int64_t vocab_start, float scale, int64_t N, int64_t V);
+                   int64_t vocab_start, float scale, int64_t N, int64_t V, int64_t ld);
 
 // ---- optimizer (elementwise over the arenas) ----------------------------------------------------
 void adamw_update(cudaStream_t s, float* param, const float* grad, float* m, float* v, int64_t n, float beta1,
