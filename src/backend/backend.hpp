@@ -196,11 +196,11 @@ class Backend {
   // qkv[B,T,(Hq+2*Hkv)*D]: per row Hq query heads, then Hkv key heads, then Hkv value heads.
   // out[B,T,Hq*D] = softmax_causal(q k^T / sqrt(D)) @ v; query head h reads key/value head
   // h / (Hq/Hkv). What the backward needs besides qkv is the backend's own: `saved`, of
-  // attention_saved_floats(B, T, Hq) floats, written by the forward and read by the backward (CPU:
-  // each query row's log-sum-exp [B,Hq,T], from which the backward recomputes the row's
-  // probabilities, as FlashAttention does; CUDA: the probabilities [B,Hq,T,T]). out == nullptr:
-  // only `saved` is computed (selective recomputation refills it before the backward), the same
-  // bits as with out.
+  // attention_saved_floats(B, T, Hq) floats, written by the forward and read by the backward (the
+  // CPU and CUDA backends: the probabilities [B,Hq,T,T]; a fused flash kernel keeps per-row softmax
+  // statistics [B,Hq,T] and recomputes the probabilities in the backward). out == nullptr: only
+  // `saved` is computed (selective recomputation refills it before the backward), the same bits as
+  // with out.
   virtual int64_t attention_saved_floats(int64_t B, int64_t T, int64_t Hq) const = 0;
   virtual void attention_forward(float* out, float* saved, const float* qkv, int64_t B,
                                  int64_t T, int64_t Hq, int64_t Hkv, int64_t D) = 0;

@@ -366,6 +366,8 @@ const float* Gpt::output(int64_t slot) const {
 }
 const float* Gpt::input_grad() const { return din_; }
 std::vector<float> Gpt::download_logits(int64_t slot) const {
+  EXA_CHECK(opt_.stage.has_head, "model: download_logits on a stage without the head (layers [{}, {}))",
+            opt_.stage.first_layer, opt_.stage.last_layer);
   const int64_t N = B_ * T_, V = vocab_local_;
   std::vector<float> padded(size_t(N * logits_ld_)), dense(size_t(N * V));
   be_.download(padded.data(), const_cast<Gpt*>(this)->slot_at(slot).logits, sizeof(float) * padded.size());

@@ -545,8 +545,8 @@ TEST_P(Ops, CrossEntropyRandomShapesAndVocabularySlices) {
 // ---- stability: large logits / scores ----------------------------------------------------------
 
 TEST_P(Ops, CrossEntropyStableForLogitsAround1e3) {
-  // float rounding of 1e3-sized logits is ~6e-5 absolute, hence the looser tolerance.
-  check_sliced_xent(9, 101, 40, 1e3, 1e-3, 31);
+  // float rounding of 1e3-sized logits is ~6e-5 absolute, hence the looser tolerance; rows padded.
+  check_sliced_xent(9, 101, 40, 1e3, 1e-3, 31, 13);
 }
 
 TEST_P(Ops, AttentionStableForScoresAround1e3) {
@@ -562,7 +562,7 @@ TEST_P(Ops, AttentionStableForScoresAround1e3) {
   Buf dout(be(), proj), dqkv(be(), size_t(B * T * W));
   be().attention_backward(dqkv.p, dout.p, bq.p, saved.p, B, T, Hq, Hkv, D);
   Fn f = [&](const std::vector<Vec>& in) { return naive_attention(in[0], B, T, Hq, Hkv, D); };
-  expect_close(dqkv.get(), fd_grad(f, {qkv}, 0, proj, 1e-4), 1e-3, "attention bwd, large scores");
+  expect_close(dqkv.get(), fd_grad(f, {qkv}, 0, proj, 1e-4), 1e-4, "attention bwd, large scores");
 }
 
 TEST_P(Ops, ActivationsStableForInputsAround1e3) {

@@ -168,7 +168,7 @@ void CudaBackend::check_heads(int64_t T, int64_t Hq, int64_t Hkv, int64_t B, con
             Hq, B);
 }
 
-// Attention (backend.hpp's contract, probs[B,Hq,T,T] materialised) as cuBLASLt GEMMs around the
+// Attention (its saved state: the probabilities [B,Hq,T,T], materialised) as cuBLASLt GEMMs around the
 // softmax kernels. For batch b and group member g, the query heads h = kvh * group + g (kvh < Hkv)
 // are one strided batch of Hkv matrices: q_h at h * D (stride group * D), its kv head's k and v at
 // (Hq + kvh) * D and (Hq + Hkv + kvh) * D (stride D), its scores at (b Hq + h) T T (stride group T T).
@@ -345,11 +345,6 @@ const LtPlan& CudaBackend::lt_plan(const LtKey& key) {
   return *slot;
 }
 
-namespace {
-
-
-}  // namespace
-
 void CudaBackend::matmul(cudaDataType ab, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                          const void* A, int64_t lda, int64_t stride_a, const void* B, int64_t ldb, int64_t stride_b,
                          float beta, float* C, int64_t ldc, int64_t stride_c, int64_t batch) {
@@ -377,8 +372,8 @@ void CudaBackend::matmul(cudaDataType ab, bool ta, bool tb, int64_t M, int64_t N
 // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's first operand is B
 // (stored [K,N] column-major as N x K when !tb), its second A, and C is N x M column-major.
 void CudaBackend::matmul_lt(cudaDataType ab, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-                                const void* A, int64_t lda, int64_t stride_a, const void* B, int64_t ldb,
-                                int64_t stride_b, float beta, float* C, int64_t ldc, int64_t stride_c, int64_t batch) {
+                            const void* A, int64_t lda, int64_t stride_a, const void* B, int64_t ldb,
+                            int64_t stride_b, float beta, float* C, int64_t ldc, int64_t stride_c, int64_t batch) {
   const int64_t esz = ab == CUDA_R_32F ? 4 : 2;
   const bool tf32 = ab == CUDA_R_32F && (tf32_ || (tf32_attention_ && in_attention_));
   const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;

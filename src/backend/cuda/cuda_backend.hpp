@@ -4,8 +4,8 @@
 //   GEMMs: cuBLASLt, float32 compute (CUBLAS_COMPUTE_32F: TF32 off by default, for equivalence
 //     with the CPU backend; EXATRAIN_CUDA_TF32=1 turns it on), gemm_half with bf16/f16 inputs and
 //     float32 accumulation and output.
-//   kernels: cuda_kernels.cu (norms, activations, rope, attention with the probs matrix of
-//     backend.hpp's contract, embeddings, cross-entropy, elementwise optimizers, reductions).
+//   kernels: cuda_kernels.cu (norms, activations, rope, attention saving its probabilities
+//     [B,Hq,T,T] for the backward, embeddings, cross-entropy, elementwise optimizers, reductions).
 //   host fallbacks: the LAPACK-based ops (sym_inverse_root, sym_eigenbasis, power_qr_refresh,
 //     sym_eigh), LAMB, Adafactor and the gradient-compression ops (topk_abs ... count_below) copy
 //     their operands to the host, run the CPU backend's code and copy the results back (correct,

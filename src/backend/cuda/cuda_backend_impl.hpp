@@ -236,8 +236,8 @@ class CudaBackend final : public Backend {
     cuda::rope(cs(), x, B, T, row_stride, n_heads, D, theta, inverse);
     launched("rope");
   }
-  // saved: the probabilities [B, Hq, T, T] (cuda_backend.cpp; a fused kernel would keep the rows'
-  // log-sum-exp as the CPU does: docs/cuda.md "Missing").
+  // saved: the probabilities [B, Hq, T, T] (cuda_backend.cpp; a fused kernel would keep per-row
+  // softmax statistics instead: docs/cuda.md "Missing").
   int64_t attention_saved_floats(int64_t B, int64_t T, int64_t Hq) const override { return B * Hq * T * T; }
   void attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                          int64_t D) override;
@@ -395,8 +395,8 @@ class CudaBackend final : public Backend {
               int64_t lda, int64_t stride_a, const void* B, int64_t ldb, int64_t stride_b, float beta, float* C,
               int64_t ldc, int64_t stride_c, int64_t batch);
   void matmul_lt(cudaDataType ab, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
-                     int64_t lda, int64_t stride_a, const void* B, int64_t ldb, int64_t stride_b, float beta, float* C,
-                     int64_t ldc, int64_t stride_c, int64_t batch);
+                 int64_t lda, int64_t stride_a, const void* B, int64_t ldb, int64_t stride_b, float beta, float* C,
+                 int64_t ldc, int64_t stride_c, int64_t batch);
   // A GEMM's key: data type, compute type, ta, tb, M, N, K, lda, ldb, ldc, the three strides, batch
   // and the three operands' alignments (cuda_backend.cpp, LtPlan).
   using LtKey = std::array<int64_t, 17>;

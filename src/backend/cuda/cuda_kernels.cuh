@@ -55,7 +55,7 @@ void swiglu_backward(cudaStream_t s, float* dinp, const float* inp, const float*
 void rope(cudaStream_t s, float* x, int64_t B, int64_t T, int64_t row_stride, int64_t n_heads, int64_t D,
           float theta, bool inverse);
 
-// ---- attention (the probs contract of backend.hpp: probs[B,Hq,T,T] materialised) ----------------
+// ---- attention (its saved state: the probabilities [B,Hq,T,T], materialised) ---------------------
 // The GEMMs are cuBLASLt's (cuda_backend.cpp); these are the softmax between them, over `rows` rows
 // of T scores, row r being query t = r % T (causal: keys t2 <= t). In place: scaled scores in,
 // probabilities out; backward: dp = dout . v in, ds = p (dp - sum p dp) scale out.
