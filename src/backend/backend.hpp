@@ -197,8 +197,9 @@ class Backend {
   // out[B,T,Hq*D] = softmax_causal(q k^T / sqrt(D)) @ v; query head h reads key/value head
   // h / (Hq/Hkv). What the backward needs besides qkv is the backend's own: `saved`, of
   // attention_saved_floats(B, T, Hq) floats, written by the forward and read by the backward (the
-  // CPU and CUDA backends: the probabilities [B,Hq,T,T]; a fused flash kernel keeps per-row softmax
-  // statistics [B,Hq,T] and recomputes the probabilities in the backward). out == nullptr: only
+  // CPU and CUDA backends: the probabilities [B,Hq,T,T]; a fused flash kernel would keep per-row
+  // softmax statistics [B,Hq,T] and, since FlashAttention-2's backward needs rowsum(dout * out),
+  // its output [B,T,Hq*D] as well, which attention_backward is not given). out == nullptr: only
   // `saved` is computed (selective recomputation refills it before the backward), the same bits as
   // with out.
   virtual int64_t attention_saved_floats(int64_t B, int64_t T, int64_t Hq) const = 0;

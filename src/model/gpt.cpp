@@ -55,8 +55,8 @@ Gpt::Gpt(Backend& backend, const GptOptions& options, ParallelHooks* hooks)
   const VocabSlice vs = vocab_slice(m.vocab, tp, opt_.tp.rank);
   vocab_start_ = vs.start;
   vocab_local_ = vs.rows;
-  logits_ld_ = (vocab_local_ + kLogitsRowAlign - 1) / kLogitsRowAlign * kLogitsRowAlign;
   EXA_CHECK(vocab_local_ > 0, "model: vocab {} too small for tp = {}", m.vocab, tp);
+  logits_ld_ = (vocab_local_ + kLogitsRowAlign - 1) / kLogitsRowAlign * kLogitsRowAlign;
   sp_ = opt_.tp.sequence_parallel;
   EXA_CHECK(!sp_ || (B_ * T_) % tp == 0, "model: sequence parallelism needs micro_batch * seq "
             "= {} divisible by tp = {}", B_ * T_, tp);
@@ -366,8 +366,8 @@ const float* Gpt::output(int64_t slot) const {
 }
 const float* Gpt::input_grad() const { return din_; }
 std::vector<float> Gpt::download_logits(int64_t slot) const {
-  EXA_CHECK(opt_.stage.has_head, "model: download_logits on a stage without the head (layers [{}, {}))",
-            opt_.stage.first_layer, opt_.stage.last_layer);
+  EXA_CHECK(opt_.stage.has_head, "model: download_logits on a stage without the head (layers [{}, {}))", first_,
+            first_ + L_);
   const int64_t N = B_ * T_, V = vocab_local_;
   std::vector<float> padded(size_t(N * logits_ld_)), dense(size_t(N * V));
   be_.download(padded.data(), const_cast<Gpt*>(this)->slot_at(slot).logits, sizeof(float) * padded.size());

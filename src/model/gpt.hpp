@@ -248,8 +248,8 @@ class Gpt {
   void linear_forward(const float* x32, uint16_t* x16, int64_t I, int64_t w, int64_t O, float* y,
                       int64_t ldy = 0);
   // dW[O, I] += dy^T x;  dx[N, I] = dy[N, O] @ W[O, I] (dy's rows ldy >= O apart, 0: O; under mixed
-  // precision the padding columns are rounded too, so they must hold finite values: the logits'
-  // padding stays the zeros it was allocated with).
+  // precision the padding columns are converted with the rest, as one contiguous pass, and never
+  // read by the GEMMs).
   void linear_backward(const float* dy, const float* x32, const uint16_t* x16, int64_t I, int64_t w, int64_t O,
                        float* dx, int64_t ldy = 0);
 };

@@ -70,6 +70,41 @@ TEST(Gpt, RecomputeSavesActivationMemory) {
   EXPECT_LT(mem(Recompute::full), mem(Recompute::selective));
 }
 
+// The logits' rows are padded to a multiple of Gpt::kLogitsRowAlign (aligned rows for the head's
+// GEMMs on cuBLASLt), per tensor-parallel slice; download_logits gives them dense, and only where the
+// stage has the head.
+TEST(Gpt, LogitsRowsArePaddedPerSliceAndDownloadedDense) {
+  auto be = make_cpu_backend(1);
+  GptOptions o;
+  o.model = tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4);  // vocab 37
+  o.micro_batch = 1;
+  Gpt whole(*be, o);
+  EXPECT_EQ(whole.logits_ld(), 64);
+  const size_t n = size_t(o.model.seq_len);
+  auto tok = random_tokens(n, o.model.vocab, 1), tgt = random_tokens(n, o.model.vocab, 2);
+  whole.init_weights(3);
+  whole.forward(tok.data(), nullptr, tgt.data());
+  EXPECT_EQ(whole.download_logits().size(), n * size_t(o.model.vocab));
+  o.model.vocab = 129;  // 129 -> 192; the tp = 2 slices (65 and 64 rows) -> 128 and 64
+  EXPECT_EQ(Gpt(*be, o).logits_ld(), 192);
+  NoParallelHooks hooks(*be);  // the slices' shapes only: no forward
+  GptOptions slice = o;
+  slice.tp = {0, 2, false};
+  EXPECT_EQ(Gpt(*be, slice, &hooks).logits_ld(), 128);
+  slice.tp = {1, 2, false};
+  EXPECT_EQ(Gpt(*be, slice, &hooks).logits_ld(), 64);
+  GptOptions first = o;
+  first.stage = {0, 1, true, false};
+  Gpt headless(*be, first);
+  try {
+    headless.download_logits();
+    ADD_FAILURE() << "download_logits on a stage without the head did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("download_logits on a stage without the head (layers [0, 1))"),
+              std::string::npos) << e.what();
+  }
+}
+
 // The one mapping from a training precision to its 16-bit format (the weight copy and GEMM inputs
 // here; the runtime's tp and pp messages use it too): fp16 computes in IEEE half, bf16 in bfloat16.
 TEST(Gpt, HalfFormatOfEachPrecision) {
@@ -86,7 +121,8 @@ TEST(Gpt, HalfFormatOfEachPrecision) {
 // else (no float32 lnf beside its copy).
 TEST(Gpt, MixedPrecisionActivationBytesAreTheKeptInputsIn16Bits) {
   auto be = make_cpu_backend(1);
-  const ModelSpec m = tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4);
+  ModelSpec m = tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4);
+  m.vocab = 101;  // Vp = 128, wider than QKV (96): dy16_ is sized by the logits' padded rows
   auto mem = [&](Precision p) {
     GptOptions o;
     o.model = m;

@@ -9,6 +9,7 @@
 
 #include "backend/cpu/cpu_backend.hpp"
 #include "backend/cpu/guarded_memory.hpp"
+#include "core/check.hpp"
 
 namespace exatrain {
 namespace {
@@ -277,11 +278,13 @@ class GuardedCpuBackend final : public Backend {
 
   // ---- cross-entropy ---------------------------------------------------------------------------
   void xent_max(float* rowmax, const float* logits, int64_t N, int64_t V, int64_t ld) override {
+    EXA_CHECK(ld >= V, "guarded backend: xent_max: row stride {} below the {} columns", ld, V);
     OpScope s("xent_max", {span(rowmax, N), matrix(logits, N, V, ld)});
     cpu_.xent_max(rowmax, logits, N, V, ld);
   }
   void xent_stats(float* sumexp, float* target_logit, const float* logits, const float* rowmax,
                   const int32_t* targets, int64_t vocab_start, int64_t N, int64_t V, int64_t ld) override {
+    EXA_CHECK(ld >= V, "guarded backend: xent_stats: row stride {} below the {} columns", ld, V);
     OpScope s("xent_stats", {span(sumexp, N), span(target_logit, N), matrix(logits, N, V, ld),
                              span(rowmax, N), span(targets, N)});
     cpu_.xent_stats(sumexp, target_logit, logits, rowmax, targets, vocab_start, N, V, ld);
@@ -289,6 +292,7 @@ class GuardedCpuBackend final : public Backend {
   void xent_backward(float* logits, const float* rowmax, const float* sumexp,
                      const int32_t* targets, int64_t vocab_start, float scale, int64_t N,
                      int64_t V, int64_t ld) override {
+    EXA_CHECK(ld >= V, "guarded backend: xent_backward: row stride {} below the {} columns", ld, V);
     OpScope s("xent_backward", {matrix(logits, N, V, ld), span(rowmax, N), span(sumexp, N),
                                 span(targets, N)});
     cpu_.xent_backward(logits, rowmax, sumexp, targets, vocab_start, scale, N, V, ld);
