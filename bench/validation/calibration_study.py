@@ -9,7 +9,15 @@ leave-one-source-out fold, from `exatrain validate --json`), so nothing of the c
 before its three steps. Printed: per cluster the MAPE on the rest before calibrating (the fold's
 constants) and after (median, quartiles over the draws).
 
-usage: /usr/bin/python3 bench/validation/calibration_study.py build/exatrain [CSV] [--draws 20]
+With --whole: calibrate each cluster on ALL its rows instead and print the leave-one-out MAPE
+that `exatrain calibrate` reports (each row predicted by the constants fitted on the others), with
+the constants it chose: what a user with many runs of one machine gets.
+
+With --spread: each triple takes one row from each third of the cluster ordered by attention's
+share of the predicted step (short, middling and long sequences for their model): three runs
+chosen as a user would choose them to calibrate attention apart from the rest.
+
+usage: /usr/bin/python3 bench/validation/calibration_study.py build/exatrain [CSV] [--draws 20] [--fit LIST] [--whole] [--spread]
 """
 import csv, json, os, random, re, statistics, subprocess, sys, tempfile
 
@@ -25,8 +33,11 @@ header, body = rows[0], rows[1:]
 rep = json.loads(subprocess.run([exe, "validate", src_csv, "--json"], capture_output=True, text=True, check=True).stdout)
 fold = {s["source"]: s["held_out_constants"] for s in rep["sources"]}
 clusters = {}
+att_share = {}  # attention's share of the predicted step, per row
 for r in rep["rows"]:
     clusters.setdefault((r["source"], r["device"]), []).append(r["row"])
+    att_share[r["row"]] = r["compute_s"]["attention"] / r["step_time_s"]
+spread = "--spread" in sys.argv
 
 tmp = tempfile.mkdtemp()
 def write(name, idx):
@@ -44,6 +55,22 @@ def mape_on(path, extra):
     errs = [abs(r["error"]) for r in json.loads(out)["rows"]]
     return 100 * sum(errs) / len(errs)
 
+if "--whole" in sys.argv:
+    print(f"{'cluster':<46} {'rows':>4} {'fold%':>9} {'fitted%':>8} {'left out%':>9}  constants fitted")
+    for (source, device), idx in sorted(clusters.items()):
+        if len(idx) < 6:
+            continue
+        cal = os.path.join(tmp, "cal.toml")
+        out = subprocess.run([exe, "calibrate", write("all.csv", idx), "--out", cal] + cal_args(source) + FIT,
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            print(f"{source[:30] + ' ' + device:<46} {len(idx):>4}  refused: {out.stderr.strip()[:120]}")
+            continue
+        m = re.search(r"shipped ([0-9.]+)%, fitted ([0-9.]+)%, leave-one-out ([0-9.]+)%", out.stdout)
+        names = "+".join(sorted(k.group(1) for k in re.finditer(r"^(\w+) = ", open(cal).read().split("[device.")[1], re.M)))
+        print(f"{source[:30] + ' ' + device:<46} {len(idx):>4} {m.group(1):>9} {m.group(2):>8} {m.group(3):>9}  {names}", flush=True)
+    sys.exit(0)
+
 print(f"{'cluster':<46} {'rows':>4} {'before%':>8} {'after: median%':>15} {'q1..q3%':>14}  constants fitted (share of draws)")
 for (source, device), idx in sorted(clusters.items()):
     if len(idx) < 6:
@@ -52,7 +79,12 @@ for (source, device), idx in sorted(clusters.items()):
     base = cal_args(source)
     before, after, chosen = [], [], {}
     for _ in range(draws):
-        three = sorted(rng.sample(idx, 3))
+        if spread:  # one run from each third of the cluster by attention's share of the step
+            by = sorted(idx, key=lambda i: att_share[i])
+            k = len(by) // 3
+            three = sorted(rng.choice(part) for part in (by[:k], by[k:len(by) - k], by[len(by) - k:]))
+        else:
+            three = sorted(rng.sample(idx, 3))
         rest = [i for i in idx if i not in three]
         rest_csv = write("rest.csv", rest)
         before.append(mape_on(rest_csv, base))
@@ -67,6 +99,9 @@ for (source, device), idx in sorted(clusters.items()):
         chosen[names] = chosen.get(names, 0) + 1
         after.append(mape_on(rest_csv, base + ["--calibration", cal]))
     ok = [a for a in after if a == a]
+    if not ok:
+        print(f"{source[:30] + ' ' + device:<46} {len(idx):>4} {statistics.median(before):>8.1f} {'refused':>15}", flush=True)
+        continue
     q = statistics.quantiles(ok, n=4) if len(ok) >= 2 else [ok[0]] * 3
     share = ", ".join(f"{'+'.join(k) if isinstance(k, tuple) else k} {v}/{draws}" for k, v in chosen.items())
     print(f"{source[:30] + ' ' + device:<46} {len(idx):>4} {statistics.median(before):>8.1f} {statistics.median(ok):>15.1f} "

@@ -1,4 +1,4 @@
-// `exatrain calibrate INPUT... --out FILE [--fit sustained,network,bw_efficiency]`: fits the
+// `exatrain calibrate INPUT... --out FILE [--fit sustained,attention,network,bw_efficiency]`: fits the
 // machine's few constants (plan/calibrate.hpp) to measured steps: exatrain run directories
 // (metrics.jsonl + job.toml) or CSV files in the format of bench/validation/published_runs.csv.
 // Prints every run's measured and predicted step (shipped constants, fitted, left out) and writes
@@ -38,8 +38,9 @@ void add_calibrate_command(CLI::App& app) {
   cmd->add_option("inputs", *inputs, "run directories (metrics.jsonl + job.toml) or CSV files of measured runs")
       ->required();
   cmd->add_option("--out", *out, "the calibration file to write (TOML)")->required();
-  cmd->add_option("--fit", *fit, "constants to fit, comma-separated: sustained, network, bw_efficiency (default: "
-                                 "sustained, and the others while the runs determine them)");
+  cmd->add_option("--fit", *fit, "constants to fit, comma-separated: sustained, attention, network, bw_efficiency "
+                                 "(default: sustained; attention where the runs determine it; network and bw_efficiency "
+                                 "while they lower the leave-one-out error)");
   cmd->add_option("--calibration", *base, "start from this calibration file instead of the shipped constants");
   auto cal = std::make_shared<std::vector<std::string>>();
   cmd->add_option("--cal", *cal, "override a constant before fitting, name=value (as validate --cal)");

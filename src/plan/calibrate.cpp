@@ -4,6 +4,7 @@
 #include <cmath>
 #include <ctime>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include <fmt/format.h>
@@ -20,7 +21,7 @@ namespace exatrain::plan {
 namespace {
 
 const std::vector<std::string>& short_names() {
-  static const std::vector<std::string> names = {"sustained", "network", "bw_efficiency"};
+  static const std::vector<std::string> names = {"sustained", "network", "bw_efficiency", "attention"};
   return names;
 }
 
@@ -30,23 +31,98 @@ std::vector<std::string> qualified(const std::string& device, const std::vector<
   return out;
 }
 
-// Automatic choice: sustained, then network and bw_efficiency while the runs determine them and
-// outnumber them (leave-one-out needs a run left over).
+// Each run predicted by the constants fitted on the other runs. A fold whose runs cannot determine
+// all of `constants` fits the longest prefix of them it can (they are in the order chosen:
+// sustained first), the base constants where it cannot determine even sustained.
+std::vector<double> leave_one_out(const std::vector<MeasuredRun>& runs, const Calibration& base,
+                                  const std::vector<std::string>& constants) {
+  std::vector<double> out(runs.size());
+  for (size_t i = 0; i < runs.size(); ++i) {
+    std::vector<MeasuredRun> rest = runs;
+    rest.erase(rest.begin() + long(i));
+    std::vector<std::string> c = constants;
+    while (!c.empty() && !undetermined(rest, base, c).empty()) c.pop_back();
+    const Calibration fold = c.empty() ? base : fit_constants(rest, base, c).cal;
+    out[i] = predict_runs({runs[i]}, fold)[0];
+  }
+  return out;
+}
+
+// How far apart the runs' sensitivities to attention are: max - min over the runs of
+// -d log(step) / d log(attention), i.e. of attention's share of each step (a 2% step).
+double attention_share_spread(const std::vector<MeasuredRun>& runs, const Calibration& base, const std::string& device) {
+  const std::string name = device + ".attention";
+  Calibration moved = base;
+  moved.set(name, base.get(name) / 1.02);
+  const std::vector<double> p0 = predict_runs(runs, base), p1 = predict_runs(runs, moved);
+  double lo = 1e300, hi = -1e300;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const double share = std::log(p1[i] / p0[i]) / std::log(1.02);
+    lo = std::min(lo, share), hi = std::max(hi, share);
+  }
+  return hi - lo;
+}
+
+// Why `trial` cannot be fitted from `runs` ("" when it can): leave-one-out needs a run more than
+// constants, and the runs must determine them (plan/fit.hpp undetermined).
+std::string cannot_fit(const std::vector<MeasuredRun>& runs, const Calibration& base, const std::string& device,
+                       const std::vector<std::string>& trial) {
+  if (runs.size() < trial.size() + 1)
+    return fmt::format("{} runs (fitting {} constants needs {})", runs.size(), trial.size(), trial.size() + 1);
+  return undetermined(runs, base, qualified(device, trial));
+}
+
+// Automatic choice: sustained; then attention, where the runs determine it and its share of their
+// steps differs by kMinAttentionSpread or more (it is what separates a machine's runs of different
+// sequence lengths: docs/planner.md "Calibrating to your machine");
+// then, one at a time, whichever of network and bw_efficiency lowers the leave-one-out MAPE most,
+// while one lowers it by kMinLooGainPct points or more (a constant that only fits the noise of a
+// few runs does not predict a run left out better). Each constant left out is named in `why` with
+// the reason. Attention is taken on determinacy alone, without that test: with three runs the
+// leave-one-out figure is itself too noisy to judge it (docs/planner.md's study, both ways).
+constexpr double kMinLooGainPct = 0.1;
+// Attention is told from sustained only where its share of the step differs between the runs by
+// this much: on runs of one sequence length (shares a few points apart) a fit of both trades one
+// against the other on the runs' noise (docs/planner.md's study).
+constexpr double kMinAttentionSpread = 0.10;
 std::vector<std::string> choose(const std::vector<MeasuredRun>& runs, const Calibration& base, const std::string& device,
                                 std::string& why) {
   std::vector<std::string> chosen = {"sustained"};
-  for (const char* extra : {"network", "bw_efficiency"}) {
-    std::vector<std::string> trial = chosen;
-    trial.push_back(extra);
-    if (runs.size() < trial.size() + 1) {
-      why += fmt::format("{} not fitted: {} runs (fitting {} constants needs {}); ", extra, runs.size(), trial.size(),
-                         trial.size() + 1);
-      continue;
+  std::map<std::string, std::string> reason;  // for each constant left out
+  if (std::string r = cannot_fit(runs, base, device, {"sustained", "attention"}); !r.empty())
+    reason["attention"] = r;
+  else if (const double spread = attention_share_spread(runs, base, device); spread < kMinAttentionSpread)
+    reason["attention"] = fmt::format("attention's share of these runs' steps differs by {:.1f} points between them, "
+                                      "under the {:.0f} that tell it from sustained; add runs of other sequence lengths",
+                                      100 * spread, 100 * kMinAttentionSpread);
+  else
+    chosen.push_back("attention");
+  auto loo = [&](const std::vector<std::string>& c) {
+    return mape_pct(runs, leave_one_out(runs, base, qualified(device, c)));
+  };
+  double chosen_loo = runs.size() >= 2 ? loo(chosen) : 0;
+  for (bool added = true; added;) {
+    added = false;
+    std::vector<std::string> best;
+    double best_loo = chosen_loo;
+    for (const char* extra : {"network", "bw_efficiency"}) {
+      if (std::find(chosen.begin(), chosen.end(), extra) != chosen.end()) continue;
+      std::vector<std::string> trial = chosen;
+      trial.push_back(extra);
+      if (std::string r = cannot_fit(runs, base, device, trial); !r.empty()) {
+        reason[extra] = r;
+        continue;
+      }
+      const double l = loo(trial);
+      reason[extra] = fmt::format("it does not lower the leave-one-out MAPE by {} points ({:.2f}% with it, {:.2f}% "
+                                  "without)", kMinLooGainPct, l, chosen_loo);
+      if (l < best_loo - kMinLooGainPct) best_loo = l, best = trial;
     }
-    const std::string reason = undetermined(runs, base, qualified(device, trial));
-    if (reason.empty()) chosen = trial;
-    else why += fmt::format("{} not fitted: {}; ", extra, reason);
+    if (!best.empty()) chosen = best, chosen_loo = best_loo, added = true;
   }
+  for (const char* name : {"attention", "network", "bw_efficiency"})
+    if (std::find(chosen.begin(), chosen.end(), name) == chosen.end())
+      why += fmt::format("{} not fitted: {}; ", name, reason[name]);
   if (!why.empty()) why.erase(why.size() - 2);
   return chosen;
 }
@@ -81,17 +157,7 @@ CalibrateResult calibrate(std::vector<MeasuredRun> runs, const Calibration& base
   const FitResult all = fit_constants(runs, base, out.constants);
   out.cal = all.cal, out.fitted = all.predicted, out.fit_mape_pct = mape_pct(runs, all.predicted);
   if (runs.size() >= 2) {
-    // Leave-one-out: each run predicted by the constants fitted on the others (sustained alone
-    // where the others cannot determine the rest).
-    out.left_out.resize(runs.size());
-    for (size_t i = 0; i < runs.size(); ++i) {
-      std::vector<MeasuredRun> rest = runs;
-      rest.erase(rest.begin() + long(i));
-      std::vector<std::string> c = out.constants;
-      if (!undetermined(rest, base, c).empty()) c = {out.device + ".sustained"};
-      const Calibration fold = undetermined(rest, base, c).empty() ? fit_constants(rest, base, c).cal : base;
-      out.left_out[i] = predict_runs({runs[i]}, fold)[0];
-    }
+    out.left_out = leave_one_out(runs, base, out.constants);
     out.loo_mape_pct = mape_pct(runs, out.left_out);
   }
   return out;

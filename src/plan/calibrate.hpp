@@ -2,11 +2,13 @@
 // file `predict`, `plan` and `validate` read with --calibration FILE (docs/planner.md
 // "Calibrating to your machine").
 //
-// The constants are the device's `sustained` (compute), `network` (collectives) and
-// `bw_efficiency` (element-wise work): plan::Calibration's device constants, for the one device
-// the runs ran on. Without --fit, `calibrate` fits sustained, then adds network and bw_efficiency
-// while the runs determine them (plan/fit.hpp undetermined(), and one run more than constants so
-// that leave-one-out is defined); a --fit list the runs cannot determine is refused with the reason.
+// The constants are the device's `sustained` (compute), `attention` (the fused attention kernel's
+// rate), `network` (collectives) and `bw_efficiency` (element-wise work): plan::Calibration's
+// device constants, for the one device the runs ran on. Without --fit, `calibrate` fits
+// sustained, adds attention where the runs determine it (plan/fit.hpp undetermined(), and one run
+// more than constants so that leave-one-out is defined), then network and bw_efficiency one at a
+// time while one lowers the leave-one-out error; a --fit list the runs cannot determine is refused
+// with the reason.
 #pragma once
 #include <string>
 #include <vector>
@@ -25,7 +27,7 @@ struct CalibrateResult {
   std::string choice;  // how the constants were chosen (auto), for the report
 };
 
-// Fits `fit` (short names: sustained, network, bw_efficiency; empty: automatic) for the device of
+// Fits `fit` (short names: sustained, attention, network, bw_efficiency; empty: automatic) for the device of
 // `runs` (all on one device, else Error listing them), from `base`. Each run is its own group.
 CalibrateResult calibrate(std::vector<MeasuredRun> runs, const Calibration& base, const std::vector<std::string>& fit);
 

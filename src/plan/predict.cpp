@@ -32,6 +32,7 @@ std::optional<double> DeviceConstants::*device_field(const std::string& name) {
   if (name == "sustained") return &DeviceConstants::sustained;
   if (name == "bw_efficiency") return &DeviceConstants::bw_efficiency;
   if (name == "network") return &DeviceConstants::network;
+  if (name == "attention") return &DeviceConstants::attention;
   return nullptr;
 }
 std::string known_constants() {
@@ -47,7 +48,7 @@ double catalog_value(const std::string& key, const std::string& constant) {
     if (d.name == key || d.family == key) {
       if (constant == "sustained") return d.sustained;
       if (constant == "bw_efficiency") return d.bw_efficiency;
-      return 1.0;  // network
+      return 1.0;  // network, attention: multipliers
     }
   EXA_FAIL("calibration constant '{}.{}': no device or device family '{}' in the catalog", key, constant, key);
 }
@@ -63,7 +64,7 @@ const std::vector<std::string>& global_constant_names() {
   return names;
 }
 const std::vector<std::string>& device_constant_names() {
-  static const std::vector<std::string> names = {"sustained", "bw_efficiency", "network"};
+  static const std::vector<std::string> names = {"sustained", "bw_efficiency", "network", "attention"};
   return names;
 }
 
@@ -89,7 +90,8 @@ void Calibration::set(const std::string& name, double v) {
   if (dot != std::string::npos && device_field(name.substr(dot + 1))) {
     const std::string key = name.substr(0, dot), constant = name.substr(dot + 1);
     catalog_value(key, constant);  // the device or family exists
-    EXA_CHECK(constant == "network" || v <= 1, "calibration constant {} = {}: a fraction, expected <= 1", name, v);
+    EXA_CHECK(constant == "network" || constant == "attention" || v <= 1,
+              "calibration constant {} = {}: a fraction, expected <= 1", name, v);
     devices[key].*device_field(constant) = v;
     return;
   }
@@ -111,12 +113,17 @@ double Calibration::get(const std::string& name) const {
 
 Device Calibration::tuned(const Device& d) const {
   Device out = d;
+  double attention = 1;
   for (const std::string* key : {&d.family, &d.name}) {  // the device's own entry last: it wins
     auto it = devices.find(*key);
     if (it == devices.end()) continue;
     if (it->second.sustained) out.sustained = *it->second.sustained;
     if (it->second.bw_efficiency) out.bw_efficiency = *it->second.bw_efficiency;
+    if (it->second.attention) attention = *it->second.attention;
   }
+  // No kernel runs above the device's peak: a multiplier beyond it changes nothing.
+  for (std::optional<double>* eff : {&out.flash1_efficiency, &out.flash2_efficiency, &out.flash3_efficiency})
+    if (*eff) **eff = std::min(1.0, **eff * attention);
   return out;
 }
 
@@ -253,7 +260,7 @@ double dp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, 
   if (replicas == 1) return 0;
   const Group g = group_on_machine(replicas, p.tp, mach.gpus_per_node);
   const double n = double(parameters_on_rank(m, p, rank));
-  const double grads = (p.grads_16bit || p.grad_reduce_bf16 ? 2.0 : 4.0) * n, weights = double(element_bytes(p.precision)) * n;
+  const double grads = (p.grads_16bit || p.grad_reduce_bf16 ? 2.0 : 4.0) * n;  // the weights: param_gather_time
   if (p.zero == 3)
     return zero3_time(p, mach, g, lt, layers, gathered_weight_bytes(p, n, double(matrix_parameters_on_rank(m, p, rank))),
                       grads);

@@ -30,6 +30,11 @@ struct DeviceConstants {
   // Multiplier on the collective bandwidths of plan/comm.hpp (1 = the cluster's link figures at
   // kBusEfficiency): what the machine's collectives reach of the model's.
   std::optional<double> network;
+  // Multiplier on the fused attention kernel's rate (the catalog's flash efficiency times
+  // attention_relative; 1 = the model's figure): what this machine's attention kernel reaches of
+  // it, e.g. with a position bias (ALiBi) or the kernel a framework picks at run time. Unfused
+  // attention (batched GEMMs) does not use it; the scaled efficiency stops at 1 (the peak).
+  std::optional<double> attention;
   bool operator==(const DeviceConstants&) const = default;
 };
 

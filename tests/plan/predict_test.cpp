@@ -193,6 +193,32 @@ TEST(Predict, DeviceConstantsOfACalibration) {
   const Prediction slow_net = predict(job.model, job.machine, p, net);
   EXPECT_DOUBLE_EQ(slow_net.breakdown.compute, base.breakdown.compute);
   EXPECT_GT(slow_net.breakdown.tp_comm, 1.5 * base.breakdown.tp_comm);
+  // attention scales the fused attention kernel's rate and nothing else: 0.5 doubles the
+  // attention core's time (the job's default attention is FlashAttention-2), and, being a
+  // multiplier like network, it may exceed 1.
+  Calibration att = default_calibration();
+  att.set("a100-80g.attention=0.5");
+  const Prediction slow_att = predict(job.model, job.machine, p, att);
+  ASSERT_GT(base.compute_parts.attention, 0);
+  EXPECT_NEAR(slow_att.compute_parts.attention, 2 * base.compute_parts.attention, 1e-9 * base.compute_parts.attention);
+  EXPECT_DOUBLE_EQ(slow_att.compute_parts.linear, base.compute_parts.linear);
+  EXPECT_DOUBLE_EQ(slow_att.breakdown.tp_comm, base.breakdown.tp_comm);
+  // A device's entry wins over its family's, applied once: 0.25 is 4 times the time.
+  Calibration both = default_calibration();
+  both.set("a100.attention=0.5");
+  both.set("a100-80g.attention=0.25");
+  EXPECT_NEAR(predict(job.model, job.machine, p, both).compute_parts.attention, 4 * base.compute_parts.attention,
+              1e-9 * base.compute_parts.attention);
+  // The scaled efficiency stops at the peak: a multiplier of 4 on FlashAttention-2's 0.6 gives 1.
+  const double eff = *find_device("a100-80g").flash2_efficiency;
+  ASSERT_GT(4 * eff, 1.0);
+  Calibration fast = default_calibration();
+  fast.set("a100-80g.attention=4");
+  EXPECT_NEAR(predict(job.model, job.machine, p, fast).compute_parts.attention, eff * base.compute_parts.attention,
+              1e-9 * base.compute_parts.attention);
+  EXPECT_NO_THROW(att.set("a100-80g.attention=1.5"));
+  EXPECT_DOUBLE_EQ(att.get("a100-80g.attention"), 1.5);
+  EXPECT_DOUBLE_EQ(default_calibration().get("a100-80g.attention"), 1.0);
   // Another device's constants change nothing here.
   Calibration other = default_calibration();
   other.set("hopper.sustained=0.1");

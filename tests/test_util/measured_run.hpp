@@ -12,10 +12,12 @@
 
 namespace exatrain::test {
 
+// seq_len 0: the preset's.
 inline plan::MeasuredRun measured_run(const std::string& preset, const std::string& machine, int64_t gpus,
-                                      int64_t tp, int64_t micro_batch, int64_t global_batch) {
+                                      int64_t tp, int64_t micro_batch, int64_t global_batch, int64_t seq_len = 0) {
   const Job job = parse_job(fmt::format(R"([model]
 preset = "{}"
+{}
 [machine]
 preset = "{}"
 [parallel]
@@ -29,9 +31,10 @@ recompute = "none"
 seq_parallel = {}
 [train]
 precision = "bf16"
-)", preset, machine, gpus, tp, micro_batch, global_batch, tp > 1 ? "true" : "false"), "run.toml");
+)", preset, seq_len > 0 ? fmt::format("seq_len = {}", seq_len) : "", machine, gpus, tp, micro_batch,
+                                        global_batch, tp > 1 ? "true" : "false"), "run.toml");
   plan::MeasuredRun r;
-  r.group = r.label = fmt::format("{} on {} gpus tp {}", preset, gpus, tp);
+  r.group = r.label = fmt::format("{} on {} gpus tp {} seq {}", preset, gpus, tp, job.model.seq_len);
   r.model = job.model, r.machine = job.machine, r.plan = plan::resolve_plan(job);
   return r;
 }
