@@ -39,8 +39,9 @@ void add_calibrate_command(CLI::App& app) {
       ->required();
   cmd->add_option("--out", *out, "the calibration file to write (TOML)")->required();
   cmd->add_option("--fit", *fit, "constants to fit, comma-separated: sustained, attention, network, bw_efficiency "
-                                 "(default: sustained; attention where the runs determine it; network and bw_efficiency "
-                                 "while they lower the leave-one-out error)");
+                                 "(default: sustained; attention where the runs determine it and its share of their steps "
+                                 "differs by 10 points or more; network and bw_efficiency while one lowers the "
+                                 "leave-one-out MAPE by 0.1 point or more)");
   cmd->add_option("--calibration", *base, "start from this calibration file instead of the shipped constants");
   auto cal = std::make_shared<std::vector<std::string>>();
   cmd->add_option("--cal", *cal, "override a constant before fitting, name=value (as validate --cal)");

@@ -20,33 +20,19 @@ namespace exatrain::plan {
 
 namespace {
 
-const std::vector<std::string>& short_names() {
-  static const std::vector<std::string> names = {"sustained", "network", "bw_efficiency", "attention"};
-  return names;
-}
-
 std::vector<std::string> qualified(const std::string& device, const std::vector<std::string>& names) {
   std::vector<std::string> out;
   for (const auto& n : names) out.push_back(device + "." + n);
   return out;
 }
 
-// Each run predicted by the constants fitted on the other runs. A fold whose runs cannot determine
-// all of `constants` fits the longest prefix of them it can (they are in the order chosen:
-// sustained first), the base constants where it cannot determine even sustained.
-std::vector<double> leave_one_out(const std::vector<MeasuredRun>& runs, const Calibration& base,
-                                  const std::vector<std::string>& constants) {
-  std::vector<double> out(runs.size());
-  for (size_t i = 0; i < runs.size(); ++i) {
-    std::vector<MeasuredRun> rest = runs;
-    rest.erase(rest.begin() + long(i));
-    std::vector<std::string> c = constants;
-    while (!c.empty() && !undetermined(rest, base, c).empty()) c.pop_back();
-    const Calibration fold = c.empty() ? base : fit_constants(rest, base, c).cal;
-    out[i] = predict_runs({runs[i]}, fold)[0];
-  }
-  return out;
-}
+// network and bw_efficiency are added only when they lower the leave-one-out MAPE by this many
+// points: less is the noise of the search and of a few runs.
+constexpr double kMinLooGainPct = 0.1;
+// Attention is told from sustained only where its share of the step differs between the runs by
+// this much: on runs of one sequence length (shares a few points apart) a fit of both trades one
+// against the other on the runs' noise (docs/planner.md's study).
+constexpr double kMinAttentionSpread = 0.10;
 
 // How far apart the runs' sensitivities to attention are: max - min over the runs of
 // -d log(step) / d log(attention), i.e. of attention's share of each step (a 2% step).
@@ -61,6 +47,28 @@ double attention_share_spread(const std::vector<MeasuredRun>& runs, const Calibr
     lo = std::min(lo, share), hi = std::max(hi, share);
   }
   return hi - lo;
+}
+
+// Each run predicted by the constants fitted on the other runs, with the rules of the automatic
+// choice applied to each fold: attention only where the fold's attention shares differ by
+// kMinAttentionSpread or more; then, where the fold cannot determine all the rest, the longest
+// prefix of them it can (sustained kept first); the base constants where it cannot determine even one.
+std::vector<double> leave_one_out(const std::vector<MeasuredRun>& runs, const Calibration& base,
+                                  const std::vector<std::string>& constants, const std::string& device) {
+  std::vector<double> out(runs.size());
+  for (size_t i = 0; i < runs.size(); ++i) {
+    std::vector<MeasuredRun> rest = runs;
+    rest.erase(rest.begin() + long(i));
+    std::vector<std::string> c = constants;
+    std::stable_partition(c.begin(), c.end(), [&](const std::string& n) { return n == device + ".sustained"; });
+    if (const auto a = std::find(c.begin(), c.end(), device + ".attention");
+        a != c.end() && attention_share_spread(rest, base, device) < kMinAttentionSpread)
+      c.erase(a);
+    while (!c.empty() && !undetermined(rest, base, c).empty()) c.pop_back();
+    const Calibration fold = c.empty() ? base : fit_constants(rest, base, c).cal;
+    out[i] = predict_runs({runs[i]}, fold)[0];
+  }
+  return out;
 }
 
 // Why `trial` cannot be fitted from `runs` ("" when it can): leave-one-out needs a run more than
@@ -78,13 +86,8 @@ std::string cannot_fit(const std::vector<MeasuredRun>& runs, const Calibration& 
 // then, one at a time, whichever of network and bw_efficiency lowers the leave-one-out MAPE most,
 // while one lowers it by kMinLooGainPct points or more (a constant that only fits the noise of a
 // few runs does not predict a run left out better). Each constant left out is named in `why` with
-// the reason. Attention is taken on determinacy alone, without that test: with three runs the
-// leave-one-out figure is itself too noisy to judge it (docs/planner.md's study, both ways).
-constexpr double kMinLooGainPct = 0.1;
-// Attention is told from sustained only where its share of the step differs between the runs by
-// this much: on runs of one sequence length (shares a few points apart) a fit of both trades one
-// against the other on the runs' noise (docs/planner.md's study).
-constexpr double kMinAttentionSpread = 0.10;
+// the reason. Attention is not put to the leave-one-out test: with three runs the leave-one-out
+// figure is itself too noisy to judge it (docs/planner.md's study, both ways).
 std::vector<std::string> choose(const std::vector<MeasuredRun>& runs, const Calibration& base, const std::string& device,
                                 std::string& why) {
   std::vector<std::string> chosen = {"sustained"};
@@ -98,7 +101,7 @@ std::vector<std::string> choose(const std::vector<MeasuredRun>& runs, const Cali
   else
     chosen.push_back("attention");
   auto loo = [&](const std::vector<std::string>& c) {
-    return mape_pct(runs, leave_one_out(runs, base, qualified(device, c)));
+    return mape_pct(runs, leave_one_out(runs, base, qualified(device, c), device));
   };
   double chosen_loo = runs.size() >= 2 ? loo(chosen) : 0;
   for (bool added = true; added;) {
@@ -140,8 +143,8 @@ CalibrateResult calibrate(std::vector<MeasuredRun> runs, const Calibration& base
   CalibrateResult out;
   out.device = *devices.begin();
   for (const auto& n : fit)
-    if (std::find(short_names().begin(), short_names().end(), n) == short_names().end())
-      throw Error(fmt::format("--fit {}: not a machine constant; expected some of {}", n, fmt::join(short_names(), ", ")));
+    if (std::find(device_constant_names().begin(), device_constant_names().end(), n) == device_constant_names().end())
+      throw Error(fmt::format("--fit {}: not a machine constant; expected some of {}", n, fmt::join(device_constant_names(), ", ")));
   std::vector<std::string> names = fit;
   if (names.empty()) {
     names = choose(runs, base, out.device, out.choice);
@@ -157,7 +160,7 @@ CalibrateResult calibrate(std::vector<MeasuredRun> runs, const Calibration& base
   const FitResult all = fit_constants(runs, base, out.constants);
   out.cal = all.cal, out.fitted = all.predicted, out.fit_mape_pct = mape_pct(runs, all.predicted);
   if (runs.size() >= 2) {
-    out.left_out = leave_one_out(runs, base, out.constants);
+    out.left_out = leave_one_out(runs, base, out.constants, out.device);
     out.loo_mape_pct = mape_pct(runs, out.left_out);
   }
   return out;
@@ -209,9 +212,9 @@ Calibration load_calibration(const std::string& path, const Calibration& base) {
     for (const auto& [device, consts] : t.as_table()) {
       if (!consts.is_table()) throw Error(fmt::format("{}: [device.{}] must be a table", path, device));
       for (const auto& [key, v] : consts.as_table()) {
-        if (std::find(short_names().begin(), short_names().end(), key) == short_names().end())
+        if (std::find(device_constant_names().begin(), device_constant_names().end(), key) == device_constant_names().end())
           throw Error(fmt::format("{}: [device.{}] {}: not a machine constant; expected some of {}", path, device, key,
-                                  fmt::join(short_names(), ", ")));
+                                  fmt::join(device_constant_names(), ", ")));
         if (!v.is_floating() && !v.is_integer())
           throw Error(fmt::format("{}: [device.{}] {} = {}: expected a number", path, device, key, toml::format(v)));
         try {

@@ -6,9 +6,9 @@
 // rate), `network` (collectives) and `bw_efficiency` (element-wise work): plan::Calibration's
 // device constants, for the one device the runs ran on. Without --fit, `calibrate` fits
 // sustained, adds attention where the runs determine it (plan/fit.hpp undetermined(), and one run
-// more than constants so that leave-one-out is defined), then network and bw_efficiency one at a
-// time while one lowers the leave-one-out error; a --fit list the runs cannot determine is refused
-// with the reason.
+// more than constants so that leave-one-out is defined) and its share of their steps differs by 10
+// points or more, then network and bw_efficiency one at a time while one lowers the leave-one-out
+// error by 0.1 point or more; a --fit list the runs cannot determine is refused with the reason.
 #pragma once
 #include <string>
 #include <vector>

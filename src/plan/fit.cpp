@@ -128,7 +128,7 @@ Bounds constant_bounds(const std::string& name, double start) {
   const auto dot = name.rfind('.');
   const std::string constant = dot == std::string::npos ? "" : name.substr(dot + 1);
   if (constant == "sustained" || constant == "bw_efficiency") return {0.05, 1.0};
-  if (constant == "network" || constant == "attention") return {0.05, 4.0};
+  if (is_multiplier_constant(constant)) return {0.05, 4.0};
   if (name.ends_with("_us")) return {0.01, 1e4};
   if (name == "fragmentation") return {0.001, 0.6};
   return {start / 20, start * 20};
@@ -181,13 +181,13 @@ FitResult fit_constants(const std::vector<MeasuredRun>& runs, const Calibration&
       if (before - best < kTolerance) break;
       continue;
     }
-    // Then along the sweep's net move (Powell's direction step) and, where the sweep gained
-    // nothing, along the pair directions: narrow valleys are not descended one constant at a time.
+    // Then along the sweep's net move (Powell's direction step) and along the pair directions,
+    // every sweep: narrow valleys are not descended one constant at a time, and a slow descent
+    // along one is still a descent.
     std::vector<double> move;
     for (const std::string& name : constants) move.push_back(std::log(out.cal.get(name) / at_start.get(name)));
     if (std::any_of(move.begin(), move.end(), [](double m) { return std::fabs(m) > 1e-9; }))
       best = line_search(prep, constants, bounds, move, 1.0, out.cal, best);
-    if (before - best >= kTolerance) continue;
     for (const std::vector<double>& d : pair_directions(constants.size()))
       best = line_search(prep, constants, bounds, d, 0.5, out.cal, best);
     if (before - best < kTolerance) break;

@@ -5,9 +5,9 @@
 // The objective is the mean over groups of each group's mean absolute percentage error of the
 // step time, so that each group (a published source; one run of a user's) weighs the same however
 // many rows it has. The search is coordinate descent with golden-section line searches in log
-// space, within each constant's bounds, from a given start, then a line search along each sweep's
-// net move (Powell's step) or, when a sweep moved nothing, along each pair of constants moved
-// together both ways (the objective's kinks stall one-constant moves in narrow valleys):
+// space, within each constant's bounds, from a given start, then, each sweep, line searches along
+// the sweep's net move (Powell's step) and along each pair of constants moved together both ways
+// (the objective's kinks stall one-constant moves in narrow valleys); at most 40 sweeps:
 // deterministic and derivative-free (the model has max() terms).
 #pragma once
 #include <string>

@@ -48,7 +48,7 @@ double catalog_value(const std::string& key, const std::string& constant) {
     if (d.name == key || d.family == key) {
       if (constant == "sustained") return d.sustained;
       if (constant == "bw_efficiency") return d.bw_efficiency;
-      return 1.0;  // network, attention: multipliers
+      return 1.0;  // a multiplier (is_multiplier_constant)
     }
   EXA_FAIL("calibration constant '{}.{}': no device or device family '{}' in the catalog", key, constant, key);
 }
@@ -66,6 +66,10 @@ const std::vector<std::string>& global_constant_names() {
 const std::vector<std::string>& device_constant_names() {
   static const std::vector<std::string> names = {"sustained", "bw_efficiency", "network", "attention"};
   return names;
+}
+
+bool is_multiplier_constant(const std::string& short_name) {
+  return short_name == "network" || short_name == "attention";
 }
 
 void Calibration::set(const std::string& a) {
@@ -90,7 +94,7 @@ void Calibration::set(const std::string& name, double v) {
   if (dot != std::string::npos && device_field(name.substr(dot + 1))) {
     const std::string key = name.substr(0, dot), constant = name.substr(dot + 1);
     catalog_value(key, constant);  // the device or family exists
-    EXA_CHECK(constant == "network" || constant == "attention" || v <= 1,
+    EXA_CHECK(is_multiplier_constant(constant) || v <= 1,
               "calibration constant {} = {}: a fraction, expected <= 1", name, v);
     devices[key].*device_field(constant) = v;
     return;
@@ -121,7 +125,7 @@ Device Calibration::tuned(const Device& d) const {
     if (it->second.bw_efficiency) out.bw_efficiency = *it->second.bw_efficiency;
     if (it->second.attention) attention = *it->second.attention;
   }
-  // No kernel runs above the device's peak: a multiplier beyond it changes nothing.
+  // The catalog efficiency is a fraction of the 16-bit peak: scaled, it stops at 1.
   for (std::optional<double>* eff : {&out.flash1_efficiency, &out.flash2_efficiency, &out.flash3_efficiency})
     if (*eff) **eff = std::min(1.0, **eff * attention);
   return out;

@@ -33,7 +33,8 @@ struct DeviceConstants {
   // Multiplier on the fused attention kernel's rate (the catalog's flash efficiency times
   // attention_relative; 1 = the model's figure): what this machine's attention kernel reaches of
   // it, e.g. with a position bias (ALiBi) or the kernel a framework picks at run time. Unfused
-  // attention (batched GEMMs) does not use it; the scaled efficiency stops at 1 (the peak).
+  // attention (batched GEMMs) does not use it; the scaled catalog efficiency (a fraction of the
+  // 16-bit peak) stops at 1.
   std::optional<double> attention;
   bool operator==(const DeviceConstants&) const = default;
 };
@@ -74,6 +75,9 @@ struct Calibration {
 // The names of the global constants, and of the constants a device carries ("sustained", ...).
 const std::vector<std::string>& global_constant_names();
 const std::vector<std::string>& device_constant_names();
+// Whether a device constant is a multiplier (network, attention: 1 = the model's figure, may exceed
+// 1) rather than a fraction of a peak (sustained, bw_efficiency: at most 1).
+bool is_multiplier_constant(const std::string& short_name);
 const Calibration& default_calibration();
 
 // The machine figures this plan's time model divides by must be positive: intra_node_bw_gbs

@@ -15,6 +15,7 @@ namespace exatrain::test {
 // seq_len 0: the preset's.
 inline plan::MeasuredRun measured_run(const std::string& preset, const std::string& machine, int64_t gpus,
                                       int64_t tp, int64_t micro_batch, int64_t global_batch, int64_t seq_len = 0) {
+  const std::string seq = seq_len > 0 ? "seq_len = " + std::to_string(seq_len) : std::string();
   const Job job = parse_job(fmt::format(R"([model]
 preset = "{}"
 {}
@@ -31,7 +32,7 @@ recompute = "none"
 seq_parallel = {}
 [train]
 precision = "bf16"
-)", preset, seq_len > 0 ? fmt::format("seq_len = {}", seq_len) : "", machine, gpus, tp, micro_batch,
+)", preset, seq, machine, gpus, tp, micro_batch,
                                         global_batch, tp > 1 ? "true" : "false"), "run.toml");
   plan::MeasuredRun r;
   r.group = r.label = fmt::format("{} on {} gpus tp {} seq {}", preset, gpus, tp, job.model.seq_len);
