@@ -49,12 +49,14 @@ double attention_share_spread(const std::vector<MeasuredRun>& runs, const Calibr
   return hi - lo;
 }
 
-// Each run predicted by the constants fitted on the other runs, with the rules of the automatic
-// choice applied to each fold: attention only where the fold's attention shares differ by
-// kMinAttentionSpread or more; then, where the fold cannot determine all the rest, the longest
-// prefix of them it can (sustained kept first); the base constants where it cannot determine even one.
+// Each run predicted by the constants fitted on the other runs. Where the constants were chosen
+// automatically, each fold applies the choice's attention rule (attention only where the fold's
+// attention shares differ by kMinAttentionSpread or more); a constant list the user gave (--fit) is
+// kept. Then, where the fold cannot determine all of them, it fits the longest prefix it can
+// (sustained kept first); the base constants where it cannot determine even one.
 std::vector<double> leave_one_out(const std::vector<MeasuredRun>& runs, const Calibration& base,
-                                  const std::vector<std::string>& constants, const std::string& device) {
+                                  const std::vector<std::string>& constants, const std::string& device,
+                                  bool automatic) {
   std::vector<double> out(runs.size());
   for (size_t i = 0; i < runs.size(); ++i) {
     std::vector<MeasuredRun> rest = runs;
@@ -62,7 +64,7 @@ std::vector<double> leave_one_out(const std::vector<MeasuredRun>& runs, const Ca
     std::vector<std::string> c = constants;
     std::stable_partition(c.begin(), c.end(), [&](const std::string& n) { return n == device + ".sustained"; });
     if (const auto a = std::find(c.begin(), c.end(), device + ".attention");
-        a != c.end() && attention_share_spread(rest, base, device) < kMinAttentionSpread)
+        automatic && a != c.end() && attention_share_spread(rest, base, device) < kMinAttentionSpread)
       c.erase(a);
     while (!c.empty() && !undetermined(rest, base, c).empty()) c.pop_back();
     const Calibration fold = c.empty() ? base : fit_constants(rest, base, c).cal;
@@ -101,7 +103,7 @@ std::vector<std::string> choose(const std::vector<MeasuredRun>& runs, const Cali
   else
     chosen.push_back("attention");
   auto loo = [&](const std::vector<std::string>& c) {
-    return mape_pct(runs, leave_one_out(runs, base, qualified(device, c), device));
+    return mape_pct(runs, leave_one_out(runs, base, qualified(device, c), device, true));
   };
   double chosen_loo = runs.size() >= 2 ? loo(chosen) : 0;
   for (bool added = true; added;) {
@@ -160,7 +162,7 @@ CalibrateResult calibrate(std::vector<MeasuredRun> runs, const Calibration& base
   const FitResult all = fit_constants(runs, base, out.constants);
   out.cal = all.cal, out.fitted = all.predicted, out.fit_mape_pct = mape_pct(runs, all.predicted);
   if (runs.size() >= 2) {
-    out.left_out = leave_one_out(runs, base, out.constants, out.device);
+    out.left_out = leave_one_out(runs, base, out.constants, out.device, fit.empty());
     out.loo_mape_pct = mape_pct(runs, out.left_out);
   }
   return out;
