@@ -40,4 +40,12 @@ const char* to_string(Attention a) {
   }
   return "?";
 }
+const char* to_string(TpCommOverlap o) {
+  switch (o) {
+    case TpCommOverlap::none: return "false";
+    case TpCommOverlap::all: return "true";
+    case TpCommOverlap::forward: return "\"forward\"";
+  }
+  return "?";
+}
 }  // namespace exatrain

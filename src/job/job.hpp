@@ -34,6 +34,13 @@ enum class Fp8Recipe { delayed, tensorwise, rowwise };
 // attention as Transformer Engine runs it), or the unfused batched GEMMs and softmax of frameworks
 // before FlashAttention (2022).
 enum class Attention { flash2, flash1, flash3, unfused };
+// Which passes' tensor-parallel collectives run in chunks under the GEMMs ([parallel]
+// tp_comm_overlap): none; every pass (Megatron's --tp-comm-overlap, Transformer Engine's
+// userbuffers: the forward's all-gather/GEMM and GEMM/reduce-scatter pipelines, and the backward's
+// dgrad and wgrad overlaps); or the forward passes only (PyTorch's async TP, torchtitan
+// enable_async_tensor_parallel: its authors measured up to 20-29% faster forwards but about 8%
+// end to end for Llama 3 8B and 70B, which is the forward's share of the step; docs/planner.md).
+enum class TpCommOverlap { none, all, forward };
 
 // [model]
 struct ModelSpec {
@@ -95,7 +102,7 @@ struct ParallelSpec {
   // torchtitan's async TP: off unless asked).
   bool overlap_grad_reduce = true;
   bool overlap_param_gather = false;
-  bool tp_comm_overlap = false;
+  TpCommOverlap tp_comm_overlap = TpCommOverlap::none;
   bool operator==(const ParallelSpec&) const = default;
 };
 
@@ -372,6 +379,7 @@ const char* to_string(Schedule);
 const char* to_string(Precision);
 const char* to_string(Fp8Recipe);
 const char* to_string(Attention);
+const char* to_string(TpCommOverlap);  // the job key's value as TOML writes it: false, true or "forward" (quoted)
 
 // The backend a run uses (make_backend's name), given how many CUDA devices are visible (0 without
 // the CUDA backend): [train] backend when set (the parser refused one that contradicts [train]

@@ -237,6 +237,14 @@ class Section {
     if (!v->is_boolean()) return bad(key, "true, false or \"auto\"");
     out = v->as_boolean();
   }
+  // true, false or the string `word`: 1, 0, 2; -1 when absent or bad.
+  int get_bool_or_word(const std::string& key, const std::string& word) {
+    const toml::value* v = take(key);
+    if (!v) return -1;
+    if (v->is_string() && v->as_string().str == word) return 2;
+    if (!v->is_boolean()) return bad(key, fmt::format("true, false or \"{}\"", word)), -1;
+    return v->as_boolean() ? 1 : 0;
+  }
   void get_int_list(const std::string& key, std::vector<int64_t>& out, int64_t lo, int64_t hi) {
     const toml::value* v = take(key);
     if (!v) return;
@@ -879,7 +887,8 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
     s.get_float("watchdog_timeout_s", p.watchdog_timeout_s, 0, 1e9);
     s.get_bool("overlap_grad_reduce", p.overlap_grad_reduce);
     s.get_bool("overlap_param_gather", p.overlap_param_gather);
-    s.get_bool("tp_comm_overlap", p.tp_comm_overlap);
+    if (int i = s.get_bool_or_word("tp_comm_overlap", "forward"); i >= 0)
+      p.tp_comm_overlap = i == 2 ? TpCommOverlap::forward : i == 1 ? TpCommOverlap::all : TpCommOverlap::none;
     s.report_unknown({"gpus", "tp", "pp", "dp", "cp", "vp", "zero", "micro_batch", "global_batch",
                       "recompute", "seq_parallel", "schedule", "layers_per_stage", "watchdog_timeout_s",
                       "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"});
@@ -1060,8 +1069,11 @@ std::string job_to_toml(const Job& job) {
     for (int64_t n : p.layers_per_stage) a.push_back(toml::value(n));
     out += fmt::format("layers_per_stage = {}\n", toml_text(toml::value(a)));
   }
+  const bool tp_overlap_forward = p.tp_comm_overlap == TpCommOverlap::forward;
   out += line("watchdog_timeout_s", p.watchdog_timeout_s) + line("overlap_grad_reduce", p.overlap_grad_reduce) +
-         line("overlap_param_gather", p.overlap_param_gather) + line("tp_comm_overlap", p.tp_comm_overlap);
+         line("overlap_param_gather", p.overlap_param_gather) +
+         (tp_overlap_forward ? line("tp_comm_overlap", "forward")
+                             : line("tp_comm_overlap", p.tp_comm_overlap == TpCommOverlap::all));
   out += "\n[train]\n";
   out += line("precision", to_string(t.precision)) + line("optimizer", t.optimizer) + line("steps", t.steps) +
          line("seed", int64_t(t.seed)) + line("lr", t.lr) + line("min_lr", t.min_lr) +

@@ -161,6 +161,7 @@ CalibrateResult calibrate(std::vector<MeasuredRun> runs, const Calibration& base
   out.before_mape_pct = mape_pct(runs, out.before);
   const FitResult all = fit_constants(runs, base, out.constants);
   out.cal = all.cal, out.fitted = all.predicted, out.fit_mape_pct = mape_pct(runs, all.predicted);
+  out.converged = all.converged;
   if (runs.size() >= 2) {
     out.left_out = leave_one_out(runs, base, out.constants, out.device, fit.empty());
     out.loo_mape_pct = mape_pct(runs, out.left_out);

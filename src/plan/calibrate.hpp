@@ -25,6 +25,7 @@ struct CalibrateResult {
   std::vector<double> before, fitted, left_out;  // per run: shipped, fit, leave-one-out predictions
   double before_mape_pct = 0, fit_mape_pct = 0, loo_mape_pct = -1;  // loo: -1 with one run
   std::string choice;  // how the constants were chosen (auto), for the report
+  bool converged = true;  // false: the fit stopped at its sweep cap (fit.hpp FitResult), the report says so
 };
 
 // Fits `fit` (short names: sustained, attention, network, bw_efficiency; empty: automatic) for the device of

@@ -163,7 +163,7 @@ double coordinate_sweep(const Prepared& prep, const std::vector<std::string>& co
 }  // namespace
 
 FitResult fit_constants(const std::vector<MeasuredRun>& runs, const Calibration& start,
-                        const std::vector<std::string>& constants) {
+                        const std::vector<std::string>& constants, int max_sweeps) {
   EXA_CHECK(!runs.empty(), "no measured runs to fit {} to", fmt::join(constants, ", "));
   const Prepared prep(runs);
   FitResult out;
@@ -173,12 +173,13 @@ FitResult fit_constants(const std::vector<MeasuredRun>& runs, const Calibration&
   std::vector<Bounds> bounds;  // from the start: they do not move with the search
   for (const std::string& name : constants) bounds.push_back(constant_bounds(name, start.get(name)));
   constexpr double kTolerance = 1e-5;  // percentage points of the objective
-  for (int sweep = 0; sweep < 40; ++sweep) {
+  for (int sweep = 0; sweep < max_sweeps && !out.converged; ++sweep) {
     const double before = best;
     const Calibration at_start = out.cal;
     best = coordinate_sweep(prep, constants, bounds, sweep == 0, out.cal, best);
+    out.sweeps = sweep + 1;
     if (constants.size() == 1) {
-      if (before - best < kTolerance) break;
+      out.converged = before - best < kTolerance;
       continue;
     }
     // Then along the sweep's net move (Powell's direction step) and along the pair directions,
@@ -190,7 +191,7 @@ FitResult fit_constants(const std::vector<MeasuredRun>& runs, const Calibration&
       best = line_search(prep, constants, bounds, move, 1.0, out.cal, best);
     for (const std::vector<double>& d : pair_directions(constants.size()))
       best = line_search(prep, constants, bounds, d, 0.5, out.cal, best);
-    if (before - best < kTolerance) break;
+    out.converged = before - best < kTolerance;
   }
   out.objective_pct = best;
   out.predicted = prep.predict(out.cal);

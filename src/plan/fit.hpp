@@ -45,10 +45,13 @@ struct FitResult {
   std::vector<std::string> constants;  // what was fitted
   double objective_pct = 0;            // group_mape_pct at the optimum
   std::vector<double> predicted;       // per run, with cal
+  int sweeps = 0;                      // sweeps run
+  bool converged = false;              // a sweep gained under the tolerance (false: stopped at max_sweeps)
 };
-// Minimises group_mape_pct over `constants` (names of Calibration::set) from `start`.
+// Minimises group_mape_pct over `constants` (names of Calibration::set) from `start`, in at most
+// `max_sweeps` sweeps (each: every constant in turn, then the sweep's net move and the pairs).
 FitResult fit_constants(const std::vector<MeasuredRun>& runs, const Calibration& start,
-                        const std::vector<std::string>& constants);
+                        const std::vector<std::string>& constants, int max_sweeps = 40);
 
 // Why these runs cannot determine these constants, or "" when they can: fewer runs than
 // constants; a constant no run's step time depends on; two or more whose effects on these runs

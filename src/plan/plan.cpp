@@ -48,7 +48,7 @@ Plan resolve_plan(const ParallelSpec& par, Precision precision) {
   p.precision = precision;
   p.overlap_grad_reduce = par.overlap_grad_reduce;
   p.overlap_param_gather = par.overlap_param_gather;
-  p.tp_comm_overlap = par.tp_comm_overlap && p.tp > 1;
+  p.tp_comm_overlap = p.tp > 1 ? par.tp_comm_overlap : TpCommOverlap::none;
   return p;
 }
 
@@ -66,9 +66,9 @@ std::vector<std::string> plan_notes(const Job& job, const Plan& p) {
   if (set("parallel.seq_parallel") && par.seq_parallel.value_or(false) && p.tp == 1)
     notes.push_back("seq_parallel = true has no effect at tp = 1 (sequence parallelism splits the tensor-parallel "
                     "region; Megatron and NeMo turn it off there too): planned without it");
-  if (set("parallel.tp_comm_overlap") && par.tp_comm_overlap && p.tp == 1)
-    notes.push_back("tp_comm_overlap = true has no effect at tp = 1 (no tensor-parallel communication; NeMo turns "
-                    "it off there too)");
+  if (set("parallel.tp_comm_overlap") && par.tp_comm_overlap != TpCommOverlap::none && p.tp == 1)
+    notes.push_back(fmt::format("tp_comm_overlap = {} has no effect at tp = 1 (no tensor-parallel communication; "
+                                "NeMo turns it off there too)", to_string(par.tp_comm_overlap)));
   if (set("parallel.zero") && p.zero > 0 && p.dp * p.cp == 1)
     notes.push_back(fmt::format("zero = {} has no effect with dp * cp = 1 (nothing to shard over; Megatron's "
                                 "distributed optimizer at dp = 1 is the plain one)", p.zero));
@@ -263,12 +263,13 @@ bool Rules::pipeline() {
 
 // Framework behaviours the model cannot represent as asked: refused with the reason.
 bool Rules::framework() {
-  if (p.tp_comm_overlap && p.tp > 1 && !p.seq_parallel)
+  if (p.tp_comm_overlap != TpCommOverlap::none && p.tp > 1 && !p.seq_parallel)
     return fail({"parallel.tp_comm_overlap", "parallel.seq_parallel", "parallel.tp"},
-                fmt::format("tp_comm_overlap = true at tp = {} needs seq_parallel = true: the overlap splits the "
+                fmt::format("tp_comm_overlap = {} at tp = {} needs seq_parallel = true: the overlap splits the "
                             "sequence-parallel all-gathers and reduce-scatters into chunks that run under the "
-                            "GEMMs (Megatron asserts the same); without sequence parallelism the tensor-parallel "
-                            "all-reduces are not overlapped", p.tp));
+                            "GEMMs (Megatron asserts the same; PyTorch's async TP fuses only those collectives); "
+                            "without sequence parallelism the tensor-parallel all-reduces are not overlapped",
+                            to_string(p.tp_comm_overlap), p.tp));
   if (p.overlap_param_gather && p.zero == 0 && p.dp * p.cp > 1)
     return fail({"parallel.overlap_param_gather", "parallel.zero"},
                 "overlap_param_gather = true needs zero >= 1: the all-gather it overlaps with the next forward is "

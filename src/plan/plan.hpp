@@ -58,7 +58,8 @@ struct Plan {
   std::vector<int64_t> layers_per_stage;
   // Framework behaviours and kernels ([parallel] overlap_*, [train] fp8_recipe and attention;
   // job/job.hpp): what the time and memory models assume the framework does.
-  bool overlap_grad_reduce = true, overlap_param_gather = false, tp_comm_overlap = false;
+  bool overlap_grad_reduce = true, overlap_param_gather = false;
+  TpCommOverlap tp_comm_overlap = TpCommOverlap::none;  // none at tp = 1
   Fp8Recipe fp8_recipe = Fp8Recipe::delayed;
   // Fused (flash) attention never stores nor streams the s x s scores through HBM; unfused
   // (frameworks before FlashAttention, 2022) does. Validation picks it by the run's date.

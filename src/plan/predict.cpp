@@ -167,8 +167,10 @@ double tokens_per_micro_batch(const ModelSpec& m, const Plan& p) {
 // parallel: 2 all-gathers + 2 reduce-scatters each way), the recompute forward's again; the
 // embedding's and the LM head's all-reduce. Exposed (Megatron runs them on the critical path)
 // unless tp_comm_overlap: then each all-gather / reduce-scatter runs in tp chunks under the GEMM
-// that consumes / produces it (Megatron's userbuffers, torchtitan's async TP), and what shows is
-// the excess of communication over the pass's linear-layer GEMMs plus the first chunk of each.
+// that consumes / produces it, and what shows is the excess of communication over the pass's
+// linear-layer GEMMs plus the first chunk of each: in every pass (Megatron's userbuffers), or in
+// the forward passes only, the recompute forward's included (PyTorch's async TP, whose end-to-end
+// gain is its forward's: job/job.hpp TpCommOverlap).
 double tp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, const LayerTime& lt,
                     double layers) {
   if (p.tp == 1) return 0;
@@ -179,9 +181,10 @@ double tp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, 
   const double ends = 2 * best_all_reduce_time(act, g, mach);
   const double mbs = double(p.micro_batches());
   const double fwd_passes = p.recompute == Recompute::full ? 2 : 1;
-  if (!p.tp_comm_overlap) return mbs * (layers * pass * (fwd_passes + 1) + ends);
+  if (p.tp_comm_overlap == TpCommOverlap::none) return mbs * (layers * pass * (fwd_passes + 1) + ends);
   auto exposed = [&](double gemm) { return std::max(0.0, pass - gemm) + pass / double(p.tp); };
-  return mbs * (layers * (fwd_passes * exposed(lt.linear_fwd) + exposed(lt.linear_bwd)) + ends);
+  const double backward = p.tp_comm_overlap == TpCommOverlap::all ? exposed(lt.linear_bwd) : pass;
+  return mbs * (layers * (fwd_passes * exposed(lt.linear_fwd) + backward) + ends);
 }
 
 // Context parallel: ring exchange of K,V, overlapped with the attention core.

@@ -139,13 +139,13 @@ SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const Paral
           // The job's framework behaviours, as no-ops where they have nothing to act on (plan_notes).
           base.overlap_grad_reduce = f.overlap_grad_reduce;
           base.overlap_param_gather = f.overlap_param_gather && zero > 0;
-          base.tp_comm_overlap = f.tp_comm_overlap && tp > 1;
+          base.tp_comm_overlap = tp > 1 ? f.tp_comm_overlap : TpCommOverlap::none;
           base.layers_per_stage = stages;
           std::vector<int64_t> mbs = choices(f.micro_batch, divisors(B / dp));
           // seq_parallel = true at tp = 1 is a no-op (resolve_plan): plan it as false there.
           std::vector<bool> sps = tp == 1                           ? std::vector<bool>{false}
                                   : f.seq_parallel                  ? std::vector<bool>{*f.seq_parallel}
-                                  : base.tp_comm_overlap            ? std::vector<bool>{true}
+                                  : base.tp_comm_overlap != TpCommOverlap::none ? std::vector<bool>{true}
                                                                     : std::vector<bool>{false, true};
           for (int64_t vp : vps) {
             // Per vp: the default split (so the end ranks' layers) may differ between vps.

@@ -139,7 +139,7 @@ int source_year_month(const std::string& cell) {
 //    dropout (the MPT yamls set every pdrop to 0), FSDP (reduction overlapped), TE's delayed fp8.
 //  - torchtitan (Llama 3): SDPA's flash backend, eager or torch.compile (stated), its "selective"
 //    checkpointing is the op-level one (selective_ac_option = "op" in its Llama 3 configs),
-//    torchao's float8 (tensorwise unless "rowwise" is stated), async TP where stated, the loss
+//    torchao's float8 (tensorwise unless "rowwise" is stated), async TP where stated (forward passes only), the loss
 //    eager (fp32 upcast) or compiled with the model by the torchtitan version's date.
 //  - Megatron-Core / NeMo: the overlap flags the notes state.
 std::string framework_of(const std::string& source, const std::string& source_cell, const std::string& prec,
@@ -184,7 +184,10 @@ std::string framework_of(const std::string& source, const std::string& source_ce
     // what torch.compile saved in their blocks is not placed); the June 2025 ones: compiled.
     const bool loss_compiled = source_year_month(source_cell) >= 202504;
     p.cross_entropy = !p.fused_kernels ? CrossEntropy::eager : loss_compiled ? CrossEntropy::compiled : CrossEntropy::fused;
-    p.tp_comm_overlap = p.tp > 1 && (has(prec, "AsyncTP") || has(notes, "async TP") || has(notes, "AsyncTP"));
+    // Async TP: PyTorch's micro-pipelined all-gather/GEMM and GEMM/reduce-scatter, the forward's
+    // collectives only (job/job.hpp TpCommOverlap).
+    if (p.tp > 1 && (has(prec, "AsyncTP") || has(notes, "async TP") || has(notes, "AsyncTP")))
+      p.tp_comm_overlap = TpCommOverlap::forward;
     // "float8 linears + fp8 all-gather" (--float8.enable_fsdp_float8_all_gather): FSDP2 gathers
     // the linears' weights as float8 (plan.hpp Plan::fp8_all_gather).
     p.fp8_all_gather = has(prec, "fp8 all-gather") || has(prec, "float8 all-gather");
@@ -194,7 +197,7 @@ std::string framework_of(const std::string& source, const std::string& source_ce
   }
   if (has(notes, "--overlap-grad-reduce")) p.overlap_grad_reduce = true;
   if (has(notes, "--overlap-param-gather") && p.zero > 0) p.overlap_param_gather = true;
-  if (has(notes, "--tp-comm-overlap") && p.tp > 1 && p.seq_parallel) p.tp_comm_overlap = true;
+  if (has(notes, "--tp-comm-overlap") && p.tp > 1 && p.seq_parallel) p.tp_comm_overlap = TpCommOverlap::all;
   if (p.precision == Precision::fp8 && p.fp8_recipe == Fp8Recipe::rowwise)
     return "float8 rowwise: no measured rate of rowwise-scaled fp8 GEMMs in the catalog (torchao runs them "
            "in a kernel of their own, not cuBLAS's)";

@@ -244,6 +244,20 @@ TEST(JobComm, PipelineAndTpCommDtypesAreReadAndChecked) {
   EXPECT_TRUE(contains(e, "[train] tp_comm_dtype = \"fp16\": expected one of \"auto\" \"fp32\"")) << e;
 }
 
+// [parallel] tp_comm_overlap: false (the default), true (every pass's collectives: Megatron) or
+// "forward" (the forward's only: PyTorch's async TP); read, round-tripped, anything else refused.
+TEST(JobComm, TpCommOverlapIsABoolOrForward) {
+  EXPECT_EQ(parse_job("", "job.toml").parallel.tp_comm_overlap, TpCommOverlap::none);
+  for (const auto& [text, want] : {std::pair{"false", TpCommOverlap::none}, std::pair{"true", TpCommOverlap::all},
+                                   std::pair{"\"forward\"", TpCommOverlap::forward}}) {
+    const Job j = parse_job(std::string("[parallel]\ntp_comm_overlap = ") + text + "\n", "job.toml");
+    EXPECT_EQ(j.parallel.tp_comm_overlap, want) << text;
+    EXPECT_EQ(parse_job(job_to_toml(j), "roundtrip.toml").parallel.tp_comm_overlap, want) << text;
+  }
+  const std::string e = parse_error("[parallel]\ntp_comm_overlap = \"backward\"\n");
+  EXPECT_TRUE(contains(e, "[parallel] tp_comm_overlap = \"backward\": expected true, false or \"forward\"")) << e;
+}
+
 // [train] grad_reduce_dtype (docs/precision.md): read, round-tripped, refused by name with a
 // compressor, with ZeRO 3 and with ZeRO 1's unequal shards; it halves the planner's dp gradient
 // reduction bytes and nothing else.

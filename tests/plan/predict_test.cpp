@@ -247,12 +247,30 @@ TEST(Predict, FrameworkOverlapsHideCommunication) {
   const Group g = group_on_machine(8, 8, job.machine.gpus_per_node);
   EXPECT_NEAR(exposed, best_all_reduce_time(4.0 * double(parameters_on_rank(job.model, p, 0)), g, job.machine),
               1e-9 * exposed);
-  p.tp_comm_overlap = false;
+  p.tp_comm_overlap = TpCommOverlap::none;
   const double tp_exposed = predict(job.model, job.machine, p).breakdown.tp_comm;
-  p.tp_comm_overlap = true;
+  p.tp_comm_overlap = TpCommOverlap::all;
   const double tp_hidden = predict(job.model, job.machine, p).breakdown.tp_comm;
   EXPECT_LT(tp_hidden, 0.5 * tp_exposed);
   EXPECT_GT(tp_hidden, tp_exposed / double(p.tp) / 4);  // the first chunks stay exposed
+  // PyTorch's async TP ("forward") hides the forward passes' collectives only. Every pass has the
+  // same collectives, each hidden down to its first chunks (kJob's GEMMs outlast them), so the
+  // forward-only overlap saves 1/2 of what every pass's saves with one forward (selective
+  // recomputation repeats no collective) and 2/3 with two (full recomputation's second forward);
+  // hiding the backward's instead would save 1/2 and 1/3. The embedding's and the head's
+  // all-reduces, which no overlap hides, cancel.
+  for (const auto& [recompute, share] : {std::pair{Recompute::selective, 0.5}, std::pair{Recompute::full, 2.0 / 3}}) {
+    p.recompute = recompute;
+    auto tp_time = [&](TpCommOverlap o) {
+      p.tp_comm_overlap = o;
+      return predict(job.model, job.machine, p).breakdown.tp_comm;
+    };
+    const double none = tp_time(TpCommOverlap::none), all = tp_time(TpCommOverlap::all);
+    const double forward = tp_time(TpCommOverlap::forward);
+    EXPECT_NEAR(none - forward, share * (none - all), 1e-9 * none) << to_string(recompute);
+    EXPECT_LT(all, forward);
+    EXPECT_LT(forward, none);
+  }
 }
 
 TEST(Predict, SeqParallelAtTpOneIsANoOpWithANote) {
@@ -263,7 +281,7 @@ TEST(Predict, SeqParallelAtTpOneIsANoOpWithANote) {
                                          "model.preset=gpt3-1.3b"});
   const Plan p = resolve_plan(job);
   EXPECT_FALSE(p.seq_parallel);
-  EXPECT_FALSE(p.tp_comm_overlap);
+  EXPECT_EQ(p.tp_comm_overlap, TpCommOverlap::none);
   EXPECT_EQ(plan_error(job.model, p), "");
   const std::vector<std::string> notes = plan_notes(job, p);
   ASSERT_EQ(notes.size(), 2u);
