@@ -237,13 +237,14 @@ class Section {
     if (!v->is_boolean()) return bad(key, "true, false or \"auto\"");
     out = v->as_boolean();
   }
-  // true, false or the string `word`: 1, 0, 2; -1 when absent or bad.
-  int get_bool_or_word(const std::string& key, const std::string& word) {
+  // true, false or the string `word`, read as `on`, `off` or `named`; `out` unchanged when absent.
+  template <class T>
+  void get_bool_or_word(const std::string& key, const std::string& word, T off, T on, T named, T& out) {
     const toml::value* v = take(key);
-    if (!v) return -1;
-    if (v->is_string() && v->as_string().str == word) return 2;
-    if (!v->is_boolean()) return bad(key, fmt::format("true, false or \"{}\"", word)), -1;
-    return v->as_boolean() ? 1 : 0;
+    if (!v) return;
+    if (v->is_string() && v->as_string().str == word) return void(out = named);
+    if (!v->is_boolean()) return bad(key, fmt::format("true, false or \"{}\"", word));
+    out = v->as_boolean() ? on : off;
   }
   void get_int_list(const std::string& key, std::vector<int64_t>& out, int64_t lo, int64_t hi) {
     const toml::value* v = take(key);
@@ -785,6 +786,154 @@ void parse_comm_section(Section& s, Job& job, std::vector<std::string>& errors) 
         t.optimizer == "sgd" ? fmt::format(" and [optimizer] momentum = {}", t.sgd.momentum) : "", c.momentum));
 }
 
+// [model]: the shape; shapes that cannot be built are errors naming where their values came from.
+void parse_model_section(Section& s, Job& job, std::vector<std::string>& errors) {
+  ModelSpec& m = job.model;
+  s.get_string("preset", m.preset);
+  s.get_string("preset_file", m.preset_file);
+  const int64_t big = int64_t(1) << 40;
+  s.get_int("layers", m.layers, 1, 100000);
+  s.get_int("hidden", m.hidden, 1, big);
+  s.get_int("heads", m.heads, 1, 100000);
+  m.kv_heads = m.heads;
+  s.get_int("kv_heads", m.kv_heads, 1, 100000);
+  m.ffn_hidden = 4 * m.hidden;
+  s.get_int("ffn_hidden", m.ffn_hidden, 1, 4 * big);  // 4 * big: the default 4 * hidden is always allowed
+  s.get_int("seq_len", m.seq_len, 1, big);
+  m.vocab_from_data = !s.has("vocab");
+  s.get_int("vocab", m.vocab, 2, big);
+  if (int i = s.get_choice("activation", {"gelu", "swiglu"}); i >= 0) m.activation = Activation(i);
+  if (int i = s.get_choice("norm", {"layernorm", "rmsnorm"}); i >= 0) m.norm = Norm(i);
+  if (int i = s.get_choice("position", {"learned", "rope"}); i >= 0) m.position = Position(i);
+  s.get_bool("tie_embeddings", m.tie_embeddings);
+  s.get_bool("bias", m.bias);
+  s.get_float("norm_eps", m.norm_eps, 0, 1);
+  s.get_float("rope_theta", m.rope_theta, 1, 1e12);
+  // Shapes that cannot be built, with the equation, named by where their values came from.
+  if (m.hidden % m.heads != 0)
+    errors.push_back(fmt::format("{}: [model] hidden = {} is not divisible by heads = {} "
+                                 "(head_dim = hidden / heads must be an integer)",
+                                 job_origin(job, {"model.hidden", "model.heads"}), m.hidden, m.heads));
+  if (m.heads % m.kv_heads != 0)
+    errors.push_back(fmt::format("{}: [model] heads = {} is not divisible by kv_heads = {} "
+                                 "(grouped-query attention shares each kv head among heads / kv_heads heads)",
+                                 job_origin(job, {"model.heads", "model.kv_heads"}), m.heads, m.kv_heads));
+  if (m.position == Position::rope && m.hidden % m.heads == 0 && (m.hidden / m.heads) % 2 != 0)
+    errors.push_back(fmt::format("{}: [model] position = \"rope\" needs an even head_dim, but hidden / heads = "
+                                 "{} / {} = {}", job_origin(job, {"model.position", "model.hidden", "model.heads"}), m.hidden,
+                                 m.heads, m.hidden / m.heads));
+  s.report_unknown({"preset", "preset_file", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len", "vocab",
+                    "activation", "norm", "position", "tie_embeddings", "bias", "norm_eps", "rope_theta"});
+}
+
+// [machine]: a preset or a described machine.
+void parse_machine_section(Section& s, MachineSpec& m) {
+  s.get_string("preset", m.preset);
+  s.get_string("preset_file", m.preset_file);
+  s.get_string("device", m.device, true);
+  s.get_int("gpus_per_node", m.gpus_per_node, 1, 1024);
+  s.get_float("intra_node_bw_gbs", m.intra_node_bw_gbs, 0, 1e9);
+  s.get_float("inter_node_bw_gbs", m.inter_node_bw_gbs, 0, 1e9);
+  s.get_float("intra_node_latency_us", m.intra_node_latency_us, 0, 1e9);
+  s.get_float("inter_node_latency_us", m.inter_node_latency_us, 0, 1e9);
+  s.get_float("storage_bw_gbs", m.storage_bw_gbs, 0, 1e12);
+  s.get_opt_float("node_mtbf_hours", m.node_mtbf_hours, 1e-6, 1e12);
+  s.report_unknown({"preset", "preset_file", "device", "gpus_per_node", "intra_node_bw_gbs", "inter_node_bw_gbs",
+                    "intra_node_latency_us", "inter_node_latency_us", "storage_bw_gbs", "node_mtbf_hours"});
+}
+
+// [parallel]: the degrees (or "auto"), the batch, recomputation, the schedule and the overlaps.
+void parse_parallel_section(Section& s, ParallelSpec& p) {
+  const int64_t big = int64_t(1) << 40;
+  s.get_int("gpus", p.gpus, 1, big);
+  s.get_int_or_auto("tp", p.tp, 1, 1 << 20);
+  s.get_int_or_auto("pp", p.pp, 1, 1 << 20);
+  s.get_int_or_auto("dp", p.dp, 1, big);
+  s.get_int_or_auto("cp", p.cp, 1, 1 << 20);
+  s.get_int_or_auto("vp", p.vp, 1, 1 << 20);
+  s.get_int_or_auto("zero", p.zero, 0, 3);
+  s.get_int_or_auto("micro_batch", p.micro_batch, 1, big);
+  s.get_int("global_batch", p.global_batch, 1, big);
+  if (s.has("recompute")) {
+    int i = s.get_choice("recompute", {"none", "selective", "full", "op", "auto"});
+    if (i >= 0 && i < 4) p.recompute = Recompute(i);
+  }
+  s.get_bool_or_auto("seq_parallel", p.seq_parallel);
+  if (s.has("schedule")) {
+    int i = s.get_choice("schedule", {"gpipe", "1f1b", "auto"});
+    if (i >= 0 && i < 2) p.schedule = Schedule(i);
+  }
+  s.get_int_list("layers_per_stage", p.layers_per_stage, 0, 100000);
+  s.get_float("watchdog_timeout_s", p.watchdog_timeout_s, 0, 1e9);
+  s.get_bool("overlap_grad_reduce", p.overlap_grad_reduce);
+  s.get_bool("overlap_param_gather", p.overlap_param_gather);
+  s.get_bool_or_word("tp_comm_overlap", "forward", TpCommOverlap::none, TpCommOverlap::all, TpCommOverlap::forward,
+                     p.tp_comm_overlap);
+  s.report_unknown({"gpus", "tp", "pp", "dp", "cp", "vp", "zero", "micro_batch", "global_batch",
+                    "recompute", "seq_parallel", "schedule", "layers_per_stage", "watchdog_timeout_s",
+                    "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"});
+}
+
+// [train] and its [optimizer] table: precision, the optimizer and its schedule, the run's files, the
+// device; beta1/beta2/eps refused where the optimizer keeps no Adam moments.
+void parse_train_section(Section& s, Section& optimizer, Job& job, std::vector<std::string>& errors) {
+  TrainSpec& t = job.train;
+  if (int i = s.get_choice("precision", {"fp32", "fp16", "bf16", "fp8"}); i >= 0) t.precision = Precision(i);
+  if (int i = s.get_choice("optimizer", optimizer_names()); i >= 0) t.optimizer = optimizer_names()[size_t(i)];
+  s.get_int("steps", t.steps, 0, int64_t(1) << 40);
+  s.get_uint("seed", t.seed);
+  s.get_float("lr", t.lr, 0, 10);
+  s.get_float("min_lr", t.min_lr, 0, 10);
+  s.get_int("warmup_steps", t.warmup_steps, 0, int64_t(1) << 40);
+  s.get_float("weight_decay", t.weight_decay, 0, 10);
+  s.get_float("beta1", t.beta1, 0, 0.999999);
+  s.get_float("beta2", t.beta2, 0, 0.999999999);
+  s.get_float("eps", t.eps, 0, 1);
+  s.get_float("grad_clip", t.grad_clip, 0, 1e12);
+  s.get_string("data", t.data);
+  s.get_string("run_dir", t.run_dir, true);
+  s.get_int("checkpoint_every", t.checkpoint_every, 0, int64_t(1) << 40);
+  s.get_int("keep_checkpoints", t.keep_checkpoints, 0, 1000000);  // 0: keep all
+  s.get_int("eval_every", t.eval_every, 0, int64_t(1) << 40);
+  s.get_int("eval_batches", t.eval_batches, 1, 1000000);
+  s.get_int("log_every", t.log_every, 1, int64_t(1) << 40);
+  s.get_int("threads", t.threads, 0, 4096);
+  if (int i = s.get_choice("nan_policy", {"stop", "skip"}); i >= 0) t.nan_policy = i == 0 ? "stop" : "skip";
+  parse_loss_scale(s, job, t, errors);
+  if (int i = s.get_choice("grad_reduce_dtype", {"fp32", "bf16"}); i >= 0) t.grad_reduce_dtype = i == 0 ? "fp32" : "bf16";
+  if (int i = s.get_choice("pipeline_dtype", {"auto", "fp32"}); i >= 0) t.pipeline_dtype = i == 0 ? "auto" : "fp32";
+  if (int i = s.get_choice("tp_comm_dtype", {"auto", "fp32"}); i >= 0) t.tp_comm_dtype = i == 0 ? "auto" : "fp32";
+  static const std::vector<std::string> devices = {"auto", "cpu", "cuda"}, backends = {"cpu", "cpu-guarded", "cuda"};
+  if (int i = s.get_choice("device", devices); i >= 0) t.device = devices[size_t(i)];
+  if (int i = s.get_choice("backend", backends); i >= 0) t.backend = backends[size_t(i)];
+  if (!t.backend.empty() && t.device != "auto" && (t.backend == "cuda") != (t.device == "cuda"))
+    errors.push_back(fmt::format("{}: [train] backend = \"{}\" does not run on [train] device = \"{}\" (expected "
+                                 "backend \"cuda\" on device \"cuda\", \"cpu\" or \"cpu-guarded\" on device \"cpu\"; "
+                                 "or set only one of them)",
+                                 job_origin(job, {"train.backend", "train.device"}), t.backend, t.device));
+  if (int i = s.get_choice("fp8_recipe", {"delayed", "tensorwise", "rowwise"}); i >= 0) t.fp8_recipe = Fp8Recipe(i);
+  if (int i = s.get_choice("attention", {"flash2", "flash1", "flash3", "unfused"}); i >= 0) t.attention = Attention(i);
+  if (t.min_lr > t.lr)
+    errors.push_back(fmt::format("{}: [train] min_lr = {} is above lr = {} (the cosine schedule decays "
+                                 "from lr down to min_lr)", job_origin(job, {"train.min_lr", "train.lr"}), t.min_lr, t.lr));
+  s.report_unknown({"precision", "optimizer", "steps", "seed", "lr", "min_lr", "warmup_steps",
+                    "weight_decay", "beta1", "beta2", "eps", "grad_clip", "data", "run_dir",
+                    "checkpoint_every", "keep_checkpoints", "eval_every", "eval_batches", "log_every",
+                    "threads", "nan_policy", "grad_reduce_dtype", "pipeline_dtype", "tp_comm_dtype", "device",
+                    "backend", "fp8_recipe", "attention",
+                    "loss_scale", "initial_loss_scale", "loss_scale_growth_interval", "loss_scale_growth_factor",
+                    "loss_scale_backoff", "min_loss_scale", "loss_scale_hysteresis"});
+  parse_optimizer_section(optimizer, t);
+  if (!uses_train_betas(t))
+    for (const char* k : {"beta1", "beta2", "eps"})
+      if (s.has(k))
+        s.refuse(k, fmt::format("train.optimizer = \"{}\"{} keeps no Adam moments, so this would be ignored (beta1, "
+                                "beta2 and eps are AdamW's, LAMB's, Shampoo's, SOAP's and Muon's AdamW's; {})",
+                                t.optimizer, t.mixed.active() ? " with [optimizer] others = \"" + t.mixed.first_order() + "\"" : "",
+                                t.optimizer == "muon" ? "Muon's momentum is [optimizer] momentum" :
+                                "its own are [optimizer] keys, docs/job-file.md"));
+}
+
 }  // namespace
 
 Job parse_job(const std::string& text, const std::string& source, const std::vector<std::string>& sets,
@@ -803,155 +952,10 @@ Job parse_job(const std::string& text, const std::string& source, const std::vec
   job.source = source;
   for (const auto& [name, sec] : sections) sec.record_origins(job.origins);
 
-  // [model]
-  {
-    Section& s = sections.at("model");
-    ModelSpec& m = job.model;
-    s.get_string("preset", m.preset);
-    s.get_string("preset_file", m.preset_file);
-    const int64_t big = int64_t(1) << 40;
-    s.get_int("layers", m.layers, 1, 100000);
-    s.get_int("hidden", m.hidden, 1, big);
-    s.get_int("heads", m.heads, 1, 100000);
-    m.kv_heads = m.heads;
-    s.get_int("kv_heads", m.kv_heads, 1, 100000);
-    m.ffn_hidden = 4 * m.hidden;
-    s.get_int("ffn_hidden", m.ffn_hidden, 1, 4 * big);  // 4 * big: the default 4 * hidden is always allowed
-    s.get_int("seq_len", m.seq_len, 1, big);
-    m.vocab_from_data = !s.has("vocab");
-    s.get_int("vocab", m.vocab, 2, big);
-    if (int i = s.get_choice("activation", {"gelu", "swiglu"}); i >= 0) m.activation = Activation(i);
-    if (int i = s.get_choice("norm", {"layernorm", "rmsnorm"}); i >= 0) m.norm = Norm(i);
-    if (int i = s.get_choice("position", {"learned", "rope"}); i >= 0) m.position = Position(i);
-    s.get_bool("tie_embeddings", m.tie_embeddings);
-    s.get_bool("bias", m.bias);
-    s.get_float("norm_eps", m.norm_eps, 0, 1);
-    s.get_float("rope_theta", m.rope_theta, 1, 1e12);
-    // Shapes that cannot be built, with the equation, named by where their values came from.
-    if (m.hidden % m.heads != 0)
-      errors.push_back(fmt::format("{}: [model] hidden = {} is not divisible by heads = {} "
-                                   "(head_dim = hidden / heads must be an integer)",
-                                   job_origin(job, {"model.hidden", "model.heads"}), m.hidden, m.heads));
-    if (m.heads % m.kv_heads != 0)
-      errors.push_back(fmt::format("{}: [model] heads = {} is not divisible by kv_heads = {} "
-                                   "(grouped-query attention shares each kv head among heads / kv_heads heads)",
-                                   job_origin(job, {"model.heads", "model.kv_heads"}), m.heads, m.kv_heads));
-    if (m.position == Position::rope && m.hidden % m.heads == 0 && (m.hidden / m.heads) % 2 != 0)
-      errors.push_back(fmt::format("{}: [model] position = \"rope\" needs an even head_dim, but hidden / heads = "
-                                   "{} / {} = {}", job_origin(job, {"model.position", "model.hidden", "model.heads"}), m.hidden,
-                                   m.heads, m.hidden / m.heads));
-    s.report_unknown({"preset", "preset_file", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len", "vocab",
-                      "activation", "norm", "position", "tie_embeddings", "bias", "norm_eps", "rope_theta"});
-  }
-  // [machine]
-  {
-    Section& s = sections.at("machine");
-    MachineSpec& m = job.machine;
-    s.get_string("preset", m.preset);
-    s.get_string("preset_file", m.preset_file);
-    s.get_string("device", m.device, true);
-    s.get_int("gpus_per_node", m.gpus_per_node, 1, 1024);
-    s.get_float("intra_node_bw_gbs", m.intra_node_bw_gbs, 0, 1e9);
-    s.get_float("inter_node_bw_gbs", m.inter_node_bw_gbs, 0, 1e9);
-    s.get_float("intra_node_latency_us", m.intra_node_latency_us, 0, 1e9);
-    s.get_float("inter_node_latency_us", m.inter_node_latency_us, 0, 1e9);
-    s.get_float("storage_bw_gbs", m.storage_bw_gbs, 0, 1e12);
-    s.get_opt_float("node_mtbf_hours", m.node_mtbf_hours, 1e-6, 1e12);
-    s.report_unknown({"preset", "preset_file", "device", "gpus_per_node", "intra_node_bw_gbs", "inter_node_bw_gbs",
-                      "intra_node_latency_us", "inter_node_latency_us", "storage_bw_gbs", "node_mtbf_hours"});
-  }
-  // [parallel]
-  {
-    Section& s = sections.at("parallel");
-    ParallelSpec& p = job.parallel;
-    const int64_t big = int64_t(1) << 40;
-    s.get_int("gpus", p.gpus, 1, big);
-    s.get_int_or_auto("tp", p.tp, 1, 1 << 20);
-    s.get_int_or_auto("pp", p.pp, 1, 1 << 20);
-    s.get_int_or_auto("dp", p.dp, 1, big);
-    s.get_int_or_auto("cp", p.cp, 1, 1 << 20);
-    s.get_int_or_auto("vp", p.vp, 1, 1 << 20);
-    s.get_int_or_auto("zero", p.zero, 0, 3);
-    s.get_int_or_auto("micro_batch", p.micro_batch, 1, big);
-    s.get_int("global_batch", p.global_batch, 1, big);
-    if (s.has("recompute")) {
-      int i = s.get_choice("recompute", {"none", "selective", "full", "op", "auto"});
-      if (i >= 0 && i < 4) p.recompute = Recompute(i);
-    }
-    s.get_bool_or_auto("seq_parallel", p.seq_parallel);
-    if (s.has("schedule")) {
-      int i = s.get_choice("schedule", {"gpipe", "1f1b", "auto"});
-      if (i >= 0 && i < 2) p.schedule = Schedule(i);
-    }
-    s.get_int_list("layers_per_stage", p.layers_per_stage, 0, 100000);
-    s.get_float("watchdog_timeout_s", p.watchdog_timeout_s, 0, 1e9);
-    s.get_bool("overlap_grad_reduce", p.overlap_grad_reduce);
-    s.get_bool("overlap_param_gather", p.overlap_param_gather);
-    if (int i = s.get_bool_or_word("tp_comm_overlap", "forward"); i >= 0)
-      p.tp_comm_overlap = i == 2 ? TpCommOverlap::forward : i == 1 ? TpCommOverlap::all : TpCommOverlap::none;
-    s.report_unknown({"gpus", "tp", "pp", "dp", "cp", "vp", "zero", "micro_batch", "global_batch",
-                      "recompute", "seq_parallel", "schedule", "layers_per_stage", "watchdog_timeout_s",
-                      "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"});
-  }
-  // [train]
-  {
-    Section& s = sections.at("train");
-    TrainSpec& t = job.train;
-    if (int i = s.get_choice("precision", {"fp32", "fp16", "bf16", "fp8"}); i >= 0) t.precision = Precision(i);
-    if (int i = s.get_choice("optimizer", optimizer_names()); i >= 0) t.optimizer = optimizer_names()[size_t(i)];
-    s.get_int("steps", t.steps, 0, int64_t(1) << 40);
-    s.get_uint("seed", t.seed);
-    s.get_float("lr", t.lr, 0, 10);
-    s.get_float("min_lr", t.min_lr, 0, 10);
-    s.get_int("warmup_steps", t.warmup_steps, 0, int64_t(1) << 40);
-    s.get_float("weight_decay", t.weight_decay, 0, 10);
-    s.get_float("beta1", t.beta1, 0, 0.999999);
-    s.get_float("beta2", t.beta2, 0, 0.999999999);
-    s.get_float("eps", t.eps, 0, 1);
-    s.get_float("grad_clip", t.grad_clip, 0, 1e12);
-    s.get_string("data", t.data);
-    s.get_string("run_dir", t.run_dir, true);
-    s.get_int("checkpoint_every", t.checkpoint_every, 0, int64_t(1) << 40);
-    s.get_int("keep_checkpoints", t.keep_checkpoints, 0, 1000000);  // 0: keep all
-    s.get_int("eval_every", t.eval_every, 0, int64_t(1) << 40);
-    s.get_int("eval_batches", t.eval_batches, 1, 1000000);
-    s.get_int("log_every", t.log_every, 1, int64_t(1) << 40);
-    s.get_int("threads", t.threads, 0, 4096);
-    if (int i = s.get_choice("nan_policy", {"stop", "skip"}); i >= 0) t.nan_policy = i == 0 ? "stop" : "skip";
-    parse_loss_scale(s, job, t, errors);
-    if (int i = s.get_choice("grad_reduce_dtype", {"fp32", "bf16"}); i >= 0) t.grad_reduce_dtype = i == 0 ? "fp32" : "bf16";
-    if (int i = s.get_choice("pipeline_dtype", {"auto", "fp32"}); i >= 0) t.pipeline_dtype = i == 0 ? "auto" : "fp32";
-    if (int i = s.get_choice("tp_comm_dtype", {"auto", "fp32"}); i >= 0) t.tp_comm_dtype = i == 0 ? "auto" : "fp32";
-    static const std::vector<std::string> devices = {"auto", "cpu", "cuda"}, backends = {"cpu", "cpu-guarded", "cuda"};
-    if (int i = s.get_choice("device", devices); i >= 0) t.device = devices[size_t(i)];
-    if (int i = s.get_choice("backend", backends); i >= 0) t.backend = backends[size_t(i)];
-    if (!t.backend.empty() && t.device != "auto" && (t.backend == "cuda") != (t.device == "cuda"))
-      errors.push_back(fmt::format("{}: [train] backend = \"{}\" does not run on [train] device = \"{}\" (expected "
-                                   "backend \"cuda\" on device \"cuda\", \"cpu\" or \"cpu-guarded\" on device \"cpu\"; "
-                                   "or set only one of them)",
-                                   job_origin(job, {"train.backend", "train.device"}), t.backend, t.device));
-    if (int i = s.get_choice("fp8_recipe", {"delayed", "tensorwise", "rowwise"}); i >= 0) t.fp8_recipe = Fp8Recipe(i);
-    if (int i = s.get_choice("attention", {"flash2", "flash1", "flash3", "unfused"}); i >= 0) t.attention = Attention(i);
-    if (t.min_lr > t.lr)
-      errors.push_back(fmt::format("{}: [train] min_lr = {} is above lr = {} (the cosine schedule decays "
-                                   "from lr down to min_lr)", job_origin(job, {"train.min_lr", "train.lr"}), t.min_lr, t.lr));
-    s.report_unknown({"precision", "optimizer", "steps", "seed", "lr", "min_lr", "warmup_steps",
-                      "weight_decay", "beta1", "beta2", "eps", "grad_clip", "data", "run_dir",
-                      "checkpoint_every", "keep_checkpoints", "eval_every", "eval_batches", "log_every",
-                      "threads", "nan_policy", "grad_reduce_dtype", "pipeline_dtype", "tp_comm_dtype", "device",
-                      "backend", "fp8_recipe", "attention",
-                      "loss_scale", "initial_loss_scale", "loss_scale_growth_interval", "loss_scale_growth_factor",
-                      "loss_scale_backoff", "min_loss_scale", "loss_scale_hysteresis"});
-    parse_optimizer_section(sections.at("optimizer"), t);
-    if (!uses_train_betas(t))
-      for (const char* k : {"beta1", "beta2", "eps"})
-        if (s.has(k))
-          s.refuse(k, fmt::format("train.optimizer = \"{}\"{} keeps no Adam moments, so this would be ignored (beta1, "
-                                  "beta2 and eps are AdamW's, LAMB's, Shampoo's, SOAP's and Muon's AdamW's; {})",
-                                  t.optimizer, t.mixed.active() ? " with [optimizer] others = \"" + t.mixed.first_order() + "\"" : "",
-                                  t.optimizer == "muon" ? "Muon's momentum is [optimizer] momentum" :
-                                  "its own are [optimizer] keys, docs/job-file.md"));
-  }
+  parse_model_section(sections.at("model"), job, errors);
+  parse_machine_section(sections.at("machine"), job.machine);
+  parse_parallel_section(sections.at("parallel"), job.parallel);
+  parse_train_section(sections.at("train"), sections.at("optimizer"), job, errors);
 
   parse_comm_section(sections.at("comm"), job, errors);
   check_fp16_companions(job, errors);
@@ -1040,6 +1044,38 @@ bool same_settings(const Job& a, const Job& b) {
   return settings(a) == settings(b);
 }
 
+// The [optimizer] table: the keys of the job's optimizer (none for AdamW and LAMB), then the mixed
+// choice's (`others`, `first_order_steps`), as job_to_toml has always written them.
+static std::string optimizer_toml(const TrainSpec& t) {
+  std::string out;
+  if (t.optimizer == "muon")
+    out += "\n[optimizer]\n" + line("momentum", t.muon.momentum) + line("nesterov", t.muon.nesterov) +
+           line("ns_steps", t.muon.ns_steps) + line("scale", t.muon.scale);
+  if (t.optimizer == "sgd") out += "\n[optimizer]\n" + line("momentum", t.sgd.momentum) + line("nesterov", t.sgd.nesterov);
+  if (t.optimizer == "lion") out += "\n[optimizer]\n" + line("beta1", t.lion.beta1) + line("beta2", t.lion.beta2);
+  if (t.optimizer == "adafactor")
+    out += "\n[optimizer]\n" + line("beta1", t.adafactor.beta1) + line("decay_rate", t.adafactor.decay_rate) +
+           line("eps1", t.adafactor.eps1) + line("clip_threshold", t.adafactor.clip_threshold) +
+           line("factored", t.adafactor.factored);
+  if (t.optimizer == "shampoo")
+    out += "\n[optimizer]\n" + line("factor_decay", t.shampoo.factor_decay) + line("epsilon", t.shampoo.epsilon) +
+           line("max_preconditioner_dim", t.shampoo.max_preconditioner_dim) +
+           line("precondition_frequency", t.shampoo.precondition_frequency) +
+           line("start_preconditioning_step", t.shampoo.start_preconditioning_step);
+  if (t.optimizer == "kfac")
+    out += "\n[optimizer]\n" + line("momentum", t.kfac.momentum) + line("nesterov", t.kfac.nesterov) +
+           line("damping", t.kfac.damping) + line("factor_decay", t.kfac.factor_decay) +
+           line("factor_update_steps", t.kfac.factor_update_steps) + line("inv_update_steps", t.kfac.inv_update_steps) +
+           line("kl_clip", t.kfac.kl_clip) + line("grad_worker_fraction", t.kfac.grad_worker_fraction);
+  if (t.optimizer == "soap")
+    out += "\n[optimizer]\n" + line("factor_decay", t.soap.factor_decay) +
+           line("max_preconditioner_dim", t.soap.max_preconditioner_dim) +
+           line("precondition_frequency", t.soap.precondition_frequency);
+  if (!t.mixed.others.empty()) out += line("others", t.mixed.others);
+  if (t.mixed.first_order_steps > 0) out += line("first_order_steps", t.mixed.first_order_steps);
+  return out;
+}
+
 std::string job_to_toml(const Job& job) {
   const ModelSpec& m = job.model;
   const MachineSpec& mc = job.machine;
@@ -1096,31 +1132,7 @@ std::string job_to_toml(const Job& job) {
            line("loss_scale_hysteresis", t.loss_scale.hysteresis);
   else if (t.precision == Precision::fp16)
     out += line("loss_scale", t.loss_scale.initial);
-  if (t.optimizer == "muon")
-    out += "\n[optimizer]\n" + line("momentum", t.muon.momentum) + line("nesterov", t.muon.nesterov) +
-           line("ns_steps", t.muon.ns_steps) + line("scale", t.muon.scale);
-  if (t.optimizer == "sgd") out += "\n[optimizer]\n" + line("momentum", t.sgd.momentum) + line("nesterov", t.sgd.nesterov);
-  if (t.optimizer == "lion") out += "\n[optimizer]\n" + line("beta1", t.lion.beta1) + line("beta2", t.lion.beta2);
-  if (t.optimizer == "adafactor")
-    out += "\n[optimizer]\n" + line("beta1", t.adafactor.beta1) + line("decay_rate", t.adafactor.decay_rate) +
-           line("eps1", t.adafactor.eps1) + line("clip_threshold", t.adafactor.clip_threshold) +
-           line("factored", t.adafactor.factored);
-  if (t.optimizer == "shampoo")
-    out += "\n[optimizer]\n" + line("factor_decay", t.shampoo.factor_decay) + line("epsilon", t.shampoo.epsilon) +
-           line("max_preconditioner_dim", t.shampoo.max_preconditioner_dim) +
-           line("precondition_frequency", t.shampoo.precondition_frequency) +
-           line("start_preconditioning_step", t.shampoo.start_preconditioning_step);
-  if (t.optimizer == "kfac")
-    out += "\n[optimizer]\n" + line("momentum", t.kfac.momentum) + line("nesterov", t.kfac.nesterov) +
-           line("damping", t.kfac.damping) + line("factor_decay", t.kfac.factor_decay) +
-           line("factor_update_steps", t.kfac.factor_update_steps) + line("inv_update_steps", t.kfac.inv_update_steps) +
-           line("kl_clip", t.kfac.kl_clip) + line("grad_worker_fraction", t.kfac.grad_worker_fraction);
-  if (t.optimizer == "soap")
-    out += "\n[optimizer]\n" + line("factor_decay", t.soap.factor_decay) +
-           line("max_preconditioner_dim", t.soap.max_preconditioner_dim) +
-           line("precondition_frequency", t.soap.precondition_frequency);
-  if (!t.mixed.others.empty()) out += line("others", t.mixed.others);
-  if (t.mixed.first_order_steps > 0) out += line("first_order_steps", t.mixed.first_order_steps);
+  out += optimizer_toml(t);
   out += comm_toml(t.comm);
   return out;
 }

@@ -24,6 +24,14 @@ int64_t CommLedger::total_bytes() const {
   return t;
 }
 
+std::vector<Request> Group::post_p2p(const std::vector<P2pCall>& calls) {
+  std::vector<Request> out;
+  out.reserve(calls.size());
+  for (const P2pCall& c : calls)
+    out.push_back(c.send ? isend(c.buf, c.n, c.t, c.peer, c.tag, c.kind) : irecv(c.buf, c.n, c.t, c.peer, c.tag));
+  return out;
+}
+
 std::map<std::string, double> comm_breakdown_s(const CommLedger& ledger) {
   std::map<std::string, double> out{
       {"tp_comm", 0}, {"cp_comm", 0}, {"dp_comm", 0}, {"pp_comm", 0}, {"pp_bubble", 0}};

@@ -84,6 +84,22 @@ struct Request {
   bool active() const { return id >= 0; }
 };
 
+// One send or receive of a batch posted together (Group::post_p2p).
+struct P2pCall {
+  bool send = false;
+  void* buf = nullptr;  // written (receive), or only read (send: see send_from)
+  int64_t n = 0;        // elements of t
+  DType t = DType::f32;
+  int peer = -1, tag = 0;
+  std::string kind;  // sends: the ledger kind ("" = "<name>_send")
+
+  static P2pCall recv_into(void* buf, int64_t n, DType t, int peer, int tag) { return {false, buf, n, t, peer, tag, ""}; }
+  // A send reads its buffer only; the one field serves both (isend's const in, irecv's out).
+  static P2pCall send_from(const void* buf, int64_t n, DType t, int peer, int tag, std::string kind = "") {
+    return {true, const_cast<void*>(buf), n, t, peer, tag, std::move(kind)};
+  }
+};
+
 class Group {
  public:
   virtual ~Group() = default;
@@ -134,6 +150,15 @@ class Group {
   virtual Request iall_gather(const void* in, void* out, int64_t shard, DType t) = 0;
   virtual Request isend(const void* buf, int64_t n, DType t, int peer, int tag, const std::string& kind = "") = 0;
   virtual Request irecv(void* buf, int64_t n, DType t, int peer, int tag) = 0;
+  // Sends and receives that must progress together, one request each in the order given: NCCL
+  // fuses them into one group (ncclGroupStart/End: the calls of a group never block each other,
+  // while separate calls on one stream run one after the other, parallel/stream_order.hpp); MPI
+  // starts each as isend / irecv (this default).
+  virtual std::vector<Request> post_p2p(const std::vector<P2pCall>& calls);
+  // Whether this group runs point-to-point calls in posting order on one stream, each waiting for
+  // its peer's matching call (NCCL): a pipeline must then post in Megatron's steps
+  // (schedule.hpp in_steps) rather than receive early.
+  virtual bool p2p_in_stream_order() const { return false; }
   virtual void wait(Request& r) = 0;
   // Drives progress; true when r has completed (then it is inactive).
   virtual bool test(Request& r) = 0;

@@ -80,18 +80,15 @@ class RankRun {
               flag ? *tag_ub : -1);
   }
 
-  void run(const Action& a) {
+  // One of posting_batches' batches: a compute, or a run of sends and receives posted together
+  // (Group::post_p2p: one NCCL group on a GPU).
+  void run(const std::vector<Action>& batch) {
+    const Action& a = batch[0];
     const Unit u{a.mb, a.chunk};
     const int s = stage_of(p_, r_, a.chunk);
-    switch (a.kind) {
-      case ActionKind::recv_act: return post_recv(act_in_[u], a.peer, message_tag(p_, false, a.mb, s));
-      case ActionKind::recv_grad: return post_recv(grad_in_[u], a.peer, message_tag(p_, true, a.mb, s));
-      case ActionKind::forward: return forward(a, u, s);
-      case ActionKind::backward: return backward(a, u, s);
-      case ActionKind::send_act: return send(act_out_, a, u, "SendAct", "Forward", message_tag(p_, false, a.mb, s + 1));
-      case ActionKind::send_grad:
-        return send(grad_out_, a, u, "SendGrad", "Backward", message_tag(p_, true, a.mb, s - 1));
-    }
+    if (a.kind == ActionKind::forward) return forward(a, u, s);
+    if (a.kind == ActionKind::backward) return backward(a, u, s);
+    post(batch);
   }
 
   // Every send complete (so the next step may reuse tags), every receive used.
@@ -120,9 +117,53 @@ class RankRun {
                                   (t1 - t0) * 1e6});
   }
 
-  void post_recv(Pending& in, int peer, int tag) {
-    in.buf = pool_.take_wire();
-    in.req = pp_.irecv(in.buf.data(), floats_, pool_.wire_dtype(), peer, tag);
+  // Posts the batch's receives (into fresh wire buffers) and sends (of what their computes made,
+  // rounded to the wire format) as one Group::post_p2p; sends stay in flight in sending_, and the
+  // completed ones are reaped.
+  void post(const std::vector<Action>& batch) {
+    reap_sends();  // their wire buffers back to the pool before this batch takes any
+    std::vector<P2pCall> calls;
+    std::vector<Pending*> receives;  // per call: the receive's entry (stable: a map's), or null for a send
+    std::vector<Pending> sends;
+    for (const Action& a : batch) {
+      const Unit u{a.mb, a.chunk};
+      const int s = stage_of(p_, r_, a.chunk);
+      const bool grad = a.kind == ActionKind::recv_grad || a.kind == ActionKind::send_grad;
+      if (a.kind == ActionKind::recv_act || a.kind == ActionKind::recv_grad) {
+        Pending& in = (grad ? grad_in_ : act_in_)[u];
+        in.buf = pool_.take_wire();
+        calls.push_back(
+            P2pCall::recv_into(in.buf.data(), floats_, pool_.wire_dtype(), a.peer, message_tag(p_, grad, a.mb, s)));
+        receives.push_back(&in);
+        continue;
+      }
+      std::map<Unit, Pending>& out = grad ? grad_out_ : act_out_;
+      auto it = out.find(u);
+      EXA_CHECK(it != out.end(), "rank {} {}(mb {}) before its {}", r_, grad ? "SendGrad" : "SendAct", a.mb,
+                grad ? "Backward" : "Forward");
+      Pending msg = std::move(it->second);
+      out.erase(it);
+      msg.buf = pool_.to_wire(std::move(msg.buf));
+      calls.push_back(P2pCall::send_from(msg.buf.data(), floats_, pool_.wire_dtype(), a.peer,
+                                       message_tag(p_, grad, a.mb, grad ? s - 1 : s + 1)));
+      receives.push_back(nullptr);
+      sends.push_back(std::move(msg));
+    }
+    std::vector<Request> reqs = pp_.post_p2p(calls);
+    for (size_t i = 0, k = 0; i < calls.size(); i++) {
+      if (receives[i]) receives[i]->req = reqs[i];
+      else sends[k].req = reqs[i], sending_.push_back(std::move(sends[k++]));
+    }
+    reap_sends();
+  }
+
+  void reap_sends() {
+    for (size_t i = 0; i < sending_.size();) {
+      if (!pp_.test(sending_[i].req)) { i++; continue; }
+      pool_.give_wire(std::move(sending_[i].buf));
+      sending_[i] = std::move(sending_.back());
+      sending_.pop_back();
+    }
   }
 
   // The received message of unit u (waited for), or null on the stage without a sender.
@@ -160,25 +201,6 @@ class RankRun {
     release(grad_in_, u);
   }
 
-  // Sends what `producer` made for unit u; its buffer is kept until the request completes, and
-  // completed sends are reaped as we go.
-  void send(std::map<Unit, Pending>& out, const Action& a, const Unit& u, const char* what, const char* producer,
-            int tag) {
-    auto it = out.find(u);
-    EXA_CHECK(it != out.end(), "rank {} {}(mb {}) before its {}", r_, what, a.mb, producer);
-    Pending msg = std::move(it->second);
-    out.erase(it);
-    msg.buf = pool_.to_wire(std::move(msg.buf));
-    msg.req = pp_.isend(msg.buf.data(), floats_, pool_.wire_dtype(), a.peer, tag);
-    sending_.push_back(std::move(msg));
-    for (size_t i = 0; i < sending_.size();) {
-      if (!pp_.test(sending_[i].req)) { i++; continue; }
-      pool_.give_wire(std::move(sending_[i].buf));
-      sending_[i] = std::move(sending_.back());
-      sending_.pop_back();
-    }
-  }
-
   Group& pp_;
   BufferPool& pool_;
   const PipelinePlan& p_;
@@ -198,7 +220,7 @@ void run_pipeline(Group& pp, BufferPool& pool, const PipelineTable& t, const Sta
   EXA_CHECK(pp.size() == t.plan.pp, "pipeline table built for pp {} run on a group of {} ranks", t.plan.pp, pp.size());
   RankRun run(pp, pool, t, cb, timing);
   run.check_tags();
-  for (const Action& a : t.ranks[size_t(pp.rank())]) run.run(a);
+  for (const std::vector<Action>& batch : posting_batches(t.ranks[size_t(pp.rank())])) run.run(batch);
   run.finish();
 }
 

@@ -1,4 +1,7 @@
-// Runs one rank's pipeline action table over the pp group with non-blocking sends and receives.
+// Runs one rank's pipeline action table over the pp group with non-blocking sends and receives,
+// each run of consecutive sends and receives posted as one batch (schedule.hpp posting_batches,
+// Group::post_p2p: one NCCL group on a GPU). The table's order is the caller's: build_pipeline's
+// (receives a compute early) over MPI, in_steps' over NCCL (parallel/stream_order.hpp: why).
 //
 // The model is reached only through two callbacks per (micro-batch, chunk):
 //   forward(mb, chunk, in, out)          in[act_floats]: activation from the previous stage, or

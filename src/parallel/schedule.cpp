@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -177,6 +178,72 @@ PipelineTable build_pipeline(const PipelinePlan& p) {
     }
   }
   return t;
+}
+
+namespace {
+
+bool is_compute(const Action& a) { return a.kind == ActionKind::forward || a.kind == ActionKind::backward; }
+
+// A rank's sends and receives by (kind, micro-batch, chunk): at most one each per compute.
+using MessageIndex = std::map<std::tuple<ActionKind, int, int>, Action>;
+
+// The receive (recv_act / recv_grad) or the send (send_act / send_grad) of compute c, if any.
+std::optional<Action> message_of(const MessageIndex& messages, const Action& c, bool receive) {
+  const bool fwd = c.kind == ActionKind::forward;
+  const ActionKind want = receive ? (fwd ? ActionKind::recv_act : ActionKind::recv_grad)
+                                  : (fwd ? ActionKind::send_act : ActionKind::send_grad);
+  const auto it = messages.find({want, c.mb, c.chunk});
+  if (it == messages.end()) return std::nullopt;
+  return it->second;
+}
+
+// vp = 1: every compute is a step (Megatron's 1F1B: send_forward_recv_backward after a forward,
+// send_backward_recv_forward after a backward). vp > 1: a warm-up forward, a steady forward with
+// the backward after it, or a cool-down backward (Megatron's interleaved schedule:
+// send_forward_backward_recv_forward_backward after each steady pair).
+std::vector<Action> row_in_steps(const std::vector<Action>& row, int vp) {
+  std::vector<Action> computes, out;
+  MessageIndex messages;
+  for (const Action& a : row) {
+    if (is_compute(a)) computes.push_back(a);
+    else messages.emplace(std::make_tuple(a.kind, a.mb, a.chunk), a);
+  }
+  auto ends_step = [vp](const Action& c) {
+    return vp == 1 || c.kind == ActionKind::backward || c.phase == Phase::warmup;
+  };
+  for (size_t begin = 0; begin < computes.size();) {
+    size_t end = begin;
+    while (!ends_step(computes[end]) && end + 1 < computes.size()) end++;
+    for (size_t i = begin; i <= end; i++)
+      if (auto r = message_of(messages, computes[i], true)) out.push_back(*r);
+    for (size_t i = begin; i <= end; i++) out.push_back(computes[i]);
+    for (size_t i = begin; i <= end; i++)
+      if (auto s = message_of(messages, computes[i], false)) out.push_back(*s);
+    begin = end + 1;
+  }
+  // Every send and receive belongs to a compute (build_pipeline's tables): none dropped.
+  EXA_CHECK(out.size() == row.size(), "in_steps: {} of the row's {} actions placed (a send or receive without its "
+            "compute)", out.size(), row.size());
+  return out;
+}
+
+}  // namespace
+
+PipelineTable in_steps(const PipelineTable& t) {
+  PipelineTable out = t;
+  for (auto& row : out.ranks) row = row_in_steps(row, t.plan.vp);
+  return out;
+}
+
+std::vector<std::vector<Action>> posting_batches(const std::vector<Action>& row) {
+  std::vector<std::vector<Action>> out;
+  bool open = false;  // the last batch is a run of sends and receives
+  for (const Action& a : row) {
+    if (is_compute(a) || !open) out.emplace_back();
+    out.back().push_back(a);
+    open = !is_compute(a);
+  }
+  return out;
 }
 
 namespace {

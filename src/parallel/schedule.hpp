@@ -17,7 +17,8 @@
 // after a forward of stage s < S-1, RecvGrad before a backward of stage s < S-1, SendGrad after a
 // backward of stage s > 0. Receives are posted one compute early (the receive of compute k+1 is
 // listed before compute k) so that the message can arrive while compute k runs. All sends and
-// receives are non-blocking; a compute waits only for its own input.
+// receives are non-blocking; a compute waits only for its own input. in_steps (below) reorders a
+// table for NCCL, which runs them in posting order.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -67,6 +68,21 @@ int stage_of(const PipelinePlan& plan, int rank, int chunk);
 int warmup_units(const PipelinePlan& plan, int rank);
 int expected_peak_in_flight(const PipelinePlan& plan, int rank);
 double expected_bubble_fraction(const PipelinePlan& plan);
+
+// The same table posted in Megatron's steps, as a GPU runtime must post it (NCCL runs a rank's
+// sends and receives in the order they were posted, each blocking its stream until the peer's
+// matching call runs: parallel/stream_order.hpp). A step's receives are listed just before its
+// computes and its sends just after them, so that between two steps one run of actions sends the
+// outputs of the step before and receives the inputs of the step after. A step is one compute
+// for GPipe and 1F1B (Megatron's send_forward_recv_backward, send_backward_recv_forward); with vp
+// > 1 a warm-up forward, a steady forward with the backward after it, or a cool-down backward
+// (Megatron's interleaved send_forward_backward_recv_forward_backward). Every message keeps its
+// peers and the per-pair order of build_pipeline's table.
+PipelineTable in_steps(const PipelineTable& table);
+
+// A rank's row as the executor posts it: each compute alone, each run of consecutive sends and
+// receives as one batch (Group::post_p2p: one NCCL group on a GPU, each call its own MPI request).
+std::vector<std::vector<Action>> posting_batches(const std::vector<Action>& row);
 
 // Simulated execution with per-unit forward and backward times (one chunk = one unit) and free
 // communication. Checks as it goes and throws exatrain::Error on: a backward before its forward,

@@ -179,7 +179,9 @@ void split_reduce_scatter(Group& g, Backend& be, SparsePairs mine, int64_t n, in
   for (int r = 0; r < p; r++) at[size_t(r) + 1] = at[size_t(r)] + receives[size_t(r)];
   int32_t* idx = s.ints(kRecvIdx, at[size_t(p)]);
   float* val = s.floats(kRecvVal, at[size_t(p)]);
-  std::vector<Request> reqs;
+  // Every exchange as one batch (Group::post_p2p: one NCCL group, so that no receive waits for a
+  // send queued behind it; to each peer the indices, then the values, both ways alike).
+  std::vector<P2pCall> calls;
   for (int r = 0; r < p; r++) {
     const int64_t c = receives[size_t(r)], mine_c = sends[size_t(r)];
     if (r == me) {
@@ -190,14 +192,15 @@ void split_reduce_scatter(Group& g, Backend& be, SparsePairs mine, int64_t n, in
       continue;
     }
     if (c > 0) {
-      reqs.push_back(g.irecv(idx + at[size_t(r)], c, DType::i32, r, kTagIdx));
-      reqs.push_back(g.irecv(val + at[size_t(r)], c, DType::f32, r, kTagVal));
+      calls.push_back(P2pCall::recv_into(idx + at[size_t(r)], c, DType::i32, r, kTagIdx));
+      calls.push_back(P2pCall::recv_into(val + at[size_t(r)], c, DType::f32, r, kTagVal));
     }
     if (mine_c > 0) {
-      reqs.push_back(g.isend(mine.idx + first[size_t(r)], mine_c, DType::i32, r, kTagIdx));
-      reqs.push_back(g.isend(mine.val + first[size_t(r)], mine_c, DType::f32, r, kTagVal));
+      calls.push_back(P2pCall::send_from(mine.idx + first[size_t(r)], mine_c, DType::i32, r, kTagIdx));
+      calls.push_back(P2pCall::send_from(mine.val + first[size_t(r)], mine_c, DType::f32, r, kTagVal));
     }
   }
+  std::vector<Request> reqs = g.post_p2p(calls);
   g.wait_all(reqs);
   // The received indices are global: out_region starts at the region's first element.
   const int64_t begin = bounds[size_t(me)], len = bounds[size_t(me) + 1] - begin;

@@ -34,18 +34,13 @@ constexpr double kMinLooGainPct = 0.1;
 // against the other on the runs' noise (docs/planner.md's study).
 constexpr double kMinAttentionSpread = 0.10;
 
-// How far apart the runs' sensitivities to attention are: max - min over the runs of
-// -d log(step) / d log(attention), i.e. of attention's share of each step (a 2% step).
+// How far apart the runs' shares of attention in their steps are: attention's share of a step is
+// -d log(step) / d log(attention) (plan/fit.hpp sensitivities); the spread is max - min over the
+// runs (the sign drops out).
 double attention_share_spread(const std::vector<MeasuredRun>& runs, const Calibration& base, const std::string& device) {
-  const std::string name = device + ".attention";
-  Calibration moved = base;
-  moved.set(name, base.get(name) / 1.02);
-  const std::vector<double> p0 = predict_runs(runs, base), p1 = predict_runs(runs, moved);
   double lo = 1e300, hi = -1e300;
-  for (size_t i = 0; i < runs.size(); ++i) {
-    const double share = std::log(p1[i] / p0[i]) / std::log(1.02);
-    lo = std::min(lo, share), hi = std::max(hi, share);
-  }
+  for (const std::vector<double>& row : sensitivities(runs, base, {device + ".attention"}))
+    lo = std::min(lo, row[0]), hi = std::max(hi, row[0]);
   return hi - lo;
 }
 
@@ -89,9 +84,10 @@ std::string cannot_fit(const std::vector<MeasuredRun>& runs, const Calibration& 
 // while one lowers it by kMinLooGainPct points or more (a constant that only fits the noise of a
 // few runs does not predict a run left out better). Each constant left out is named in `why` with
 // the reason. Attention is not put to the leave-one-out test: with three runs the leave-one-out
-// figure is itself too noisy to judge it (docs/planner.md's study, both ways).
+// figure is itself too noisy to judge it (docs/planner.md's study, both ways). `left_out` gets
+// the chosen constants' leave-one-out predictions (computed here for the choice; none with one run).
 std::vector<std::string> choose(const std::vector<MeasuredRun>& runs, const Calibration& base, const std::string& device,
-                                std::string& why) {
+                                std::string& why, std::vector<double>& left_out) {
   std::vector<std::string> chosen = {"sustained"};
   std::map<std::string, std::string> reason;  // for each constant left out
   if (std::string r = cannot_fit(runs, base, device, {"sustained", "attention"}); !r.empty())
@@ -102,13 +98,13 @@ std::vector<std::string> choose(const std::vector<MeasuredRun>& runs, const Cali
                                       100 * spread, 100 * kMinAttentionSpread);
   else
     chosen.push_back("attention");
-  auto loo = [&](const std::vector<std::string>& c) {
-    return mape_pct(runs, leave_one_out(runs, base, qualified(device, c), device, true));
-  };
-  double chosen_loo = runs.size() >= 2 ? loo(chosen) : 0;
+  auto loo = [&](const std::vector<std::string>& c) { return leave_one_out(runs, base, qualified(device, c), device, true); };
+  left_out = runs.size() >= 2 ? loo(chosen) : std::vector<double>{};
+  double chosen_loo = runs.size() >= 2 ? mape_pct(runs, left_out) : 0;
   for (bool added = true; added;) {
     added = false;
     std::vector<std::string> best;
+    std::vector<double> best_left_out;
     double best_loo = chosen_loo;
     for (const char* extra : {"network", "bw_efficiency"}) {
       if (std::find(chosen.begin(), chosen.end(), extra) != chosen.end()) continue;
@@ -118,12 +114,13 @@ std::vector<std::string> choose(const std::vector<MeasuredRun>& runs, const Cali
         reason[extra] = r;
         continue;
       }
-      const double l = loo(trial);
+      std::vector<double> trial_left_out = loo(trial);
+      const double l = mape_pct(runs, trial_left_out);
       reason[extra] = fmt::format("it does not lower the leave-one-out MAPE by {} points ({:.2f}% with it, {:.2f}% "
                                   "without)", kMinLooGainPct, l, chosen_loo);
-      if (l < best_loo - kMinLooGainPct) best_loo = l, best = trial;
+      if (l < best_loo - kMinLooGainPct) best_loo = l, best = trial, best_left_out = std::move(trial_left_out);
     }
-    if (!best.empty()) chosen = best, chosen_loo = best_loo, added = true;
+    if (!best.empty()) chosen = best, chosen_loo = best_loo, left_out = std::move(best_left_out), added = true;
   }
   for (const char* name : {"attention", "network", "bw_efficiency"})
     if (std::find(chosen.begin(), chosen.end(), name) == chosen.end())
@@ -149,7 +146,7 @@ CalibrateResult calibrate(std::vector<MeasuredRun> runs, const Calibration& base
       throw Error(fmt::format("--fit {}: not a machine constant; expected some of {}", n, fmt::join(device_constant_names(), ", ")));
   std::vector<std::string> names = fit;
   if (names.empty()) {
-    names = choose(runs, base, out.device, out.choice);
+    names = choose(runs, base, out.device, out.choice, out.left_out);
   } else if (const std::string reason = undetermined(runs, base, qualified(out.device, names)); !reason.empty()) {
     throw Error(fmt::format("cannot calibrate {} from these runs: {}", fmt::join(qualified(out.device, names), ", "), reason));
   }
@@ -163,7 +160,7 @@ CalibrateResult calibrate(std::vector<MeasuredRun> runs, const Calibration& base
   out.cal = all.cal, out.fitted = all.predicted, out.fit_mape_pct = mape_pct(runs, all.predicted);
   out.converged = all.converged;
   if (runs.size() >= 2) {
-    out.left_out = leave_one_out(runs, base, out.constants, out.device, fit.empty());
+    if (!fit.empty()) out.left_out = leave_one_out(runs, base, out.constants, out.device, false);
     out.loo_mape_pct = mape_pct(runs, out.left_out);
   }
   return out;

@@ -245,6 +245,24 @@ const char* separating_runs(const std::string& name) {
 
 }  // namespace
 
+std::vector<std::vector<double>> sensitivities(const std::vector<MeasuredRun>& runs, const Calibration& cal,
+                                               const std::vector<std::string>& constants) {
+  const size_t k = constants.size(), n = runs.size();
+  const Prepared prep(runs);
+  const std::vector<double> base = prep.predict(cal);
+  std::vector<std::vector<double>> s(n, std::vector<double>(k));
+  for (size_t j = 0; j < k; ++j) {
+    Calibration moved = cal;
+    const double x = cal.get(constants[j]);
+    const Bounds b = constant_bounds(constants[j], x);
+    const double step = x * 1.02 <= b.hi ? 1.02 : 1 / 1.02;  // a 2% step, inside the bounds
+    moved.set(constants[j], x * step);
+    const std::vector<double> p = prep.predict(moved);
+    for (size_t i = 0; i < n; ++i) s[i][j] = std::log(p[i] / base[i]) / std::log(step);
+  }
+  return s;
+}
+
 std::string undetermined(const std::vector<MeasuredRun>& runs, const Calibration& cal,
                          const std::vector<std::string>& constants) {
   const size_t k = constants.size(), n = runs.size();
@@ -252,22 +270,10 @@ std::string undetermined(const std::vector<MeasuredRun>& runs, const Calibration
   if (n < k)
     return fmt::format("{} run{} cannot determine {} constants ({}): give at least {} runs, or fit fewer (--fit)", n,
                        n == 1 ? "" : "s", k, fmt::join(constants, ", "), k);
-  const Prepared prep(runs);
-  const std::vector<double> base = prep.predict(cal);
-  // Sensitivities s[i][j] = d log(step_i) / d log(c_j), by a 2% step.
-  std::vector<std::vector<double>> s(n, std::vector<double>(k));
+  const std::vector<std::vector<double>> s = sensitivities(runs, cal, constants);
   for (size_t j = 0; j < k; ++j) {
-    Calibration moved = cal;
-    const double x = cal.get(constants[j]);
-    const Bounds b = constant_bounds(constants[j], x);
-    const double step = x * 1.02 <= b.hi ? 1.02 : 1 / 1.02;
-    moved.set(constants[j], x * step);
-    const std::vector<double> p = prep.predict(moved);
     double norm = 0;
-    for (size_t i = 0; i < n; ++i) {
-      s[i][j] = std::log(p[i] / base[i]) / std::log(step);
-      norm += s[i][j] * s[i][j];
-    }
+    for (size_t i = 0; i < n; ++i) norm += s[i][j] * s[i][j];
     // Below 1% of a run's step per 100% of the constant on average: the runs do not see it.
     if (std::sqrt(norm / double(n)) < 0.01)
       return fmt::format("the step times of these runs do not depend on {} (a change of it moves them by less than "

@@ -53,6 +53,11 @@ struct FitResult {
 FitResult fit_constants(const std::vector<MeasuredRun>& runs, const Calibration& start,
                         const std::vector<std::string>& constants, int max_sweeps = 40);
 
+// Sensitivities s[i][j] = d log(step_i) / d log(constant_j) of each run's predicted step to each
+// constant, by a 2% step of the constant (up, or down where up would leave its bounds).
+std::vector<std::vector<double>> sensitivities(const std::vector<MeasuredRun>& runs, const Calibration& cal,
+                                               const std::vector<std::string>& constants);
+
 // Why these runs cannot determine these constants, or "" when they can: fewer runs than
 // constants; a constant no run's step time depends on; two or more whose effects on these runs
 // cannot be told apart (the columns of d log(step) / d log(constant) over the runs are nearly

@@ -326,6 +326,37 @@ Prediction predict(const ModelSpec& m, const MachineSpec& mach, const Plan& p,
   return predict_checked(m, mach, d, p, memory_per_device(m, p, d, c.fragmentation), c);
 }
 
+namespace {
+// What follows from a predicted step: tokens/s, model and hardware FLOP rates and their
+// utilisation of the peak, the memory and whether it fits, the pipeline bubble, the checkpoint
+// write time and Young/Daly's interval for this many nodes.
+void fill_rates_and_memory(Prediction& out, const ModelSpec& m, const MachineSpec& mach, const Device& d,
+                           const Memory& memory) {
+  const Plan& p = out.plan;
+  const double peak = d.peak_tflops(p.precision) * 1e12;
+  const double step_tokens = double(p.global_batch) * double(m.seq_len);
+  out.tokens_per_s = step_tokens / out.step_time_s;
+  const double model_flops = model_flops_per_step(m, p.global_batch);
+  const double hw_flops = hardware_flops_per_step(m, p.global_batch, p.recompute);
+  out.model_tflops_per_gpu = model_flops / out.step_time_s / double(p.gpus) / 1e12;
+  out.hardware_tflops_per_gpu = hw_flops / out.step_time_s / double(p.gpus) / 1e12;
+  out.mfu = out.model_tflops_per_gpu * 1e12 / peak;
+  out.hfu = out.hardware_tflops_per_gpu * 1e12 / peak;
+
+  out.memory = memory;
+  out.device_memory_bytes = d.hbm_gib * kGiB;
+  out.fits = out.memory.total <= out.device_memory_bytes;
+
+  out.parameters = double(total_parameters(m));
+  out.bubble_fraction = bubble_fraction(p);
+  out.checkpoint_write_s = checkpoint_write_seconds(out.parameters, p.precision, mach);
+  const int64_t G = mach.gpus_per_node;
+  const int64_t nodes = (p.gpus + G - 1) / G;
+  out.checkpoint_interval_s = young_daly_interval_seconds(out.checkpoint_write_s, nodes, mach);
+}
+
+}  // namespace
+
 Prediction predict_checked(const ModelSpec& m, const MachineSpec& mach_in, const Device& d,
                            const Plan& p, const Memory& memory, const Calibration& c) {
   // A calibration's network constant scales the collective bandwidths of this device's machine.
@@ -340,7 +371,6 @@ Prediction predict_checked(const ModelSpec& m, const MachineSpec& mach_in, const
   Prediction out;
   out.plan = p;
   out.device = d.name;
-  const double peak = d.peak_tflops(p.precision) * 1e12;
   const double mbs = double(p.micro_batches());
 
   // ---- compute per micro-batch on each pipeline rank (plan/compute.hpp) ----
@@ -387,25 +417,7 @@ Prediction predict_checked(const ModelSpec& m, const MachineSpec& mach_in, const
   b.optimizer = out.optimizer_step.seconds();
 
   out.step_time_s = b.sum();
-  double step_tokens = double(p.global_batch) * double(m.seq_len);
-  out.tokens_per_s = step_tokens / out.step_time_s;
-  double model_flops = model_flops_per_step(m, p.global_batch);
-  double hw_flops = hardware_flops_per_step(m, p.global_batch, p.recompute);
-  out.model_tflops_per_gpu = model_flops / out.step_time_s / double(p.gpus) / 1e12;
-  out.hardware_tflops_per_gpu = hw_flops / out.step_time_s / double(p.gpus) / 1e12;
-  out.mfu = out.model_tflops_per_gpu * 1e12 / peak;
-  out.hfu = out.hardware_tflops_per_gpu * 1e12 / peak;
-
-  out.memory = memory;
-  out.device_memory_bytes = d.hbm_gib * kGiB;
-  out.fits = out.memory.total <= out.device_memory_bytes;
-
-  out.parameters = double(total_parameters(m));
-  out.bubble_fraction = bubble_fraction(p);
-  out.checkpoint_write_s = checkpoint_write_seconds(out.parameters, p.precision, mach);
-  const int64_t G = mach.gpus_per_node;
-  int64_t nodes = (p.gpus + G - 1) / G;
-  out.checkpoint_interval_s = young_daly_interval_seconds(out.checkpoint_write_s, nodes, mach);
+  fill_rates_and_memory(out, m, mach, d, memory);
   return out;
 }
 

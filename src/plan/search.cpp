@@ -71,25 +71,15 @@ struct TopK {
   }
 };
 
-SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const ParallelSpec& f,
-                        const TrainSpec& train, int top_k, const Calibration& cal, bool prune,
-                        double headroom) {
-  auto start = std::chrono::steady_clock::now();
-  const Device dev = cal.tuned(find_device(mach.device));
-  {
-    Plan kernels;
-    kernels.set_kernels(train);
-    kernels.precision = train.precision;
-    if (const std::string e = kernel_problem(kernels, dev); !e.empty()) throw Error(e);
-  }
+// The job's inputs that no candidate can repair, checked once before the search: the kernels it
+// asks for on this device, the headroom, and a listed stage split's sum and length.
+void check_search_inputs(const ModelSpec& m, const ParallelSpec& f, const TrainSpec& train, const Device& dev,
+                         double headroom) {
+  Plan kernels;
+  kernels.set_kernels(train);
+  kernels.precision = train.precision;
+  if (const std::string e = kernel_problem(kernels, dev); !e.empty()) throw Error(e);
   EXA_CHECK(headroom >= 0 && headroom < 1, "memory headroom {} must be in [0, 1)", headroom);
-  // A plan must leave `headroom` of the device free: the memory model's error (docs/planner.md)
-  // is a few GiB either way, and a plan right at the limit is an out-of-memory run in waiting.
-  const double capacity = dev.hbm_gib * double(1 << 30) * (1 - headroom);
-  SearchResult res;
-  TopK top{std::max(1, top_k), 0, {}};
-  std::map<std::array<int64_t, 4>, Candidate> best_per_layout;
-  const int64_t G = f.gpus, B = f.global_batch;
   // A listed split that no candidate can use is the job's error, not "no plan found".
   if (!f.layers_per_stage.empty()) {
     const int64_t sum = std::accumulate(f.layers_per_stage.begin(), f.layers_per_stage.end(), int64_t(0));
@@ -101,9 +91,136 @@ SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const Paral
                 "virtual stage, stage s = chunk * pp + pp_rank)",
                 f.layers_per_stage.size(), *f.pp, *f.vp, *f.pp * *f.vp);
   }
+}
 
-  std::vector<Recompute> recomputes =
-      choices(f.recompute, {Recompute::none, Recompute::selective, Recompute::full});
+// vp candidates for `pp`: the file's layers_per_stage (pp * vp entries: it fixes vp; none when its
+// length is not a multiple of pp or disagrees with a fixed vp), a fixed vp, else the divisors of
+// the layers per rank (rounded up), each stage keeping >= 1 layer.
+std::vector<int64_t> vp_candidates(const ModelSpec& m, const ParallelSpec& f, int64_t pp) {
+  const std::vector<int64_t>& stages = f.layers_per_stage;
+  if (!stages.empty()) {
+    if (int64_t(stages.size()) % pp) return {};
+    const int64_t vp = int64_t(stages.size()) / pp;
+    if (f.vp && *f.vp != vp) return {};
+    return {vp};
+  }
+  if (f.vp) return {*f.vp};
+  std::vector<int64_t> vps;
+  for (int64_t v : divisors((m.layers + pp - 1) / pp))
+    if ((v == 1 || pp > 1) && pp * v <= m.layers) vps.push_back(v);
+  return vps;
+}
+
+// The candidate before vp, schedule, recomputation, sequence parallelism and micro-batch.
+Plan base_plan(const ParallelSpec& f, const TrainSpec& train, int64_t tp, int64_t cp, int64_t pp, int64_t dp,
+               int64_t zero) {
+  Plan base;
+  base.gpus = f.gpus; base.tp = tp; base.cp = cp; base.pp = pp; base.dp = dp; base.zero = zero;
+  base.global_batch = f.global_batch; base.precision = train.precision;
+  base.set_optimizer(train);  // its state, its ZeRO rule (plan_error) and its step cost
+  base.set_kernels(train);
+  // The job's framework behaviours, as no-ops where they have nothing to act on (plan_notes).
+  base.overlap_grad_reduce = f.overlap_grad_reduce;
+  base.overlap_param_gather = f.overlap_param_gather && zero > 0;
+  base.tp_comm_overlap = tp > 1 ? f.tp_comm_overlap : TpCommOverlap::none;
+  base.layers_per_stage = f.layers_per_stage;
+  return base;
+}
+
+// One search: its inputs, the candidates kept and the counts.
+struct Search {
+  const ModelSpec& m;
+  const MachineSpec& mach;
+  const Device dev;
+  const Calibration& cal;
+  const ParallelSpec& f;
+  bool prune;
+  double capacity;  // bytes a plan may use
+  SearchResult res;
+  TopK top;
+  std::map<std::array<int64_t, 4>, Candidate> best_per_layout;
+
+  // Every vp, schedule, recomputation, sequence parallelism and micro-batch of `base`'s layout.
+  void layout(const Plan& base, const std::vector<int64_t>& vps) {
+    const std::vector<int64_t> mbs = choices(f.micro_batch, divisors(f.global_batch / base.dp));
+    // seq_parallel = true at tp = 1 is a no-op (resolve_plan): plan it as false there.
+    const std::vector<bool> sps = base.tp == 1                                 ? std::vector<bool>{false}
+                                  : f.seq_parallel                             ? std::vector<bool>{*f.seq_parallel}
+                                  : base.tp_comm_overlap != TpCommOverlap::none ? std::vector<bool>{true}
+                                                                               : std::vector<bool>{false, true};
+    const std::vector<Recompute> recomputes =
+        choices(f.recompute, {Recompute::none, Recompute::selective, Recompute::full});
+    for (int64_t vp : vps) {
+      // Per vp: the default split (so the end ranks' layers) may differ between vps.
+      bool static_fits = true;
+      if (prune) {
+        Plan lower = base;
+        lower.micro_batch = mbs.front();
+        lower.vp = vp;
+        static_fits = plan_error(m, lower).empty() ? static_memory_lower_bound(m, lower) <= capacity : true;
+      }
+      const std::vector<Schedule> scheds =
+          f.schedule ? std::vector<Schedule>{*f.schedule}
+          : (vp > 1 || base.pp == 1) ? std::vector<Schedule>{Schedule::one_f_one_b}
+                                     : std::vector<Schedule>{Schedule::gpipe, Schedule::one_f_one_b};
+      for (Schedule sched : scheds)
+        for (Recompute rc : recomputes)
+          for (bool sp : sps) {
+            Plan p = base;
+            p.vp = vp; p.schedule = sched; p.recompute = rc; p.seq_parallel = sp;
+            micro_batches(p, mbs, static_fits);
+          }
+    }
+  }
+
+  // The micro-batches of `p`, smallest first: once one overflows the memory, the larger ones are
+  // pruned (memory grows with micro_batch).
+  void micro_batches(Plan p, const std::vector<int64_t>& mbs, bool static_fits) {
+    bool mb_overflow = false;
+    for (int64_t mb : mbs) {
+      p.micro_batch = mb;
+      if (!plan_error(m, p).empty()) continue;
+      ++res.searched;
+      if (prune && (!static_fits || mb_overflow)) continue;
+      ++res.evaluated;
+      Memory mem = memory_per_device(m, p, dev, cal.fragmentation);
+      if (mem.total > capacity) {
+        mb_overflow = true;
+        continue;
+      }
+      ++res.feasible;
+      Prediction pr = predict_checked(m, mach, dev, p, mem, cal);
+      const Candidate c = top.offer(pr.step_time_s, mem.total, p);
+      std::array<int64_t, 4> key{p.tp, p.pp, p.dp, p.cp};
+      auto it = best_per_layout.find(key);
+      if (it == best_per_layout.end()) best_per_layout.emplace(key, c);
+      else if (ranks_before(c, it->second)) it->second = c;
+    }
+  }
+
+  // The kept candidates, best first, and the best plan of another (tp, pp, dp, cp) layout.
+  void finish() {
+    std::sort(top.heap.begin(), top.heap.end(), ranks_before);
+    for (const Candidate& c : top.heap) res.top.push_back(predict(m, mach, c.plan, cal));
+    if (res.top.empty()) return;
+    const Plan& w = res.top.front().plan;
+    const Candidate* other = nullptr;
+    for (const auto& [key, c] : best_per_layout)
+      if (key != std::array<int64_t, 4>{w.tp, w.pp, w.dp, w.cp} && (!other || ranks_before(c, *other))) other = &c;
+    if (other) res.best_other_layout = predict(m, mach, other->plan, cal);
+  }
+};
+
+SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const ParallelSpec& f,
+                        const TrainSpec& train, int top_k, const Calibration& cal, bool prune,
+                        double headroom) {
+  auto start = std::chrono::steady_clock::now();
+  const Device dev = cal.tuned(find_device(mach.device));
+  check_search_inputs(m, f, train, dev, headroom);
+  // A plan must leave `headroom` of the device free: the memory model's error (docs/planner.md)
+  // is a few GiB either way, and a plan right at the limit is an out-of-memory run in waiting.
+  Search s{m, mach, dev, cal, f, prune, dev.hbm_gib * double(1 << 30) * (1 - headroom), {}, TopK{std::max(1, top_k), 0, {}}, {}};
+  const int64_t G = f.gpus, B = f.global_batch;
   for (int64_t tp : choices(f.tp, divisors(G))) {
     if (G % tp || m.heads % tp || m.ffn_hidden % tp) continue;
     if (m.kv_heads % tp && tp % m.kv_heads) continue;
@@ -111,98 +228,20 @@ SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const Paral
       if ((G / tp) % cp || (cp > 1 && m.seq_len % (2 * cp))) continue;
       for (int64_t pp : choices(f.pp, divisors(G / (tp * cp)))) {
         if ((G / (tp * cp)) % pp || pp > m.layers) continue;
-        int64_t dp = G / (tp * cp * pp);
-        if (f.dp && *f.dp != dp) continue;
-        if (B % dp) continue;
-        // Stages: the file's layers_per_stage (pp * vp entries: it fixes vp), else the
-        // cost-balanced default split the runtime uses (plan/stages.hpp). vp candidates: the
-        // divisors of the layers per rank (rounded up), each stage keeping >= 1 layer.
-        const std::vector<int64_t>& stages = f.layers_per_stage;
-        std::vector<int64_t> vps;
-        if (!stages.empty()) {
-          if (int64_t(stages.size()) % pp) continue;
-          vps = {int64_t(stages.size()) / pp};
-          if (f.vp && *f.vp != vps[0]) continue;
-        } else if (f.vp) {
-          vps = {*f.vp};
-        } else {
-          for (int64_t v : divisors((m.layers + pp - 1) / pp))
-            if ((v == 1 || pp > 1) && pp * v <= m.layers) vps.push_back(v);
-        }
+        const int64_t dp = G / (tp * cp * pp);
+        if ((f.dp && *f.dp != dp) || B % dp) continue;
+        const std::vector<int64_t> vps = vp_candidates(m, f, pp);
+        if (vps.empty()) continue;
         for (int64_t zero : choices<int64_t>(f.zero, {0, 1, 2, 3})) {
           if (zero > 0 && dp * cp == 1) continue;  // nothing to shard: same as zero 0
-          Plan base;
-          base.gpus = G; base.tp = tp; base.cp = cp; base.pp = pp; base.dp = dp; base.zero = zero;
-          base.global_batch = B; base.precision = train.precision;
-          base.set_optimizer(train);  // its state, its ZeRO rule (plan_error) and its step cost
-          base.set_kernels(train);
-          // The job's framework behaviours, as no-ops where they have nothing to act on (plan_notes).
-          base.overlap_grad_reduce = f.overlap_grad_reduce;
-          base.overlap_param_gather = f.overlap_param_gather && zero > 0;
-          base.tp_comm_overlap = tp > 1 ? f.tp_comm_overlap : TpCommOverlap::none;
-          base.layers_per_stage = stages;
-          std::vector<int64_t> mbs = choices(f.micro_batch, divisors(B / dp));
-          // seq_parallel = true at tp = 1 is a no-op (resolve_plan): plan it as false there.
-          std::vector<bool> sps = tp == 1                           ? std::vector<bool>{false}
-                                  : f.seq_parallel                  ? std::vector<bool>{*f.seq_parallel}
-                                  : base.tp_comm_overlap != TpCommOverlap::none ? std::vector<bool>{true}
-                                                                    : std::vector<bool>{false, true};
-          for (int64_t vp : vps) {
-            // Per vp: the default split (so the end ranks' layers) may differ between vps.
-            bool static_fits = true;
-            if (prune) {
-              Plan lower = base;
-              lower.micro_batch = mbs.front();
-              lower.vp = vp;
-              static_fits = plan_error(m, lower).empty() ? static_memory_lower_bound(m, lower) <= capacity : true;
-            }
-            std::vector<Schedule> scheds =
-                f.schedule ? std::vector<Schedule>{*f.schedule}
-                : (vp > 1 || pp == 1) ? std::vector<Schedule>{Schedule::one_f_one_b}
-                                      : std::vector<Schedule>{Schedule::gpipe, Schedule::one_f_one_b};
-            for (Schedule sched : scheds)
-              for (Recompute rc : recomputes)
-                for (bool sp : sps) {
-                  bool mb_overflow = false;
-                  for (int64_t mb : mbs) {
-                    Plan p = base;
-                    p.vp = vp; p.schedule = sched; p.recompute = rc; p.seq_parallel = sp;
-                    p.micro_batch = mb;
-                    if (!plan_error(m, p).empty()) continue;
-                    ++res.searched;
-                    if (prune && (!static_fits || mb_overflow)) continue;
-                    ++res.evaluated;
-                    Memory mem = memory_per_device(m, p, dev, cal.fragmentation);
-                    if (mem.total > capacity) {
-                      mb_overflow = true;  // memory grows with micro_batch
-                      continue;
-                    }
-                    ++res.feasible;
-                    Prediction pr = predict_checked(m, mach, dev, p, mem, cal);
-                    const Candidate c = top.offer(pr.step_time_s, mem.total, p);
-                    std::array<int64_t, 4> layout{tp, pp, dp, cp};
-                    auto it = best_per_layout.find(layout);
-                    if (it == best_per_layout.end()) best_per_layout.emplace(layout, c);
-                    else if (ranks_before(c, it->second)) it->second = c;
-                  }
-                }
-          }
+          s.layout(base_plan(f, train, tp, cp, pp, dp, zero), vps);
         }
       }
     }
   }
-  std::sort(top.heap.begin(), top.heap.end(), ranks_before);
-  for (const Candidate& c : top.heap) res.top.push_back(predict(m, mach, c.plan, cal));
-  if (!res.top.empty()) {
-    const Plan& w = res.top.front().plan;
-    const Candidate* other = nullptr;
-    for (const auto& [layout, c] : best_per_layout)
-      if (layout != std::array<int64_t, 4>{w.tp, w.pp, w.dp, w.cp} && (!other || ranks_before(c, *other)))
-        other = &c;
-    if (other) res.best_other_layout = predict(m, mach, other->plan, cal);
-  }
-  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return res;
+  s.finish();
+  s.res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return s.res;
 }
 
 }  // namespace

@@ -465,6 +465,7 @@ void hold_out_each_source(ValidationReport& rep, const std::vector<RunCase>& cas
   const FitResult everything = fit_constants(all, cal, rep.fitted);
   rep.all_data_fit = everything.cal;
   rep.all_data_fit_pct = everything.objective_pct;
+  if (!everything.converged) rep.unconverged.push_back("all sources");
   for (SourceStats& st : rep.sources) {
     std::vector<MeasuredRun> rest;
     std::vector<size_t> held;
@@ -481,7 +482,12 @@ void hold_out_each_source(ValidationReport& rep, const std::vector<RunCase>& cas
           }))
         fit.push_back(c);
     }
-    const Calibration fold = rest.empty() ? cal : fit_constants(rest, cal, fit).cal;
+    Calibration fold = cal;
+    if (!rest.empty()) {
+      const FitResult f = fit_constants(rest, cal, fit);
+      fold = f.cal;
+      if (!f.converged) rep.unconverged.push_back(st.source);
+    }
     st.held_out_constants = constants_text(fold, fit);
     if (fit.size() < rep.fitted.size()) st.held_out_constants += " (others as shipped: no other source has them)";
     std::vector<MeasuredRun> mine;
@@ -684,6 +690,9 @@ std::string format_report(const ValidationReport& rep, bool per_row) {
     s += fmt::format("    {:<30} {} (objective {:.2f}%; the shipped values: {})\n", "(all sources)",
                      constants_text(rep.all_data_fit, rep.fitted), rep.all_data_fit_pct,
                      constants_text(default_calibration(), rep.fitted));
+    if (!rep.unconverged.empty())
+      s += fmt::format("  warning: these fits stopped at their sweep cap while still improving (the best constants "
+                       "found, not a converged optimum): {}\n", fmt::join(rep.unconverged, ", "));
   }
   s += fmt::format("ranking: mean Spearman rho of tokens/s within {} groups (one model on one GPU count): in-sample "
                    "{:.2f}{}\n", rep.groups.size(), rep.mean_rho,
@@ -743,7 +752,7 @@ nlohmann::json report_json(const ValidationReport& rep, const Calibration& cal) 
           {"oom_rows", rep.memory_stats.oom_rows}, {"oom_predicted", rep.memory_stats.oom_predicted},
           {"memory_held_out_mape_pct", rep.memory_held_out.mape_pct},
           {"memory_held_out_within_15", rep.memory_held_out.within_15},
-          {"oom_held_out_predicted", rep.memory_held_out.oom_predicted}};
+          {"oom_held_out_predicted", rep.memory_held_out.oom_predicted}, {"unconverged_fits", rep.unconverged}};
 }
 
 }  // namespace exatrain::plan

@@ -85,6 +85,9 @@ struct ValidationReport {
   std::vector<std::string> fitted;  // the constants refitted for each held-out source
   Calibration all_data_fit;         // the same fit on every source (what the catalog should hold)
   double all_data_fit_pct = 0;      // its objective (mean of the sources' MAPE)
+  // The fits that stopped at fit_constants' sweep cap while still improving ("all sources", or the
+  // held-out source's name): their constants are the best found, not a converged optimum.
+  std::vector<std::string> unconverged;
 };
 
 // The constants `validate` fits (each fold of leave-one-source-out, and the all-data fit the

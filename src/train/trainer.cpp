@@ -114,9 +114,14 @@ Trainer::Trainer(Backend& backend, parallel::ParallelRuntime& rt, const TrainerO
   // params_dtype) unless [train] pipeline_dtype = "fp32" (Plan::pipeline_fp32, as the planner counts them).
   const std::optional<Half> wire = p.pipeline_fp32 ? std::nullopt : half_format(p.precision);
   messages_ = std::make_unique<parallel::BufferPool>(be_, act_, wire);
-  // The schedule as data, built once (the plan was validated when it was resolved).
-  if (p.pp > 1)
-    pipeline_ = std::make_unique<parallel::PipelineTable>(parallel::build_pipeline(parallel::pipeline_plan(p)));
+  // The schedule as data, built once (the plan was validated when it was resolved). Over MPI the
+  // receives are posted a compute early (the message arrives while it runs); over NCCL, whose calls
+  // wait in posting order on one stream, that order deadlocks: there it is posted in Megatron's
+  // steps (parallel/schedule.hpp in_steps, parallel/stream_order.hpp).
+  if (p.pp > 1) {
+    parallel::PipelineTable t = parallel::build_pipeline(parallel::pipeline_plan(p));
+    pipeline_ = std::make_unique<parallel::PipelineTable>(rt_.pp().p2p_in_stream_order() ? parallel::in_steps(t) : t);
+  }
   tokens_.resize(size_t(m_ * B_ * T_));
   targets_.resize(size_t(m_ * B_ * T_));
 }

@@ -142,6 +142,18 @@ TEST(Calibrate, AttentionIsFittedApartFromSustainedOnRunsOfSeveralSequenceLength
   EXPECT_NEAR(r.cal.get("h100-sxm.attention"), 0.6, 0.01);
   EXPECT_LT(r.fit_mape_pct, 0.2);
   EXPECT_LT(r.loo_mape_pct, 0.5) << fmt::format("{}", fmt::join(r.constants, ","));
+  // What tells them apart: each run's step falls with either rate by the share of the step it
+  // scales (d log step / d log rate = -share): sustained scales all compute, attention included (at
+  // most the whole step), attention its own share, which grows with the sequence.
+  const auto sens = sensitivities(rs, truth, {"h100-sxm.sustained", "h100-sxm.attention"});
+  ASSERT_EQ(sens.size(), rs.size());
+  for (size_t i = 0; i < rs.size(); ++i) {
+    EXPECT_LT(sens[i][0], 0) << i;
+    EXPECT_LT(sens[i][1], 0) << i;
+    EXPECT_GE(sens[i][0], -1.0 - 1e-9) << i;
+    EXPECT_LT(sens[i][0], sens[i][1]) << i;
+    if (i > 0) EXPECT_LT(sens[i][1], sens[i - 1][1] - 0.05) << i;
+  }
   EXPECT_TRUE(r.converged);
   // The fitter says when it stopped at its sweep cap: one sweep from the shipped constants has not
   // reached this optimum (the two constants' valley needs the pair directions' later sweeps).
@@ -178,7 +190,7 @@ TEST(Calibrate, AttentionIsFittedApartFromSustainedOnRunsOfSeveralSequenceLength
   EXPECT_TRUE(undetermined(large, default_calibration(), {"h100-sxm.sustained", "h100-sxm.attention"}).empty());
   const CalibrateResult few = calibrate(large, default_calibration(), {});
   EXPECT_EQ(std::count(few.constants.begin(), few.constants.end(), "h100-sxm.attention"), 0);
-  EXPECT_NE(few.choice.find("attention not fitted: attention's share of these runs' steps differs by 6.2 points"),
+  EXPECT_NE(few.choice.find("attention not fitted: attention's share of these runs' steps differs by 6.1 points"),
             std::string::npos) << few.choice;
 }
 

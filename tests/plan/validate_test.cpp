@@ -37,6 +37,9 @@ TEST(Validate, PublishedRunsHeldOutBySourceWithinTarget) {
   for (const std::string& c : rep.fitted)
     EXPECT_NEAR(default_calibration().get(c) / rep.all_data_fit.get(c), 1.0, 0.02) << c;
   EXPECT_NEAR(default_calibration().fragmentation / rep.all_data_fit.fragmentation, 1.0, 0.02) << "fragmentation";
+  // Every fit behind these figures (the all-data fit and each fold) converged: none stopped at the
+  // sweep cap, which the report would name.
+  EXPECT_TRUE(rep.unconverged.empty()) << format_report(rep, false);
 }
 
 TEST(Validate, FrameworkBehaviourComesFromTheSourceAndNotes) {
@@ -116,4 +119,19 @@ TEST(Validate, UnstatedUnevenStagesAreAssumedBalanced) {
     EXPECT_EQ(rc.assumption, "stages not stated; assumed balanced [8,9,9,9,9,9,9,9,9,9,9,8]");
   }
   EXPECT_EQ(assumed, 2);  // rows 41 and 42
+}
+
+// A fit that stopped at its sweep cap is named in the report (the figures are then the best found,
+// not a converged optimum), and only then.
+TEST(Validate, ReportNamesFitsThatStoppedAtTheSweepCap) {
+  ValidationReport rep;
+  rep.fitted = {"a100.sustained"};
+  rep.all_data_fit = default_calibration();
+  EXPECT_EQ(format_report(rep, false).find("sweep cap"), std::string::npos);
+  rep.unconverged = {"all sources", "Narayanan"};
+  EXPECT_NE(format_report(rep, false).find("these fits stopped at their sweep cap while still improving (the best "
+                                           "constants found, not a converged optimum): all sources, Narayanan"),
+            std::string::npos)
+      << format_report(rep, false);
+  EXPECT_EQ(report_json(rep, default_calibration())["unconverged_fits"].size(), 2u);
 }

@@ -169,6 +169,26 @@ class NcclGroup final : public Group {
   Request irecv(void* buf, int64_t n, DType t, int peer, int tag) override {
     return launch(kind_of("recv"), [&] { EXA_NCCL(ncclRecv(buf, size_t(n), nccl_type(t), peer, comm_, s_)); });
   }
+  // One NCCL group: its calls progress independently of each other, where separate calls on this
+  // stream would each wait for the one before (parallel/stream_order.hpp).
+  std::vector<Request> post_p2p(const std::vector<P2pCall>& calls) override {
+    if (calls.empty()) return {};
+    after_compute();
+    EXA_NCCL(ncclGroupStart());
+    for (const P2pCall& c : calls) {
+      if (c.send) EXA_NCCL(ncclSend(c.buf, size_t(c.n), nccl_type(c.t), c.peer, comm_, s_));
+      else EXA_NCCL(ncclRecv(c.buf, size_t(c.n), nccl_type(c.t), c.peer, comm_, s_));
+    }
+    EXA_NCCL(ncclGroupEnd());  // the calls are on the stream only now: the events follow them
+    std::vector<Request> out;
+    for (const P2pCall& c : calls) {
+      std::string kind = !c.send ? kind_of("recv") : c.kind.empty() ? kind_of("send") : c.kind;
+      if (c.send) account(kind, c.t, c.n);
+      out.push_back(record(std::move(kind)));
+    }
+    return out;
+  }
+  bool p2p_in_stream_order() const override { return true; }
   // The compute stream waits for the operation (the host does not): later ops see its results.
   void wait(Request& r) override {
     if (!r.active()) return;
@@ -239,6 +259,10 @@ class NcclGroup final : public Group {
   Request launch(std::string kind, F&& enqueue) {
     after_compute();
     enqueue();
+    return record(std::move(kind));
+  }
+  // A request whose event marks the work enqueued on the communication stream so far.
+  Request record(std::string kind) {
     int64_t id;
     if (!free_.empty()) {
       id = free_.back();

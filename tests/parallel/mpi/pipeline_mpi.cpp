@@ -62,9 +62,12 @@ static std::vector<double> reference_grads(int S, int m, double* loss) {
 
 // Runs the toy model through the executor on micro-batches [mb_offset, mb_offset + m) and
 // returns dL/dw of this rank's chunks [vp]; *loss gets the last stage's loss (0 elsewhere).
+// steps: the table in Megatron's steps (in_steps, as the trainer posts it over NCCL) instead of
+// build_pipeline's early receives.
 static std::vector<float> run_toy(Group& pp, const PipelinePlan& plan, int mb_offset, float* loss,
-                                  PipelineTiming* timing, std::optional<exatrain::Half> wire = std::nullopt) {
-  PipelineTable table = build_pipeline(plan);
+                                  PipelineTiming* timing, std::optional<exatrain::Half> wire = std::nullopt,
+                                  bool steps = false) {
+  PipelineTable table = steps ? in_steps(build_pipeline(plan)) : build_pipeline(plan);
   int r = pp.rank();
   std::map<std::pair<int, int>, std::vector<float>> stash;  // (mb, chunk) -> stage input
   std::vector<float> dw(plan.vp, 0.f);
@@ -103,14 +106,14 @@ static std::vector<float> run_toy(Group& pp, const PipelinePlan& plan, int mb_of
   return dw;
 }
 
-static void run_and_check(Group& pp, const PipelinePlan& plan, PipelineTiming* timing = nullptr) {
+static void run_and_check(Group& pp, const PipelinePlan& plan, PipelineTiming* timing = nullptr, bool steps = false) {
   int r = pp.rank(), S = plan.stages();
   float loss = 0;
-  std::vector<float> dw = run_toy(pp, plan, 0, &loss, timing);
+  std::vector<float> dw = run_toy(pp, plan, 0, &loss, timing, std::nullopt, steps);
   double ref_loss = 0;
   std::vector<double> ref = reference_grads(S, plan.micro_batches, &ref_loss);
-  std::string what = fmt::format("{} pp{} vp{} m{} rank {}", to_string(plan.schedule), plan.pp,
-                                 plan.vp, plan.micro_batches, r);
+  std::string what = fmt::format("{} pp{} vp{} m{} rank {}{}", to_string(plan.schedule), plan.pp,
+                                 plan.vp, plan.micro_batches, r, steps ? " in steps" : "");
   for (int c = 0; c < plan.vp; c++) {
     double want = ref[stage_of(plan, r, c)];
     EXPECT_NEAR(dw[c], want, 1e-5 * (1 + std::fabs(want))) << what << " chunk " << c;
@@ -130,11 +133,15 @@ TEST(PipelineMpi, EverySchedulesGradientsEqualTheSingleProcessResult) {
     CommLedger ledger;
     MpiGroup pp(mesh.pp_comm, "pp", &ledger, nullptr);
     int m = 2 * pp_deg;
-    run_and_check(pp, {PipeSchedule::gpipe, pp_deg, 1, m});
-    run_and_check(pp, {PipeSchedule::one_f_one_b, pp_deg, 1, m + 1});
-    if (pp_deg > 1) {
-      run_and_check(pp, {PipeSchedule::interleaved, pp_deg, 2, m});
-      run_and_check(pp, {PipeSchedule::interleaved, pp_deg, 3, pp_deg});
+    // Each table as build_pipeline posts it (receives a compute early) and in Megatron's steps (as
+    // the trainer posts it over NCCL), each batch through Group::post_p2p.
+    for (bool steps : {false, true}) {
+      run_and_check(pp, {PipeSchedule::gpipe, pp_deg, 1, m}, nullptr, steps);
+      run_and_check(pp, {PipeSchedule::one_f_one_b, pp_deg, 1, m + 1}, nullptr, steps);
+      if (pp_deg > 1) {
+        run_and_check(pp, {PipeSchedule::interleaved, pp_deg, 2, m}, nullptr, steps);
+        run_and_check(pp, {PipeSchedule::interleaved, pp_deg, 3, pp_deg}, nullptr, steps);
+      }
     }
     // Accounting: every stage except the last sends one activation per micro-batch per chunk,
     // every stage except the first one gradient: bytes = 4 * width * sends.
@@ -149,7 +156,7 @@ TEST(PipelineMpi, EverySchedulesGradientsEqualTheSingleProcessResult) {
         sends += p.micro_batches * ((s < p.stages() - 1) + (s > 0));
       }
     }
-    EXPECT_EQ(ledger.bytes["pp_send"], 4 * kWidth * sends);
+    EXPECT_EQ(ledger.bytes["pp_send"], 2 * 4 * kWidth * sends);  // both postings
     mesh.free();
   }
 }
