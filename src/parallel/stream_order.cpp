@@ -75,7 +75,7 @@ class StreamSim {
     for (const RankStreams& rs : ranks_)
       if (!rs.compute_end.empty()) out.makespan = std::max(out.makespan, rs.compute_end.back());
     const double busy = p_.micro_batches * p_.vp * (t_fwd_ + t_bwd_);
-    out.bubble_fraction = (out.makespan - busy) / busy;
+    out.bubble_fraction = busy > 0 ? (out.makespan - busy) / busy : 0;
     return out;
   }
 

@@ -152,7 +152,9 @@ TEST(Calibrate, AttentionIsFittedApartFromSustainedOnRunsOfSeveralSequenceLength
     EXPECT_LT(sens[i][1], 0) << i;
     EXPECT_GE(sens[i][0], -1.0 - 1e-9) << i;
     EXPECT_LT(sens[i][0], sens[i][1]) << i;
-    if (i > 0) EXPECT_LT(sens[i][1], sens[i - 1][1] - 0.05) << i;
+    if (i > 0) {
+      EXPECT_LT(sens[i][1], sens[i - 1][1] - 0.05) << i;
+    }
   }
   EXPECT_TRUE(r.converged);
   // The fitter says when it stopped at its sweep cap: one sweep from the shipped constants has not
