@@ -323,14 +323,21 @@ struct TrainSpec {
   std::string grad_reduce_dtype = "fp32";
   // The dtype of the pipeline's stage-to-stage messages (activations forward, their gradients
   // backward): "auto", the compute dtype (fp32, or under bf16/fp16 their 16-bit format, half the
-  // bytes: Megatron-core's pipeline_dtype = params_dtype), or "fp32" (Megatron's
-  // fp32_residual_connection: the residual stream crosses the stage boundary unrounded).
+  // bytes: Megatron-core's pipeline_dtype = params_dtype), or "fp32" (with residual_dtype = "fp32"
+  // too, Megatron's fp32_residual_connection: the residual stream crosses the stage boundary
+  // unrounded; with a 16-bit residual the stage's output is rounded already).
   std::string pipeline_dtype = "auto";
   // The dtype of the tensor-parallel regions' messages (the row-parallel outputs' all-reduce, the
   // column-parallel inputs' gradient all-reduce, sequence parallelism's all-gathers and
   // reduce-scatters): "auto", the compute dtype (16 bits under bf16/fp16, as Megatron's bf16
   // activations are), or "fp32".
   std::string tp_comm_dtype = "auto";
+  // The dtype of the residual stream kept for the backward under mixed precision (each layer's
+  // input and the residual after attention, `mid`): "auto", the compute dtype (16 bits under
+  // bf16/fp16, as Megatron's and torchtitan's bf16 activations are), or "fp32" (Megatron's
+  // --fp32-residual-connection; what torch.autocast's type promotion gives). The stage's input and
+  // output stay fp32 either way (model/gpt.hpp GptOptions::fp32_residual).
+  std::string residual_dtype = "auto";
   // Where the model trains (docs/job-file.md): "cpu", "cuda" (one GPU per rank), or "auto" (the
   // default): "cuda" when this exatrain has the CUDA backend and a GPU is visible, else "cpu"
   // (resolved where the backend is made: resolved_backend below).

@@ -903,6 +903,7 @@ void parse_train_section(Section& s, Section& optimizer, Job& job, std::vector<s
   if (int i = s.get_choice("grad_reduce_dtype", {"fp32", "bf16"}); i >= 0) t.grad_reduce_dtype = i == 0 ? "fp32" : "bf16";
   if (int i = s.get_choice("pipeline_dtype", {"auto", "fp32"}); i >= 0) t.pipeline_dtype = i == 0 ? "auto" : "fp32";
   if (int i = s.get_choice("tp_comm_dtype", {"auto", "fp32"}); i >= 0) t.tp_comm_dtype = i == 0 ? "auto" : "fp32";
+  if (int i = s.get_choice("residual_dtype", {"auto", "fp32"}); i >= 0) t.residual_dtype = i == 0 ? "auto" : "fp32";
   static const std::vector<std::string> devices = {"auto", "cpu", "cuda"}, backends = {"cpu", "cpu-guarded", "cuda"};
   if (int i = s.get_choice("device", devices); i >= 0) t.device = devices[size_t(i)];
   if (int i = s.get_choice("backend", backends); i >= 0) t.backend = backends[size_t(i)];
@@ -919,7 +920,8 @@ void parse_train_section(Section& s, Section& optimizer, Job& job, std::vector<s
   s.report_unknown({"precision", "optimizer", "steps", "seed", "lr", "min_lr", "warmup_steps",
                     "weight_decay", "beta1", "beta2", "eps", "grad_clip", "data", "run_dir",
                     "checkpoint_every", "keep_checkpoints", "eval_every", "eval_batches", "log_every",
-                    "threads", "nan_policy", "grad_reduce_dtype", "pipeline_dtype", "tp_comm_dtype", "device",
+                    "threads", "nan_policy", "grad_reduce_dtype", "pipeline_dtype", "tp_comm_dtype",
+                    "residual_dtype", "device",
                     "backend", "fp8_recipe", "attention",
                     "loss_scale", "initial_loss_scale", "loss_scale_growth_interval", "loss_scale_growth_factor",
                     "loss_scale_backoff", "min_loss_scale", "loss_scale_hysteresis"});
@@ -1121,7 +1123,7 @@ std::string job_to_toml(const Job& job) {
          line("eval_batches", t.eval_batches) + line("log_every", t.log_every) + line("threads", t.threads) +
          line("nan_policy", t.nan_policy) + line("grad_reduce_dtype", t.grad_reduce_dtype) +
          line("pipeline_dtype", t.pipeline_dtype) + line("tp_comm_dtype", t.tp_comm_dtype) +
-         line("device", t.device) +
+         line("residual_dtype", t.residual_dtype) + line("device", t.device) +
          (t.backend.empty() ? "" : line("backend", t.backend)) + line("fp8_recipe", to_string(t.fp8_recipe)) +
          line("attention", to_string(t.attention));
   if (t.precision == Precision::fp16 && t.loss_scale.dynamic)

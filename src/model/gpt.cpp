@@ -71,6 +71,7 @@ Gpt::Gpt(Backend& backend, const GptOptions& options, ParallelHooks* hooks)
   mem_.params = mem_.grads = int64_t(sizeof(float)) * layout_.total();
   EXA_CHECK(opt_.precision != Precision::fp8, "model: fp8 is not a training precision (expected fp32, bf16 or fp16)");
   mixed_ = opt_.precision != Precision::fp32;
+  residual16_ = mixed_ && !opt_.fp32_residual;
   if (mixed_) {
     half_ = *exatrain::half_format(opt_.precision);  // (Gpt::half_format() is the member)
     const size_t half_bytes = sizeof(uint16_t) * size_t(layout_.total());
@@ -223,14 +224,23 @@ std::unique_ptr<Gpt::Acts> Gpt::make_acts(bool own_attention_state) {
   kept(&a->ln1, &a->ln1_h, N * C);
   if (ln) a->ln1_mean = alloc_act(Ns);
   a->ln1_rstd = alloc_act(Ns);
-  a->qkv = alloc_act(N * qkv_w);
+  if (mixed_)  // a GEMM output the backward reads: 16-bit, widened into wide32_ when read
+    a->qkv = wide32_, a->qkv_h = alloc_half(N * qkv_w);
+  else
+    a->qkv = alloc_act(N * qkv_w);
   a->attn_saved = own_attention_state ? alloc_act(be_.attention_saved_floats(B_, T_, Hq_)) : shared_attn_saved_;
   kept(&a->att, &a->att_h, N * Hq_ * D_);
-  a->mid = alloc_act(Ns * C);
+  if (residual16_)
+    a->mid = mid32_, a->mid_h = alloc_half(Ns * C);
+  else
+    a->mid = alloc_act(Ns * C);
   kept(&a->ln2, &a->ln2_h, N * C);
   if (ln) a->ln2_mean = alloc_act(Ns);
   a->ln2_rstd = alloc_act(Ns);
-  a->fc = alloc_act(N * fc_w);
+  if (mixed_)
+    a->fc = wide32_, a->fc_h = alloc_half(N * fc_w);
+  else
+    a->fc = alloc_act(N * fc_w);
   kept(&a->fc_act, &a->fc_act_h, N * F_);
   return a;
 }
@@ -248,6 +258,9 @@ void Gpt::allocate_activations() {
     const int64_t widest_in = std::max({C, Hq_ * D_, F_});
     fwd32_ = alloc_act(N * widest_in);
     dy16_ = alloc_half(N * std::max({C, qkv_w, fc_w, opt_.stage.has_head ? logits_ld_ : 0}));
+    if (L_ > 0) wide32_ = alloc_act(N * std::max(qkv_w, fc_w));
+    if (residual16_ && L_ > 0) mid32_ = alloc_act(Ns_ * C);
+    if (residual16_ && L_ > 1) x32_ = alloc_act(Ns_ * C);  // res[1..L-1]'s float32 form
   }
   if (rc.layer_keeps_activations() && !rc.layer_keeps_attention_state())
     shared_attn_saved_ = alloc_act(be_.attention_saved_floats(B_, T_, Hq_));
@@ -257,7 +270,11 @@ void Gpt::allocate_activations() {
   }
   slots_.resize(size_t(opt_.activation_slots));
   for (Slot& s : slots_) {
-    for (int64_t l = 0; l <= L_; l++) s.res.push_back(alloc_act(Ns_ * C));
+    for (int64_t l = 0; l <= L_; l++) {  // the stage's input and output fp32; between, per residual16_
+      const bool inner16 = residual16_ && l > 0 && l < L_;
+      s.res.push_back(inner16 ? x32_ : alloc_act(Ns_ * C));
+      s.res_h.push_back(inner16 ? alloc_half(Ns_ * C) : nullptr);
+    }
     if (rc.layer_keeps_activations())
       for (int64_t l = 0; l < L_; l++) s.acts.push_back(make_acts(rc.layer_keeps_attention_state()));
     s.tokens = static_cast<int32_t*>(be_.alloc_bytes(sizeof(int32_t) * size_t(N)));
@@ -407,8 +424,14 @@ float Gpt::forward(const int32_t* tokens, const float* input, const int32_t* tar
   for (int64_t l = 0; l < L_; l++) {
     hooks_->before_layer(first_ + l, Pass::forward);
     layer_forward(l, s.res[size_t(l)], s.res[size_t(l) + 1], acts_for(s, l));
+    round_kept(s.res[size_t(l) + 1], s.res_h[size_t(l) + 1], Ns_ * C);
     hooks_->after_layer(first_ + l, Pass::forward);
   }
+  // A stage that hands its output on rounds it as the whole model rounds that layer's output
+  // (res_h), so that a pipeline split computes what the whole model does, whatever the messages'
+  // dtype. The head's input is not rounded, whole or split; every stage has a layer (plan/stages.cpp).
+  // dy16_ (at least [N, C]) is the backward's scratch, idle here.
+  if (residual16_ && L_ > 0 && !opt_.stage.has_head) round_kept(s.res[size_t(L_)], dy16_, Ns_ * C);
   if (!opt_.stage.has_head) return 0.0f;
 
   EXA_CHECK(targets != nullptr, "model: the head stage needs targets");
@@ -460,13 +483,14 @@ void Gpt::backward(const float* output_grad, float loss_scale, int64_t slot) {
   float* other = dres_b_;
   for (int64_t l = L_ - 1; l >= 0; l--) {
     Acts& a = acts_for(s, l);
+    const float* x = widen_kept(s.res[size_t(l)], s.res_h[size_t(l)], Ns_ * C);  // the layer's input
     if (recompute_.rerun_layer_before_backward()) {  // refill the shared acts
       hooks_->before_layer(first_ + l, Pass::recompute);
-      layer_forward(l, s.res[size_t(l)], recompute_out_, a);
+      layer_forward(l, x, recompute_out_, a);
       hooks_->after_layer(first_ + l, Pass::recompute);
     }
     hooks_->before_layer(first_ + l, Pass::backward);
-    layer_backward(l, s.res[size_t(l)], dx, other, a);
+    layer_backward(l, x, dx, other, a);
     hooks_->after_layer(first_ + l, Pass::backward);
     std::swap(dx, other);
   }

@@ -64,10 +64,23 @@ struct GptOptions {
   // entry on first use after params_changed(), and every linear layer's GEMM (forward, dX, dW)
   // takes 16-bit operands with float32 accumulation and float32 outputs. The inputs of those GEMMs
   // that are saved for backward (norm outputs, attention output, activation output) are kept in
-  // 16 bits; dY is rounded to 16 bits before the backward GEMMs. The embeddings are looked up from
-  // the 16-bit copy (widened exactly). Norms, attention, activations, the residual stream, the loss
-  // and the gradients stay float32. fp8 is not a training precision here.
+  // 16 bits, and so are the GEMM outputs the backward reads (qkv, the MLP's pre-activation), as
+  // autocast's linear returns them, rounded where they are made so that the forward computes with
+  // what the backward reads; dY is rounded to 16 bits before the backward GEMMs. The embeddings are
+  // looked up from the 16-bit copy (widened exactly). The residual stream kept for the backward is
+  // 16-bit too unless fp32_residual (below). The arithmetic of norms, attention (its probabilities
+  // kept), activations and residual adds, the logits, the loss and the gradients stay float32.
+  // fp8 is not a training precision here.
   Precision precision = Precision::fp32;
+  // Mixed precision only: false (the default) keeps the residual stream for the backward in 16 bits
+  // too, as Megatron's and torchtitan's bf16 activations are: each layer's input inside the stage
+  // and `mid` (the residual after attention), rounded where they are made so that the forward
+  // computes with what the backward reads; a stage that is not the last rounds its output too.
+  // true keeps them fp32 (with [train] pipeline_dtype = "fp32" too, Megatron's
+  // --fp32-residual-connection). Either way the stage's input and output are fp32 buffers (the
+  // pipeline's messages and the head read them) and the residual adds are fp32. [train]
+  // residual_dtype (job.hpp); the planner counts the same (plan.hpp Plan::residual_fp32).
+  bool fp32_residual = false;
 };
 
 // Bytes the model allocated, by kind (for the memory report).
@@ -164,7 +177,11 @@ class Gpt {
   struct Acts;          // activation buffers of one layer
   // Everything one in-flight micro-batch keeps between its forward and backward.
   struct Slot {
-    std::vector<float*> res;                   // [L+1] x [N,C]: layer inputs + output
+    std::vector<float*> res;                   // [L+1] x [Ns,C]: layer inputs + output
+    // 16-bit residual (GptOptions::fp32_residual false under mixed precision): res[1..L-1] are
+    // kept here in 16 bits, res[l] then points at x32_ (their float32 form, valid during the
+    // forward and refilled by widen_kept in the backward); nullptr where res[l] is kept.
+    std::vector<uint16_t*> res_h;
     std::vector<std::unique_ptr<Acts>> acts;   // per layer (none/selective); empty for full
     int32_t* tokens = nullptr;                 // device [N]
     int32_t* targets = nullptr;                // device [N]
@@ -237,6 +254,19 @@ class Gpt {
   bool half_external_ = false;       // keep_half_externally(): params_ holds only a shard of the masters
   float* fwd32_ = nullptr;           // [N, max(C, Hq*D, F)] float32 GEMM input before rounding
   uint16_t* dy16_ = nullptr;         // [N, max(C, QKV, FC, Vp)] the output gradient, rounded
+  float* wide32_ = nullptr;          // [N, max(QKV, FC)] float32 form of a kept 16-bit qkv or fc
+  float* mid32_ = nullptr;           // [Ns, C] float32 form of the kept 16-bit mid (16-bit residual)
+  // [Ns, C] the float32 form of a 16-bit inner layer input (Slot::res_h): one buffer serves every
+  // inner layer, in and out, since layer_forward reads its input x only before it writes its output.
+  float* x32_ = nullptr;
+  bool residual16_ = false;          // mixed precision with !GptOptions::fp32_residual
+  // Mixed precision keeps two GEMM outputs in 16 bits (Acts: qkv, fc) and, unless fp32_residual,
+  // the residual stream (Acts: mid; Slot::res_h). round_kept rounds the
+  // float32 staging x[n] into the kept copy and back, so the forward computes with exactly what the
+  // backward reads; widen_kept refills the staging from the copy and returns it. Where x is kept
+  // itself (kept == nullptr: fp32, or an fp32 residual) both leave it alone.
+  void round_kept(float* x, uint16_t* kept, int64_t n);
+  const float* widen_kept(float* x, const uint16_t* kept, int64_t n);
   uint16_t* alloc_half(int64_t n);
   const uint16_t* weight_half(int64_t offset, int64_t n);  // the 16-bit copy of params_[offset, +n)
   // out[N, C] = wte[tokens] of this vocabulary slice (0 outside it); out[B,T,C] += wpe[T,C].

@@ -33,11 +33,18 @@ struct Gpt::Acts {
   float* fc = nullptr;        // [N, F] (gelu) or [N, 2F] (swiglu): FC1 output
   float* fc_act = nullptr;    // [N, F] activation output
   // Mixed precision: the kept GEMM inputs in 16 bits (ln1, att, ln2, fc_act above then point at
-  // one float32 scratch shared by all layers, Gpt::fwd32_, valid only during the forward).
+  // one float32 scratch shared by all layers, Gpt::fwd32_, valid only during the forward), and the
+  // GEMM outputs that the backward reads, qkv and fc, in 16 bits as PyTorch's autocast and Megatron
+  // keep them (qkv and fc above then point at Gpt::wide32_: float32 staging shared by all layers;
+  // Gpt::widen_kept refills it in the backward). mid, part of the residual stream, likewise unless
+  // GptOptions::fp32_residual.
   uint16_t* ln1_h = nullptr;     // [N, C]
   uint16_t* att_h = nullptr;     // [N, Hq*D]
   uint16_t* ln2_h = nullptr;     // [N, C]
   uint16_t* fc_act_h = nullptr;  // [N, F]
+  uint16_t* qkv_h = nullptr;     // [N, (Hq+2Hkv)*D] after rope
+  uint16_t* fc_h = nullptr;      // [N, F] or [N, 2F]
+  uint16_t* mid_h = nullptr;     // [Ns, C] (16-bit residual; mid then points at Gpt::mid32_)
 };
 
 }  // namespace exatrain

@@ -17,6 +17,7 @@
 
 namespace exatrain {
 
+// out may be x itself (Gpt::x32_): x is read only before out is first written.
 void Gpt::layer_forward(int64_t l, const float* x, float* out, Acts& a) {
   const LayerOffsets& o = layer_off_[size_t(l)];
   const ModelSpec& m = opt_.model;
@@ -31,6 +32,7 @@ void Gpt::layer_forward(int64_t l, const float* x, float* out, Acts& a) {
   if (o.qkv_b >= 0) be_.add_bias(a.qkv, P + o.qkv_b, N, QKV);
   if (m.position == Position::rope)  // rotate the Hq query and Hkv key heads (adjacent)
     be_.rope(a.qkv, B_, T_, QKV, Hq_ + Hkv_, D_, float(m.rope_theta), false);
+  round_kept(a.qkv, a.qkv_h, N * QKV);
   be_.attention_forward(a.att, a.attn_saved, a.qkv, B_, T_, Hq_, Hkv_, D_);
   // mid[Ns, C] = sum over tp of att[N, HD] @ W_o[C, HD]^T, + b_o + x
   float* part = region_exit(a.mid);
@@ -38,12 +40,14 @@ void Gpt::layer_forward(int64_t l, const float* x, float* out, Acts& a) {
   region_exit_done(part, a.mid);
   if (o.o_b >= 0) be_.add_bias(a.mid, P + o.o_b, Ns, C);
   be_.add_inplace(a.mid, x, Ns * C);
+  round_kept(a.mid, a.mid_h, Ns * C);
 
   // ---- MLP block ----
   norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.mid, o.ln2_w, o.ln2_b);  // a.ln2 [N, C]
   // fc[N, FC] = ln2[N, C] @ W_1[FC, C]^T + b_1
   linear_forward(a.ln2, a.ln2_h, C, o.fc1_w, FC, a.fc);
   if (o.fc1_b >= 0) be_.add_bias(a.fc, P + o.fc1_b, N, FC);
+  round_kept(a.fc, a.fc_h, N * FC);
   if (m.activation == Activation::gelu)
     be_.gelu_forward(a.fc_act, a.fc, N * F_);
   else
@@ -64,7 +68,7 @@ void Gpt::layer_backward(int64_t l, const float* x, const float* dout, float* dx
   float* G = grads_;
 
   if (recompute_.recompute_attention_before_backward())  // its saved state was not kept
-    be_.attention_forward(nullptr, a.attn_saved, a.qkv, B_, T_, Hq_, Hkv_, D_);
+    be_.attention_forward(nullptr, a.attn_saved, widen_kept(a.qkv, a.qkv_h, N * QKV), B_, T_, Hq_, Hkv_, D_);
 
   // ---- MLP block: dout is d/d out [Ns, C] ----
   if (o.fc2_b >= 0) be_.bias_backward(G + o.fc2_b, dout, Ns, C);
@@ -72,10 +76,11 @@ void Gpt::layer_backward(int64_t l, const float* x, const float* dout, float* dx
   // dW_2[C, F] += dout^T[C, N] @ fc_act[N, F];  dfc_act[N, F] = dout[N, C] @ W_2[C, F]
   linear_backward(dout_full, a.fc_act, a.fc_act_h, F_, o.fc2_w, C, dfc_act_);
   observe(o.fc2, a.fc_act, a.fc_act_h, F_, dout_full, C);
+  const float* fc = widen_kept(a.fc, a.fc_h, N * FC);
   if (m.activation == Activation::gelu)
-    be_.gelu_backward(dfc_, a.fc, dfc_act_, N * F_);
+    be_.gelu_backward(dfc_, fc, dfc_act_, N * F_);
   else
-    be_.swiglu_backward(dfc_, a.fc, dfc_act_, N, F_);
+    be_.swiglu_backward(dfc_, fc, dfc_act_, N, F_);
   if (o.fc1_b >= 0) be_.bias_backward(G + o.fc1_b, dfc_, N, FC);
   observe(o.fc1, a.ln2, a.ln2_h, C, dfc_, FC);  // gelu: fc1; swiglu: gate (columns [0, F) of dfc) and up
   if (m.activation == Activation::swiglu) observe(o.up, a.ln2, a.ln2_h, C, dfc_ + F_, FC);
@@ -84,7 +89,7 @@ void Gpt::layer_backward(int64_t l, const float* x, const float* dout, float* dx
   const float* dln2 = grad_to_local();  // [Ns, C], summed over tp
   // dmid = dout (residual) + norm_2 backward
   be_.copy(dmid_, dout, sizeof(float) * size_t(Ns * C));
-  norm_backward(dmid_, o.ln2_w, o.ln2_b, dln2, a.mid, a.ln2_mean, a.ln2_rstd);
+  norm_backward(dmid_, o.ln2_w, o.ln2_b, dln2, widen_kept(a.mid, a.mid_h, Ns * C), a.ln2_mean, a.ln2_rstd);
 
   // ---- attention block ----
   if (o.o_b >= 0) be_.bias_backward(G + o.o_b, dmid_, Ns, C);
@@ -92,7 +97,7 @@ void Gpt::layer_backward(int64_t l, const float* x, const float* dout, float* dx
   // dW_o[C, HD] += dmid^T[C, N] @ att[N, HD];  datt[N, HD] = dmid[N, C] @ W_o[C, HD]
   linear_backward(dmid_full, a.att, a.att_h, HD, o.o_w, C, datt_);
   observe(o.o, a.att, a.att_h, HD, dmid_full, C);
-  be_.attention_backward(dqkv_, datt_, a.qkv, a.attn_saved, B_, T_, Hq_, Hkv_, D_);
+  be_.attention_backward(dqkv_, datt_, widen_kept(a.qkv, a.qkv_h, N * QKV), a.attn_saved, B_, T_, Hq_, Hkv_, D_);
   if (m.position == Position::rope)  // gradient w.r.t. the pre-rotation q and k
     be_.rope(dqkv_, B_, T_, QKV, Hq_ + Hkv_, D_, float(m.rope_theta), true);
   if (o.qkv_b >= 0) be_.bias_backward(G + o.qkv_b, dqkv_, N, QKV);
@@ -116,6 +121,17 @@ void Gpt::observe(size_t entry, const float* x, const uint16_t* x16, int64_t ldx
     x = fwd32_;
   }
   observer_->linear_backward(layout_.entries()[entry], x, ldx, dy, ldy, B_ * T_);
+}
+
+void Gpt::round_kept(float* x, uint16_t* kept, int64_t n) {
+  if (kept == nullptr) return;
+  be_.f32_to_half(half_, kept, x, n);
+  be_.half_to_f32(half_, x, kept, n);  // exact: x now holds what the backward widens
+}
+
+const float* Gpt::widen_kept(float* x, const uint16_t* kept, int64_t n) {
+  if (kept != nullptr) be_.half_to_f32(half_, x, kept, n);  // exact
+  return x;
 }
 
 // ---- the linear layers' GEMMs: float32, or 16-bit operands with float32 accumulation ----------

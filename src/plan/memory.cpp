@@ -85,18 +85,23 @@ double activation_bytes_per_layer(const ModelSpec& m, const Plan& p, Recompute r
   double t = double(p.micro_batch) * double(m.seq_len) / double(p.cp);
   double h = m.hidden, kv = double(kv_dim(m)), f = m.ffn_hidden, tp = p.tp;
   double scale = p.precision == Precision::fp32 ? 2.0 : 1.0;  // formulas assume 2-byte values
-  if (r == Recompute::full) return scale * 2 * h * t / (p.seq_parallel ? tp : 1);
+  // [train] residual_dtype = "fp32" under a 16-bit precision: the residual stream's values (the
+  // layer's input, and mid) take 2 bytes more each; the formulas count them at 2.
+  const double residual_extra = p.residual_fp32 && p.precision != Precision::fp32 ? 2.0 : 0.0;
+  const double residual = (2 * scale + residual_extra) * h / (p.seq_parallel ? tp : 1);  // bytes per token
+  if (r == Recompute::full) return residual * t;
   const double kv_local = m.kv_heads >= p.tp ? kv / tp : double(m.head_dim());
   // torchtitan's op-level checkpointing keeps the layer input, the outputs of the kept matmuls
   // (q, v, the MLP's first: plan/compute.cpp) and of attention: 2 (h + h/tp + kv + h/tp + f/tp)
   // bytes per token, the h-sized input split only with sequence parallelism.
-  if (r == Recompute::op)
-    return scale * 2 * t * (h / (p.seq_parallel ? tp : 1) + 2 * h / tp + kv_local + f / tp);
+  if (r == Recompute::op) return t * (residual + scale * 2 * (2 * h / tp + kv_local + f / tp));
   // GPT-style models (GELU) train with dropout: a 1-byte mask after attention and after the
   // MLP (2h of the 10h) and on the attention probabilities (as of the 5as). Llama-style models
   // (SwiGLU) use no dropout.
+  // replicated: the layer's input and mid (the residual stream), the two norms' outputs; dropout's
+  // two masks.
   bool dropout = p.dropout.value_or(m.activation == Activation::gelu);
-  double replicated = dropout ? 10 * h : 8 * h;
+  double replicated = (dropout ? 10 * h : 8 * h) + (residual_extra > 0 ? 4 * h : 0.0);
   double mlp_split = m.activation == Activation::swiglu ? 8 * f : 4 * f;
   double split = 4 * h + 4 * kv + mlp_split;
   double per_token = (p.seq_parallel ? replicated / tp : replicated) + split / tp;
@@ -161,8 +166,10 @@ Memory memory_of_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, bool w
     // implementation holds per logit (plan.hpp Plan::cross_entropy).
     if (pp_rank == p.pp - 1)
       act += cross_entropy_bytes_per_logit(p.cross_entropy) * tokens * double((m.vocab + p.tp - 1) / p.tp);
-    if (pp_rank == 0)  // embedding output kept for its backward
-      act += inflight * elem * tokens * double(m.hidden) / (p.seq_parallel ? p.tp : 1);
+    if (pp_rank == 0) {  // embedding output kept for its backward (fp32 with residual_fp32, as Megatron casts it)
+      const double out_elem = p.residual_fp32 && p.precision != Precision::fp32 ? 4.0 : elem;
+      act += inflight * out_elem * tokens * double(m.hidden) / (p.seq_parallel ? p.tp : 1);
+    }
     mem.activations = act;
   }
   double sum = mem.params + mem.grads + mem.optimizer + mem.activations + buffers;

@@ -92,6 +92,14 @@ std::vector<std::string> plan_notes(const Job& job, const Plan& p) {
     notes.push_back(p.pp == 1 ? "pipeline_dtype = \"fp32\" has no effect at pp = 1 (no pipeline messages)"
                               : "pipeline_dtype = \"fp32\" has no effect at precision = \"fp32\" (the messages are "
                                 "fp32 already)");
+  if (set("train.residual_dtype") && p.residual_fp32 && p.precision == Precision::fp32)
+    notes.push_back("residual_dtype = \"fp32\" has no effect at precision = \"fp32\" (every activation is fp32)");
+  // Megatron's --fp32-residual-connection sends fp32 between stages as well: half of it is set.
+  if (set("train.residual_dtype") && p.residual_fp32 && p.precision != Precision::fp32 && p.pp > 1 &&
+      !p.pipeline_fp32)
+    notes.push_back("residual_dtype = \"fp32\" with pipeline_dtype = \"auto\" at pp > 1: the residual stream is "
+                    "rounded to 16 bits at each stage boundary (the pipeline's messages); Megatron's "
+                    "--fp32-residual-connection keeps it fp32 there too: set pipeline_dtype = \"fp32\" as well");
   return notes;
 }
 

@@ -112,6 +112,11 @@ struct Plan {
   // runtime's TpComm sends the same (parallel/tp_regions.hpp). The cross-entropy statistics are
   // fp32 and the sequence-parallel weight gradients have the gradients' dtype either way.
   bool tp_comm_fp32 = false;
+  // [train] residual_dtype = "fp32" (likewise): under a 16-bit precision the residual stream kept
+  // for the backward (each layer's input and `mid`) stays fp32, 4 bytes a value where the other
+  // activations take 2 (Megatron's --fp32-residual-connection). memory.cpp counts it; the runtime
+  // keeps the same (model/gpt.hpp GptOptions::fp32_residual).
+  bool residual_fp32 = false;
   // Pipeline sends across nodes with tp > 1: Megatron's scatter/gather (each tp rank sends 1/tp of
   // the replicated activation, the receiving node all-gathers it; Narayanan et al. SC21 Sec. 4.1),
   // or every tp rank the whole tensor (DeepSpeed's pipeline engine). Not a job key: validation
@@ -146,6 +151,7 @@ struct Plan {
     grad_reduce_bf16 = t.grad_reduce_dtype == "bf16";
     pipeline_fp32 = t.pipeline_dtype == "fp32";
     tp_comm_fp32 = t.tp_comm_dtype == "fp32";
+    residual_fp32 = t.residual_dtype == "fp32";
   }
   // [train] fp8_recipe and attention (what set_optimizer is to [train] optimizer).
   void set_kernels(const TrainSpec& t) {
@@ -171,7 +177,8 @@ Plan resolve_plan(const Job& job);
 // print: seq_parallel or tp_comm_overlap at tp = 1 (Megatron and NeMo turn them off),
 // ZeRO without data-parallel replicas, overlap_param_gather under ZeRO 3 (it gathers per layer
 // anyway), fp8_recipe without fp8, schedule = "gpipe" without a pipeline, tp_comm_dtype or
-// pipeline_dtype = "fp32" without tp / pp or at fp32. Only keys the job sets.
+// pipeline_dtype = "fp32" without tp / pp or at fp32, residual_dtype = "fp32" at fp32 (and, at
+// pp > 1, without pipeline_dtype = "fp32": half of Megatron's flag). Only keys the job sets.
 std::vector<std::string> plan_notes(const Job& job, const Plan& plan);
 
 // THE rules a plan must satisfy on a model, in one place: `predict`, `plan` (and its search) and

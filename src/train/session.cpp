@@ -232,8 +232,9 @@ void Session::open_outputs() {
              job_.train.steps, job_.parallel.global_batch, job_.model.seq_len, plan_.micro_batches(),
              plan_.micro_batch, result_.dataset_dir);
   if (const std::optional<Half> h = half_format(plan_.precision)) {
-    fmt::print(opt_.out, "precision {}: 16-bit weight copy and GEMM inputs, fp32 master weights, gradients and "
-               "optimizer state; GEMMs: {}{}{}\n", to_string(plan_.precision), backend_->gemm_half_path(*h),
+    fmt::print(opt_.out, "precision {}: 16-bit weight copy and activations (residual stream {}), fp32 master weights, "
+               "gradients and optimizer state; GEMMs: {}{}{}\n", to_string(plan_.precision),
+               plan_.residual_fp32 ? "fp32" : "16-bit", backend_->gemm_half_path(*h),
                plan_.tp > 1 ? (plan_.tp_comm_fp32 ? "; tp messages fp32" : "; tp messages 16-bit") : "",
                plan_.pp > 1 ? (plan_.pipeline_fp32 ? "; pipeline messages fp32" : "; pipeline messages 16-bit") : "");
   }

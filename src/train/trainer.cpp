@@ -154,6 +154,7 @@ void Trainer::build_chunks() {
     g.lazy_params = arenas.lazy_params;
     g.lazy_grads = arenas.lazy_grads;
     g.precision = p.precision;  // mixed precision: the model's 16-bit copy and GEMMs (model/gpt.hpp)
+    g.fp32_residual = p.residual_fp32;  // [train] residual_dtype, as the planner counts it
     // The tensor-parallel regions' messages in the 16-bit format under mixed precision
     // (Megatron's) unless [train] tp_comm_dtype = "fp32" (Plan::tp_comm_fp32, as the planner counts them).
     if (const std::optional<Half> wire = p.tp_comm_fp32 ? std::nullopt : half_format(p.precision))

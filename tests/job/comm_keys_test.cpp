@@ -244,6 +244,18 @@ TEST(JobComm, PipelineAndTpCommDtypesAreReadAndChecked) {
   EXPECT_TRUE(contains(e, "[train] tp_comm_dtype = \"fp16\": expected one of \"auto\" \"fp32\"")) << e;
 }
 
+// [train] residual_dtype likewise (the residual stream kept for the backward: plan.hpp
+// Plan::residual_fp32, model/gpt.hpp GptOptions::fp32_residual).
+TEST(JobComm, ResidualDtypeIsReadAndChecked) {
+  EXPECT_EQ(parse_job("", "job.toml").train.residual_dtype, "auto");
+  const Job j = parse_job("[train]\nresidual_dtype = \"fp32\"\n", "job.toml");
+  EXPECT_EQ(j.train.residual_dtype, "fp32");
+  EXPECT_EQ(parse_job(job_to_toml(j), "roundtrip.toml").train.residual_dtype, "fp32");
+  EXPECT_EQ(parse_job(job_to_toml(parse_job("", "job.toml")), "roundtrip.toml").train.residual_dtype, "auto");
+  const std::string e = parse_error("[train]\nresidual_dtype = \"bf16\"\n");
+  EXPECT_TRUE(contains(e, "[train] residual_dtype = \"bf16\": expected one of \"auto\" \"fp32\"")) << e;
+}
+
 // [parallel] tp_comm_overlap: false (the default), true (every pass's collectives: Megatron) or
 // "forward" (the forward's only: PyTorch's async TP); read, round-tripped, anything else refused.
 TEST(JobComm, TpCommOverlapIsABoolOrForward) {

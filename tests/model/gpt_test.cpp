@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 
 #include "backend/half_convert.hpp"
 #include "core/check.hpp"
@@ -25,11 +26,14 @@ struct Result {
   std::vector<float> grads;
 };
 
-Result run_once(Backend& be, const ModelSpec& m, Recompute rc, int64_t B, unsigned data_seed) {
+Result run_once(Backend& be, const ModelSpec& m, Recompute rc, int64_t B, unsigned data_seed,
+                Precision precision = Precision::fp32, bool fp32_residual = false) {
   GptOptions o;
   o.model = m;
   o.recompute = rc;
   o.micro_batch = B;
+  o.precision = precision;
+  o.fp32_residual = fp32_residual;
   Gpt g(be, o);
   g.init_weights(42);
   auto tok = random_tokens(size_t(B * m.seq_len), m.vocab, data_seed);
@@ -40,18 +44,46 @@ Result run_once(Backend& be, const ModelSpec& m, Recompute rc, int64_t B, unsign
   return {loss, host_copy(be, g.grads(), g.num_params())};
 }
 
+// At fp32 and under bf16 with the residual stream in 16 bits or fp32: what a recomputation
+// re-runs reads the same (rounded) values as the forward did, so the bits agree.
 TEST(Gpt, RecomputeModesGiveIdenticalGradients) {
   auto be = make_cpu_backend(2, 0);
-  for (auto m : {tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4),
-                 tiny_model(Activation::swiglu, Norm::rmsnorm, Position::rope, 2)}) {
-    Result none = run_once(*be, m, Recompute::none, 3, 7);
-    Result sel = run_once(*be, m, Recompute::selective, 3, 7);
-    Result full = run_once(*be, m, Recompute::full, 3, 7);
-    EXPECT_GT(none.loss, 3.0f);  // ~ln(37) = 3.61 at init
-    EXPECT_EQ(none.loss, sel.loss);
-    EXPECT_EQ(none.loss, full.loss);
-    EXPECT_EQ(none.grads, sel.grads);
-    EXPECT_EQ(none.grads, full.grads);
+  for (auto [prec, fp32_residual] : {std::pair{Precision::fp32, false}, std::pair{Precision::bf16, false},
+                                     std::pair{Precision::bf16, true}}) {
+    for (auto m : {tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4),
+                   tiny_model(Activation::swiglu, Norm::rmsnorm, Position::rope, 2)}) {
+      m.layers = 4;  // x32_ of a 16-bit residual serves layers in and out
+      SCOPED_TRACE(std::string(to_string(prec)) + (fp32_residual ? " fp32 residual" : ""));
+      Result none = run_once(*be, m, Recompute::none, 3, 7, prec, fp32_residual);
+      Result sel = run_once(*be, m, Recompute::selective, 3, 7, prec, fp32_residual);
+      Result full = run_once(*be, m, Recompute::full, 3, 7, prec, fp32_residual);
+      EXPECT_GT(none.loss, 3.0f);  // ~ln(37) = 3.61 at init
+      EXPECT_EQ(none.loss, sel.loss);
+      EXPECT_EQ(none.loss, full.loss);
+      EXPECT_EQ(none.grads, sel.grads);
+      EXPECT_EQ(none.grads, full.grads);
+    }
+  }
+}
+
+// The residual stream in 16 bits (mixed precision's default) or fp32 (GptOptions::fp32_residual):
+// the option is read (the results differ), and both stay near fp32: the loss within 1 %, every
+// gradient within 5 % of the largest (a loose bound: a coarse check of the numerics). That
+// the 16-bit buffers hold what they should is checked exactly by the recompute, pipeline-split
+// and activation-slot tests, which compare runs at bf16 that use them differently.
+TEST(Gpt, SixteenBitResidualStaysNearFp32) {
+  auto be = make_cpu_backend(1);
+  ModelSpec m = tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4);
+  m.layers = 4;
+  const Result f32 = run_once(*be, m, Recompute::none, 2, 5);
+  const Result r16 = run_once(*be, m, Recompute::none, 2, 5, Precision::bf16, false);
+  const Result r32 = run_once(*be, m, Recompute::none, 2, 5, Precision::bf16, true);
+  EXPECT_NE(r16.grads, r32.grads);
+  float maxg = 0;
+  for (float g : f32.grads) maxg = std::max(maxg, std::fabs(g));
+  for (const Result* r : {&r16, &r32}) {
+    EXPECT_NEAR(r->loss, f32.loss, 1e-2 * f32.loss);
+    for (size_t i = 0; i < f32.grads.size(); i++) ASSERT_NEAR(r->grads[i], f32.grads[i], 0.05f * maxg) << i;
   }
 }
 
@@ -114,28 +146,42 @@ TEST(Gpt, HalfFormatOfEachPrecision) {
   EXPECT_FALSE(half_format(Precision::fp8).has_value());
 }
 
-// Mixed precision keeps the GEMM inputs (ln1, att, ln2, fc_act per layer, lnf at the head) in 16
-// bits instead of 32, and adds the float32 staging of one GEMM input (fwd32_: [N, max(C, HD, F)],
-// also where the observer widens a kept input) and the rounded output gradient (dy16_: [N, max(C,
-// QKV, FC, Vp)] in 16 bits, Vp the logits' padded row width): exactly that difference, nothing
-// else (no float32 lnf beside its copy).
-TEST(Gpt, MixedPrecisionActivationBytesAreTheKeptInputsIn16Bits) {
+// Mixed precision keeps the GEMM inputs (ln1, att, ln2, fc_act per layer, lnf at the head) and the
+// GEMM outputs the backward reads (qkv after rope, the MLP's pre-activation fc) in 16 bits instead
+// of 32, and adds the float32 staging of one GEMM input (fwd32_: [N, max(C, HD, F)], also where the
+// observer widens a kept input), of one kept output (wide32_: [N, max(QKV, FC)]) and the rounded
+// output gradient (dy16_: [N, max(C, QKV, FC, Vp)] in 16 bits, Vp the logits' padded row width).
+// With the residual stream in 16 bits (the default) also mid per layer and the inner layers'
+// inputs (res[1..L-1]; the stage's input and output stay fp32), staged in mid32_ and x32_
+// ([N, C] each). Exactly that difference, nothing else (no float32 lnf beside its copy); at fp32
+// fp32_residual changes nothing.
+TEST(Gpt, MixedPrecisionActivationBytesAreTheKeptTensorsIn16Bits) {
   auto be = make_cpu_backend(1);
   ModelSpec m = tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4);
   m.vocab = 101;  // Vp = 128, wider than QKV (96): dy16_ is sized by the logits' padded rows
-  auto mem = [&](Precision p) {
-    GptOptions o;
-    o.model = m;
-    o.micro_batch = 2;
-    o.precision = p;
-    return Gpt(*be, o).memory().activations;
-  };
-  const int64_t N = 2 * m.seq_len, C = m.hidden, HD = m.hidden, F = m.ffn_hidden, QKV = 3 * m.hidden;
-  const int64_t kept = m.layers * (N * C + N * HD + N * C + N * F) + N * C;
-  const int64_t Vp = (m.vocab + Gpt::kLogitsRowAlign - 1) / Gpt::kLogitsRowAlign * Gpt::kLogitsRowAlign;
-  const int64_t staging = 4 * N * std::max({C, HD, F}) + 2 * N * std::max({C, QKV, F, Vp});  // logits' padded rows
-  EXPECT_EQ(mem(Precision::bf16), mem(Precision::fp32) - 2 * kept + staging);
-  EXPECT_EQ(mem(Precision::fp16), mem(Precision::bf16));
+  for (int64_t L : {2, 4}) {
+    m.layers = L;
+    auto mem = [&](Precision p, bool fp32_residual) {
+      GptOptions o;
+      o.model = m;
+      o.micro_batch = 2;
+      o.precision = p;
+      o.fp32_residual = fp32_residual;
+      return Gpt(*be, o).memory().activations;
+    };
+    const int64_t N = 2 * m.seq_len, C = m.hidden, HD = m.hidden, F = m.ffn_hidden, QKV = 3 * m.hidden;
+    const int64_t kept = L * (N * C + N * HD + N * C + N * F + N * QKV + N * F) + N * C;
+    const int64_t Vp = (m.vocab + Gpt::kLogitsRowAlign - 1) / Gpt::kLogitsRowAlign * Gpt::kLogitsRowAlign;
+    const int64_t staging = 4 * N * std::max({C, HD, F}) + 4 * N * std::max(QKV, F) +
+                            2 * N * std::max({C, QKV, F, Vp});  // logits' padded rows
+    // mid per layer and the inner layers' inputs; staged in mid32_ and x32_
+    const int64_t residual = L * N * C + (L - 1) * N * C, residual_staging = 4 * N * C + 4 * N * C;
+    const int64_t fp32 = mem(Precision::fp32, false);
+    EXPECT_EQ(mem(Precision::bf16, true), fp32 - 2 * kept + staging) << L;
+    EXPECT_EQ(mem(Precision::bf16, false), fp32 - 2 * kept + staging - 2 * residual + residual_staging) << L;
+    EXPECT_EQ(mem(Precision::fp16, false), mem(Precision::bf16, false)) << L;
+    EXPECT_EQ(mem(Precision::fp32, true), fp32) << L;
+  }
 }
 
 // Mixed precision looks the token and position embeddings up through their 16-bit copy (as the
@@ -238,16 +284,24 @@ TEST(Gpt, ThreadCountChangesResultsOnlyByRounding) {
     ASSERT_NEAR(a.grads[i], b.grads[i], 1e-5f * maxg) << i;
 }
 
+// Split 1 + 3 of 4 layers, at fp32 and at bf16 with the residual stream in 16 bits (the first
+// stage rounds its output as the whole model rounds that layer's) or fp32: the same loss, bit for
+// bit, with the stage output handed on in fp32 (as pipeline_dtype = "fp32" sends it).
 TEST(Gpt, PipelineStagesReproduceTheWholeModel) {
   auto be = make_cpu_backend(2, 0);
-  for (bool tie : {true, false}) {
+  for (auto [prec, fp32_residual, tie] : {std::tuple{Precision::fp32, false, true}, std::tuple{Precision::fp32, false, false},
+                                          std::tuple{Precision::bf16, false, true}, std::tuple{Precision::bf16, true, true}}) {
+    SCOPED_TRACE(std::string(to_string(prec)) + (fp32_residual ? " fp32 residual" : "") + (tie ? " tied" : ""));
     ModelSpec m = tiny_model(Activation::gelu, Norm::layernorm, Position::learned, 4, tie);
+    m.layers = 4;
     const int64_t B = 2, N = B * m.seq_len;
     auto tok = random_tokens(size_t(N), m.vocab, 5);
     auto tgt = random_tokens(size_t(N), m.vocab, 6);
     GptOptions whole;
     whole.model = m;
     whole.micro_batch = B;
+    whole.precision = prec;
+    whole.fp32_residual = fp32_residual;
     Gpt w(*be, whole);
     w.init_weights(9);
     w.zero_grad();
@@ -257,7 +311,7 @@ TEST(Gpt, PipelineStagesReproduceTheWholeModel) {
 
     GptOptions s0 = whole, s1 = whole;
     s0.stage = {0, 1, true, false};
-    s1.stage = {1, 2, false, true};
+    s1.stage = {1, 4, false, true};
     Gpt a(*be, s0), b(*be, s1);
     a.init_weights(9);
     b.init_weights(9);
@@ -293,9 +347,13 @@ TEST(Gpt, PipelineStagesReproduceTheWholeModel) {
 TEST(Gpt, ActivationSlotsHoldSeveralMicroBatchesInFlight) {
   // 1F1B keeps several micro-batches between forward and backward: forward A (slot 0),
   // forward B (slot 1), backward B, backward A must equal A then B one at a time.
+  // At fp32 and at bf16 (the residual stream in 16 bits: the shared staging serves both slots).
   auto be = make_cpu_backend(2, 0);
-  for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
+  for (auto [rc, prec] : {std::pair{Recompute::none, Precision::fp32}, std::pair{Recompute::selective, Precision::fp32},
+                          std::pair{Recompute::full, Precision::fp32}, std::pair{Recompute::none, Precision::bf16},
+                          std::pair{Recompute::full, Precision::bf16}}) {
     ModelSpec m = tiny_model(Activation::swiglu, Norm::rmsnorm, Position::rope, 2);
+    m.layers = 3;
     const size_t n = size_t(2 * m.seq_len);
     auto ta = random_tokens(n, m.vocab, 31), ya = random_tokens(n, m.vocab, 32);
     auto tb = random_tokens(n, m.vocab, 33), yb = random_tokens(n, m.vocab, 34);
@@ -303,6 +361,7 @@ TEST(Gpt, ActivationSlotsHoldSeveralMicroBatchesInFlight) {
     o.model = m;
     o.micro_batch = 2;
     o.recompute = rc;
+    o.precision = prec;
     Gpt seq(*be, o);
     seq.init_weights(3);
     seq.zero_grad();
@@ -324,7 +383,7 @@ TEST(Gpt, ActivationSlotsHoldSeveralMicroBatchesInFlight) {
     float maxg = 0;
     for (float g : want) maxg = std::max(maxg, std::fabs(g));
     for (size_t i = 0; i < got.size(); i++)  // only the summation order of A and B differs
-      ASSERT_NEAR(got[i], want[i], 1e-6f * maxg) << i << " recompute " << to_string(rc);
+      ASSERT_NEAR(got[i], want[i], 1e-6f * maxg) << i << " recompute " << to_string(rc) << " " << to_string(prec);
     EXPECT_THROW(inflight.forward(ta.data(), nullptr, ya.data(), 2), Error);
   }
 }

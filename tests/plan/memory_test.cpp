@@ -43,6 +43,33 @@ TEST(Memory, KorthikantiActivationsPerLayer) {
   EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, tp_plan(8, true, 2), Recompute::full), 2 * s * b * h / t);
 }
 
+// [train] residual_dtype = "fp32" (Megatron's --fp32-residual-connection) under bf16: the layer's
+// input and mid, 2 of Korthikanti's 34 bytes per hidden value, take 4 bytes each (+4 sbh, /t with
+// sequence parallelism; full and op-level recomputation keep the input only: +2 sbh); at fp32
+// nothing changes.
+TEST(Memory, Fp32ResidualCountsTheResidualStreamAtFourBytes) {
+  ModelSpec m = gpt3_175b();
+  const double s = 2048, b = 2, h = 12288, t = 8;
+  for (bool sp : {false, true}) {
+    Plan p = tp_plan(8, sp, 2);
+    const double split = sp ? t : 1;
+    const double none = activation_bytes_per_layer(m, p, Recompute::none);
+    const double selective = activation_bytes_per_layer(m, p, Recompute::selective);
+    const double op = activation_bytes_per_layer(m, p, Recompute::op);
+    const double full = activation_bytes_per_layer(m, p, Recompute::full);
+    p.residual_fp32 = true;
+    EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, p, Recompute::none), none + 4 * s * b * h / split);
+    EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, p, Recompute::selective), selective + 4 * s * b * h / split);
+    EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, p, Recompute::op), op + 2 * s * b * h / split);
+    EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, p, Recompute::full), full + 2 * s * b * h / split);
+    EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, p, Recompute::full), 4 * s * b * h / split);
+    p.precision = Precision::fp32;
+    const double at_fp32 = activation_bytes_per_layer(m, p, Recompute::none);
+    p.residual_fp32 = false;
+    EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, p, Recompute::none), at_fp32);
+  }
+}
+
 TEST(Memory, FlashAttentionDropsTheScoreTerm) {
   ModelSpec m = gpt3_175b();
   Plan p = tp_plan(1, false, 1);

@@ -352,6 +352,33 @@ TEST(Predict, TpCommDtypeFp32SendsTheRegionsMessagesInFourBytes) {
                                       "tp = 1");
 }
 
+// [train] residual_dtype = "fp32" keeps a bf16 plan's residual stream in 4 bytes: the activations
+// grow; the time does not move (the time model does not count the residual adds' and norms' wider
+// element-wise traffic: a known omission, docs/precision.md); at precision = "fp32" it has no
+// effect and a note says so (there is no parallel degree at which it stops acting).
+TEST(Predict, ResidualDtypeFp32CountsTheResidualStreamInFourBytes) {
+  Job job = parse_job(kJob, "job.toml");
+  const Prediction p16 = predict(job.model, job.machine, resolve_plan(job));
+  Job f32 = parse_job(kJob, "job.toml", {"train.residual_dtype=fp32"});
+  const Plan p32 = resolve_plan(f32);
+  EXPECT_TRUE(p32.residual_fp32);
+  const Prediction w = predict(f32.model, f32.machine, p32);
+  EXPECT_GT(w.memory.activations, p16.memory.activations);
+  EXPECT_DOUBLE_EQ(w.step_time_s, p16.step_time_s);
+  // kJob has pp 8: without pipeline_dtype = "fp32" the stage boundaries still round (a note says
+  // so); with it, Megatron's --fp32-residual-connection whole, no note.
+  std::vector<std::string> half = notes_naming(f32, "residual_dtype");
+  ASSERT_EQ(half.size(), 1u);
+  EXPECT_NE(half[0].find("rounded to 16 bits at each stage boundary"), std::string::npos) << half[0];
+  EXPECT_TRUE(notes_naming(parse_job(kJob, "job.toml", {"train.residual_dtype=fp32", "train.pipeline_dtype=fp32"}),
+                           "residual_dtype").empty());
+  const Job at_fp32 = parse_job(kJob, "job.toml", {"train.residual_dtype=fp32", "train.precision=fp32"});
+  const std::vector<std::string> notes = notes_naming(at_fp32, "residual_dtype");
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("residual_dtype = \"fp32\" has no effect at precision = \"fp32\""), std::string::npos)
+      << notes[0];
+}
+
 TEST(Predict, WhatCannotBeModelledIsRefusedWithTheReason) {
   // tp_comm_overlap at tp > 1 overlaps sequence-parallel collectives: without them, refused;
   // overlap_param_gather needs ZeRO's parameter gather; flash3 kernels exist on Hopper only.

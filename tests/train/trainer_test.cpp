@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <utility>
 
 #include "core/check.hpp"
 #include "catalog/device.hpp"
@@ -122,6 +123,68 @@ TEST(Trainer, Bf16HoldsThePlannersBytesPerParameterAndLearns) {
     EXPECT_DOUBLE_EQ(held, mem.params + mem.grads + mem.optimizer) << to_string(prec);
     EXPECT_DOUBLE_EQ(held, (prec == Precision::fp32 ? 16.0 : 18.0) * double(tr.params_on_rank())) << to_string(prec);
   }
+}
+
+// A layer's activations as the runtime holds them against the planner's count for the same layer
+// (plan/memory.cpp activation_bytes_per_layer, no dropout: the runtime has none; flash attention:
+// no s x s scores in the planner), at fp32 and bf16, the residual stream in 16 bits or fp32
+// ([train] residual_dtype, which both read). Every tensor the planner counts is held at the
+// planner's width, and what differs is of kind, named here: the norms' statistics (fp32, per row),
+// the attention probabilities (fp32 [B, Hq, T, T]: the runtime's attention is not fused), and
+// under SwiGLU the planner's silu(gate), which the runtime's backward recomputes from fc.
+TEST(Trainer, ALayersActivationsAreThePlannersCountPlusTheNamedDifferences) {
+  auto be = make_cpu_backend(1);
+  for (bool swiglu : {false, true}) {
+    for (auto [prec, fp32_residual] : {std::pair{Precision::fp32, false}, std::pair{Precision::bf16, false},
+                                       std::pair{Precision::bf16, true}}) {
+      SCOPED_TRACE(std::string(to_string(prec)) + (swiglu ? " swiglu" : " gelu") + (fp32_residual ? " fp32 residual" : ""));
+      ModelSpec m = small_model();
+      if (!swiglu) m.activation = Activation::gelu, m.norm = Norm::layernorm, m.position = Position::learned;
+      const int64_t B = 3;
+      TrainSpec t;
+      t.residual_dtype = fp32_residual ? "fp32" : "auto";
+      plan::Plan p = single_rank_plan(B, 1);
+      p.precision = prec;
+      p.dropout = false;
+      p.set_optimizer(t);
+      auto held = [&](int64_t layers) {
+        GptOptions o;
+        o.model = m;
+        o.model.layers = layers;
+        o.micro_batch = B;
+        o.precision = prec;
+        o.fp32_residual = p.residual_fp32;
+        return Gpt(*be, o).memory().activations;
+      };
+      const double runtime = double(held(3) - held(2));
+      const double planner = plan::activation_bytes_per_layer(m, p, Recompute::none);
+      const double tokens = double(B * m.seq_len), f = double(m.ffn_hidden);
+      const double norm_stats = (m.norm == Norm::layernorm ? 16.0 : 8.0);  // mean and rstd, fp32, two norms
+      const double probabilities = 4.0 * double(m.heads) * double(m.seq_len);
+      const double silu_gate = swiglu ? (prec == Precision::fp32 ? 4 : 2) * f : 0.0;
+      EXPECT_DOUBLE_EQ(runtime, planner + tokens * (norm_stats + probabilities - silu_gate));
+    }
+  }
+  // The trainer hands residual_dtype (Plan::residual_fp32) to its model (4 layers: the 16-bit
+  // residual's two [N, C] fp32 staging buffers outweigh its saving below 3 layers a stage).
+  int64_t held[2];
+  for (bool fp32_residual : {false, true}) {
+    OneRank one(1);
+    InMemoryTokenStream data(phrase_stream());
+    TrainerOptions o = options();
+    o.model.layers = 4;
+    o.plan.precision = Precision::bf16;
+    o.plan.residual_fp32 = fp32_residual;
+    Trainer tr(*one.be, *one.rt, o, data);
+    GptOptions g;
+    g.model = o.model;
+    g.micro_batch = o.plan.micro_batch;
+    g.precision = Precision::bf16;
+    g.fp32_residual = fp32_residual;
+    held[fp32_residual] = tr.chunk(0).memory().activations;
+    EXPECT_EQ(held[fp32_residual], Gpt(*be, g).memory().activations) << fp32_residual;
+  }
+  EXPECT_LT(held[0], held[1]);
 }
 
 namespace {
