@@ -152,7 +152,7 @@ TEST(Trainer, ALayersActivationsAreThePlannersCountPlusTheNamedDifferences) {
         o.model = m;
         o.model.layers = layers;
         o.micro_batch = B;
-        o.precision = prec;
+        o.precision = p.precision;  // (a lambda may not capture the structured binding prec: clang)
         o.fp32_residual = p.residual_fp32;
         return Gpt(*be, o).memory().activations;
       };
