@@ -9,7 +9,8 @@
 #   2. op tests: every per-op test on the "cuda" backend (against double references), the half
 #      GEMM, the CUDA-only checks, each test in its own process (a sticky CUDA error in one cannot
 #      fail the rest), with CUDA_LAUNCH_BLOCKING=1 so an error names its op; the 1-GPU-vs-CPU
-#      model equivalence; compute-sanitizer memcheck of a tiny model's training (tests/cuda)
+#      model equivalence; compute-sanitizer memcheck of a tiny model's training (tests/cuda), memcheck
+#      and racecheck of the fused attention's kernels
 #   3. bench_gpu --profile: each op's share of GPT-2 124M's bf16 step; then bench_gpu: the cuBLASLt bf16 and fp32 GEMM rates, GPT-2 124M / 350M / 774M training steps
 #      (tokens/s, MFU against 989 TFLOP/s bf16 and 67 TFLOP/s fp32)
 #   4. PyTorch on the same shapes (fp32 and bf16 autocast), when torch with CUDA is importable
@@ -161,9 +162,9 @@ if want profile; then
   profile_args=(--models 124m --precisions bf16 --batch "$BATCH" --seq "$SEQ" --steps 2 --gemm 4096 --profile)
   timeout 100 "$BENCH" "${profile_args[@]}" 2>&1 | tee "$OUT/profile.log" | sed -n '/^profile of/,$p' ||
     failures+=(profile)
-  echo "--- the same with EXATRAIN_CUDA_TF32=attention (attention's batched GEMMs on TF32 tensor cores)"
-  EXATRAIN_CUDA_TF32=attention timeout 100 "$BENCH" "${profile_args[@]}" 2>&1 | tee "$OUT/profile_tf32.log" |
-    sed -n '/^profile of/,$p' || failures+=(profile_tf32)
+  echo "--- the same without the fused attention (EXATRAIN_CUDA_FLASH=0, EXATRAIN_CUDA_TF32=attention: run 4's best)"
+  EXATRAIN_CUDA_FLASH=0 EXATRAIN_CUDA_TF32=attention timeout 100 "$BENCH" "${profile_args[@]}" 2>&1 |
+    tee "$OUT/profile_unfused.log" | sed -n '/^profile of/,$p' || failures+=(profile_unfused)
 fi
 
 if want bench; then
@@ -172,13 +173,13 @@ if want bench; then
 fi
 
 if want tf32; then
-  stage "bench_gpu with TF32: EXATRAIN_CUDA_TF32=1 (every fp32 GEMM) for fp32, =attention (attention's GEMMs) for bf16"
+  stage "bench_gpu: fp32 on TF32 (EXATRAIN_CUDA_TF32=1); bf16 unfused (EXATRAIN_CUDA_FLASH=0, TF32 attention)"
   args=(--models "$MODELS" --steps "$STEPS" --gemm 4096)
   EXATRAIN_CUDA_TF32=1 bench "$OUT/bench_tf32.log" "TF32" 100 "${args[@]}" --precisions fp32
-  EXATRAIN_CUDA_TF32=attention bench "$OUT/bench_tf32.log" "TF32 attention" 100 "${args[@]}" --precisions bf16
+  EXATRAIN_CUDA_FLASH=0 EXATRAIN_CUDA_TF32=attention bench "$OUT/bench_tf32.log" "unfused TF32 attention" 100 \
+    "${args[@]}" --precisions bf16
   echo "--- and the vocabulary itself padded to 50304 (the logits' rows are padded to 50304 either way: Gpt::logits_ld)"
-  EXATRAIN_CUDA_TF32=attention bench "$OUT/bench_tf32.log" "TF32 attention, vocab 50304" 100 "${args[@]}" \
-    --precisions bf16 --vocab 50304
+  bench "$OUT/bench_tf32.log" "vocab 50304" 100 "${args[@]}" --precisions bf16 --vocab 50304
 fi
 
 if want torch; then
@@ -217,6 +218,16 @@ if want memcheck; then
   stage "bf16 training on the GPU against the CPU backend (tests/cuda/cuda_cli.sh bf16)"
   timeout 100 bash tests/cuda/cuda_cli.sh bf16 "$EXA" /tmp/exa-bf16 2>&1 | tail -3; rc=${PIPESTATUS[0]}
   [ "$rc" -eq 0 ] || [ "$rc" -eq 77 ] || failures+=("bf16 against the CPU (exit $rc)")
+  # The fused attention's kernels (their shared memory shared by a block's warps): memcheck, and
+  # racecheck for shared-memory hazards between threads (the emulated test only races on the host).
+  san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  for tool in memcheck racecheck; do
+    stage "compute-sanitizer $tool of the fused attention (CudaOnly.FusedAttentionMatches*)"
+    timeout 150 "$san" --tool "$tool" --error-exitcode 3 "$TEST_BACKEND" --gtest_filter='CudaOnly.FusedAttentionMatches*' \
+      > "/tmp/flash_$tool.log" 2>&1; rc=$?
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "/tmp/flash_$tool.log" | tail -3
+    [ $rc -eq 0 ] || { cp "/tmp/flash_$tool.log" "$OUT/"; failures+=("fused attention $tool (exit $rc)"); }
+  done
 fi
 
 stage "done in $(( $(date +%s) - start )) s"

@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace exatrain {
@@ -195,20 +196,26 @@ class Backend {
   // ---- causal self-attention (grouped-query) ------------------------------------------------
   // qkv[B,T,(Hq+2*Hkv)*D]: per row Hq query heads, then Hkv key heads, then Hkv value heads.
   // out[B,T,Hq*D] = softmax_causal(q k^T / sqrt(D)) @ v; query head h reads key/value head
-  // h / (Hq/Hkv). What the backward needs besides qkv is the backend's own: `saved`, of
-  // attention_saved_floats(B, T, Hq) floats, written by the forward and read by the backward (the
-  // CPU and CUDA backends: the probabilities [B,Hq,T,T]; a fused flash kernel would keep per-row
-  // softmax statistics [B,Hq,T] and, since FlashAttention-2's backward needs rowsum(dout * out),
-  // its output [B,T,Hq*D] as well, which attention_backward is not given). out == nullptr: only
-  // `saved` is computed (selective recomputation refills it before the backward), the same bits as
-  // with out.
-  virtual int64_t attention_saved_floats(int64_t B, int64_t T, int64_t Hq) const = 0;
+  // h / (Hq/Hkv). `operands`: nullopt, float32 products; a Half, mixed precision: the products may
+  // take 16-bit operands (q, k, v, the probabilities, dout, dS) with float32 accumulation and softmax
+  // statistics, as autocast's scaled_dot_product_attention runs (the model's q, k, v are already
+  // rounded to that format). The CPU backend computes float32 either way; the CUDA backend runs its
+  // fused flash kernel for a Half (cuda/flash_attention.hpp), its float32 GEMMs otherwise.
+  // What the backward needs besides qkv is the backend's own: `saved`, of
+  // attention_saved_floats(B, T, Hq, D, operands) floats, written by the forward and read by the
+  // backward (the CPU backend, and CUDA for float32: the probabilities [B,Hq,T,T]; CUDA's flash
+  // kernel: per-row log-sum-exp [B,Hq,T] and the output in 16 bits, [B,T,Hq*D]). out == nullptr:
+  // only `saved` is computed (selective recomputation refills it before the backward), the same
+  // bits as with out. Forward and backward of one tensor take the same `operands`.
+  virtual int64_t attention_saved_floats(int64_t B, int64_t T, int64_t Hq, int64_t D,
+                                         std::optional<Half> operands) const = 0;
   virtual void attention_forward(float* out, float* saved, const float* qkv, int64_t B,
-                                 int64_t T, int64_t Hq, int64_t Hkv, int64_t D) = 0;
+                                 int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
+                                 std::optional<Half> operands) = 0;
   // dqkv[B,T,(Hq+2*Hkv)*D] overwritten.
   virtual void attention_backward(float* dqkv, const float* dout, const float* qkv,
                                   const float* saved, int64_t B, int64_t T, int64_t Hq,
-                                  int64_t Hkv, int64_t D) = 0;
+                                  int64_t Hkv, int64_t D, std::optional<Half> operands) = 0;
 
   // ---- embeddings ----------------------------------------------------------------------------
   // Vocabulary-parallel lookup: out[N,C] = wte[tok - vocab_start] when the token lies in

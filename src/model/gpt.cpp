@@ -228,7 +228,9 @@ std::unique_ptr<Gpt::Acts> Gpt::make_acts(bool own_attention_state) {
     a->qkv = wide32_, a->qkv_h = alloc_half(N * qkv_w);
   else
     a->qkv = alloc_act(N * qkv_w);
-  a->attn_saved = own_attention_state ? alloc_act(be_.attention_saved_floats(B_, T_, Hq_)) : shared_attn_saved_;
+  a->attn_saved = own_attention_state
+                      ? alloc_act(be_.attention_saved_floats(B_, T_, Hq_, D_, attention_operands()))
+                      : shared_attn_saved_;
   kept(&a->att, &a->att_h, N * Hq_ * D_);
   if (residual16_)
     a->mid = mid32_, a->mid_h = alloc_half(Ns * C);
@@ -263,7 +265,7 @@ void Gpt::allocate_activations() {
     if (residual16_ && L_ > 1) x32_ = alloc_act(Ns_ * C);  // res[1..L-1]'s float32 form
   }
   if (rc.layer_keeps_activations() && !rc.layer_keeps_attention_state())
-    shared_attn_saved_ = alloc_act(be_.attention_saved_floats(B_, T_, Hq_));
+    shared_attn_saved_ = alloc_act(be_.attention_saved_floats(B_, T_, Hq_, D_, attention_operands()));
   if (!rc.layer_keeps_activations() && L_ > 0) {
     recompute_out_ = alloc_act(Ns_ * C);
     full_acts_ = make_acts(true);

@@ -250,6 +250,9 @@ class Gpt {
   bool mixed_ = false;
   Half half_ = Half::bf16;
   uint16_t* params_half_ = nullptr;  // [num_params]: the 16-bit copy of params_
+  // Attention's operands (Backend::attention_forward): the 16-bit format under mixed precision (the
+  // CUDA backend's flash kernel), float32 otherwise.
+  std::optional<Half> attention_operands() const { return mixed_ ? std::optional<Half>(half_) : std::nullopt; }
   std::vector<char> half_fresh_;     // per layout entry: its 16-bit copy matches params_
   bool half_external_ = false;       // keep_half_externally(): params_ holds only a shard of the masters
   float* fwd32_ = nullptr;           // [N, max(C, Hq*D, F)] float32 GEMM input before rounding

@@ -33,7 +33,7 @@ void Gpt::layer_forward(int64_t l, const float* x, float* out, Acts& a) {
   if (m.position == Position::rope)  // rotate the Hq query and Hkv key heads (adjacent)
     be_.rope(a.qkv, B_, T_, QKV, Hq_ + Hkv_, D_, float(m.rope_theta), false);
   round_kept(a.qkv, a.qkv_h, N * QKV);
-  be_.attention_forward(a.att, a.attn_saved, a.qkv, B_, T_, Hq_, Hkv_, D_);
+  be_.attention_forward(a.att, a.attn_saved, a.qkv, B_, T_, Hq_, Hkv_, D_, attention_operands());
   // mid[Ns, C] = sum over tp of att[N, HD] @ W_o[C, HD]^T, + b_o + x
   float* part = region_exit(a.mid);
   linear_forward(a.att, a.att_h, HD, o.o_w, C, part);
@@ -68,7 +68,8 @@ void Gpt::layer_backward(int64_t l, const float* x, const float* dout, float* dx
   float* G = grads_;
 
   if (recompute_.recompute_attention_before_backward())  // its saved state was not kept
-    be_.attention_forward(nullptr, a.attn_saved, widen_kept(a.qkv, a.qkv_h, N * QKV), B_, T_, Hq_, Hkv_, D_);
+    be_.attention_forward(nullptr, a.attn_saved, widen_kept(a.qkv, a.qkv_h, N * QKV), B_, T_, Hq_, Hkv_, D_,
+                          attention_operands());
 
   // ---- MLP block: dout is d/d out [Ns, C] ----
   if (o.fc2_b >= 0) be_.bias_backward(G + o.fc2_b, dout, Ns, C);
@@ -97,7 +98,8 @@ void Gpt::layer_backward(int64_t l, const float* x, const float* dout, float* dx
   // dW_o[C, HD] += dmid^T[C, N] @ att[N, HD];  datt[N, HD] = dmid[N, C] @ W_o[C, HD]
   linear_backward(dmid_full, a.att, a.att_h, HD, o.o_w, C, datt_);
   observe(o.o, a.att, a.att_h, HD, dmid_full, C);
-  be_.attention_backward(dqkv_, datt_, widen_kept(a.qkv, a.qkv_h, N * QKV), a.attn_saved, B_, T_, Hq_, Hkv_, D_);
+  be_.attention_backward(dqkv_, datt_, widen_kept(a.qkv, a.qkv_h, N * QKV), a.attn_saved, B_, T_, Hq_, Hkv_, D_,
+                         attention_operands());
   if (m.position == Position::rope)  // gradient w.r.t. the pre-rotation q and k
     be_.rope(dqkv_, B_, T_, QKV, Hq_ + Hkv_, D_, float(m.rope_theta), true);
   if (o.qkv_b >= 0) be_.bias_backward(G + o.qkv_b, dqkv_, N, QKV);

@@ -14,7 +14,8 @@ struct RecomputePolicy {
   // share ONE set, and only the layer inputs (the residual stream) are kept.
   bool layer_keeps_activations() const { return mode != Recompute::full; }
   // A layer's own set includes what its attention saved for backward (none): the backend's
-  // (Backend::attention_saved_floats: the probabilities [B,Hq,T,T] on the CPU and CUDA backends).
+  // (Backend::attention_saved_floats: the probabilities [B,Hq,T,T] on the CPU backend and CUDA's
+  // float32 path; CUDA's fused kernel under mixed precision: per-row log-sum-exp and its output).
   // false (selective): one such buffer shared by all layers.
   bool layer_keeps_attention_state() const { return mode == Recompute::none; }
   // Before a layer's backward: re-run its forward from the saved layer input, refilling the

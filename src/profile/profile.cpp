@@ -114,13 +114,13 @@ double attention_efficiency(Backend& be, double peak_gflops, int reps) {
   for (int64_t T : {128, 256}) {
     float* qkv = be.alloc(B * T * 3 * h);
     float* out = be.alloc(B * T * h);
-    float* saved = be.alloc(be.attention_saved_floats(B, T, H));
+    float* saved = be.alloc(be.attention_saved_floats(B, T, H, D, std::nullopt));
     float* dqkv = be.alloc(B * T * 3 * h);
     be.fill(qkv, 0.01f, B * T * 3 * h);
     be.fill(out, 0.01f, B * T * h);
     const double s = fastest(reps, [&] {
-      be.attention_forward(out, saved, qkv, B, T, H, H, D);
-      be.attention_backward(dqkv, out, qkv, saved, B, T, H, H, D);
+      be.attention_forward(out, saved, qkv, B, T, H, H, D, std::nullopt);
+      be.attention_backward(dqkv, out, qkv, saved, B, T, H, H, D, std::nullopt);
     });
     const double share = std::min(1.0, (double(T) + 128) / (2.0 * double(T)));
     const double flops = 3.5 * 4.0 * double(T) * double(h) * share * double(B * T);

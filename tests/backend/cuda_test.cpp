@@ -6,13 +6,18 @@
 // against the CPU backend on the same random data.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "../test_util/error_of.hpp"
+#include "attention_reference.hpp"
 #include "backend/backend.hpp"
+#include "backend/cuda/flash_attention.hpp"
 #ifdef EXATRAIN_HAVE_CUDA
 #include "backend/cuda/cuda_backend.hpp"
 #endif
@@ -89,10 +94,10 @@ std::vector<std::vector<float>> step(Backend& be, int64_t B, int64_t T, int64_t 
   const int64_t W = (Hq + 2 * Hkv) * D, N = B * T, C = 48, V = 101;
   Dev qkv(be, random_floats(size_t(N * W), 1)), dout(be, random_floats(size_t(N * Hq * D), 2));
   Dev out(be, std::vector<float>(size_t(N * Hq * D)));
-  Dev saved(be, std::vector<float>(size_t(be.attention_saved_floats(B, T, Hq))));
+  Dev saved(be, std::vector<float>(size_t(be.attention_saved_floats(B, T, Hq, D, std::nullopt))));
   Dev dqkv(be, std::vector<float>(size_t(N * W)));
-  be.attention_forward(out.p, saved.p, qkv.p, B, T, Hq, Hkv, D);
-  be.attention_backward(dqkv.p, dout.p, qkv.p, saved.p, B, T, Hq, Hkv, D);
+  be.attention_forward(out.p, saved.p, qkv.p, B, T, Hq, Hkv, D, std::nullopt);
+  be.attention_backward(dqkv.p, dout.p, qkv.p, saved.p, B, T, Hq, Hkv, D, std::nullopt);
   Dev x(be, random_floats(size_t(N * C), 3)), w(be, random_floats(size_t(C), 4)), b(be, random_floats(size_t(C), 5));
   Dev y(be, std::vector<float>(size_t(N * C))), mean(be, std::vector<float>(size_t(N))), rstd(be, mean.get());
   Dev dx(be, std::vector<float>(size_t(N * C))), dw(be, std::vector<float>(size_t(C))), db(be, dw.get());
@@ -122,6 +127,57 @@ TEST_F(CudaOnly, OpsRepeatBitIdenticallyAndMatchTheCpuBackend) {
     EXPECT_EQ(a[i], b[i]) << names[i] << ": two GPU runs differ";
     expect_close(to_d(a[i]), to_d(c[i]), 1e-4, names[i]);
   }
+}
+
+// The fused attention (16-bit operands: cuda/flash_attention.hpp) against the CPU backend's float32
+// attention on the same rounded q, k, v, within the bounds derived from the formats' unit roundoff
+// (attention_reference.hpp; the emulated test, flash_attention_emulated_test.cpp, checks the same
+// kernels' source on the host); its saved log-sum-exp against the double reference; two runs give
+// the same bits (no atomics), and a forward without `out` (selective recomputation) the same saved
+// state. Outputs start as NaN, so an element no kernel writes fails.
+void check_fused_attention(Backend& gpu, Backend& cpu, const test::AttentionCase& c) {
+  SCOPED_TRACE("B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " Hq " + std::to_string(c.Hq) + " Hkv " +
+               std::to_string(c.Hkv) + " D " + std::to_string(c.D) + (c.half ? " f16" : " bf16"));
+  const int64_t W = int64_t(c.Hq + 2 * c.Hkv) * c.D, N = int64_t(c.B) * c.T, HD = int64_t(c.Hq) * c.D;
+  const Half half = c.half == 0 ? Half::bf16 : Half::f16;
+  std::vector<float> qkv = random_floats(size_t(N * W), 11, 1.3f);
+  for (float& v : qkv) v = test::round16(v, c.half);
+  const std::vector<float> dout = random_floats(size_t(N * HD), 12);
+  const test::AttentionReference ref = test::attention_reference(c, qkv, dout);
+  const float nan = std::nanf("");
+  auto run = [&](Backend& be, std::optional<Half> ops) {
+    const size_t n_saved = size_t(be.attention_saved_floats(c.B, c.T, c.Hq, c.D, ops));
+    Dev q(be, qkv), dy(be, dout), out(be, std::vector<float>(size_t(N * HD), nan));
+    Dev dq(be, std::vector<float>(qkv.size(), nan)), saved(be, std::vector<float>(n_saved, nan));
+    Dev saved2(be, saved.get());
+    be.attention_forward(out.p, saved.p, q.p, c.B, c.T, c.Hq, c.Hkv, c.D, ops);
+    be.attention_forward(nullptr, saved2.p, q.p, c.B, c.T, c.Hq, c.Hkv, c.D, ops);
+    be.attention_backward(dq.p, dy.p, q.p, saved.p, c.B, c.T, c.Hq, c.Hkv, c.D, ops);
+    const std::vector<float> s1 = saved.get(), s2 = saved2.get();
+    EXPECT_EQ(0, std::memcmp(s1.data(), s2.data(), 4 * n_saved)) << "a forward without out saved other bits";
+    return std::vector<std::vector<float>>{out.get(), dq.get(), s1};
+  };
+  const auto want = run(cpu, std::nullopt), a = run(gpu, half), b = run(gpu, half);
+  ASSERT_EQ(gpu.attention_saved_floats(c.B, c.T, c.Hq, c.D, half), cuda::flash::saved_floats(c.B, c.T, c.Hq, c.D))
+      << "the fused kernel did not run (EXATRAIN_CUDA_FLASH=0, or the device's shared memory)";
+  test::expect_within(a[0], want[0], ref.out_bound, "out");
+  test::expect_within(a[1], want[1], ref.dqkv_bound, "dqkv");
+  test::expect_lse(a[2].data(), ref);
+  for (size_t i = 0; i < a.size(); i++)
+    EXPECT_EQ(0, std::memcmp(a[i].data(), b[i].data(), 4 * a[i].size())) << "two GPU runs differ (" << i << ")";
+}
+
+// Partial tiles, groups, one kv head, D 32 / 64 / 128, both formats (compute-sanitizer's memcheck
+// and racecheck run this one: bench/gpu/run.sh).
+TEST_F(CudaOnly, FusedAttentionMatchesTheCpuWithinTheFormatsBounds) {
+  const test::AttentionCase cases[] = {{2, 70, 4, 2, 32, 0}, {1, 130, 2, 1, 64, 0}, {2, 200, 4, 1, 128, 0},
+                                       {1, 130, 2, 2, 128, 1}, {1, 100, 6, 3, 64, 1}};
+  for (const test::AttentionCase& c : cases) check_fused_attention(gpu(), cpu(), c);
+}
+
+// GPT-2's shape at 1,024 tokens (16 tiles), two heads.
+TEST_F(CudaOnly, FusedAttentionLongSequenceMatchesTheCpu) {
+  check_fused_attention(gpu(), cpu(), {1, 1024, 2, 2, 64, 0});
 }
 
 TEST_F(CudaOnly, CachingAllocatorHandsFreedBlocksBackZeroed) {

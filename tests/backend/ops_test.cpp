@@ -335,17 +335,17 @@ void check_attention(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, u
   std::mt19937 rng(seed);
   const int64_t W = (Hq + 2 * Hkv) * D;
   Vec qkv = random_vec(rng, size_t(B * T * W)), proj = random_vec(rng, size_t(B * T * Hq * D));
-  const size_t saved_n = size_t(be().attention_saved_floats(B, T, Hq));
+  const size_t saved_n = size_t(be().attention_saved_floats(B, T, Hq, D, std::nullopt));
   Buf bq(be(), qkv), out(be(), size_t(B * T * Hq * D)), saved(be(), saved_n);
-  be().attention_forward(out.p, saved.p, bq.p, B, T, Hq, Hkv, D);
+  be().attention_forward(out.p, saved.p, bq.p, B, T, Hq, Hkv, D, std::nullopt);
   expect_close(out.get(), naive_attention(qkv, B, T, Hq, Hkv, D), kFwdTol, "attention fwd");
   Buf dout(be(), proj), dqkv(be(), size_t(B * T * W));
-  be().attention_backward(dqkv.p, dout.p, bq.p, saved.p, B, T, Hq, Hkv, D);
+  be().attention_backward(dqkv.p, dout.p, bq.p, saved.p, B, T, Hq, Hkv, D, std::nullopt);
   Fn f = [&](const std::vector<Vec>& in) { return naive_attention(in[0], B, T, Hq, Hkv, D); };
   expect_close(dqkv.get(), fd_grad(f, {qkv}, 0, proj), kBwdTol, "attention bwd");
   // recomputing only the saved state (selective recomputation) gives the same bits
   Buf saved2(be(), saved_n);
-  be().attention_forward(nullptr, saved2.p, bq.p, B, T, Hq, Hkv, D);
+  be().attention_forward(nullptr, saved2.p, bq.p, B, T, Hq, Hkv, D, std::nullopt);
   EXPECT_EQ(saved2.get(), saved.get());
 }
 
@@ -553,14 +553,15 @@ TEST_P(Ops, AttentionStableForScoresAround1e3) {
   std::mt19937 rng(32);
   const int64_t B = 1, T = 9, Hq = 2, Hkv = 1, D = 4, W = (Hq + 2 * Hkv) * D;
   Vec qkv = random_vec(rng, size_t(B * T * W), 30.0);  // q.k / sqrt(D) ~ 1e3
-  Buf bq(be(), qkv), out(be(), size_t(B * T * Hq * D)), saved(be(), size_t(be().attention_saved_floats(B, T, Hq)));
-  be().attention_forward(out.p, saved.p, bq.p, B, T, Hq, Hkv, D);
+  Buf bq(be(), qkv), out(be(), size_t(B * T * Hq * D)),
+      saved(be(), size_t(be().attention_saved_floats(B, T, Hq, D, std::nullopt)));
+  be().attention_forward(out.p, saved.p, bq.p, B, T, Hq, Hkv, D, std::nullopt);
   Vec got = out.get();
   for (double v : got) ASSERT_TRUE(std::isfinite(v));
   expect_close(got, naive_attention(qkv, B, T, Hq, Hkv, D), 1e-3, "attention fwd, large scores");
   Vec proj = random_vec(rng, size_t(B * T * Hq * D));
   Buf dout(be(), proj), dqkv(be(), size_t(B * T * W));
-  be().attention_backward(dqkv.p, dout.p, bq.p, saved.p, B, T, Hq, Hkv, D);
+  be().attention_backward(dqkv.p, dout.p, bq.p, saved.p, B, T, Hq, Hkv, D, std::nullopt);
   Fn f = [&](const std::vector<Vec>& in) { return naive_attention(in[0], B, T, Hq, Hkv, D); };
   // 1e-4 of the largest gradient (the forward, through exp, stays at 1e-3): the CPU's probabilities
   // kept from the forward reach about 4e-5 here, while recomputing them from max + log(sum) in

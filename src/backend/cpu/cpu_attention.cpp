@@ -48,7 +48,7 @@ void CpuBackend::rope(float* x, int64_t B, int64_t T, int64_t row_stride, int64_
 }
 
 void CpuBackend::attention_forward(float* out, float* probs, const float* qkv, int64_t B,
-                                   int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
+                                   int64_t T, int64_t Hq, int64_t Hkv, int64_t D, std::optional<Half>) {
   const int64_t W = (Hq + 2 * Hkv) * D;  // qkv row width
   const int64_t group = Hq / Hkv;
   const float scale = 1.0f / std::sqrt(float(D));
@@ -95,7 +95,7 @@ void CpuBackend::attention_forward(float* out, float* probs, const float* qkv, i
 
 void CpuBackend::attention_backward(float* dqkv, const float* dout, const float* qkv,
                                     const float* probs, int64_t B, int64_t T, int64_t Hq,
-                                    int64_t Hkv, int64_t D) {
+                                    int64_t Hkv, int64_t D, std::optional<Half>) {
   const int64_t W = (Hq + 2 * Hkv) * D;
   const int64_t group = Hq / Hkv;
   const float scale = 1.0f / std::sqrt(float(D));

@@ -84,11 +84,15 @@ class CpuBackend final : public Backend {
   // measured (commit 3b6c4cc's message): 27 % less accounted memory and 15 % longer steps for a
   // 6 x 384 model at 1024 tokens on two cores, the trade `recompute = "selective"` already offers
   // (23 % and 10 %).
-  int64_t attention_saved_floats(int64_t B, int64_t T, int64_t Hq) const override { return B * Hq * T * T; }
+  // `operands` is not used: float32 products either way (the model's 16-bit q, k, v arrive rounded).
+  int64_t attention_saved_floats(int64_t B, int64_t T, int64_t Hq, int64_t, std::optional<Half>) const override {
+    return B * Hq * T * T;
+  }
   void attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T,
-                         int64_t Hq, int64_t Hkv, int64_t D) override;
+                         int64_t Hq, int64_t Hkv, int64_t D, std::optional<Half>) override;
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs,
-                          int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) override;
+                          int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
+                          std::optional<Half>) override;
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte,
                          int64_t vocab_start, int64_t V, int64_t N, int64_t C) override;

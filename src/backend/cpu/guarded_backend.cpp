@@ -227,21 +227,24 @@ class GuardedCpuBackend final : public Backend {
     OpScope s("rope", {matrix(x, B * T, n_heads * D, row_stride)});
     cpu_.rope(x, B, T, row_stride, n_heads, D, theta, inverse);
   }
-  int64_t attention_saved_floats(int64_t B, int64_t T, int64_t Hq) const override {
-    return cpu_.attention_saved_floats(B, T, Hq);
+  int64_t attention_saved_floats(int64_t B, int64_t T, int64_t Hq, int64_t D,
+                                 std::optional<Half> operands) const override {
+    return cpu_.attention_saved_floats(B, T, Hq, D, operands);
   }
   void attention_forward(float* out, float* saved, const float* qkv, int64_t B, int64_t T,
-                         int64_t Hq, int64_t Hkv, int64_t D) override {
-    OpScope s("attention_forward", {span(out, B * T * Hq * D), span(saved, attention_saved_floats(B, T, Hq)),
+                         int64_t Hq, int64_t Hkv, int64_t D, std::optional<Half> operands) override {
+    OpScope s("attention_forward", {span(out, B * T * Hq * D),
+                                    span(saved, attention_saved_floats(B, T, Hq, D, operands)),
                                     span(qkv, B * T * (Hq + 2 * Hkv) * D)});
-    cpu_.attention_forward(out, saved, qkv, B, T, Hq, Hkv, D);
+    cpu_.attention_forward(out, saved, qkv, B, T, Hq, Hkv, D, operands);
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* saved,
-                          int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) override {
+                          int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
+                          std::optional<Half> operands) override {
     const int64_t W = (Hq + 2 * Hkv) * D;
     OpScope s("attention_backward", {span(dqkv, B * T * W), span(dout, B * T * Hq * D),
-                                     span(qkv, B * T * W), span(saved, attention_saved_floats(B, T, Hq))});
-    cpu_.attention_backward(dqkv, dout, qkv, saved, B, T, Hq, Hkv, D);
+                                     span(qkv, B * T * W), span(saved, attention_saved_floats(B, T, Hq, D, operands))});
+    cpu_.attention_backward(dqkv, dout, qkv, saved, B, T, Hq, Hkv, D, operands);
   }
 
   // ---- embeddings ------------------------------------------------------------------------------

@@ -73,6 +73,15 @@ CudaBackend::CudaBackend(int device) : device_(device), compute_(device) {
             "(attention's GEMMs only)", tf32_value);
   tf32_ = tf32_value == "1";
   tf32_attention_ = tf32_value == "attention";
+  const char* flash = std::getenv("EXATRAIN_CUDA_FLASH");
+  const std::string flash_value = flash ? flash : "";
+  EXA_CHECK(flash_value.empty() || flash_value == "0" || flash_value == "1",
+            "cuda backend: EXATRAIN_CUDA_FLASH='{}': expected 1 (the default: the fused attention kernel under "
+            "mixed precision) or 0 (float32 GEMMs around the softmax, as for fp32)", flash_value);
+  flash_ = flash_value != "0";
+  int optin = 0;
+  EXA_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
+  smem_optin_ = size_t(optin);
   const char* profile = std::getenv("EXATRAIN_CUDA_PROFILE");
   profile_.on = profile != nullptr && std::string(profile) == "1";
   cpu_ = make_cpu_backend(0);
@@ -168,7 +177,24 @@ void CudaBackend::check_heads(int64_t T, int64_t Hq, int64_t Hkv, int64_t B, con
             Hq, B);
 }
 
-// Attention (its saved state: the probabilities [B,Hq,T,T], materialised) as cuBLASLt GEMMs around the
+// The fused kernel's parameters (flash_attention.hpp): `saved` holds lse, then the 16-bit output.
+cuda::flash::Params CudaBackend::flash_params(float* out, float* saved, const float* qkv, const float* dout,
+                                              float* dqkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                                              int64_t D) {
+  cuda::flash::Params p;
+  p.qkv = qkv;
+  p.out = out;
+  p.lse = cuda::flash::saved_lse(saved);
+  p.o16 = cuda::flash::saved_o16(saved, B, T, Hq);
+  p.dout = dout;
+  p.dqkv = dqkv;
+  p.B = int(B), p.T = int(T), p.Hq = int(Hq), p.Hkv = int(Hkv);
+  p.scale = 1.0f / std::sqrt(float(D));
+  return p;
+}
+
+// Without the fused kernel (float32 operands, or a head size it was not compiled for):
+// attention (its saved state: the probabilities [B,Hq,T,T], materialised) as cuBLASLt GEMMs around the
 // softmax kernels. For batch b and group member g, the query heads h = kvh * group + g (kvh < Hkv)
 // are one strided batch of Hkv matrices: q_h at h * D (stride group * D), its kv head's k and v at
 // (Hq + kvh) * D and (Hq + Hkv + kvh) * D (stride D), its scores at (b Hq + h) T T (stride group T T).
@@ -177,9 +203,15 @@ void CudaBackend::check_heads(int64_t T, int64_t Hq, int64_t Hkv, int64_t B, con
 // dS = P (dP - rowsum(P dP)) / sqrt(D), dq_h = dS k, dk = sum_g dS^T q_h, dv = sum_g P^T dout_h (the
 // group's heads in order, beta 0 then 1: no atomics). Every GEMM is fp32 (TF32 as gemm's).
 void CudaBackend::attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T, int64_t Hq,
-                                    int64_t Hkv, int64_t D) {
+                                    int64_t Hkv, int64_t D, std::optional<Half> operands) {
   check_heads(T, Hq, Hkv, B, "attention_forward");
   if (B * T * Hq <= 0) return;
+  if (fused_attention(D, operands)) {
+    const cuda::flash::Params p = flash_params(out, probs, qkv, nullptr, nullptr, B, T, Hq, Hkv, D);
+    EXA_CUDA(cuda::flash_forward(cs(), *operands == Half::bf16 ? 0 : 1, D, p));
+    launched("attention_forward");
+    return;
+  }
   const int64_t W = (Hq + 2 * Hkv) * D, G = Hq / Hkv;  // qkv's row width, the query heads per kv head
   const float scale = 1.0f / std::sqrt(float(D));
   AttentionScope scope(*this, "attention_forward");
@@ -203,8 +235,18 @@ void CudaBackend::attention_forward(float* out, float* probs, const float* qkv, 
 }
 
 void CudaBackend::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int64_t B,
-                                     int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
+                                     int64_t T, int64_t Hq, int64_t Hkv, int64_t D, std::optional<Half> operands) {
   check_heads(T, Hq, Hkv, B, "attention_backward");
+  if (fused_attention(D, operands)) {
+    if (B * T * Hq <= 0) return;
+    const cuda::Scratch delta(alloc_, sizeof(float) * size_t(B * Hq * T));  // rowsum(dout * out) [B, Hq, T]
+    // the kernels only read `saved` (lse, o16), as its const promises; Params has one pointer for both passes
+    cuda::flash::Params p = flash_params(nullptr, const_cast<float*>(probs), qkv, dout, dqkv, B, T, Hq, Hkv, D);
+    p.delta = delta.get<float>();
+    EXA_CUDA(cuda::flash_backward(cs(), *operands == Half::bf16 ? 0 : 1, D, p));
+    launched("attention_backward");
+    return;
+  }
   const size_t bytes = sizeof(float) * size_t(B * Hq * T * T);
   if (bytes == 0) return;
   const int64_t W = (Hq + 2 * Hkv) * D, G = Hq / Hkv, HD = Hq * D;

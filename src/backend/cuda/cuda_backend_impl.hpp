@@ -10,6 +10,7 @@
 #include <map>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -236,13 +237,25 @@ class CudaBackend final : public Backend {
     cuda::rope(cs(), x, B, T, row_stride, n_heads, D, theta, inverse);
     launched("rope");
   }
-  // saved: the probabilities [B, Hq, T, T] (cuda_backend.cpp; a fused kernel would keep per-row
-  // softmax statistics instead: docs/cuda.md "Missing").
-  int64_t attention_saved_floats(int64_t B, int64_t T, int64_t Hq) const override { return B * Hq * T * T; }
-  void attention_forward(float* out, float* probs, const float* qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
-                         int64_t D) override;
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int64_t B, int64_t T,
-                          int64_t Hq, int64_t Hkv, int64_t D) override;
+  // 16-bit operands and a head size with kernels: the fused flash kernel (flash_attention.hpp), which
+  // saves per-row log-sum-exp and its 16-bit output; otherwise float32 GEMMs around the softmax
+  // kernels, which save the probabilities [B, Hq, T, T] (cuda_backend.cpp).
+  // EXATRAIN_CUDA_FLASH=0 turns the fused kernel off (flash_), for comparisons on one GPU; so does a
+  // device whose blocks cannot have the kernels' shared memory (smem_optin_).
+  bool fused_attention(int64_t D, std::optional<Half> operands) const {
+    return flash_ && operands.has_value() && cuda::flash::supported_head_dim(D) &&
+           cuda::flash::shared_bytes(D) <= smem_optin_;
+  }
+  int64_t attention_saved_floats(int64_t B, int64_t T, int64_t Hq, int64_t D,
+                                 std::optional<Half> operands) const override {
+    return fused_attention(D, operands) ? cuda::flash::saved_floats(B, T, Hq, D) : B * Hq * T * T;
+  }
+  void attention_forward(float* out, float* saved, const float* qkv, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                         int64_t D, std::optional<Half> operands) override;
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* saved, int64_t B, int64_t T,
+                          int64_t Hq, int64_t Hkv, int64_t D, std::optional<Half> operands) override;
+  static cuda::flash::Params flash_params(float* out, float* saved, const float* qkv, const float* dout, float* dqkv,
+                                    int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D);
 
   // ---- embeddings, cross-entropy ---------------------------------------------------------------
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, int64_t vocab_start, int64_t V,
@@ -413,6 +426,8 @@ class CudaBackend final : public Backend {
   // EXATRAIN_CUDA_TF32: "1" runs every fp32 GEMM on TF32 tensor cores, "attention" only attention's
   // batched ones (in_attention_: set while attention's GEMMs are enqueued); unset: none.
   bool tf32_ = false, tf32_attention_ = false, in_attention_ = false;
+  bool flash_ = true;  // EXATRAIN_CUDA_FLASH: the fused attention kernel under mixed precision
+  size_t smem_optin_ = 0;  // cudaDevAttrMaxSharedMemoryPerBlockOptin of the device, bytes
   // Per-op GPU time (EXATRAIN_CUDA_PROFILE=1; bench_gpu --profile): events recorded at each op's
   // end, the time between consecutive events charged to the op that ended (so a host gap is charged
   // to the op after it). Ops inside an op (attention's GEMMs) are charged to the outer one.

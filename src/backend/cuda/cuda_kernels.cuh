@@ -15,6 +15,8 @@
 
 #include <cstdint>
 
+#include "backend/cuda/flash_attention.hpp"
+
 namespace exatrain::cuda {
 
 // Grid of the whole-buffer reductions (sum_squares, dot, sum_abs): partials[kReduceBlocks] doubles.
@@ -61,6 +63,14 @@ void rope(cudaStream_t s, float* x, int64_t B, int64_t T, int64_t row_stride, in
 // probabilities out; backward: dp = dout . v in, ds = p (dp - sum p dp) scale out.
 void causal_softmax(cudaStream_t s, float* scores, int64_t rows, int64_t T);
 void causal_softmax_backward(cudaStream_t s, float* ds, const float* probs, int64_t rows, int64_t T, float scale);
+
+// ---- fused attention, 16-bit operands (flash_attention.hpp; flash_attention.cu) ------------------
+// D one of flash::supported_head_dim, the device's shared memory at least flash::shared_bytes(D).
+// flash_forward writes p.lse, p.o16 and p.out (when not null); flash_backward writes p.delta, then
+// p.dqkv whole, reading p.lse and p.o16. Unlike the launchers above they return the error (of the
+// shared-memory attribute or the launch) for the caller to check.
+cudaError_t flash_forward(cudaStream_t s, int half, int64_t D, const flash::Params& p);
+cudaError_t flash_backward(cudaStream_t s, int half, int64_t D, const flash::Params& p);
 
 // ---- embeddings, cross-entropy -----------------------------------------------------------------
 void embedding_forward(cudaStream_t s, float* out, const int32_t* tokens, const float* wte, int64_t vocab_start,
