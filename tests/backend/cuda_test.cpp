@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <random>
@@ -134,12 +135,16 @@ TEST_F(CudaOnly, OpsRepeatBitIdenticallyAndMatchTheCpuBackend) {
 // (attention_reference.hpp; the emulated test, flash_attention_emulated_test.cpp, checks the same
 // kernels' source on the host); its saved log-sum-exp against the double reference; two runs give
 // the same bits (no atomics), and a forward without `out` (selective recomputation) the same saved
-// state. Outputs start as NaN, so an element no kernel writes fails.
-void check_fused_attention(Backend& gpu, Backend& cpu, const test::AttentionCase& c) {
+// state. Outputs start as NaN, so an element no kernel writes fails. Returns false, checking nothing,
+// where the backend takes its float32 path for this case (EXATRAIN_CUDA_FLASH=0, or a device whose
+// blocks cannot have the kernels' shared memory: sm_86/89 at D = 128).
+bool check_fused_attention(Backend& gpu, Backend& cpu, const test::AttentionCase& c) {
   SCOPED_TRACE("B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " Hq " + std::to_string(c.Hq) + " Hkv " +
                std::to_string(c.Hkv) + " D " + std::to_string(c.D) + (c.half ? " f16" : " bf16"));
   const int64_t W = int64_t(c.Hq + 2 * c.Hkv) * c.D, N = int64_t(c.B) * c.T, HD = int64_t(c.Hq) * c.D;
   const Half half = c.half == 0 ? Half::bf16 : Half::f16;
+  if (gpu.attention_saved_floats(c.B, c.T, c.Hq, c.D, half) != cuda::flash::saved_floats(c.B, c.T, c.Hq, c.D))
+    return false;
   std::vector<float> qkv = random_floats(size_t(N * W), 11, 1.3f);
   for (float& v : qkv) v = test::round16(v, c.half);
   const std::vector<float> dout = random_floats(size_t(N * HD), 12);
@@ -158,26 +163,41 @@ void check_fused_attention(Backend& gpu, Backend& cpu, const test::AttentionCase
     return std::vector<std::vector<float>>{out.get(), dq.get(), s1};
   };
   const auto want = run(cpu, std::nullopt), a = run(gpu, half), b = run(gpu, half);
-  ASSERT_EQ(gpu.attention_saved_floats(c.B, c.T, c.Hq, c.D, half), cuda::flash::saved_floats(c.B, c.T, c.Hq, c.D))
-      << "the fused kernel did not run (EXATRAIN_CUDA_FLASH=0, or the device's shared memory)";
   test::expect_within(a[0], want[0], ref.out_bound, "out");
   test::expect_within(a[1], want[1], ref.dqkv_bound, "dqkv");
   test::expect_lse(a[2].data(), ref);
   for (size_t i = 0; i < a.size(); i++)
     EXPECT_EQ(0, std::memcmp(a[i].data(), b[i].data(), 4 * a[i].size())) << "two GPU runs differ (" << i << ")";
+  return true;
 }
 
-// Partial tiles, groups, one kv head, D 32 / 64 / 128, both formats (compute-sanitizer's memcheck
-// and racecheck run this one: bench/gpu/run.sh).
+// Each case that runs fused; a case that does not is named on stdout, and a test none of whose cases
+// runs fused is skipped with the reason.
+void check_fused_attention_cases(Backend& gpu, Backend& cpu, const std::vector<test::AttentionCase>& cases) {
+  std::string not_fused;
+  size_t checked = 0;
+  for (const test::AttentionCase& c : cases)
+    if (check_fused_attention(gpu, cpu, c))
+      checked++;
+    else
+      not_fused += " D=" + std::to_string(c.D);
+  if (checked == cases.size()) return;
+  const std::string why = "the fused attention does not run here for" + not_fused +
+                          " (EXATRAIN_CUDA_FLASH=0, or the device's shared memory below flash::shared_bytes(D))";
+  if (checked == 0) GTEST_SKIP() << why;
+  std::printf("%s: those cases were not checked\n", why.c_str());
+}
+
+// Partial tiles, groups, one kv head, D 32 / 64 / 128, both formats: small, so that
+// compute-sanitizer's memcheck and racecheck can run it (bench/gpu/run.sh).
 TEST_F(CudaOnly, FusedAttentionMatchesTheCpuWithinTheFormatsBounds) {
-  const test::AttentionCase cases[] = {{2, 70, 4, 2, 32, 0}, {1, 130, 2, 1, 64, 0}, {2, 200, 4, 1, 128, 0},
-                                       {1, 130, 2, 2, 128, 1}, {1, 100, 6, 3, 64, 1}};
-  for (const test::AttentionCase& c : cases) check_fused_attention(gpu(), cpu(), c);
+  check_fused_attention_cases(gpu(), cpu(), {{2, 70, 4, 2, 32, 0}, {1, 130, 2, 1, 64, 0}, {1, 130, 2, 2, 128, 1}});
 }
 
-// GPT-2's shape at 1,024 tokens (16 tiles), two heads.
-TEST_F(CudaOnly, FusedAttentionLongSequenceMatchesTheCpu) {
-  check_fused_attention(gpu(), cpu(), {1, 1024, 2, 2, 64, 0});
+// Larger: two sequences at D = 128 with four heads on one kv head, groups of two in f16, and GPT-2's
+// shape at 1,024 tokens (16 tiles).
+TEST_F(CudaOnly, FusedAttentionLargerCasesMatchTheCpu) {
+  check_fused_attention_cases(gpu(), cpu(), {{2, 200, 4, 1, 128, 0}, {1, 100, 6, 3, 64, 1}, {1, 1024, 2, 2, 64, 0}});
 }
 
 TEST_F(CudaOnly, CachingAllocatorHandsFreedBlocksBackZeroed) {

@@ -172,7 +172,7 @@ void CudaBackend::release(float* x, int64_t n, float partial_fill, const float* 
 void CudaBackend::check_heads(int64_t T, int64_t Hq, int64_t Hkv, int64_t B, const char* op) const {
   EXA_CHECK(Hkv > 0 && Hq % Hkv == 0, "cuda backend: {}: {} query heads are not a multiple of {} key-value heads", op,
             Hq, Hkv);
-  EXA_CHECK(Hq <= 65535 && B <= 65535 && T < (int64_t(1) << 31),
+  EXA_CHECK(Hq <= 65535 && B <= 65535 && T < (int64_t(1) << 31) - 64,
             "cuda backend: {}: grid (T = {}, heads = {}, B = {}) beyond CUDA's limits (65535 heads, 65535 batch)", op, T,
             Hq, B);
 }
