@@ -182,8 +182,6 @@ PipelineTable build_pipeline(const PipelinePlan& p) {
 
 namespace {
 
-bool is_compute(const Action& a) { return a.kind == ActionKind::forward || a.kind == ActionKind::backward; }
-
 // A rank's sends and receives by (kind, micro-batch, chunk): at most one each per compute.
 using MessageIndex = std::map<std::tuple<ActionKind, int, int>, Action>;
 
@@ -205,7 +203,7 @@ std::vector<Action> row_in_steps(const std::vector<Action>& row, int vp) {
   std::vector<Action> computes, out;
   MessageIndex messages;
   for (const Action& a : row) {
-    if (is_compute(a)) computes.push_back(a);
+    if (is_compute(a.kind)) computes.push_back(a);
     else messages.emplace(std::make_tuple(a.kind, a.mb, a.chunk), a);
   }
   auto ends_step = [vp](const Action& c) {
@@ -239,9 +237,9 @@ std::vector<std::vector<Action>> posting_batches(const std::vector<Action>& row)
   std::vector<std::vector<Action>> out;
   bool open = false;  // the last batch is a run of sends and receives
   for (const Action& a : row) {
-    if (is_compute(a) || !open) out.emplace_back();
+    if (is_compute(a.kind) || !open) out.emplace_back();
     out.back().push_back(a);
-    open = !is_compute(a);
+    open = !is_compute(a.kind);
   }
   return out;
 }
@@ -292,7 +290,7 @@ class Simulator {
               "rank {} action {} names micro-batch {} chunk {} outside the plan", r, pc_[size_t(r)], a.mb, a.chunk);
     const int s = stage_of(p_, r, a.chunk);
     if (a.kind == ActionKind::recv_act || a.kind == ActionKind::recv_grad) return post(r, a, s), true;
-    if (a.kind == ActionKind::send_act || a.kind == ActionKind::send_grad) return send(r, a, s), true;
+    if (is_send(a.kind)) return send(r, a, s), true;
     return compute(r, a, s);
   }
 

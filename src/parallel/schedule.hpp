@@ -31,6 +31,8 @@ namespace exatrain::parallel {
 
 enum class PipeSchedule { gpipe, one_f_one_b, interleaved };
 enum class ActionKind { forward, backward, send_act, recv_act, send_grad, recv_grad };
+inline bool is_compute(ActionKind k) { return k == ActionKind::forward || k == ActionKind::backward; }
+inline bool is_send(ActionKind k) { return k == ActionKind::send_act || k == ActionKind::send_grad; }
 enum class Phase { warmup, steady, cooldown };
 const char* to_string(PipeSchedule);
 const char* to_string(ActionKind);

@@ -24,9 +24,6 @@ namespace {
 // A message: (is_grad, micro-batch, destination stage), as simulate_pipeline names them.
 using Key = std::tuple<int, int, int>;
 
-bool is_send(ActionKind k) { return k == ActionKind::send_act || k == ActionKind::send_grad; }
-bool is_compute(ActionKind k) { return k == ActionKind::forward || k == ActionKind::backward; }
-
 struct Call {
   Action action;
   Key key;

@@ -848,7 +848,9 @@ TEST_P(Ops, SymEigenbasisDiagonalisesWithEigenvaluesDescending) {
   const Vec d = at_b(q, aq, n);  // Q^T A Q: diagonal, descending
   for (int64_t i = 0; i < n; i++)
     for (int64_t j = 0; j < n; j++)
-      if (i != j) EXPECT_NEAR(d[size_t(i * n + j)], 0.0, 1e-4 * d[0]) << "Q^T A Q at " << i << "," << j;
+      if (i != j) {
+        EXPECT_NEAR(d[size_t(i * n + j)], 0.0, 1e-4 * d[0]) << "Q^T A Q at " << i << "," << j;
+      }
   for (int64_t i = 1; i < n; i++) EXPECT_GT(d[size_t((i - 1) * n + i - 1)], d[size_t(i * n + i)]) << "eigenvalue " << i;
   Vec bad(a);
   bad[2] = std::nan("");

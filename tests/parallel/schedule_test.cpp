@@ -62,7 +62,7 @@ TEST(Pipeline, PhasesAreOrderedAndSteadyAlternates) {
   for (int r = 0; r < p.pp; r++) {
     std::vector<Action> compute;
     for (const Action& a : t.ranks[r])
-      if (a.kind == ActionKind::forward || a.kind == ActionKind::backward) compute.push_back(a);
+      if (is_compute(a.kind)) compute.push_back(a);
     int w = p.pp - r - 1;
     for (int k = 0; k < w; k++) {
       EXPECT_EQ(compute[k].kind, ActionKind::forward);

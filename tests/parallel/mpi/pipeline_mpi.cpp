@@ -209,7 +209,9 @@ TEST(PipelineMpi, SixteenBitWireRoundsEveryMessageOnceAndSendsHalfTheBytes) {
       EXPECT_NEAR(dw[c], want[s], 1e-6 * (1 + std::fabs(want[s]))) << "stage " << s;
       // The first stage's gradient has come through every rounded message: far from the fp32 one
       // (bf16 steps are 2^-8, fp16's 2^-11).
-      if (s == 0) EXPECT_GT(std::fabs(dw[c] - fp32[0]), 1e-5 * std::fabs(fp32[0])) << "stage 0: not rounded?";
+      if (s == 0) {
+        EXPECT_GT(std::fabs(dw[c] - fp32[0]), 1e-5 * std::fabs(fp32[0])) << "stage 0: not rounded?";
+      }
       sends += plan.micro_batches * ((s < plan.stages() - 1) + (s > 0));
     }
     EXPECT_EQ(ledger.bytes["pp_send"], 2 * kWidth * sends);
@@ -234,7 +236,7 @@ TEST(PipelineMpi, TraceShowsEveryRanksScheduleInOrder) {
   std::vector<std::string> want, got;
   PipelineTable table = build_pipeline(plan);  // named: a temporary's member would dangle
   for (const Action& a : table.ranks[me])
-    if (a.kind == ActionKind::forward || a.kind == ActionKind::backward)
+    if (is_compute(a.kind))
       want.push_back(fmt::format("{} mb{} c{}", a.kind == ActionKind::forward ? "F" : "B", a.mb,
                                  a.chunk));
   for (const TraceEvent& e : events)

@@ -99,7 +99,9 @@ TEST(TpHooksMpi, SixteenBitHooksRoundSumAndWidenAndSendHalfTheBytes) {
     fp32.input_grad_allreduce(a32.data(), n);
     // Two 16-bit all-reduces of n elements send what one fp32 all-reduce does.
     EXPECT_EQ(l16.bytes["tp_all_reduce"], l32.bytes["tp_all_reduce"]) << name;
-    if (p > 1) EXPECT_GT(l32.bytes["tp_all_reduce"], 0) << name;
+    if (p > 1) {
+      EXPECT_GT(l32.bytes["tp_all_reduce"], 0) << name;
+    }
     h16.vocab_sum_allreduce(c.data(), n);  // fp32: the same as the fp32 hooks'
     fp32.vocab_sum_allreduce(c32.data(), n);
     for (int64_t i = 0; i < n; i++) {
