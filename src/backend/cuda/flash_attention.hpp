@@ -68,39 +68,48 @@ struct Strides {
 
 constexpr size_t align128(size_t n) { return (n + 127) / 128 * 128; }
 
+// The sizes (bytes, 128-aligned) of the regions the kernels' plans below are made of.
+template <int D>
+struct Regions {
+  using S = Strides<D>;
+  static constexpr size_t tile = align128(sizeof(uint16_t) * kTile * S::half_row);         // a 16-bit tile
+  static constexpr size_t scores = align128(sizeof(float) * kWarps * kWarpRows * S::score_row);  // all warps'
+  static constexpr size_t probs = align128(sizeof(uint16_t) * kWarps * kWarpRows * S::prob_row);  // all warps'
+  static constexpr size_t outs = align128(sizeof(float) * kWarps * kWarpRows * S::out_row);      // all warps'
+  static constexpr size_t work = align128(sizeof(float) * kWarps * S::work_floats);              // all warps'
+  static constexpr size_t warp_stats = align128(sizeof(float) * kWarps * 64);  // 64 floats a warp
+};
+
 // The regions of one kernel's shared memory: offsets in bytes from its base, and the total.
 template <int D>
 struct ForwardSmem {
-  using S = Strides<D>;
-  static constexpr size_t tile = align128(sizeof(uint16_t) * kTile * S::half_row);
-  static constexpr size_t q = 0, k = q + tile, v = k + tile;
-  static constexpr size_t scores = v + tile;  // [kWarps][16][score_row] float
-  static constexpr size_t probs = scores + align128(sizeof(float) * kWarps * kWarpRows * S::score_row);
-  static constexpr size_t acc = probs + align128(sizeof(uint16_t) * kWarps * kWarpRows * S::prob_row);
-  static constexpr size_t stats = acc + align128(sizeof(float) * kWarps * kWarpRows * S::out_row);
-  static constexpr size_t bytes = stats + align128(sizeof(float) * kWarps * 64);  // m, l, partials
+  using R = Regions<D>;
+  static constexpr size_t q = 0, k = q + R::tile, v = k + R::tile;
+  static constexpr size_t scores = v + R::tile;  // [kWarps][16][score_row] float
+  static constexpr size_t probs = scores + R::scores;
+  static constexpr size_t acc = probs + R::probs;
+  static constexpr size_t stats = acc + R::outs;
+  static constexpr size_t bytes = stats + R::warp_stats;  // m, l, partials
 };
 
 template <int D>
 struct DqSmem {  // q and dout tiles, reused for k and v once their fragments are loaded
-  using S = Strides<D>;
-  static constexpr size_t tile = align128(sizeof(uint16_t) * kTile * S::half_row);
-  static constexpr size_t a = 0, b = a + tile;
-  static constexpr size_t work = b + tile;  // [kWarps][work_floats] float
-  static constexpr size_t ds = work + align128(sizeof(float) * kWarps * S::work_floats);
-  static constexpr size_t stats = ds + align128(sizeof(uint16_t) * kWarps * kWarpRows * S::prob_row);
-  static constexpr size_t bytes = stats + align128(sizeof(float) * kWarps * 64);  // lse, delta, partials
+  using R = Regions<D>;
+  static constexpr size_t a = 0, b = a + R::tile;
+  static constexpr size_t work = b + R::tile;  // [kWarps][work_floats] float
+  static constexpr size_t ds = work + R::work;
+  static constexpr size_t stats = ds + R::probs;
+  static constexpr size_t bytes = stats + R::warp_stats;  // lse, delta, partials
 };
 
 template <int D>
 struct DkvSmem {  // k and v tiles, reused for q and dout once their fragments are loaded
-  using S = Strides<D>;
-  static constexpr size_t tile = align128(sizeof(uint16_t) * kTile * S::half_row);
-  static constexpr size_t a = 0, b = a + tile;
-  static constexpr size_t work = b + tile;
-  static constexpr size_t probs = work + align128(sizeof(float) * kWarps * S::work_floats);
-  static constexpr size_t ds = probs + align128(sizeof(uint16_t) * kWarps * kWarpRows * S::prob_row);
-  static constexpr size_t stats = ds + align128(sizeof(uint16_t) * kWarps * kWarpRows * S::prob_row);
+  using R = Regions<D>;
+  static constexpr size_t a = 0, b = a + R::tile;
+  static constexpr size_t work = b + R::tile;
+  static constexpr size_t probs = work + R::work;
+  static constexpr size_t ds = probs + R::probs;
+  static constexpr size_t stats = ds + R::probs;
   static constexpr size_t bytes = stats + align128(sizeof(float) * 2 * kTile);  // lse, delta of the q tile
 };
 
