@@ -50,6 +50,14 @@ std::optional<double> optional_non_negative(const toml::value& table, const std:
   return x;
 }
 
+// An optional true/false key (absent: false).
+bool boolean(const toml::value& table, const std::string& file, const std::string& section, const std::string& key) {
+  if (!table.contains(key)) return false;
+  const toml::value& v = table.at(key);
+  EXA_CHECK(v.is_boolean(), "{}: [{}] {} = {} must be true or false", file, section, key, toml::format(v));
+  return v.as_boolean();
+}
+
 // One [NAME] table of devices.toml (or of a profile) as a Device.
 Device device_from_table(const std::string& name, const toml::value& t, const std::string& file) {
   EXA_CHECK(t.is_table(), "{}: '{}' must be a table [{}]", file, name, name);
@@ -66,7 +74,8 @@ Device device_from_table(const std::string& name, const toml::value& t, const st
   d.gemm_efficiency = positive(t, file, name, "gemm_efficiency");
   d.bw_efficiency = positive(t, file, name, "bw_efficiency");
   if (t.contains("sustained")) d.sustained = positive(t, file, name, "sustained");
-  if (t.contains("measured")) d.measured = t.at("measured").as_boolean();
+  d.measured = boolean(t, file, name, "measured");
+  d.sustained_fitted = boolean(t, file, name, "sustained_fitted");
   d.gemm_dim_half = optional_non_negative(t, file, name, "gemm_dim_half");
   d.gemm_tokens_half = optional_non_negative(t, file, name, "gemm_tokens_half");
   if (t.contains("compute_units")) {

@@ -32,6 +32,11 @@ struct Device {
   // (gemm_efficiency and the attention figures) sustained over a training run (clocks under
   // sustained power, gaps between kernels). 1 for a device measured by `exatrain profile`.
   double sustained = 1.0;
+  // Whether this family's `sustained` was fitted to published runs (`exatrain validate`): where it
+  // was, `exatrain calibrate` starts from it with a narrow prior (plan/calibrate.hpp
+  // CalibrationPrior); elsewhere (no published run of the family, or `exatrain profile`'s devices)
+  // with a wide one.
+  bool sustained_fitted = false;
   // The figures were measured on this machine (`exatrain profile`, the shipped CPU entries), not
   // taken from datasheets and papers: the fitted corrections for GPUs (sustained, the attention
   // kernels' attention_relative) do not apply.

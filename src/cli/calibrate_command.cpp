@@ -1,5 +1,5 @@
-// `exatrain calibrate INPUT... --out FILE [--fit sustained,attention,network,bw_efficiency]`: fits the
-// machine's few constants (plan/calibrate.hpp) to measured steps: exatrain run directories
+// `exatrain calibrate INPUT... --out FILE [--fit sustained,attention,network,bw_efficiency] [--prior off|LIST]`:
+// fits the machine's few constants (plan/calibrate.hpp, with its prior) to measured steps: exatrain run directories
 // (metrics.jsonl + job.toml) or CSV files in the format of bench/validation/published_runs.csv.
 // Prints every run's measured and predicted step (shipped constants, fitted, left out) and writes
 // the calibration file that predict, plan and validate take with --calibration FILE.
@@ -43,9 +43,14 @@ void add_calibrate_command(CLI::App& app) {
                                  "differs by 10 points or more; network and bw_efficiency while one lowers the "
                                  "leave-one-out MAPE by 0.1 point or more)");
   cmd->add_option("--calibration", *base, "start from this calibration file instead of the shipped constants");
+  auto prior_text = std::make_shared<std::string>("");
+  cmd->add_option("--prior", *prior_text, "the fit's prior around the starting constants: 'off', or NAME=SD,... (the "
+                                          "width of a constant's prior, log units) and noise=F (docs/planner.md; "
+                                          "default: narrow on A100 and Hopper devices, wide elsewhere)");
   auto cal = std::make_shared<std::vector<std::string>>();
   cmd->add_option("--cal", *cal, "override a constant before fitting, name=value (as validate --cal)");
-  cmd->callback([inputs, out, fit, base, cal] {
+  cmd->callback([inputs, out, fit, base, cal, prior_text] {
+    const plan::CalibrationPrior prior = plan::parse_prior(*prior_text);
     std::vector<plan::MeasuredRun> runs;
     std::vector<std::string> skipped;
     for (const std::string& in : *inputs) {
@@ -60,7 +65,7 @@ void add_calibrate_command(CLI::App& app) {
     if (runs.empty()) throw Error("no usable measured runs in the inputs (see the skipped lines above)");
     plan::Calibration start = base->empty() ? plan::default_calibration() : plan::load_calibration(*base);
     for (const auto& a : *cal) start.set(a);
-    const plan::CalibrateResult r = plan::calibrate(runs, start, split_list(*fit));
+    const plan::CalibrateResult r = plan::calibrate(runs, start, split_list(*fit), prior);
     fmt::print("{:<48} {:>10} {:>10} {:>10} {:>10}\n", "run", "measured", "shipped", "fitted", "left out");
     for (size_t i = 0; i < runs.size(); ++i)
       fmt::print("{:<48.48} {:>10.4g} {:>10.4g} {:>10.4g} {:>10}\n", runs[i].label, runs[i].step_s, r.before[i], r.fitted[i],
@@ -68,6 +73,7 @@ void add_calibrate_command(CLI::App& app) {
     for (const std::string& c : r.constants)
       fmt::print("{} = {:.4g} (shipped {:.4g})\n", c, r.cal.get(c), start.get(c));
     if (!r.choice.empty()) fmt::print("note: {}\n", r.choice);
+    fmt::print("prior: {}\n", r.prior);
     if (!r.converged)
       fmt::print("warning: the fit stopped at its sweep cap while still improving: the constants above are its best "
                  "so far, not a converged optimum (fewer constants, e.g. --fit sustained, or more varied runs help)\n");

@@ -51,7 +51,7 @@ double attention_share_spread(const std::vector<MeasuredRun>& runs, const Calibr
 // (sustained kept first); the base constants where it cannot determine even one.
 std::vector<double> leave_one_out(const std::vector<MeasuredRun>& runs, const Calibration& base,
                                   const std::vector<std::string>& constants, const std::string& device,
-                                  bool automatic) {
+                                  bool automatic, const CalibrationPrior& prior) {
   std::vector<double> out(runs.size());
   for (size_t i = 0; i < runs.size(); ++i) {
     std::vector<MeasuredRun> rest = runs;
@@ -62,7 +62,7 @@ std::vector<double> leave_one_out(const std::vector<MeasuredRun>& runs, const Ca
         automatic && a != c.end() && attention_share_spread(rest, base, device) < kMinAttentionSpread)
       c.erase(a);
     while (!c.empty() && !undetermined(rest, base, c).empty()) c.pop_back();
-    const Calibration fold = c.empty() ? base : fit_constants(rest, base, c).cal;
+    const Calibration fold = c.empty() ? base : fit_constants(rest, base, c, 40, prior.of(base, c, find_device(device))).cal;
     out[i] = predict_runs({runs[i]}, fold)[0];
   }
   return out;
@@ -87,7 +87,7 @@ std::string cannot_fit(const std::vector<MeasuredRun>& runs, const Calibration& 
 // figure is itself too noisy to judge it (docs/planner.md's study, both ways). `left_out` gets
 // the chosen constants' leave-one-out predictions (computed here for the choice; none with one run).
 std::vector<std::string> choose(const std::vector<MeasuredRun>& runs, const Calibration& base, const std::string& device,
-                                std::string& why, std::vector<double>& left_out) {
+                                const CalibrationPrior& prior, std::string& why, std::vector<double>& left_out) {
   std::vector<std::string> chosen = {"sustained"};
   std::map<std::string, std::string> reason;  // for each constant left out
   if (std::string r = cannot_fit(runs, base, device, {"sustained", "attention"}); !r.empty())
@@ -98,7 +98,7 @@ std::vector<std::string> choose(const std::vector<MeasuredRun>& runs, const Cali
                                       100 * spread, 100 * kMinAttentionSpread);
   else
     chosen.push_back("attention");
-  auto loo = [&](const std::vector<std::string>& c) { return leave_one_out(runs, base, qualified(device, c), device, true); };
+  auto loo = [&](const std::vector<std::string>& c) { return leave_one_out(runs, base, qualified(device, c), device, true, prior); };
   left_out = runs.size() >= 2 ? loo(chosen) : std::vector<double>{};
   double chosen_loo = runs.size() >= 2 ? mape_pct(runs, left_out) : 0;
   for (bool added = true; added;) {
@@ -131,7 +131,66 @@ std::vector<std::string> choose(const std::vector<MeasuredRun>& runs, const Cali
 
 }  // namespace
 
-CalibrateResult calibrate(std::vector<MeasuredRun> runs, const Calibration& base, const std::vector<std::string>& fit) {
+double CalibrationPrior::sd(const std::string& short_name, const Device& device) const {
+  if (const auto it = sd_log.find(short_name); it != sd_log.end()) return it->second;
+  if (!device.sustained_fitted) return 1.0;
+  return short_name == "sustained" ? 0.05 : 0.30;
+}
+
+Prior CalibrationPrior::of(const Calibration& base, const std::vector<std::string>& constants,
+                           const Device& device) const {
+  Prior p;
+  if (!on) return p;
+  p.noise = noise;
+  for (const std::string& c : constants) {
+    p.center.push_back(base.get(c));
+    p.sd_log.push_back(sd(c.substr(c.rfind('.') + 1), device));
+  }
+  return p;
+}
+
+std::string CalibrationPrior::describe(const Device& device) const {
+  if (!on) return "off";
+  std::string s;
+  for (const std::string& n : device_constant_names()) s += fmt::format("{} sd {:g}, ", n, sd(n, device));
+  return s + fmt::format("noise {:g}", noise);
+}
+
+CalibrationPrior parse_prior(const std::string& text) {
+  CalibrationPrior p;
+  if (text.empty()) return p;
+  if (text == "off") {
+    p.on = false;
+    return p;
+  }
+  const auto& names = device_constant_names();
+  for (size_t start = 0; start <= text.size();) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    const bool known = key == "noise" || std::find(names.begin(), names.end(), key) != names.end();
+    double value = 0;
+    size_t used = 0;
+    if (eq != std::string::npos && eq + 1 < item.size()) {
+      try {
+        value = std::stod(item.substr(eq + 1), &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+    }
+    if (!known || eq == std::string::npos || used != item.size() - eq - 1 || !(value > 0) || !std::isfinite(value))
+      throw Error(fmt::format("--prior {}: '{}' is not NAME=VALUE with NAME one of {}, noise and VALUE a number > 0 "
+                              "(or give --prior off)", text, item, fmt::join(names, ", ")));
+    if (key == "noise") p.noise = value;
+    else p.sd_log[key] = value;
+    start = comma + 1;
+  }
+  return p;
+}
+
+CalibrateResult calibrate(std::vector<MeasuredRun> runs, const Calibration& base, const std::vector<std::string>& fit,
+                          const CalibrationPrior& prior) {
   EXA_CHECK(!runs.empty(), "no measured runs to calibrate from");
   std::set<std::string> devices;
   for (const MeasuredRun& r : runs) devices.insert(r.machine.device);
@@ -146,7 +205,7 @@ CalibrateResult calibrate(std::vector<MeasuredRun> runs, const Calibration& base
       throw Error(fmt::format("--fit {}: not a machine constant; expected some of {}", n, fmt::join(device_constant_names(), ", ")));
   std::vector<std::string> names = fit;
   if (names.empty()) {
-    names = choose(runs, base, out.device, out.choice, out.left_out);
+    names = choose(runs, base, out.device, prior, out.choice, out.left_out);
   } else if (const std::string reason = undetermined(runs, base, qualified(out.device, names)); !reason.empty()) {
     throw Error(fmt::format("cannot calibrate {} from these runs: {}", fmt::join(qualified(out.device, names), ", "), reason));
   }
@@ -156,11 +215,12 @@ CalibrateResult calibrate(std::vector<MeasuredRun> runs, const Calibration& base
   out.constants = qualified(out.device, names);
   out.before = predict_runs(runs, base);
   out.before_mape_pct = mape_pct(runs, out.before);
-  const FitResult all = fit_constants(runs, base, out.constants);
+  out.prior = prior.describe(find_device(out.device));
+  const FitResult all = fit_constants(runs, base, out.constants, 40, prior.of(base, out.constants, find_device(out.device)));
   out.cal = all.cal, out.fitted = all.predicted, out.fit_mape_pct = mape_pct(runs, all.predicted);
   out.converged = all.converged;
   if (runs.size() >= 2) {
-    if (!fit.empty()) out.left_out = leave_one_out(runs, base, out.constants, out.device, false);
+    if (!fit.empty()) out.left_out = leave_one_out(runs, base, out.constants, out.device, false, prior);
     out.loo_mape_pct = mape_pct(runs, out.left_out);
   }
   return out;
@@ -178,6 +238,7 @@ std::string calibration_toml(const CalibrateResult& r, const std::vector<Measure
   s += fmt::format("[calibration]\ndevice = {}\nruns = {}\nshipped_mape_pct = {:.3f}\nfit_mape_pct = {:.3f}\n",
                    toml_text(toml::value(r.device)), runs.size(), r.before_mape_pct, r.fit_mape_pct);
   if (r.loo_mape_pct >= 0) s += fmt::format("leave_one_out_mape_pct = {:.3f}\n", r.loo_mape_pct);
+  s += fmt::format("prior = {}\n", toml_text(toml::value(r.prior)));
   s += fmt::format("inputs = {}\n", toml_text(toml::value(inputs)));
   s += fmt::format("\n[device.{}]\n", r.device);
   for (const std::string& c : r.constants)

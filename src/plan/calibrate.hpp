@@ -9,14 +9,44 @@
 // more than constants so that leave-one-out is defined) and its share of their steps differs by 10
 // points or more, then network and bw_efficiency one at a time while one lowers the leave-one-out
 // error by 0.1 point or more; a --fit list the runs cannot determine is refused with the reason.
+// Every fit (and every leave-one-out fold) has a prior around the starting constants
+// (CalibrationPrior below): three runs are too few to fit two constants on their own.
 #pragma once
+#include <map>
 #include <string>
 #include <vector>
 
+#include "catalog/device.hpp"
 #include "plan/fit.hpp"
 #include "plan/predict.hpp"
 
 namespace exatrain::plan {
+
+// The prior calibrate's fits start from (plan/fit.hpp Prior): each constant's value before the fit
+// (the shipped constants, or --calibration's) is its center. Its width in log units:
+//   - on a device whose family's `sustained` was fitted to published runs (catalog
+//     `sustained_fitted`: A100, Hopper), how far each published cluster's own constants lie from the
+//     ones fitted without its source (docs/planner.md "Calibrating to your machine": root mean
+//     square 0.04 for sustained, 0.25 for attention over the seven clusters, rounded up to 0.05 and
+//     0.30; network and bw_efficiency, fitted on one cluster each, 0.30);
+//   - elsewhere 1.0 (a factor e): no evidence for the center, so the runs decide.
+// `noise` is the model's mean relative error on a calibrated machine (0.04: the median over the
+// clusters of the error left after fitting all of a cluster's rows). --prior overrides widths and
+// noise; `on` false gives plain fits (--prior off).
+struct CalibrationPrior {
+  bool on = true;
+  std::map<std::string, double> sd_log;  // short names: overrides of the widths above
+  double noise = 0.04;
+  // The width of the prior of `short_name` (sustained, ...) on `device`.
+  double sd(const std::string& short_name, const Device& device) const;
+  // The fit.hpp Prior of `constants` (qualified names of one device) around `base`; empty when off.
+  Prior of(const Calibration& base, const std::vector<std::string>& constants, const Device& device) const;
+  // "sustained sd 0.05, attention sd 0.3, ..., noise 0.04" or "off", for the report and the file.
+  std::string describe(const Device& device) const;
+};
+// calibrate's --prior: "" (the defaults), "off", or comma-separated NAME=VALUE with NAME a machine constant (its
+// width, > 0, log units) or `noise` (> 0, a fraction); Error naming the option and the item.
+CalibrationPrior parse_prior(const std::string& text);
 
 struct CalibrateResult {
   std::string device;                  // the runs' device
@@ -25,12 +55,14 @@ struct CalibrateResult {
   std::vector<double> before, fitted, left_out;  // per run: shipped, fit, leave-one-out predictions
   double before_mape_pct = 0, fit_mape_pct = 0, loo_mape_pct = -1;  // loo: -1 with one run
   std::string choice;  // how the constants were chosen (auto), for the report
+  std::string prior;   // CalibrationPrior::describe, for the report and the file
   bool converged = true;  // false: the fit stopped at its sweep cap (fit.hpp FitResult), the report says so
 };
 
 // Fits `fit` (short names: sustained, attention, network, bw_efficiency; empty: automatic) for the device of
 // `runs` (all on one device, else Error listing them), from `base`. Each run is its own group.
-CalibrateResult calibrate(std::vector<MeasuredRun> runs, const Calibration& base, const std::vector<std::string>& fit);
+CalibrateResult calibrate(std::vector<MeasuredRun> runs, const Calibration& base, const std::vector<std::string>& fit,
+                          const CalibrationPrior& prior = {});
 
 // The calibration file: [calibration] what it was fitted on and its errors, [device.NAME] the
 // constants.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -33,9 +34,16 @@ struct Prepared {
   }
 };
 
-double objective(const Prepared& prep, const Calibration& cal) {
-  return group_mape_pct(prep.runs, prep.predict(cal));
-}
+// What the fit minimises: the runs' group MAPE plus the prior's term.
+struct Objective {
+  const Prepared& prep;
+  const std::vector<std::string>& constants;
+  const Prior& prior;
+  size_t groups;
+  double operator()(const Calibration& cal) const {
+    return group_mape_pct(prep.runs, prep.predict(cal)) + prior_penalty_pct(prior, constants, cal, groups);
+  }
+};
 
 // Golden-section search of f over log(x) in [log lo, log hi] (f assumed unimodal there); returns
 // the best x seen, never worse than `x0` (the start is evaluated too).
@@ -64,7 +72,7 @@ double golden_section(F f, double lo, double hi, double x0, double& best_value) 
 // Golden-section search along a direction in log space: x(t) = x * exp(t * dir) for t in
 // [-span, 2 span] (each constant clamped to its bounds); `at` becomes the best point found, never
 // worse. Returns the objective there.
-double line_search(const Prepared& prep, const std::vector<std::string>& constants, const std::vector<Bounds>& bounds,
+double line_search(const Objective& objective, const std::vector<std::string>& constants, const std::vector<Bounds>& bounds,
                    const std::vector<double>& dir, double span, Calibration& at, double value_at) {
   std::vector<double> x0;
   for (const std::string& name : constants) x0.push_back(std::log(at.get(name)));
@@ -75,7 +83,7 @@ double line_search(const Prepared& prep, const std::vector<std::string>& constan
     return c;
   };
   double value = 0;
-  const double u = golden_section([&](double x) { return objective(prep, point(x)); }, std::exp(-span),
+  const double u = golden_section([&](double x) { return objective(point(x)); }, std::exp(-span),
                                   std::exp(2 * span), 1.0, value);
   if (value >= value_at) return value_at;
   at = point(u);
@@ -138,7 +146,7 @@ namespace {
 
 // One coordinate sweep: a golden-section search of each constant in turn, around its current
 // value (a factor 2 each way) or over its whole range on the first sweep. Returns the objective.
-double coordinate_sweep(const Prepared& prep, const std::vector<std::string>& constants,
+double coordinate_sweep(const Objective& objective, const std::vector<std::string>& constants,
                         const std::vector<Bounds>& bounds, bool first, Calibration& cal, double best) {
   for (size_t j = 0; j < constants.size(); ++j) {
     const std::string& name = constants[j];
@@ -148,7 +156,7 @@ double coordinate_sweep(const Prepared& prep, const std::vector<std::string>& co
     Calibration trial = cal;
     auto f = [&](double x) {
       trial.set(name, std::clamp(x, b.lo, b.hi));
-      return objective(prep, trial);
+      return objective(trial);
     };
     double value = 0;
     const double x = golden_section(f, lo, hi, x0, value);
@@ -162,21 +170,42 @@ double coordinate_sweep(const Prepared& prep, const std::vector<std::string>& co
 
 }  // namespace
 
+size_t group_count(const std::vector<MeasuredRun>& runs) {
+  std::set<std::string> groups;
+  for (const MeasuredRun& r : runs) groups.insert(r.group);
+  return groups.size();
+}
+
+double prior_penalty_pct(const Prior& prior, const std::vector<std::string>& constants, const Calibration& cal,
+                         size_t groups) {
+  if (prior.sd_log.empty()) return 0;
+  EXA_CHECK(prior.sd_log.size() == constants.size() && prior.center.size() == constants.size() && groups > 0,
+            "a prior of {} standard deviations and {} centers for {} constants", prior.sd_log.size(),
+            prior.center.size(), constants.size());
+  double sum = 0;
+  for (size_t j = 0; j < constants.size(); ++j) {
+    const double z = std::fabs(std::log(cal.get(constants[j]) / prior.center[j]) / prior.sd_log[j]);
+    sum += z <= 1 ? z * z / 2 : z - 0.5;
+  }
+  return 100 * prior.noise / double(groups) * sum;
+}
+
 FitResult fit_constants(const std::vector<MeasuredRun>& runs, const Calibration& start,
-                        const std::vector<std::string>& constants, int max_sweeps) {
+                        const std::vector<std::string>& constants, int max_sweeps, const Prior& prior) {
   EXA_CHECK(!runs.empty(), "no measured runs to fit {} to", fmt::join(constants, ", "));
   const Prepared prep(runs);
+  const Objective objective{prep, constants, prior, group_count(runs)};
   FitResult out;
   out.cal = start;
   out.constants = constants;
-  double best = objective(prep, out.cal);
+  double best = objective(out.cal);
   std::vector<Bounds> bounds;  // from the start: they do not move with the search
   for (const std::string& name : constants) bounds.push_back(constant_bounds(name, start.get(name)));
   constexpr double kTolerance = 1e-5;  // percentage points of the objective
   for (int sweep = 0; sweep < max_sweeps && !out.converged; ++sweep) {
     const double before = best;
     const Calibration at_start = out.cal;
-    best = coordinate_sweep(prep, constants, bounds, sweep == 0, out.cal, best);
+    best = coordinate_sweep(objective, constants, bounds, sweep == 0, out.cal, best);
     out.sweeps = sweep + 1;
     if (constants.size() == 1) {
       out.converged = before - best < kTolerance;
@@ -188,9 +217,9 @@ FitResult fit_constants(const std::vector<MeasuredRun>& runs, const Calibration&
     std::vector<double> move;
     for (const std::string& name : constants) move.push_back(std::log(out.cal.get(name) / at_start.get(name)));
     if (std::any_of(move.begin(), move.end(), [](double m) { return std::fabs(m) > 1e-9; }))
-      best = line_search(prep, constants, bounds, move, 1.0, out.cal, best);
+      best = line_search(objective, constants, bounds, move, 1.0, out.cal, best);
     for (const std::vector<double>& d : pair_directions(constants.size()))
-      best = line_search(prep, constants, bounds, d, 0.5, out.cal, best);
+      best = line_search(objective, constants, bounds, d, 0.5, out.cal, best);
     out.converged = before - best < kTolerance;
   }
   out.objective_pct = best;

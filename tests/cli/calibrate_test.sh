@@ -17,6 +17,13 @@ grep -q '^\[device.a100-80g\]' cal.toml
 grep -q '^sustained = ' cal.toml
 grep -q '^leave_one_out_mape_pct = ' cal.toml
 grep -q 'MAPE over 3 runs: shipped' out.txt
+# The prior: on an A100 narrow for sustained; recorded in the file; off on request; a bad one refused.
+grep -q '^prior: sustained sd 0.05, bw_efficiency sd 0.3, network sd 0.3, attention sd 0.3, noise 0.04$' out.txt
+grep -q '^prior = "sustained sd 0.05, ' cal.toml
+"$EXE" calibrate three.csv --prior off --out off.toml > off.txt
+grep -q '^prior = "off"$' off.toml
+if "$EXE" calibrate three.csv --prior sustained=wide --out x.toml 2> err.txt; then echo "bad prior accepted"; exit 1; fi
+grep -q -e "--prior sustained=wide: 'sustained=wide' is not NAME=VALUE" err.txt
 # predict and validate take it; a job on another device refuses it.
 cat > a100.toml <<'JOB'
 [model]
