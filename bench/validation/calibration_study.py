@@ -17,15 +17,28 @@ With --spread: each triple takes one row from each third of the cluster ordered 
 share of the predicted step (short, middling and long sequences for their model): three runs
 chosen as a user would choose them to calibrate attention apart from the rest.
 
+With --prior-from-other-clusters: each cluster's calibrations take their prior's widths and noise
+from the clusters of OTHER sources only (calibrate --prior), measured as calibrate's defaults were
+(plan/calibrate.hpp CalibrationPrior): every cluster calibrated on all its rows without a prior,
+the root mean square over the others of ln(fitted / fold) for sustained (the other constants'
+widths are 1.0, as calibrate's), and the median of their fitted MAPEs. So none of the scored cluster's
+rows, nor its source's other clusters, are in its prior (the other sources' folds, which set their
+starting constants, did see them, as every fold sees every source but its own).
+
+With --prior off: calibrate without the prior (calibrate --prior off).
+
 usage: /usr/bin/python3 bench/validation/calibration_study.py build/exatrain [CSV] [--draws 20] [--fit LIST] [--whole] [--spread]
+                                                              [--prior-from-other-clusters | --prior off]
 """
-import csv, json, os, random, re, statistics, subprocess, sys, tempfile
+import csv, json, math, os, random, re, statistics, subprocess, sys, tempfile
 
 exe = sys.argv[1]
 root = os.path.dirname(os.path.abspath(__file__))
 draws = int(sys.argv[sys.argv.index("--draws") + 1]) if "--draws" in sys.argv else 20
 FIT = ["--fit", sys.argv[sys.argv.index("--fit") + 1]] if "--fit" in sys.argv else []
-args = [a for i, a in enumerate(sys.argv[2:], 2) if not a.startswith("--") and sys.argv[i - 1] not in ("--draws", "--fit")]
+PRIOR = ["--prior", sys.argv[sys.argv.index("--prior") + 1]] if "--prior" in sys.argv else []
+args = [a for i, a in enumerate(sys.argv[2:], 2)
+        if not a.startswith("--") and sys.argv[i - 1] not in ("--draws", "--fit", "--prior")]
 src_csv = args[0] if args else os.path.join(root, "published_runs.csv")
 
 rows = list(csv.reader(open(src_csv)))
@@ -55,14 +68,45 @@ def mape_on(path, extra):
     errs = [abs(r["error"]) for r in json.loads(out)["rows"]]
     return 100 * sum(errs) / len(errs)
 
+def fitted_whole(source, idx, extra):
+    """calibrate on all of a cluster's rows: (stdout, {constant: ln(fitted / start)})."""
+    out = subprocess.run([exe, "calibrate", write("all.csv", idx), "--out", os.path.join(tmp, "cal.toml")] +
+                         cal_args(source) + extra, capture_output=True, text=True)
+    moved = {m.group(1): math.log(float(m.group(2)) / float(m.group(3)))
+             for m in re.finditer(r"^\S+\.(\w+) = ([0-9.e+-]+) \(shipped ([0-9.e+-]+)\)", out.stdout, re.M)}
+    return out, moved
+
+def loco_priors():
+    """Per cluster, --prior from the other clusters' own constants (see the docstring)."""
+    whole = {}
+    for key, idx in clusters.items():
+        if len(idx) >= 6:
+            out, moved = fitted_whole(key[0], idx, ["--prior", "off"])
+            if out.returncode != 0:
+                sys.exit(f"calibrate refused {key}: {out.stderr.strip()}")
+            fit = float(re.search(r"fitted ([0-9.]+)%", out.stdout).group(1)) / 100
+            whole[key] = (moved, fit)
+    priors = {}
+    for key in whole:
+        others = [whole[k] for k in whole if k[0] != key[0]]  # other sources only
+        seen = [m["sustained"] for m, _ in others]  # the others' widths are 1.0, as calibrate's
+        items = [f"sustained={math.sqrt(sum(x * x for x in seen) / len(seen)):.3f}"]
+        items.append(f"noise={statistics.median(f for _, f in others):.3f}")
+        priors[key] = ["--prior", ",".join(items)]
+    return priors
+
+LOCO = loco_priors() if "--prior-from-other-clusters" in sys.argv else None
+def prior_args(key):
+    return LOCO[key] if LOCO is not None else PRIOR
+
 if "--whole" in sys.argv:
     print(f"{'cluster':<46} {'rows':>4} {'fold%':>9} {'fitted%':>8} {'left out%':>9}  constants fitted")
     for (source, device), idx in sorted(clusters.items()):
         if len(idx) < 6:
             continue
         cal = os.path.join(tmp, "cal.toml")
-        out = subprocess.run([exe, "calibrate", write("all.csv", idx), "--out", cal] + cal_args(source) + FIT,
-                             capture_output=True, text=True)
+        out = subprocess.run([exe, "calibrate", write("all.csv", idx), "--out", cal] + cal_args(source) + FIT +
+                             prior_args((source, device)), capture_output=True, text=True)
         if out.returncode != 0:
             print(f"{source[:30] + ' ' + device:<46} {len(idx):>4}  refused: {out.stderr.strip()[:120]}")
             continue
@@ -89,8 +133,8 @@ for (source, device), idx in sorted(clusters.items()):
         rest_csv = write("rest.csv", rest)
         before.append(mape_on(rest_csv, base))
         cal = os.path.join(tmp, "cal.toml")
-        out = subprocess.run([exe, "calibrate", write("three.csv", three), "--out", cal] + base + FIT,
-                             capture_output=True, text=True)
+        out = subprocess.run([exe, "calibrate", write("three.csv", three), "--out", cal] + base + FIT +
+                             prior_args((source, device)), capture_output=True, text=True)
         if out.returncode != 0:
             after.append(float("nan"))
             chosen["refused"] = chosen.get("refused", 0) + 1

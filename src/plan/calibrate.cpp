@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cctype>
 #include <ctime>
 #include <filesystem>
 #include <map>
@@ -133,8 +134,7 @@ std::vector<std::string> choose(const std::vector<MeasuredRun>& runs, const Cali
 
 double CalibrationPrior::sd(const std::string& short_name, const Device& device) const {
   if (const auto it = sd_log.find(short_name); it != sd_log.end()) return it->second;
-  if (!device.sustained_fitted) return 1.0;
-  return short_name == "sustained" ? 0.05 : 0.30;
+  return device.sustained_fitted && short_name == "sustained" ? 0.06 : 1.0;
 }
 
 Prior CalibrationPrior::of(const Calibration& base, const std::vector<std::string>& constants,
@@ -152,9 +152,33 @@ Prior CalibrationPrior::of(const Calibration& base, const std::vector<std::strin
 std::string CalibrationPrior::describe(const Device& device) const {
   if (!on) return "off";
   std::string s;
-  for (const std::string& n : device_constant_names()) s += fmt::format("{} sd {:g}, ", n, sd(n, device));
-  return s + fmt::format("noise {:g}", noise);
+  for (const std::string& n : device_constant_names()) s += fmt::format("{}={:g},", n, sd(n, device));
+  return s + fmt::format("noise={:g}", noise);
 }
+
+namespace {
+// One NAME=VALUE item of --prior: a known name, a finite number with nothing around it; "" when it is
+// one, else what is wrong with it.
+std::string prior_item_error(const std::string& item, const std::string& key, size_t eq, double& value) {
+  const auto& names = device_constant_names();
+  if (item.empty()) return "an empty item";
+  if (eq == std::string::npos || eq + 1 == item.size()) return "not NAME=VALUE";
+  if (key.empty()) return "an empty name";
+  if (key == "off") return "'off' stands alone";
+  if (key != "noise" && std::find(names.begin(), names.end(), key) == names.end())
+    return fmt::format("'{}' is neither a machine constant nor noise", key);
+  const std::string text = item.substr(eq + 1);
+  size_t used = 0;
+  try {
+    if (!std::isspace(static_cast<unsigned char>(text[0]))) value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || !std::isfinite(value) || value <= 0) return fmt::format("'{}' is not a number > 0", text);
+  if (key == "noise" && value >= 1) return "noise is a fraction (the mean relative error), < 1";
+  return "";
+}
+}  // namespace
 
 CalibrationPrior parse_prior(const std::string& text) {
   CalibrationPrior p;
@@ -163,25 +187,18 @@ CalibrationPrior parse_prior(const std::string& text) {
     p.on = false;
     return p;
   }
-  const auto& names = device_constant_names();
+  std::set<std::string> seen;
   for (size_t start = 0; start <= text.size();) {
     const size_t comma = std::min(text.find(',', start), text.size());
     const std::string item = text.substr(start, comma - start);
     const size_t eq = item.find('=');
     const std::string key = item.substr(0, eq);
-    const bool known = key == "noise" || std::find(names.begin(), names.end(), key) != names.end();
     double value = 0;
-    size_t used = 0;
-    if (eq != std::string::npos && eq + 1 < item.size()) {
-      try {
-        value = std::stod(item.substr(eq + 1), &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-    }
-    if (!known || eq == std::string::npos || used != item.size() - eq - 1 || !(value > 0) || !std::isfinite(value))
-      throw Error(fmt::format("--prior {}: '{}' is not NAME=VALUE with NAME one of {}, noise and VALUE a number > 0 "
-                              "(or give --prior off)", text, item, fmt::join(names, ", ")));
+    std::string why = prior_item_error(item, key, eq, value);
+    if (why.empty() && !seen.insert(key).second) why = fmt::format("{} is given twice", key);
+    if (!why.empty())
+      throw Error(fmt::format("--prior {}: item '{}': {}; expected 'off' or comma-separated NAME=VALUE with NAME one "
+                              "of {}, noise", text, item, why, fmt::join(device_constant_names(), ", ")));
     if (key == "noise") p.noise = value;
     else p.sd_log[key] = value;
     start = comma + 1;

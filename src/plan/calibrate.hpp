@@ -23,29 +23,32 @@
 namespace exatrain::plan {
 
 // The prior calibrate's fits start from (plan/fit.hpp Prior): each constant's value before the fit
-// (the shipped constants, or --calibration's) is its center. Its width in log units:
-//   - on a device whose family's `sustained` was fitted to published runs (catalog
-//     `sustained_fitted`: A100, Hopper), how far each published cluster's own constants lie from the
-//     ones fitted without its source (docs/planner.md "Calibrating to your machine": root mean
-//     square 0.04 for sustained, 0.25 for attention over the seven clusters, rounded up to 0.05 and
-//     0.30; network and bw_efficiency, fitted on one cluster each, 0.30);
-//   - elsewhere 1.0 (a factor e): no evidence for the center, so the runs decide.
-// `noise` is the model's mean relative error on a calibrated machine (0.04: the median over the
-// clusters of the error left after fitting all of a cluster's rows). --prior overrides widths and
+// (the shipped constants, or --calibration's or --cal's, as the predictions use them) is its center.
+// Its width in log units: 0.06 for `sustained` on a device whose family's `sustained` was fitted to
+// published runs (catalog `sustained_fitted`: A100, Hopper), the root mean square of how far each
+// published cluster's own `sustained` (fitted on all its rows, calibrate's automatic choice, no
+// prior) lies from the one fitted without its source (docs/planner.md "Calibrating to your
+// machine"); 1.0 (a factor e: the runs decide) for every other constant and device. `attention`
+// moves by ±0.34 between clusters of one source, so the catalog cannot place it, and a width taken
+// from other sources than a cluster's own made three-run calibrations worse; `bw_efficiency` and
+// `network` are fitted by one cluster and none.
+// `noise` is the model's mean relative error on a calibrated machine: 0.037, the median over the
+// clusters of the error left after fitting all of a cluster's rows. --prior overrides widths and
 // noise; `on` false gives plain fits (--prior off).
 struct CalibrationPrior {
   bool on = true;
   std::map<std::string, double> sd_log;  // short names: overrides of the widths above
-  double noise = 0.04;
+  double noise = 0.037;
   // The width of the prior of `short_name` (sustained, ...) on `device`.
   double sd(const std::string& short_name, const Device& device) const;
   // The fit.hpp Prior of `constants` (qualified names of one device) around `base`; empty when off.
   Prior of(const Calibration& base, const std::vector<std::string>& constants, const Device& device) const;
-  // "sustained sd 0.05, attention sd 0.3, ..., noise 0.04" or "off", for the report and the file.
+  // In --prior's syntax ("sustained=0.06,...,noise=0.037", or "off"), for the report and the file.
   std::string describe(const Device& device) const;
 };
 // calibrate's --prior: "" (the defaults), "off", or comma-separated NAME=VALUE with NAME a machine constant (its
-// width, > 0, log units) or `noise` (> 0, a fraction); Error naming the option and the item.
+// width, > 0, log units) or `noise` (a fraction, in (0, 1)), each once; Error naming the option, the
+// item and what is wrong with it.
 CalibrationPrior parse_prior(const std::string& text);
 
 struct CalibrateResult {

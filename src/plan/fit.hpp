@@ -5,10 +5,11 @@
 // The objective is the mean over groups of each group's mean absolute percentage error of the
 // step time, so that each group (a published source; one run of a user's) weighs the same however
 // many rows it has, plus a prior's term where the fit has one (Prior below). The search is
-// coordinate descent with golden-section line searches in log space, within each constant's bounds, from a given start, then, each sweep, line searches along
-// the sweep's net move (Powell's step) and along each pair of constants moved together both ways
-// (the objective's kinks stall one-constant moves in narrow valleys); at most 40 sweeps:
-// deterministic and derivative-free (the model has max() terms).
+// coordinate descent with golden-section line searches in log space, within each constant's bounds,
+// from a given start, then, each sweep, line searches along the sweep's net move (Powell's step) and
+// along each pair of constants moved together both ways (the objective's kinks stall one-constant
+// moves in narrow valleys); at most 40 sweeps: deterministic and derivative-free (the model has
+// max() terms).
 #pragma once
 #include <string>
 #include <vector>
@@ -46,10 +47,13 @@ Bounds constant_bounds(const std::string& name, double start);
 //   huber(z) = z² / 2 for |z| <= 1, |z| - 1/2 beyond:
 // near its center the negative log posterior of relative errors that are Laplace-distributed with
 // mean `noise` under a Gaussian prior of width sd (in the MAPE's units), so a constant leaves its
-// center only as far as the runs' evidence outweighs the prior; beyond one width the prior pulls no
-// harder, so runs that agree still move a constant as far as they say (a machine far from the
-// catalog is recovered). With three runs a fit without it chases their noise: the mean absolute
-// error of three runs is flat between them. Empty sd_log: no prior (validate's fits, over hundreds
+// center only as far as the runs' evidence outweighs the prior. Beyond one width the prior pulls no
+// harder: 100 noise / (groups sd) per unit of ln c, against the runs' 100 x (the constant's mean
+// share of their steps) when they all agree, so runs that agree move a constant as far as they say
+// where its share of their steps exceeds noise / (groups sd): at calibrate's defaults and three
+// runs 21% for sustained (a machine far from the catalog is recovered), 3–5% for the others. With three
+// runs a fit without it chases their noise: the mean absolute error of three runs is flat between
+// them. Empty sd_log: no prior (validate's fits, over hundreds
 // of rows). docs/planner.md "Calibrating to your machine" has the widths' sources and the study.
 struct Prior {
   std::vector<double> center;  // per constant: its value before the fit

@@ -112,6 +112,12 @@ double Calibration::get(const std::string& name) const {
   const std::string key = name.substr(0, dot), constant = name.substr(dot + 1);
   if (auto it = devices.find(key); it != devices.end())
     if (const auto& v = it->second.*device_field(constant)) return *v;
+  // A device's family entry, as tuned() and network() apply it ("a100.sustained" set, asked for
+  // "a100-80g.sustained"): the value the predictions use.
+  for (const Device& d : all_devices())
+    if (d.name == key && d.family != key)
+      if (auto it = devices.find(d.family); it != devices.end())
+        if (const auto& v = it->second.*device_field(constant)) return *v;
   return catalog_value(key, constant);
 }
 

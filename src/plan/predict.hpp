@@ -64,8 +64,8 @@ struct Calibration {
   // ("h100-sxm.sustained=0.8", "a100.sustained=0.9"); throws Error naming the known constants.
   void set(const std::string& assignment);
   void set(const std::string& name, double value);
-  // The value `name` has for predictions (a device constant: the override, else the catalog's
-  // value of that device or of the first device of that family).
+  // The value `name` has for predictions (a device constant: the device's override, else its
+  // family's, else the catalog's value of that device or of the first device of that family).
   double get(const std::string& name) const;
   // The device with this calibration's constants applied.
   Device tuned(const Device& d) const;

@@ -17,13 +17,24 @@ grep -q '^\[device.a100-80g\]' cal.toml
 grep -q '^sustained = ' cal.toml
 grep -q '^leave_one_out_mape_pct = ' cal.toml
 grep -q 'MAPE over 3 runs: shipped' out.txt
-# The prior: on an A100 narrow for sustained; recorded in the file; off on request; a bad one refused.
-grep -q '^prior: sustained sd 0.05, bw_efficiency sd 0.3, network sd 0.3, attention sd 0.3, noise 0.04$' out.txt
-grep -q '^prior = "sustained sd 0.05, ' cal.toml
+# The prior: on an A100 narrow for sustained, wide for the rest; recorded in the file; off on request;
+# a bad one refused.
+grep -q '^prior: sustained=0.06,bw_efficiency=1,network=1,attention=1,noise=0.037$' out.txt
+grep -q '^prior = "sustained=0.06,bw_efficiency=1,network=1,attention=1,noise=0.037"$' cal.toml
 "$EXE" calibrate three.csv --prior off --out off.toml > off.txt
 grep -q '^prior = "off"$' off.toml
+# A prior of one's own is recorded, and the file's prior reproduces the calibration.
+"$EXE" calibrate three.csv --prior sustained=0.1,noise=0.02 --out own.toml > own.txt
+grep -q '^prior = "sustained=0.1,bw_efficiency=1,network=1,attention=1,noise=0.02"$' own.toml
+"$EXE" calibrate three.csv --prior "$(sed -n 's/^prior = "\(.*\)"$/\1/p' own.toml)" --out again.toml > again.txt
+diff <(grep -v '^#' own.toml) <(grep -v '^#' again.toml)
 if "$EXE" calibrate three.csv --prior sustained=wide --out x.toml 2> err.txt; then echo "bad prior accepted"; exit 1; fi
-grep -q -e "--prior sustained=wide: 'sustained=wide' is not NAME=VALUE" err.txt
+grep -q -e "--prior sustained=wide: item 'sustained=wide': 'wide' is not a number > 0" err.txt
+# The catalog key the prior reads (sustained_fitted) must be true or false.
+cp -r "$ROOT/catalog" cat2
+sed -i '0,/^sustained_fitted = true/s//sustained_fitted = "yes"/' cat2/devices.toml
+if EXATRAIN_CATALOG=$PWD/cat2 "$EXE" calibrate three.csv --out x.toml 2> err.txt; then echo "bad catalog key accepted"; exit 1; fi
+grep -q 'devices.toml: \[a100-40g\] sustained_fitted = "yes" must be true or false' err.txt
 # predict and validate take it; a job on another device refuses it.
 cat > a100.toml <<'JOB'
 [model]
