@@ -37,6 +37,8 @@ root = os.path.dirname(os.path.abspath(__file__))
 draws = int(sys.argv[sys.argv.index("--draws") + 1]) if "--draws" in sys.argv else 20
 FIT = ["--fit", sys.argv[sys.argv.index("--fit") + 1]] if "--fit" in sys.argv else []
 PRIOR = ["--prior", sys.argv[sys.argv.index("--prior") + 1]] if "--prior" in sys.argv else []
+if PRIOR and "--prior-from-other-clusters" in sys.argv:
+    sys.exit("--prior and --prior-from-other-clusters exclude each other")
 args = [a for i, a in enumerate(sys.argv[2:], 2)
         if not a.startswith("--") and sys.argv[i - 1] not in ("--draws", "--fit", "--prior")]
 src_csv = args[0] if args else os.path.join(root, "published_runs.csv")

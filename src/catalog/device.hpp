@@ -33,7 +33,7 @@ struct Device {
   // sustained power, gaps between kernels). 1 for a device measured by `exatrain profile`.
   double sustained = 1.0;
   // Whether this family's `sustained` was fitted to published runs (`exatrain validate`): where it
-  // was, `exatrain calibrate` starts from it with a narrow prior (plan/calibrate.hpp
+  // was, `exatrain calibrate` starts from it with a narrow prior on `sustained` (plan/calibrate.hpp
   // CalibrationPrior); elsewhere (no published run of the family, or `exatrain profile`'s devices)
   // with a wide one.
   bool sustained_fitted = false;

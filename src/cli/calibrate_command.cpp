@@ -46,7 +46,8 @@ void add_calibrate_command(CLI::App& app) {
   auto prior_text = std::make_shared<std::string>("");
   cmd->add_option("--prior", *prior_text, "the fit's prior around the starting constants: 'off', or NAME=SD,... (the "
                                           "width of a constant's prior, log units) and noise=F (docs/planner.md; "
-                                          "default: narrow on A100 and Hopper devices, wide elsewhere)");
+                                          "default: sustained=0.06 on A100 and Hopper devices, every other width 1.0; "
+                                          "noise=0.037)");
   auto cal = std::make_shared<std::vector<std::string>>();
   cmd->add_option("--cal", *cal, "override a constant before fitting, name=value (as validate --cal)");
   cmd->callback([inputs, out, fit, base, cal, prior_text] {

@@ -152,8 +152,9 @@ Prior CalibrationPrior::of(const Calibration& base, const std::vector<std::strin
 std::string CalibrationPrior::describe(const Device& device) const {
   if (!on) return "off";
   std::string s;
-  for (const std::string& n : device_constant_names()) s += fmt::format("{}={:g},", n, sd(n, device));
-  return s + fmt::format("noise={:g}", noise);
+  // {}: the shortest text that reads back as the same double, so the file's prior is exact.
+  for (const std::string& n : device_constant_names()) s += fmt::format("{}={},", n, sd(n, device));
+  return s + fmt::format("noise={}", noise);
 }
 
 namespace {

@@ -51,7 +51,8 @@ Bounds constant_bounds(const std::string& name, double start);
 // harder: 100 noise / (groups sd) per unit of ln c, against the runs' 100 x (the constant's mean
 // share of their steps) when they all agree, so runs that agree move a constant as far as they say
 // where its share of their steps exceeds noise / (groups sd): at calibrate's defaults and three
-// runs 21% for sustained (a machine far from the catalog is recovered), 3–5% for the others. With three
+// runs 21% for sustained on A100 and Hopper devices (a machine far from the catalog is recovered),
+// 1.2% for every other constant and device. With three
 // runs a fit without it chases their noise: the mean absolute error of three runs is flat between
 // them. Empty sd_log: no prior (validate's fits, over hundreds
 // of rows). docs/planner.md "Calibrating to your machine" has the widths' sources and the study.

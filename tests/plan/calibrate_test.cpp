@@ -208,7 +208,8 @@ TEST(Calibrate, AttentionIsFittedApartFromSustainedOnRunsOfSeveralSequenceLength
 // three noisy runs of a machine the starting constants describe, and that runs which agree still
 // move a constant as far as they say.
 TEST(Calibrate, ThePriorHoldsNoiseBackAndLetsRunsThatAgreeThrough) {
-  // The term: Gaussian within one width, linear beyond (a Huber penalty), times 100 noise / groups.
+  // The term: Gaussian within one width, linear beyond (a Huber penalty), times 100 noise / groups
+  // (its width and noise here are any values, not the defaults).
   Calibration at = default_calibration();
   const double center = at.get("h100-sxm.sustained");
   const Prior p{{center}, {0.05}, 0.04};
