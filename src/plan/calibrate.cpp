@@ -1,8 +1,8 @@
 #include "plan/calibrate.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <cctype>
+#include <cmath>
 #include <ctime>
 #include <filesystem>
 #include <map>

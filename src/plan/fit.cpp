@@ -34,6 +34,13 @@ struct Prepared {
   }
 };
 
+// How many groups the runs form (the prior's term is per group, as the MAPE's mean is).
+size_t group_count(const std::vector<MeasuredRun>& runs) {
+  std::set<std::string> groups;
+  for (const MeasuredRun& r : runs) groups.insert(r.group);
+  return groups.size();
+}
+
 // What the fit minimises: the runs' group MAPE plus the prior's term.
 struct Objective {
   const Prepared& prep;
@@ -170,11 +177,6 @@ double coordinate_sweep(const Objective& objective, const std::vector<std::strin
 
 }  // namespace
 
-size_t group_count(const std::vector<MeasuredRun>& runs) {
-  std::set<std::string> groups;
-  for (const MeasuredRun& r : runs) groups.insert(r.group);
-  return groups.size();
-}
 
 double prior_penalty_pct(const Prior& prior, const std::vector<std::string>& constants, const Calibration& cal,
                          size_t groups) {

@@ -64,7 +64,6 @@ struct Prior {
 // The prior's term of the objective at `cal`, in percentage points (0 without a prior).
 double prior_penalty_pct(const Prior& prior, const std::vector<std::string>& constants, const Calibration& cal,
                          size_t groups);
-size_t group_count(const std::vector<MeasuredRun>& runs);
 
 struct FitResult {
   Calibration cal;                     // start with the fitted constants set
