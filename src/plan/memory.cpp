@@ -34,6 +34,7 @@ double cross_entropy_bytes_per_logit(CrossEntropy ce) {
     case CrossEntropy::fused: return 8;     // 16-bit logits, fp32 copy (6), 16-bit gradient (2)
     case CrossEntropy::eager: return 12;    // 16-bit logits, fp32 log-softmax and its fp32 gradient, 16-bit gradient
     case CrossEntropy::compiled: return 4;  // 16-bit logits, 16-bit gradient (the fp32 passes fused)
+    case CrossEntropy::flash_attn: return 4;  // 16-bit logits, 16-bit gradient (lse: 4 bytes a row)
   }
   return 12;
 }

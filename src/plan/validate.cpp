@@ -161,7 +161,10 @@ std::string framework_of(const std::string& source, const std::string& source_ce
   if (has(source, "mosaicml")) {
     p.alibi = true;  // MPT: attn_config alibi: true, no RoPE
     p.fused_kernels = false;
-    p.cross_entropy = CrossEntropy::eager;  // composer's loss: F.cross_entropy, eager
+    // ComposerMPTCausalLM's loss_fn defaults to "fused_crossentropy", flash-attn's
+    // (llmfoundry/models/mpt/modeling_mpt.py: flash_attn.losses.cross_entropy.CrossEntropyLoss);
+    // neither the pretrain yamls nor scripts/train/benchmarking/submit_benchmarks.py change it.
+    p.cross_entropy = CrossEntropy::flash_attn;
     p.dropout = false;
     // llm-foundry's benchmark script before 2024 ran attn_impl "triton" with FSDP's PURE mixed
     // precision (bf16 gradients) and passed precision "bf16"; the 2024 one "flash" (flash-attn 2)
@@ -569,6 +572,9 @@ MemoryStats memory_stats(const std::vector<MemoryResult>& rows, bool held_out) {
       if (err <= 0.15) ++st.within_15;
       ++st.fit_rows;
       if (fits) ++st.fit_predicted;
+    } else {  // a measured step and no memory figure: it ran
+      ++st.ran_rows;
+      if (fits) ++st.ran_predicted;
     }
   }
   st.mape_pct = st.points ? sum / st.points : 0;
@@ -630,8 +636,7 @@ ValidationReport validate_runs(const std::string& csv_path, const Calibration& c
   for (const RunCase& rc : cases) {
     if (!rc.skip_reason.empty()) { rep.skipped.push_back(rc); continue; }
     const Prediction pr = predict(rc.model, rc.machine, rc.plan, cal);
-    if (rc.measured_memory_gib || rc.measured_oom)
-      rep.memory.push_back({rc, pr.memory.total / double(1 << 30), pr.fits, pr.memory.total / double(1 << 30), pr.fits});
+    rep.memory.push_back({rc, pr.memory.total / double(1 << 30), pr.fits, pr.memory.total / double(1 << 30), pr.fits});
     if (rc.memory_only) continue;
     CaseResult res;
     res.run = rc;
@@ -665,11 +670,18 @@ std::string format_report(const ValidationReport& rep, bool per_row) {
     for (const RunCase& rc : rep.skipped)
       s += fmt::format("{:>4} {:<30.30} {:<28.28} {}\n", rc.row, rc.source, rc.model_name, rc.skip_reason);
     s += "memory per GPU (most loaded rank), GiB:\n";
-    for (const MemoryResult& mr : rep.memory)
+    for (const MemoryResult& mr : rep.memory) {
+      if (!mr.run.measured_oom && !mr.run.measured_memory_gib) {
+        if (!mr.predicted_fits)
+          s += fmt::format("{:>4} {:<28.28} {:<58.58} ran       predicted {:>6.1f} (does not fit)\n", mr.run.row,
+                           mr.run.model_name, plan_summary(mr.run.plan), mr.predicted_gib);
+        continue;
+      }
       s += fmt::format("{:>4} {:<28.28} {:<58.58} measured {:>6} predicted {:>6.1f}{}\n", mr.run.row,
                        mr.run.model_name, plan_summary(mr.run.plan),
                        mr.run.measured_oom ? std::string("OOM") : fmt::format("{:.1f}", *mr.run.measured_memory_gib),
                        mr.predicted_gib, mr.predicted_fits ? "" : " (does not fit)");
+    }
     s += "ranking within groups (Spearman rho of tokens/s, groups of >= 2 runs; in-sample, held out):\n";
     for (const GroupRank& g : rep.groups)
       s += fmt::format("  {:<64} n={:<3} rho={:+.2f} {:+.2f}\n", g.group, g.rows, g.rho, g.held_out_rho);
@@ -699,8 +711,10 @@ std::string format_report(const ValidationReport& rep, bool per_row) {
                    held ? fmt::format(", held out {:.2f}", rep.held_out_rho) : "");
   auto memory_line = [&](const char* what, const MemoryStats& m) {
     s += fmt::format("  {:<10} MAPE {:.1f}% over {} measured peaks ({} within 15%); out-of-memory runs called: {} of {}; "
-                     "runs that ran called fitting: {} of {}\n",
-                     what, m.mape_pct, m.points, m.within_15, m.oom_predicted, m.oom_rows, m.fit_predicted, m.fit_rows);
+                     "runs that ran called fitting: {} of {} with a measured peak, {} of {} with a step time only; "
+                     "calls right: {} of {} ({:.1f}%)\n",
+                     what, m.mape_pct, m.points, m.within_15, m.oom_predicted, m.oom_rows, m.fit_predicted, m.fit_rows,
+                     m.ran_predicted, m.ran_rows, m.calls_right(), m.calls(), 100.0 * m.calls_right() / std::max(1, m.calls()));
   };
   s += "memory per GPU (most loaded rank):\n";
   memory_line("in-sample", rep.memory_stats);
@@ -741,7 +755,7 @@ nlohmann::json report_json(const ValidationReport& rep, const Calibration& cal) 
                        {"held_out_constants", s.held_out_constants}});
   json memory = json::array();
   for (const MemoryResult& m : rep.memory)
-    memory.push_back({{"row", m.run.row}, {"measured_gib", m.run.measured_memory_gib ? json(*m.run.measured_memory_gib) : json(nullptr)},
+    if (m.run.measured_oom || m.run.measured_memory_gib) memory.push_back({{"row", m.run.row}, {"measured_gib", m.run.measured_memory_gib ? json(*m.run.measured_memory_gib) : json(nullptr)},
                       {"measured_oom", m.run.measured_oom}, {"predicted_gib", m.predicted_gib}, {"predicted_fits", m.predicted_fits},
                       {"held_out_gib", m.held_out_gib}, {"held_out_fits", m.held_out_fits}});
   return {{"rows", rows}, {"skipped", skipped}, {"sources", sources}, {"memory", memory},
@@ -752,7 +766,11 @@ nlohmann::json report_json(const ValidationReport& rep, const Calibration& cal) 
           {"oom_rows", rep.memory_stats.oom_rows}, {"oom_predicted", rep.memory_stats.oom_predicted},
           {"memory_held_out_mape_pct", rep.memory_held_out.mape_pct},
           {"memory_held_out_within_15", rep.memory_held_out.within_15},
-          {"oom_held_out_predicted", rep.memory_held_out.oom_predicted}, {"unconverged_fits", rep.unconverged}};
+          {"oom_held_out_predicted", rep.memory_held_out.oom_predicted},
+          {"fit_rows", rep.memory_stats.fit_rows}, {"fit_predicted", rep.memory_stats.fit_predicted},
+          {"ran_rows", rep.memory_stats.ran_rows}, {"ran_predicted", rep.memory_stats.ran_predicted},
+          {"memory_calls", rep.memory_stats.calls()}, {"memory_calls_right", rep.memory_stats.calls_right()},
+          {"memory_held_out_calls_right", rep.memory_held_out.calls_right()}, {"unconverged_fits", rep.unconverged}};
 }
 
 }  // namespace exatrain::plan

@@ -63,16 +63,22 @@ struct MemoryResult {
   double held_out_gib = 0;
   bool held_out_fits = true;
 };
-// Memory figures over the rows with a measured peak or an out-of-memory failure.
+// Memory figures over the rows with a measured peak or an out-of-memory failure, and the calls on
+// every other row with a measured step: those runs ran, so the right call is "fits".
 struct MemoryStats {
   double mape_pct = 0;
   int points = 0, within_15 = 0;  // rows with a measured peak; of them predicted within 15%
   int oom_rows = 0, oom_predicted = 0;  // out-of-memory runs; of them predicted not to fit
-  int fit_rows = 0, fit_predicted = 0;  // runs that ran; of them predicted to fit
+  int fit_rows = 0, fit_predicted = 0;  // runs with a measured peak (they ran); of them predicted to fit
+  int ran_rows = 0, ran_predicted = 0;  // runs with a step time only (they ran); of them predicted to fit
+  // All the fit / does-not-fit calls: the right ones, and how many.
+  int calls_right() const { return oom_predicted + fit_predicted + ran_predicted; }
+  int calls() const { return oom_rows + fit_rows + ran_rows; }
 };
 
 struct ValidationReport {
   std::vector<CaseResult> results;
+  // Every row with a memory figure (a measured peak or an out-of-memory failure) or a measured step.
   std::vector<MemoryResult> memory;
   MemoryStats memory_stats, memory_held_out;
   std::vector<std::string> memory_folds;  // "source: fragmentation=x (fitted on the others)"

@@ -185,7 +185,7 @@ TEST(Memory, ZeroThreeWithoutReplicasIsZeroZero) {
 }
 
 TEST(Memory, CrossEntropyBytesByImplementation) {
-  // The last stage's logits: Megatron's fused kernel 8 bytes each, eager PyTorch 12, compiled 4.
+  // The last stage's logits: Megatron's fused kernel 8 bytes each, eager PyTorch 12, compiled and flash-attn's 4.
   ModelSpec m = gpt3_175b();
   Plan p;
   p.tp = 8; p.pp = 1; p.dp = 1; p.gpus = 8; p.micro_batch = 1; p.global_batch = 1;
@@ -197,6 +197,8 @@ TEST(Memory, CrossEntropyBytesByImplementation) {
   p.cross_entropy = CrossEntropy::eager;
   EXPECT_DOUBLE_EQ(memory_per_device(m, p, d).activations - fused, 4 * logits);
   p.cross_entropy = CrossEntropy::compiled;
+  EXPECT_DOUBLE_EQ(fused - memory_per_device(m, p, d).activations, 4 * logits);
+  p.cross_entropy = CrossEntropy::flash_attn;  // flash-attn's kernel holds what inductor's does
   EXPECT_DOUBLE_EQ(fused - memory_per_device(m, p, d).activations, 4 * logits);
 }
 
