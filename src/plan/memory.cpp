@@ -122,8 +122,8 @@ double microbatches_in_flight(const Plan& p) {
 
 namespace {
 
-Memory memory_of_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, bool with_activations,
-                      double fragmentation = kFragmentation) {
+Memory memory_of_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, bool with_activations, double fragmentation,
+                      double at_capacity) {
   Memory mem;
   mem.pp_rank = pp_rank;
   BytesPerParam b = bytes_per_param(p.precision, p.zero, p.dp * p.cp);
@@ -174,20 +174,22 @@ Memory memory_of_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, bool w
     mem.activations = act;
   }
   double sum = mem.params + mem.grads + mem.optimizer + mem.activations + buffers;
-  mem.buffers = buffers + fragmentation * sum;
+  mem.buffers = buffers + at_capacity * sum;
   mem.total = mem.params + mem.grads + mem.optimizer + mem.activations + mem.buffers;
+  mem.peak = (1 + fragmentation) * sum;
   return mem;
 }
 
 }  // namespace
 
-Memory memory_per_device(const ModelSpec& m, const Plan& p, const Device& d, double fragmentation) {
+Memory memory_per_device(const ModelSpec& m, const Plan& p, const Device& d, double fragmentation, double at_capacity) {
   // Candidates for the most loaded rank: the first (embedding, most micro-batches in flight),
   // the last (LM head) and, among the middle ranks, the first one of each distinct layer count
   // (in-flight micro-batches only fall with the rank).
-  Memory worst = memory_of_rank(m, p, 0, true, fragmentation);
+  // total and peak are both proportional to a rank's counted sum: one rank is the most loaded for both.
+  Memory worst = memory_of_rank(m, p, 0, true, fragmentation, at_capacity);
   auto consider = [&](int64_t r) {
-    Memory mem = memory_of_rank(m, p, r, true, fragmentation);
+    Memory mem = memory_of_rank(m, p, r, true, fragmentation, at_capacity);
     if (mem.total > worst.total) worst = mem;
   };
   if (p.pp > 1) consider(p.pp - 1);
@@ -209,9 +211,10 @@ Memory memory_per_device(const ModelSpec& m, const Plan& p, const Device& d, dou
 
 double static_memory_lower_bound(const ModelSpec& m, const Plan& p) {
   // Weights, gradients, optimizer state and buffers of the first and last ranks, without
-  // activations: the most loaded rank holds at least the larger of the two.
+  // activations and without the allocator's share (so below Memory::total whatever the
+  // calibration): the most loaded rank holds at least the larger of the two.
   double bound = 0;
-  for (int64_t r : {int64_t(0), p.pp - 1}) bound = std::max(bound, memory_of_rank(m, p, r, false).total);
+  for (int64_t r : {int64_t(0), p.pp - 1}) bound = std::max(bound, memory_of_rank(m, p, r, false, 0.0, 0.0).total);
   return bound;
 }
 

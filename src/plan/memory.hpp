@@ -12,10 +12,14 @@
 namespace exatrain::plan {
 
 // Allowances (docs/planner.md): a runtime reserve for the CUDA/HIP context, BLAS and collective
-// workspaces (stated), and the fraction of everything else the caching allocator reserves beyond
-// what is allocated (fitted by `exatrain validate` to measured peaks: plan::Calibration).
+// workspaces (stated), and two shares of everything else for the caching allocator (fitted by
+// `exatrain validate`: plan::Calibration): what it reserves beyond what is allocated at the peak a
+// memory monitor reports (kFragmentation, fitted to measured peaks), and what a run near its
+// capacity still needs beyond what is counted (kFragmentationAtCapacity, fitted to which runs ran and
+// which failed out of memory; Memory::total).
 constexpr double kRuntimeReserveBytes = 1.0 * (1 << 30);
-constexpr double kFragmentation = 0.235;  // = plan::Calibration::fragmentation
+constexpr double kFragmentation = 0.235;              // = plan::Calibration::fragmentation
+constexpr double kFragmentationAtCapacity = 0.047;    // = plan::Calibration::fragmentation_at_capacity
 
 // Exact parameter count held by the rank at (pp_rank, tp_rank): the floats of the runtime model's
 // arena (Gpt::layout().total(), summed over the rank's virtual stages; tests/plan/params_test.cpp
@@ -57,13 +61,24 @@ double cross_entropy_bytes_per_logit(CrossEntropy ce);
 double microbatches_in_flight(const Plan& p);
 
 struct Memory {
+  // `total`, the sum of the parts, is what the run needs: whether it fits compares it with the
+  // device's memory. `buffers` holds the allocator's share at the capacity (fragmentation_at_capacity):
+  // when a cudaMalloc fails, PyTorch's caching allocator frees its cached unused blocks and retries
+  // (c10/cuda/CUDACachingAllocator.cpp; memory_stats()'s num_alloc_retries counts them), so a run
+  // near its capacity gives back most of the reserve it holds at rest; what stays is the blocks'
+  // splitting and rounding.
   double params = 0, grads = 0, optimizer = 0, activations = 0, buffers = 0, total = 0;  // bytes
+  // The peak a memory monitor reports (nvidia-smi, torch.cuda.max_memory_reserved) on a run with
+  // room to spare: what is counted plus the `fragmentation` share the allocator keeps cached.
+  double peak = 0;
   int64_t pp_rank = 0;  // the most loaded pipeline rank
 };
 
 // Memory of the most loaded rank (max over pipeline ranks).
-// `fragmentation`: the caching allocator's reserved-but-unused share (plan::Calibration).
-Memory memory_per_device(const ModelSpec& m, const Plan& p, const Device& d, double fragmentation = kFragmentation);
+// `fragmentation`: the allocator's reserved-but-unused share at a monitor's peak (Memory::peak);
+// `at_capacity`: the share a run near its capacity still needs (Memory::total; plan::Calibration).
+Memory memory_per_device(const ModelSpec& m, const Plan& p, const Device& d, double fragmentation = kFragmentation,
+                         double at_capacity = kFragmentationAtCapacity);
 // A lower bound on the most loaded rank's memory that needs no activations (for pruning).
 double static_memory_lower_bound(const ModelSpec& m, const Plan& p);
 

@@ -89,9 +89,10 @@ struct Plan {
   // place, the 16-bit gradient: 8 bytes), PyTorch eager on an fp32 upcast (16-bit logits, the
   // saved fp32 log-softmax, its fp32 gradient and the 16-bit gradient: 12), or that upcast and
   // loss compiled by torch.compile (inductor fuses the upcast, log-softmax and gradient: the 16-bit
-  // logits and the 16-bit gradient, 4), or flash-attn's fused cross entropy (a Triton kernel that
-  // saves the 16-bit logits and one fp32 log-sum-exp per row and writes a 16-bit gradient:
-  // flash_attn/ops/triton/cross_entropy.py; 4). Not a job key: validation sets it per source and date.
+  // logits and the 16-bit gradient, 4), or flash-attn's fused cross entropy (flash-attn 1.0.x's
+  // CrossEntropyLoss over its xentropy CUDA extension, which llm-foundry imported in 2023 and carried
+  // a copy of in 2024: it saves the 16-bit logits and one fp32 log-sum-exp per row and writes a new
+  // 16-bit gradient, inplace_backward off; 4). Not a job key: validation sets it per source and date.
   CrossEntropy cross_entropy = CrossEntropy::fused;
   // Gradients accumulated and data-parallel-reduced in 16 bits instead of fp32: Megatron's fp16
   // path (accumulate_allreduce_grads_in_fp32 is forced only for bf16), DeepSpeed's fp16 ZeRO, FSDP's

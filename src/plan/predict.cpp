@@ -26,7 +26,7 @@ namespace {
 std::vector<std::pair<const char*, double*>> global_table(Calibration& c) {
   return {{"optimizer_bytes_per_param", &c.optimizer_bytes_per_param}, {"fp8_relative", &c.fp8_relative},
           {"attention_relative", &c.attention_relative},
-          {"fragmentation", &c.fragmentation}};
+          {"fragmentation", &c.fragmentation}, {"fragmentation_at_capacity", &c.fragmentation_at_capacity}};
 }
 std::optional<double> DeviceConstants::*device_field(const std::string& name) {
   if (name == "sustained") return &DeviceConstants::sustained;
@@ -329,7 +329,7 @@ Prediction predict(const ModelSpec& m, const MachineSpec& mach, const Plan& p,
   check_plan(m, p);
   const Device d = c.tuned(find_device(mach.device));
   if (const std::string e = kernel_problem(p, d); !e.empty()) throw Error(e);
-  return predict_checked(m, mach, d, p, memory_per_device(m, p, d, c.fragmentation), c);
+  return predict_checked(m, mach, d, p, memory_per_device(m, p, d, c.fragmentation, c.fragmentation_at_capacity), c);
 }
 
 namespace {
@@ -463,6 +463,7 @@ nlohmann::json to_json(const Prediction& pr) {
   if (!p.layers_per_stage.empty()) j["plan"]["layers_per_stage"] = p.layers_per_stage;
   // Extensions (extra keys; the contract's keys above are unchanged).
   j["device"] = pr.device;
+  j["memory_peak_gib"] = mem.peak / kGiB;  // Memory::peak (total is what fits compares)
   j["parameters"] = pr.parameters;
   j["micro_batches"] = p.micro_batches();
   j["bubble_fraction"] = pr.bubble_fraction;
@@ -525,6 +526,8 @@ std::string to_table(const Prediction& pr, const ModelSpec& m) {
   mrow("activations", mem.activations);
   mrow("buffers", mem.buffers);
   mrow("total", mem.total);
+  s += fmt::format("  {:<12} {:>8.2f}  (what a memory monitor shows with room to spare: the allocator's cache)\n",
+                   "peak held", mem.peak / kGiB);
   s += fmt::format("  {:<12} {:>8.2f}\n", "device", pr.device_memory_bytes / kGiB);
   s += fmt::format("checkpoint  {:.1f} s to write", pr.checkpoint_write_s);
   if (pr.checkpoint_interval_s)

@@ -54,8 +54,13 @@ struct Calibration {
   // biases (ALiBi), head dimensions and sequence lengths off the papers' best case. Fitted.
   double attention_relative = 0.856;
   // Memory: the share the caching allocator reserves beyond what is allocated (fragmentation,
-  // cached blocks of freed transients), on everything counted. Fitted to measured peaks.
+  // cached blocks of freed transients), on everything counted, at the peak a monitor reports
+  // (Memory::peak). Fitted to measured peaks.
   double fragmentation = 0.235;
+  // Memory: the share of everything counted that a run near its capacity still needs beyond it (the
+  // allocator gives back its cache and retries; Memory::total, which `fits` compares). Fitted to
+  // which runs ran and which failed out of memory.
+  double fragmentation_at_capacity = 0.047;
   // By device name or family (catalog/devices.toml `family`); a device's own entry wins over
   // its family's.
   std::map<std::string, DeviceConstants> devices;

@@ -183,7 +183,7 @@ struct Search {
       ++res.searched;
       if (prune && (!static_fits || mb_overflow)) continue;
       ++res.evaluated;
-      Memory mem = memory_per_device(m, p, dev, cal.fragmentation);
+      Memory mem = memory_per_device(m, p, dev, cal.fragmentation, cal.fragmentation_at_capacity);
       if (mem.total > capacity) {
         mb_overflow = true;
         continue;

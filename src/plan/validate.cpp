@@ -581,11 +581,36 @@ MemoryStats memory_stats(const std::vector<MemoryResult>& rows, bool held_out) {
   return st;
 }
 
-// The memory of a row with the given fragmentation (GiB, fits).
-std::pair<double, bool> memory_with(const RunCase& rc, double fragmentation) {
+// The peak a monitor would report for a row with the given fragmentation (GiB): Memory::peak.
+double memory_with(const RunCase& rc, double fragmentation) {
   const Device& d = find_device(rc.machine.device);
-  const Memory mem = memory_per_device(rc.model, rc.plan, d, fragmentation);
-  return {mem.total / double(1 << 30), mem.total <= d.hbm_gib * double(1 << 30)};
+  return memory_per_device(rc.model, rc.plan, d, fragmentation).peak / double(1 << 30);
+}
+
+// Whether the row's run fits with this fragmentation_at_capacity (Memory::total = (1 + f) times what
+// is counted), and whether that is the right call: a run that failed out of memory must not fit, any
+// other (a measured peak or step: it ran) must.
+bool fits_with(const MemoryResult& mr, double at_capacity) { return (1 + at_capacity) * mr.counted_gib <= mr.device_gib; }
+bool call_right(const MemoryResult& mr, double at_capacity) { return fits_with(mr, at_capacity) != mr.run.measured_oom; }
+
+// The fragmentation_at_capacity that makes the most fit / does-not-fit calls right (a scan of
+// (0, 0.6] in steps of 0.005). The calls change only where a row crosses its capacity, so the best
+// values form intervals: the middle of the widest one (the first of equals). Not tuned to a goal:
+// runs that ran bound it from above, out-of-memory runs from below.
+double fit_fragmentation_at_capacity(const std::vector<const MemoryResult*>& rows, double fallback) {
+  if (rows.empty()) return fallback;
+  std::vector<int> right(121, 0);  // right[i]: calls right at f = 0.005 i
+  for (int i = 1; i <= 120; ++i)
+    for (const MemoryResult* mr : rows) right[i] += call_right(*mr, 0.005 * i);
+  const int best = *std::max_element(right.begin() + 1, right.end());
+  int best_start = 1, best_len = 0;
+  for (int i = 1; i <= 120;) {
+    int j = i;
+    while (j <= 120 && right[j] == best) ++j;
+    if (j - i > best_len) best_start = i, best_len = j - i;
+    i = std::max(j, i + 1);
+  }
+  return 0.005 * (best_start + 0.5 * (best_len - 1));
 }
 
 // The fragmentation that minimises the MAPE over measured peaks (a scan of [0, 0.6] in steps of
@@ -597,14 +622,15 @@ double fit_fragmentation(const std::vector<const MemoryResult*>& rows, double fa
     double sum = 0;
     int n = 0;
     for (const MemoryResult* mr : rows)
-      if (mr->run.measured_memory_gib) sum += std::fabs(memory_with(mr->run, f).first / *mr->run.measured_memory_gib - 1), ++n;
+      if (mr->run.measured_memory_gib) sum += std::fabs(memory_with(mr->run, f) / *mr->run.measured_memory_gib - 1), ++n;
     if (n && sum < best_mape) best_mape = sum, best = f;
   }
   return best;
 }
 
 // Leave-one-source-out for memory: each source's rows with the fragmentation fitted on the other
-// sources' measured peaks (the shipped value when no other source has one).
+// sources' measured peaks (the shipped value when no other source has one), and their fit calls with
+// the fragmentation_at_capacity fitted on the other sources' calls.
 void hold_out_memory(ValidationReport& rep, const Calibration& cal) {
   std::set<std::string> sources;
   for (const MemoryResult& mr : rep.memory) sources.insert(mr.run.source);
@@ -614,15 +640,20 @@ void hold_out_memory(ValidationReport& rep, const Calibration& cal) {
       if (mr.run.source != s) rest.push_back(&mr);
     const bool any = std::any_of(rest.begin(), rest.end(), [](const MemoryResult* m) { return bool(m->run.measured_memory_gib); });
     const double f = any ? fit_fragmentation(rest, cal.fragmentation) : cal.fragmentation;
-    rep.memory_folds.push_back(fmt::format("{}: fragmentation={:.3f}{}", s, f, any ? "" : " (as shipped: no other source)"));
+    const double fc = fit_fragmentation_at_capacity(rest, cal.fragmentation_at_capacity);
+    rep.memory_folds.push_back(fmt::format("{}: fragmentation={:.3f}{} fragmentation_at_capacity={:.3f}", s, f,
+                                           any ? "" : " (as shipped: no other source)", fc));
     for (MemoryResult& mr : rep.memory)
-      if (mr.run.source == s) std::tie(mr.held_out_gib, mr.held_out_fits) = memory_with(mr.run, f);
+      if (mr.run.source == s) mr.held_out_gib = memory_with(mr.run, f), mr.held_out_fits = fits_with(mr, fc);
   }
   std::vector<const MemoryResult*> all;
   for (const MemoryResult& mr : rep.memory) all.push_back(&mr);
   rep.all_data_fit.fragmentation = fit_fragmentation(all, cal.fragmentation);
-  rep.memory_folds.push_back(fmt::format("(all sources): fragmentation={:.3f} (shipped {:.3f})",
-                                         rep.all_data_fit.fragmentation, cal.fragmentation));
+  rep.all_data_fit.fragmentation_at_capacity = fit_fragmentation_at_capacity(all, cal.fragmentation_at_capacity);
+  rep.memory_folds.push_back(fmt::format("(all sources): fragmentation={:.3f} fragmentation_at_capacity={:.3f} "
+                                         "(shipped {:.3f}, {:.3f})", rep.all_data_fit.fragmentation,
+                                         rep.all_data_fit.fragmentation_at_capacity, cal.fragmentation,
+                                         cal.fragmentation_at_capacity));
   rep.memory_held_out = memory_stats(rep.memory, true);
 }
 
@@ -636,7 +667,10 @@ ValidationReport validate_runs(const std::string& csv_path, const Calibration& c
   for (const RunCase& rc : cases) {
     if (!rc.skip_reason.empty()) { rep.skipped.push_back(rc); continue; }
     const Prediction pr = predict(rc.model, rc.machine, rc.plan, cal);
-    rep.memory.push_back({rc, pr.memory.total / double(1 << 30), pr.fits, pr.memory.total / double(1 << 30), pr.fits});
+    const double gib = pr.memory.peak / double(1 << 30);
+    const double counted = memory_per_device(rc.model, rc.plan, find_device(rc.machine.device), 0.0, 0.0).total;
+    rep.memory.push_back({rc, gib, pr.fits, gib, pr.fits, pr.memory.total / double(1 << 30), counted / double(1 << 30),
+                          pr.device_memory_bytes / double(1 << 30)});
     if (rc.memory_only) continue;
     CaseResult res;
     res.run = rc;
@@ -669,18 +703,18 @@ std::string format_report(const ValidationReport& rep, bool per_row) {
     s += "skipped rows:\n";
     for (const RunCase& rc : rep.skipped)
       s += fmt::format("{:>4} {:<30.30} {:<28.28} {}\n", rc.row, rc.source, rc.model_name, rc.skip_reason);
-    s += "memory per GPU (most loaded rank), GiB:\n";
+    s += "memory per GPU (most loaded rank), GiB: the peak a monitor reports, what the run needs (fits compares it):\n";
     for (const MemoryResult& mr : rep.memory) {
       if (!mr.run.measured_oom && !mr.run.measured_memory_gib) {
         if (!mr.predicted_fits)
-          s += fmt::format("{:>4} {:<28.28} {:<58.58} ran       predicted {:>6.1f} (does not fit)\n", mr.run.row,
-                           mr.run.model_name, plan_summary(mr.run.plan), mr.predicted_gib);
+          s += fmt::format("{:>4} {:<28.28} {:<58.58} ran       peak {:>6.1f} needs {:>6.1f} (does not fit)\n",
+                           mr.run.row, mr.run.model_name, plan_summary(mr.run.plan), mr.predicted_gib, mr.needed_gib);
         continue;
       }
-      s += fmt::format("{:>4} {:<28.28} {:<58.58} measured {:>6} predicted {:>6.1f}{}\n", mr.run.row,
+      s += fmt::format("{:>4} {:<28.28} {:<58.58} measured {:>6} peak {:>6.1f} needs {:>6.1f}{}\n", mr.run.row,
                        mr.run.model_name, plan_summary(mr.run.plan),
                        mr.run.measured_oom ? std::string("OOM") : fmt::format("{:.1f}", *mr.run.measured_memory_gib),
-                       mr.predicted_gib, mr.predicted_fits ? "" : " (does not fit)");
+                       mr.predicted_gib, mr.needed_gib, mr.predicted_fits ? "" : " (does not fit)");
     }
     s += "ranking within groups (Spearman rho of tokens/s, groups of >= 2 runs; in-sample, held out):\n";
     for (const GroupRank& g : rep.groups)
@@ -756,7 +790,8 @@ nlohmann::json report_json(const ValidationReport& rep, const Calibration& cal) 
   json memory = json::array();
   for (const MemoryResult& m : rep.memory)
     if (m.run.measured_oom || m.run.measured_memory_gib) memory.push_back({{"row", m.run.row}, {"measured_gib", m.run.measured_memory_gib ? json(*m.run.measured_memory_gib) : json(nullptr)},
-                      {"measured_oom", m.run.measured_oom}, {"predicted_gib", m.predicted_gib}, {"predicted_fits", m.predicted_fits},
+                      {"measured_oom", m.run.measured_oom}, {"predicted_gib", m.predicted_gib}, {"needed_gib", m.needed_gib},
+                      {"predicted_fits", m.predicted_fits},
                       {"held_out_gib", m.held_out_gib}, {"held_out_fits", m.held_out_fits}});
   return {{"rows", rows}, {"skipped", skipped}, {"sources", sources}, {"memory", memory},
           {"mape_pct", rep.mape_pct}, {"held_out_mape_pct", rep.held_out_mape_pct},

@@ -57,11 +57,15 @@ struct GroupRank { std::string group; int rows = 0; double rho = 0, held_out_rho
 
 struct MemoryResult {
   RunCase run;
-  double predicted_gib = 0;
+  double predicted_gib = 0;  // the peak a monitor reports (Memory::peak), against the measured peak
   bool predicted_fits = true;
-  // With the fragmentation fitted on the other sources' measured peaks.
+  // With the fragmentation fitted on the other sources' measured peaks (the GiB), and the
+  // fragmentation_at_capacity fitted on their fit calls (fits).
   double held_out_gib = 0;
   bool held_out_fits = true;
+  double needed_gib = 0;   // what the run needs (Memory::total), which `predicted_fits` compares
+  double counted_gib = 0;  // the most loaded rank's memory without the allocator's share
+  double device_gib = 0;   // the device's memory
 };
 // Memory figures over the rows with a measured peak or an out-of-memory failure, and the calls on
 // every other row with a measured step: those runs ran, so the right call is "fits".
@@ -81,7 +85,8 @@ struct ValidationReport {
   // Every row with a memory figure (a measured peak or an out-of-memory failure) or a measured step.
   std::vector<MemoryResult> memory;
   MemoryStats memory_stats, memory_held_out;
-  std::vector<std::string> memory_folds;  // "source: fragmentation=x (fitted on the others)"
+  // "source: fragmentation=x fragmentation_at_capacity=y" (each fitted on the other sources)
+  std::vector<std::string> memory_folds;
   std::vector<RunCase> skipped;
   std::vector<SourceStats> sources;
   std::vector<GroupRank> groups;

@@ -4,6 +4,7 @@
 #include "catalog/device.hpp"
 #include "plan/flops.hpp"
 #include "plan/memory.hpp"
+#include "plan/predict.hpp"
 
 using namespace exatrain;
 using namespace exatrain::plan;
@@ -107,8 +108,9 @@ TEST(Memory, HandComputedGpt2SingleDevice) {
   double embedding = 2 * t * h;                               // embedding output
   EXPECT_DOUBLE_EQ(mem.activations, layer_inputs + working_layer + gradients + logits + embedding);
   double rest = mem.params + mem.grads + mem.optimizer + mem.activations + kRuntimeReserveBytes;
-  EXPECT_DOUBLE_EQ(mem.buffers, kRuntimeReserveBytes + kFragmentation * rest);
-  EXPECT_DOUBLE_EQ(mem.total, rest + kFragmentation * rest);
+  EXPECT_DOUBLE_EQ(mem.buffers, kRuntimeReserveBytes + kFragmentationAtCapacity * rest);
+  EXPECT_DOUBLE_EQ(mem.total, rest + kFragmentationAtCapacity * rest);  // what fits compares
+  EXPECT_DOUBLE_EQ(mem.peak, rest + kFragmentation * rest);             // what a monitor reports
 }
 
 // Muon keeps one fp32 momentum buffer per matrix element (AdamW's two moments elsewhere): GPT-2
@@ -202,6 +204,45 @@ TEST(Memory, CrossEntropyBytesByImplementation) {
   EXPECT_DOUBLE_EQ(fused - memory_per_device(m, p, d).activations, 4 * logits);
 }
 
+TEST(Memory, ARunNeedsLessThanThePeakAMonitorReports) {
+  // Memory::peak carries the allocator's cache at rest (fragmentation), Memory::total what a run near
+  // its capacity still needs (fragmentation_at_capacity): both on the same counted sum, and predict's
+  // `fits` compares total with the device's memory.
+  ModelSpec m = gpt3_175b();
+  Plan p;
+  p.tp = 8; p.pp = 8; p.dp = 1; p.gpus = 64; p.micro_batch = 1; p.global_batch = 16;
+  p.recompute = Recompute::full;
+  const Device& d = find_device("a100-80g");
+  const Memory none = memory_per_device(m, p, d, 0.0, 0.0);
+  EXPECT_DOUBLE_EQ(none.total, none.peak);
+  const Memory mem = memory_per_device(m, p, d, 0.2, 0.05);
+  EXPECT_NEAR(mem.peak / none.peak, 1.2, 1e-12);
+  EXPECT_NEAR(mem.total / none.total, 1.05, 1e-12);
+  EXPECT_DOUBLE_EQ(mem.total, mem.params + mem.grads + mem.optimizer + mem.activations + mem.buffers);
+  MachineSpec mach;  // a DGX A100 cluster
+  mach.device = "a100-80g";
+  mach.gpus_per_node = 8;
+  mach.intra_node_bw_gbs = 300, mach.inter_node_bw_gbs = 200;
+  mach.intra_node_latency_us = 3, mach.inter_node_latency_us = 5, mach.storage_bw_gbs = 100;
+  Calibration cal;
+  cal.fragmentation = 0.2, cal.fragmentation_at_capacity = 0.05;
+  const Prediction pr = predict(m, mach, p, cal);
+  EXPECT_DOUBLE_EQ(pr.memory.total, mem.total);
+  EXPECT_DOUBLE_EQ(pr.memory.peak, mem.peak);
+  EXPECT_EQ(pr.fits, pr.memory.total <= pr.device_memory_bytes);
+  EXPECT_DOUBLE_EQ(to_json(pr)["memory_peak_gib"].get<double>(), pr.memory.peak / double(1 << 30));
+  // The memory model's defaults are the calibration's shipped constants.
+  EXPECT_EQ(kFragmentation, Calibration{}.fragmentation);
+  EXPECT_EQ(kFragmentationAtCapacity, Calibration{}.fragmentation_at_capacity);
+  // A run whose counted memory sits between the two shares of the capacity fits, though its peak
+  // at rest would not: the allocator gives its cache back before failing.
+  cal.fragmentation_at_capacity = 0.0;
+  cal.fragmentation = 2 * d.hbm_gib * double(1 << 30) / none.total;
+  const Prediction tight = predict(m, mach, p, cal);
+  EXPECT_GT(tight.memory.peak, tight.device_memory_bytes);
+  EXPECT_TRUE(tight.fits);
+}
+
 TEST(Memory, Fp8AllGatherHoldsTheGatheredMatricesInOneByte) {
   // torchao's float8 all-gather (Plan::fp8_all_gather): ZeRO 3's gathered units hold the layers'
   // matrices as float8, 1 byte each instead of 2; norms and biases stay 16-bit. Only fp8 under ZeRO 3.
@@ -214,12 +255,12 @@ TEST(Memory, Fp8AllGatherHoldsTheGatheredMatricesInOneByte) {
   const double layer = double(layer_parameters(m)) / 8, mats = double(matrix_parameters_on_rank(m, p, 0)) / 12;
   EXPECT_LT(mats, layer);
   EXPECT_DOUBLE_EQ(gathered_unit_bytes(m, p, 0), 2 * layer);
-  const Memory two = memory_per_device(m, p, d, 0.0);
+  const Memory two = memory_per_device(m, p, d, 0.0, 0.0);
   p.fp8_all_gather = true;
   EXPECT_DOUBLE_EQ(gathered_unit_bytes(m, p, 0), 2 * layer - mats);
   EXPECT_DOUBLE_EQ(gathered_weight_bytes(p, 10, 6), 2 * 4 + 1 * 6);
   // The unit computing and the one prefetched: two units' matrices fewer bytes, nothing else moves.
-  const Memory one = memory_per_device(m, p, d, 0.0);
+  const Memory one = memory_per_device(m, p, d, 0.0, 0.0);
   EXPECT_DOUBLE_EQ(two.buffers - one.buffers, 2 * mats);
   EXPECT_DOUBLE_EQ(two.activations, one.activations);
   p.zero = 1;

@@ -84,7 +84,7 @@ TEST(Predict, AutoFieldIsRejectedWithItsName) {
 
 TEST(Predict, SearchFillsAutoFieldsAndBestIsFirst) {
   // 128 GPUs: on 64 A100-80GB 175B with ZeRO 1 fits only at dp 1 and at the memory limit, where a
-  // change of the fitted `fragmentation` decides how many plans are left.
+  // change of the fitted `fragmentation_at_capacity` decides how many plans are left.
   Job job = parse_job(kJob, "job.toml", {"parallel.tp=auto", "parallel.pp=auto", "parallel.dp=auto",
                                           "parallel.vp=auto", "parallel.micro_batch=auto", "parallel.gpus=128",
                                           "parallel.global_batch=128"});
