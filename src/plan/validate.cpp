@@ -644,7 +644,11 @@ void hold_out_memory(ValidationReport& rep, const Calibration& cal) {
     rep.memory_folds.push_back(fmt::format("{}: fragmentation={:.3f}{} fragmentation_at_capacity={:.3f}", s, f,
                                            any ? "" : " (as shipped: no other source)", fc));
     for (MemoryResult& mr : rep.memory)
-      if (mr.run.source == s) mr.held_out_gib = memory_with(mr.run, f), mr.held_out_fits = fits_with(mr, fc);
+      if (mr.run.source == s) {
+        mr.held_out_gib = memory_with(mr.run, f);
+        mr.held_out_needed_gib = (1 + fc) * mr.counted_gib;
+        mr.held_out_fits = fits_with(mr, fc);
+      }
   }
   std::vector<const MemoryResult*> all;
   for (const MemoryResult& mr : rep.memory) all.push_back(&mr);
@@ -669,7 +673,8 @@ ValidationReport validate_runs(const std::string& csv_path, const Calibration& c
     const Prediction pr = predict(rc.model, rc.machine, rc.plan, cal);
     const double gib = pr.memory.peak / double(1 << 30);
     const double counted = memory_per_device(rc.model, rc.plan, find_device(rc.machine.device), 0.0, 0.0).total;
-    rep.memory.push_back({rc, gib, pr.fits, gib, pr.fits, pr.memory.total / double(1 << 30), counted / double(1 << 30),
+    const double needed = pr.memory.total / double(1 << 30);
+    rep.memory.push_back({rc, gib, pr.fits, gib, pr.fits, needed, needed, counted / double(1 << 30),
                           pr.device_memory_bytes / double(1 << 30)});
     if (rc.memory_only) continue;
     CaseResult res;
@@ -705,10 +710,11 @@ std::string format_report(const ValidationReport& rep, bool per_row) {
       s += fmt::format("{:>4} {:<30.30} {:<28.28} {}\n", rc.row, rc.source, rc.model_name, rc.skip_reason);
     s += "memory per GPU (most loaded rank), GiB: the peak a monitor reports, what the run needs (fits compares it):\n";
     for (const MemoryResult& mr : rep.memory) {
-      if (!mr.run.measured_oom && !mr.run.measured_memory_gib) {
-        if (!mr.predicted_fits)
-          s += fmt::format("{:>4} {:<28.28} {:<58.58} ran       peak {:>6.1f} needs {:>6.1f} (does not fit)\n",
-                           mr.run.row, mr.run.model_name, plan_summary(mr.run.plan), mr.predicted_gib, mr.needed_gib);
+      if (!mr.run.measured_oom && !mr.run.measured_memory_gib) {  // ran: listed where a call is wrong
+        if (!mr.predicted_fits || !mr.held_out_fits)
+          s += fmt::format("{:>4} {:<28.28} {:<58.58} ran       peak {:>6.1f} needs {:>6.1f}, held out {:.1f} (does not fit{})\n",
+                           mr.run.row, mr.run.model_name, plan_summary(mr.run.plan), mr.predicted_gib, mr.needed_gib,
+                           mr.held_out_needed_gib, mr.predicted_fits ? " held out" : mr.held_out_fits ? " in-sample" : "");
         continue;
       }
       s += fmt::format("{:>4} {:<28.28} {:<58.58} measured {:>6} peak {:>6.1f} needs {:>6.1f}{}\n", mr.run.row,
@@ -788,11 +794,16 @@ nlohmann::json report_json(const ValidationReport& rep, const Calibration& cal) 
                        {"held_out_mape_pct", s.held_out_mape_pct}, {"held_out_bias_pct", s.held_out_bias_pct},
                        {"held_out_constants", s.held_out_constants}});
   json memory = json::array();
-  for (const MemoryResult& m : rep.memory)
-    if (m.run.measured_oom || m.run.measured_memory_gib) memory.push_back({{"row", m.run.row}, {"measured_gib", m.run.measured_memory_gib ? json(*m.run.measured_memory_gib) : json(nullptr)},
-                      {"measured_oom", m.run.measured_oom}, {"predicted_gib", m.predicted_gib}, {"needed_gib", m.needed_gib},
-                      {"predicted_fits", m.predicted_fits},
-                      {"held_out_gib", m.held_out_gib}, {"held_out_fits", m.held_out_fits}});
+  for (const MemoryResult& m : rep.memory) {
+    // The rows with a memory figure, and the runs that ran but are called too big (in-sample or held out).
+    const bool figure = m.run.measured_oom || m.run.measured_memory_gib.has_value();
+    if (!figure && m.predicted_fits && m.held_out_fits) continue;
+    const json measured = m.run.measured_memory_gib ? json(*m.run.measured_memory_gib) : json(nullptr);
+    memory.push_back({{"row", m.run.row}, {"measured_gib", measured}, {"measured_oom", m.run.measured_oom},
+                      {"predicted_gib", m.predicted_gib}, {"needed_gib", m.needed_gib},
+                      {"predicted_fits", m.predicted_fits}, {"held_out_gib", m.held_out_gib},
+                      {"held_out_needed_gib", m.held_out_needed_gib}, {"held_out_fits", m.held_out_fits}});
+  }
   return {{"rows", rows}, {"skipped", skipped}, {"sources", sources}, {"memory", memory},
           {"mape_pct", rep.mape_pct}, {"held_out_mape_pct", rep.held_out_mape_pct},
           {"worst_held_out_pct", rep.worst_held_out_pct}, {"mean_rho", rep.mean_rho},

@@ -63,6 +63,7 @@ struct MemoryResult {
   // fragmentation_at_capacity fitted on their fit calls (fits).
   double held_out_gib = 0;
   bool held_out_fits = true;
+  double held_out_needed_gib = 0;  // what the run needs with the held-out fragmentation_at_capacity
   double needed_gib = 0;   // what the run needs (Memory::total), which `predicted_fits` compares
   double counted_gib = 0;  // the most loaded rank's memory without the allocator's share
   double device_gib = 0;   // the device's memory
