@@ -18,7 +18,7 @@ void add_validate_command(CLI::App& app) {
   auto json = std::make_shared<bool>(false);
   auto in_sample = std::make_shared<bool>(false);
   cmd->add_option("csv", *path, "published runs (CSV; default bench/validation/published_runs.csv)");
-  cmd->add_flag("--rows", *rows, "print every row's prediction, the skipped rows and every group's ranking");
+  cmd->add_flag("--rows", *rows, "print every row's prediction, the skipped rows, every group's ranking and the memory (peak, need) of every run with a memory figure or called too big");
   cmd->add_flag("--json", *json, "print every row (inputs, measured, predicted, breakdown) and the figures as JSON");
   cmd->add_flag("--in-sample", *in_sample, "skip leave-one-source-out (no refits): the shipped constants only");
   auto cal = std::make_shared<std::vector<std::string>>();

@@ -112,12 +112,13 @@ double activation_bytes_per_layer(const ModelSpec& m, const Plan& p, Recompute r
   return scale * t * (per_token + scores);
 }
 
-double microbatches_in_flight(const Plan& p) {
-  double m = double(p.micro_batches());
+double microbatches_in_flight(const Plan& p, int64_t pp_rank) {
+  const double m = double(p.micro_batches()), pp = double(p.pp), vp = double(p.vp), r = double(pp_rank);
   if (p.schedule == Schedule::gpipe) return m;
-  double pp = p.pp;
-  double inflight = p.vp > 1 ? pp * (1.0 + (pp - 1) / (pp * p.vp)) : pp;
-  return std::min(m, inflight);
+  if (p.vp == 1) return std::min(m, pp - r);
+  // Interleaved: the units (micro-batch x chunk) of Megatron's warm-up, 2 (pp - r - 1) + (vp - 1) pp,
+  // and the steady phase's forward before its first backward; each unit holds 1/vp of the rank's layers.
+  return std::min(m * vp, 2 * (pp - r - 1) + (vp - 1) * pp + 1) / vp;
 }
 
 namespace {
@@ -134,11 +135,19 @@ Memory memory_of_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, bool w
   double shards = double(p.dp * p.cp);  // ZeRO shards over every replica of these weights
   mem.params = b.weights * (p.zero >= 3 ? n / shards : n);
   mem.grads = b.grads * (p.zero >= 2 ? n / shards : n);
+  const double matrix = double(matrix_parameters_on_rank(m, p, pp_rank));
+  // FSDP2 under PyTorch's pipelining (plan.hpp Plan::fsdp_unsharded_in_pipeline): for the whole
+  // step the rank holds its parameters as gathered (16 bits, float8 matrices with fp8_all_gather)
+  // and their gradients unsharded in the reduce dtype, beside the fp32 shards.
+  const bool unsharded = p.fsdp_unsharded_in_pipeline && p.zero >= 3 && p.pp > 1 && shards > 1;
+  if (unsharded) {
+    mem.params += gathered_weight_bytes(p, n, matrix);
+    mem.grads += (p.grads_16bit && p.precision != Precision::fp32 ? 2.0 : 4.0) * n;
+  }
   // b.optimizer counts AdamW's two fp32 moments; another optimizer keeps per_matrix_element fp32
   // values per element of the layers' matrices and per_other_element on the rest (job/job.hpp
   // optimizer_state: Muon 1 and 2, SGD and Lion 1, Adafactor ~0 factored). ZeRO 1 spreads whole
   // entries over the dp ranks when the optimizer needs them (about n / dp each).
-  const double matrix = double(matrix_parameters_on_rank(m, p, pp_rank));
   const OptimizerState& os = p.optimizer_state;
   double optimizer = b.optimizer * n - 4.0 * ((2 - os.per_matrix_element) * matrix +
                                               (2 - os.per_other_element) * (n - matrix));
@@ -146,16 +155,15 @@ Memory memory_of_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, bool w
   double elem = double(element_bytes(p.precision));
   double tokens = double(p.micro_batch) * double(m.seq_len) / double(p.cp);
   int64_t layers = layers_on_rank(m, p, pp_rank);
-  // Buffers: gathered layers for ZeRO-3 (the one computing and the one prefetched), the
-  // tensor-parallel all-gather / all-reduce buffer, the runtime reserve.
+  // Buffers: gathered layers for ZeRO-3 (the one computing and the one prefetched; none when the
+  // whole rank stays gathered, above), the tensor-parallel all-gather / all-reduce buffer, the
+  // runtime reserve.
   double buffers = kRuntimeReserveBytes;
-  if (p.zero >= 3) buffers += 2.0 * gathered_unit_bytes(m, p, pp_rank);
+  if (p.zero >= 3 && !unsharded) buffers += 2.0 * gathered_unit_bytes(m, p, pp_rank);
   if (p.tp > 1) buffers += elem * tokens * double(m.hidden);
   if (with_activations) {
-    // In 1F1B pipeline rank r holds pp - r micro-batches (rank 0 the most).
-    double inflight = microbatches_in_flight(p);
-    if (p.schedule != Schedule::gpipe && p.vp == 1)
-      inflight = std::min<double>(double(p.micro_batches()), double(p.pp - pp_rank));
+    // In 1F1B pipeline rank r holds pp - r micro-batches (rank 0 the most); interleaved, fewer too.
+    const double inflight = microbatches_in_flight(p, pp_rank);
     double act = inflight * layers * activation_bytes_per_layer(m, p, p.recompute);
     // Full and op-level recomputation rebuild one layer's complete activations during its backward.
     if (p.recompute == Recompute::full || p.recompute == Recompute::op)

@@ -18,7 +18,7 @@ namespace exatrain::plan {
 // capacity still needs beyond what is counted (kFragmentationAtCapacity, fitted to which runs ran and
 // which failed out of memory; Memory::total).
 constexpr double kRuntimeReserveBytes = 1.0 * (1 << 30);
-constexpr double kFragmentation = 0.235;              // = plan::Calibration::fragmentation
+constexpr double kFragmentation = 0.220;              // = plan::Calibration::fragmentation
 constexpr double kFragmentationAtCapacity = 0.047;    // = plan::Calibration::fragmentation_at_capacity
 
 // Exact parameter count held by the rank at (pp_rank, tp_rank): the floats of the runtime model's
@@ -56,9 +56,11 @@ double activation_bytes_per_layer(const ModelSpec& m, const Plan& p, Recompute r
 // fused 8, eager 12, compiled 4.
 double cross_entropy_bytes_per_logit(CrossEntropy ce);
 
-// Micro-batches whose activations pipeline rank 0 holds at the peak: gpipe = m, 1F1B = pp,
-// interleaved = pp * (1 + (pp-1)/(pp*vp)) (Korthikanti Sec. 4.2.3), never more than m.
-double microbatches_in_flight(const Plan& p);
+// Micro-batches (in units of the rank's whole layers) whose activations pipeline rank r holds at
+// the peak: gpipe m; 1F1B pp - r; interleaved (2 (pp-r-1) + (vp-1) pp + 1) / vp chunks' worth, which
+// at rank 0 is Korthikanti's pp (1 + (pp-1)/(pp vp)) (Sec. 4.2.3); never more than m. The runtime's
+// schedule holds the same (parallel/schedule.hpp expected_peak_in_flight, checked against it).
+double microbatches_in_flight(const Plan& p, int64_t pp_rank = 0);
 
 struct Memory {
   // `total`, the sum of the parts, is what the run needs: whether it fits compares it with the

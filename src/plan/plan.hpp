@@ -81,6 +81,18 @@ struct Plan {
   // runtime has no fp8): validation sets it for the runs that state it. bytes_sent_per_step (the
   // runtime's ledger convention, plan/comm.hpp) keeps 16-bit all-gathers: no run of this runtime sets it.
   bool fp8_all_gather = false;
+  // FSDP2 under PyTorch's pipelining with pp > 1 (torchtitan): torchtitan's apply_fsdp sets
+  // reshard_after_forward = False when pp is on ("to avoid per-microbatch all-gathers"), and
+  // torch.distributed.pipelining's stage (backward_maybe_with_nosync) runs every micro-batch's
+  // backward with set_reshard_after_backward(False) and set_requires_gradient_sync(False), calling
+  // FSDP's post-backward (the reduce-scatter) after the last one only. So a pipeline rank holds its
+  // parameters unsharded in 16 bits (float8 for the linears with fp8_all_gather) and their
+  // gradients unsharded in the reduce dtype for the whole step: FSDPParam.to_accumulated_grad_if_needed
+  // upcasts each micro-batch's bf16 .grad into an fp32 accumulator (torchtitan reduces in fp32).
+  // memory.cpp counts both (and no per-unit gather buffers); predict.cpp's zero3_time gathers once
+  // per step and reduce-scatters once. ZeRO 3 with pp > 1 only. Not a job key (this runtime
+  // gathers per micro-batch): validation sets it for torchtitan's pipelined runs.
+  bool fsdp_unsharded_in_pipeline = false;
   // Element-wise kernels: fused (Megatron's bias-GELU and bias-dropout-add, TE, torch.compile) or
   // one kernel per op (PyTorch eager); plan/compute.cpp counts each one's bytes.
   bool fused_kernels = true;

@@ -194,6 +194,9 @@ std::string framework_of(const std::string& source, const std::string& source_ce
     // "float8 linears + fp8 all-gather" (--float8.enable_fsdp_float8_all_gather): FSDP2 gathers
     // the linears' weights as float8 (plan.hpp Plan::fp8_all_gather).
     p.fp8_all_gather = has(prec, "fp8 all-gather") || has(prec, "float8 all-gather");
+    // With pp > 1 FSDP2 keeps each rank's units gathered and their gradients unsharded for the
+    // step (torchtitan's apply_fsdp, torch.distributed.pipelining's stage; plan.hpp).
+    p.fsdp_unsharded_in_pipeline = p.pp > 1 && p.zero >= 3;
     if (has(prec, "rowwise")) p.fp8_recipe = Fp8Recipe::rowwise;
     else if (p.precision == Precision::fp8) p.fp8_recipe = Fp8Recipe::tensorwise;
     if (p.recompute == Recompute::selective) p.recompute = Recompute::op;

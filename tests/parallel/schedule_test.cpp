@@ -6,6 +6,7 @@
 
 #include "core/check.hpp"
 #include "parallel/schedule.hpp"
+#include "plan/memory.hpp"
 #include "../test_util/error_of.hpp"
 
 using namespace exatrain;
@@ -54,6 +55,18 @@ TEST(Pipeline, PeakInFlightFormulasAreTheTextbookOnes) {
   EXPECT_EQ(expected_peak_in_flight(i, 0), 11);
   EXPECT_DOUBLE_EQ(expected_bubble_fraction(i), 3.0 / 16);
   EXPECT_DOUBLE_EQ(expected_bubble_fraction(a), 3.0 / 8);
+}
+
+TEST(Pipeline, MemoryModelHoldsWhatTheScheduleHolds) {
+  // plan/memory.cpp counts each rank's activations with microbatches_in_flight (in whole-rank
+  // micro-batches); the runtime's schedule holds expected_peak_in_flight units of one chunk each.
+  for (const PipelinePlan& pl : plans()) {
+    plan::Plan p;
+    p.pp = pl.pp, p.vp = pl.vp, p.dp = 1, p.micro_batch = 1, p.global_batch = pl.micro_batches;
+    p.schedule = pl.schedule == PipeSchedule::gpipe ? Schedule::gpipe : Schedule::one_f_one_b;
+    for (int r = 0; r < pl.pp; r++)
+      EXPECT_DOUBLE_EQ(plan::microbatches_in_flight(p, r) * pl.vp, expected_peak_in_flight(pl, r)) << name(pl) << " rank " << r;
+  }
 }
 
 TEST(Pipeline, PhasesAreOrderedAndSteadyAlternates) {

@@ -87,6 +87,10 @@ TEST(Memory, InFlightMicroBatchesBySchedule) {
   p.schedule = Schedule::one_f_one_b;
   p.vp = 4;  // interleaved: pp (1 + (pp-1)/(pp vp))
   EXPECT_DOUBLE_EQ(microbatches_in_flight(p), 8 * (1 + 7.0 / 32));
+  // ... and rank 7 of 8 (Megatron's warm-up: (vp - 1) pp = 24 units, + 1) holds 25 chunks of 4.
+  EXPECT_DOUBLE_EQ(microbatches_in_flight(p, 7), 25.0 / 4);
+  p.vp = 1;
+  EXPECT_DOUBLE_EQ(microbatches_in_flight(p, 7), 1);  // 1F1B: pp - r
 }
 
 TEST(Memory, HandComputedGpt2SingleDevice) {
@@ -267,4 +271,31 @@ TEST(Memory, Fp8AllGatherHoldsTheGatheredMatricesInOneByte) {
   EXPECT_DOUBLE_EQ(gathered_unit_bytes(m, p, 0), 2 * layer);  // nothing gathered as float8 without ZeRO 3
   p.zero = 3, p.precision = Precision::bf16;
   EXPECT_DOUBLE_EQ(gathered_unit_bytes(m, p, 0), 2 * layer);  // no float8 weights without fp8
+}
+
+TEST(Memory, FsdpUnderPipeliningHoldsTheRankGatheredForTheStep) {
+  // FSDP2 under torch.distributed.pipelining (Plan::fsdp_unsharded_in_pipeline): each pipeline
+  // rank holds its parameters gathered (16 bits) and their gradients unsharded in fp32 for the
+  // whole step, beside the fp32 shards; no per-unit gather buffers on top.
+  ModelSpec m = gpt3_175b();
+  Plan p;
+  p.tp = 8; p.pp = 8; p.dp = 4; p.gpus = 256; p.micro_batch = 1; p.global_batch = 64;
+  p.precision = Precision::bf16;
+  p.zero = 3;
+  const Device& d = find_device("a100-80g");
+  const Memory sharded = memory_per_device(m, p, d, 0.0, 0.0);
+  p.fsdp_unsharded_in_pipeline = true;
+  const Memory held = memory_per_device(m, p, d, 0.0, 0.0);
+  ASSERT_EQ(held.pp_rank, sharded.pp_rank);
+  const double n = double(parameters_on_rank(m, p, held.pp_rank));
+  EXPECT_DOUBLE_EQ(held.params - sharded.params, 2 * n);
+  EXPECT_DOUBLE_EQ(held.grads - sharded.grads, 4 * n);
+  EXPECT_DOUBLE_EQ(sharded.buffers - held.buffers, 2 * gathered_unit_bytes(m, p, held.pp_rank));
+  EXPECT_DOUBLE_EQ(held.optimizer, sharded.optimizer);
+  EXPECT_DOUBLE_EQ(held.activations, sharded.activations);
+  // Without a pipeline (or without replicas to shard over) FSDP reshards as usual: nothing moves.
+  p.pp = 1, p.gpus = 32;
+  Plan q = p;
+  q.fsdp_unsharded_in_pipeline = false;
+  EXPECT_DOUBLE_EQ(memory_per_device(m, p, d, 0.0, 0.0).total, memory_per_device(m, q, d, 0.0, 0.0).total);
 }

@@ -140,6 +140,29 @@ TEST(Predict, ZeroThreePaysPerLayerRingLatency) {
   EXPECT_LT(predict(job.model, job.machine, p).breakdown.dp_comm, z3.breakdown.dp_comm);
 }
 
+TEST(Predict, FsdpUnderPipeliningGathersOncePerStep) {
+  // Plan::fsdp_unsharded_in_pipeline (FSDP2 under torch.distributed.pipelining): the units stay
+  // gathered and the gradients unsharded for the step, so each layer is gathered once (first
+  // forward) and reduce-scattered once (after the last backward), not per micro-batch.
+  Job job = parse_job(kJob, "job.toml",
+                      {"parallel.gpus=4096", "parallel.pp=8", "parallel.vp=1", "parallel.dp=64",
+                       "parallel.zero=3", "parallel.global_batch=1024"});
+  Plan p = resolve_plan(job.parallel, job.train.precision);
+  ASSERT_EQ(p.micro_batches(), 16);
+  const double per_micro_batch = predict(job.model, job.machine, p).breakdown.dp_comm;
+  p.fsdp_unsharded_in_pipeline = true;
+  const double once = predict(job.model, job.machine, p).breakdown.dp_comm;
+  const Group g = group_on_machine(64, 8, 8);
+  const double layers = double(layers_on_rank(job.model, p, 0));
+  const double n = double(parameters_on_rank(job.model, p, 0));
+  const double ag = ring_all_gather_time(2 * n / layers, g, job.machine);
+  const double rs = ring_all_gather_time(4 * n / layers, g, job.machine);
+  // Every reduce-scatter runs after the last backward (exposed); of the gathers at least the first.
+  EXPECT_GE(once, (ag + layers * rs) * (1 - 1e-12));
+  EXPECT_LE(once, layers * (ag + rs) * (1 + 1e-12));
+  EXPECT_LT(once, per_micro_batch / 8);
+}
+
 TEST(Predict, ZeroBandwidthIsRejectedWithTheKey) {
   Job job = parse_job(kJob, "job.toml");
   Plan p = resolve_plan(job.parallel, job.train.precision);
