@@ -138,11 +138,13 @@ Memory memory_of_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, bool w
   const double matrix = double(matrix_parameters_on_rank(m, p, pp_rank));
   // FSDP2 under PyTorch's pipelining (plan.hpp Plan::fsdp_unsharded_in_pipeline): for the whole
   // step the rank holds its parameters as gathered (16 bits, float8 matrices with fp8_all_gather)
-  // and their gradients unsharded in the reduce dtype, beside the fp32 shards.
+  // beside their fp32 shards, and their gradients unsharded in the reduce dtype INSTEAD of sharded:
+  // the step starts with the sharded gradients freed (zero_grad sets them to None) and the one
+  // reduce-scatter after the last backward frees each unit's unsharded gradient as it makes its shard.
   const bool unsharded = p.fsdp_unsharded_in_pipeline && p.zero >= 3 && p.pp > 1 && shards > 1;
   if (unsharded) {
     mem.params += gathered_weight_bytes(p, n, matrix);
-    mem.grads += (p.grads_16bit && p.precision != Precision::fp32 ? 2.0 : 4.0) * n;
+    mem.grads = (p.grads_16bit && p.precision != Precision::fp32 ? 2.0 : 4.0) * n;
   }
   // b.optimizer counts AdamW's two fp32 moments; another optimizer keeps per_matrix_element fp32
   // values per element of the layers' matrices and per_other_element on the rest (job/job.hpp

@@ -18,7 +18,7 @@ namespace exatrain::plan {
 // capacity still needs beyond what is counted (kFragmentationAtCapacity, fitted to which runs ran and
 // which failed out of memory; Memory::total).
 constexpr double kRuntimeReserveBytes = 1.0 * (1 << 30);
-constexpr double kFragmentation = 0.220;              // = plan::Calibration::fragmentation
+constexpr double kFragmentation = 0.235;              // = plan::Calibration::fragmentation
 constexpr double kFragmentationAtCapacity = 0.047;    // = plan::Calibration::fragmentation_at_capacity
 
 // Exact parameter count held by the rank at (pp_rank, tp_rank): the floats of the runtime model's

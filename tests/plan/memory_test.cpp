@@ -22,6 +22,14 @@ Plan tp_plan(int64_t tp, bool sp, int64_t mb) {
   p.seq_parallel = sp; p.attention = Attention::unfused; p.precision = Precision::bf16;
   return p;
 }
+// GPT-3 175B on 256 GPUs: tp 8 x pp 8 x dp 4, 16 micro-batches of one sequence.
+Plan pipelined_plan(Precision precision, int64_t zero) {
+  Plan p;
+  p.tp = 8; p.pp = 8; p.dp = 4; p.gpus = 256; p.micro_batch = 1; p.global_batch = 64;
+  p.precision = precision;
+  p.zero = zero;
+  return p;
+}
 }  // namespace
 
 TEST(Memory, KorthikantiActivationsPerLayer) {
@@ -151,9 +159,7 @@ TEST(Memory, EachOptimizerKeepsItsStatePerElement) {
 
 TEST(Memory, ZeroStagesShardStates) {
   ModelSpec m = gpt3_175b();
-  Plan p;
-  p.tp = 8; p.pp = 8; p.dp = 4; p.gpus = 256; p.micro_batch = 1; p.global_batch = 64;
-  p.precision = Precision::bf16;
+  Plan p = pipelined_plan(Precision::bf16, 0);
   const Device& d = find_device("a100-80g");
   Memory z0 = memory_per_device(m, p, d);
   p.zero = 1;
@@ -251,10 +257,7 @@ TEST(Memory, Fp8AllGatherHoldsTheGatheredMatricesInOneByte) {
   // torchao's float8 all-gather (Plan::fp8_all_gather): ZeRO 3's gathered units hold the layers'
   // matrices as float8, 1 byte each instead of 2; norms and biases stay 16-bit. Only fp8 under ZeRO 3.
   ModelSpec m = gpt3_175b();
-  Plan p;
-  p.tp = 8; p.pp = 8; p.dp = 4; p.gpus = 256; p.micro_batch = 1; p.global_batch = 64;
-  p.precision = Precision::fp8;
-  p.zero = 3;
+  Plan p = pipelined_plan(Precision::fp8, 3);
   const Device& d = find_device("h100-sxm");
   const double layer = double(layer_parameters(m)) / 8, mats = double(matrix_parameters_on_rank(m, p, 0)) / 12;
   EXPECT_LT(mats, layer);
@@ -275,13 +278,10 @@ TEST(Memory, Fp8AllGatherHoldsTheGatheredMatricesInOneByte) {
 
 TEST(Memory, FsdpUnderPipeliningHoldsTheRankGatheredForTheStep) {
   // FSDP2 under torch.distributed.pipelining (Plan::fsdp_unsharded_in_pipeline): each pipeline
-  // rank holds its parameters gathered (16 bits) and their gradients unsharded in fp32 for the
-  // whole step, beside the fp32 shards; no per-unit gather buffers on top.
+  // rank holds its parameters gathered (16 bits) beside their fp32 shards, and their gradients
+  // unsharded in fp32 instead of sharded, for the whole step; no per-unit gather buffers on top.
   ModelSpec m = gpt3_175b();
-  Plan p;
-  p.tp = 8; p.pp = 8; p.dp = 4; p.gpus = 256; p.micro_batch = 1; p.global_batch = 64;
-  p.precision = Precision::bf16;
-  p.zero = 3;
+  Plan p = pipelined_plan(Precision::bf16, 3);
   const Device& d = find_device("a100-80g");
   const Memory sharded = memory_per_device(m, p, d, 0.0, 0.0);
   p.fsdp_unsharded_in_pipeline = true;
@@ -289,13 +289,21 @@ TEST(Memory, FsdpUnderPipeliningHoldsTheRankGatheredForTheStep) {
   ASSERT_EQ(held.pp_rank, sharded.pp_rank);
   const double n = double(parameters_on_rank(m, p, held.pp_rank));
   EXPECT_DOUBLE_EQ(held.params - sharded.params, 2 * n);
-  EXPECT_DOUBLE_EQ(held.grads - sharded.grads, 4 * n);
+  EXPECT_DOUBLE_EQ(sharded.grads, 4 * n / 4);
+  EXPECT_DOUBLE_EQ(held.grads, 4 * n);
   EXPECT_DOUBLE_EQ(sharded.buffers - held.buffers, 2 * gathered_unit_bytes(m, p, held.pp_rank));
   EXPECT_DOUBLE_EQ(held.optimizer, sharded.optimizer);
   EXPECT_DOUBLE_EQ(held.activations, sharded.activations);
-  // Without a pipeline (or without replicas to shard over) FSDP reshards as usual: nothing moves.
-  p.pp = 1, p.gpus = 32;
-  Plan q = p;
-  q.fsdp_unsharded_in_pipeline = false;
-  EXPECT_DOUBLE_EQ(memory_per_device(m, p, d, 0.0, 0.0).total, memory_per_device(m, q, d, 0.0, 0.0).total);
+  // 16-bit gradients (FSDP's PURE policy) are held unsharded in 16 bits.
+  p.grads_16bit = true;
+  EXPECT_DOUBLE_EQ(memory_per_device(m, p, d, 0.0, 0.0).grads, 2 * n);
+  p.grads_16bit = false;
+  // Without replicas to shard over (dp * cp = 1), or without a pipeline, nothing moves.
+  for (auto [pp, dp] : {std::pair<int64_t, int64_t>{8, 1}, {1, 4}}) {
+    p.pp = pp, p.dp = dp, p.gpus = 8 * pp * dp, p.global_batch = 16 * dp;
+    Plan q = p;
+    q.fsdp_unsharded_in_pipeline = false;
+    EXPECT_DOUBLE_EQ(memory_per_device(m, p, d, 0.0, 0.0).total, memory_per_device(m, q, d, 0.0, 0.0).total)
+        << "pp " << pp << " dp " << dp;
+  }
 }
