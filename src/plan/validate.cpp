@@ -674,11 +674,15 @@ ValidationReport validate_runs(const std::string& csv_path, const Calibration& c
   for (const RunCase& rc : cases) {
     if (!rc.skip_reason.empty()) { rep.skipped.push_back(rc); continue; }
     const Prediction pr = predict(rc.model, rc.machine, rc.plan, cal);
-    const double gib = pr.memory.peak / double(1 << 30);
-    const double counted = memory_per_device(rc.model, rc.plan, find_device(rc.machine.device), 0.0, 0.0).total;
-    const double needed = pr.memory.total / double(1 << 30);
-    rep.memory.push_back({rc, gib, pr.fits, gib, pr.fits, needed, needed, counted / double(1 << 30),
-                          pr.device_memory_bytes / double(1 << 30)});
+    MemoryResult mr;
+    mr.run = rc;
+    mr.predicted_gib = mr.held_out_gib = pr.memory.peak / double(1 << 30);
+    mr.predicted_fits = mr.held_out_fits = pr.fits;
+    mr.needed_gib = mr.held_out_needed_gib = pr.memory.total / double(1 << 30);
+    // Memory::total is the counted sum times (1 + fragmentation_at_capacity) (plan/memory.hpp).
+    mr.counted_gib = mr.needed_gib / (1 + cal.fragmentation_at_capacity);
+    mr.device_gib = pr.device_memory_bytes / double(1 << 30);
+    rep.memory.push_back(mr);
     if (rc.memory_only) continue;
     CaseResult res;
     res.run = rc;
