@@ -22,10 +22,10 @@ Plan tp_plan(int64_t tp, bool sp, int64_t mb) {
   p.seq_parallel = sp; p.attention = Attention::unfused; p.precision = Precision::bf16;
   return p;
 }
-// GPT-3 175B on 256 GPUs: tp 8 x pp 8 x dp 4, 16 micro-batches of one sequence.
-Plan pipelined_plan(Precision precision, int64_t zero) {
+// GPT-3 175B on tp 8 x pp 8 x dp (64 dp GPUs), 16 micro-batches of one sequence per replica.
+Plan pipelined_plan(Precision precision, int64_t zero, int64_t dp = 4) {
   Plan p;
-  p.tp = 8; p.pp = 8; p.dp = 4; p.gpus = 256; p.micro_batch = 1; p.global_batch = 64;
+  p.tp = 8; p.pp = 8; p.dp = dp; p.gpus = 64 * dp; p.micro_batch = 1; p.global_batch = 16 * dp;
   p.precision = precision;
   p.zero = zero;
   return p;
@@ -184,9 +184,7 @@ TEST(Memory, ZeroStagesShardStates) {
 TEST(Memory, ZeroThreeWithoutReplicasIsZeroZero) {
   // dp * cp = 1: nothing to shard over, and the plan's note calls ZeRO 3 a no-op; so are its bytes.
   ModelSpec m = gpt3_175b();
-  Plan p;
-  p.tp = 8; p.pp = 8; p.dp = 1; p.gpus = 64; p.micro_batch = 1; p.global_batch = 16;
-  p.precision = Precision::bf16;
+  Plan p = pipelined_plan(Precision::bf16, 0, 1);
   const Device& d = find_device("a100-80g");
   Memory z0 = memory_per_device(m, p, d);
   p.zero = 3;
@@ -219,8 +217,7 @@ TEST(Memory, ARunNeedsLessThanThePeakAMonitorReports) {
   // its capacity still needs (fragmentation_at_capacity): both on the same counted sum, and predict's
   // `fits` compares total with the device's memory.
   ModelSpec m = gpt3_175b();
-  Plan p;
-  p.tp = 8; p.pp = 8; p.dp = 1; p.gpus = 64; p.micro_batch = 1; p.global_batch = 16;
+  Plan p = pipelined_plan(Precision::bf16, 0, 1);
   p.recompute = Recompute::full;
   const Device& d = find_device("a100-80g");
   const Memory none = memory_per_device(m, p, d, 0.0, 0.0);
