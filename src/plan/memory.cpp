@@ -186,7 +186,7 @@ Memory memory_of_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, bool w
   double sum = mem.params + mem.grads + mem.optimizer + mem.activations + buffers;
   mem.buffers = buffers + at_capacity * sum;
   mem.total = mem.params + mem.grads + mem.optimizer + mem.activations + mem.buffers;
-  mem.peak = (1 + fragmentation) * sum;
+  mem.peak = with_allocator_share(sum, fragmentation);
   return mem;
 }
 

@@ -56,6 +56,11 @@ double activation_bytes_per_layer(const ModelSpec& m, const Plan& p, Recompute r
 // fused 8, eager 12, compiled 4.
 double cross_entropy_bytes_per_logit(CrossEntropy ce);
 
+// Memory::peak and Memory::total are a rank's counted sum (weights, gradients, optimizer state,
+// activations, buffers) plus a share of it for the caching allocator: (1 + share) x counted, with
+// share = fragmentation (the peak a monitor reports) or fragmentation_at_capacity (what the run needs).
+inline double with_allocator_share(double counted, double share) { return (1 + share) * counted; }
+
 // Micro-batches (in units of the rank's whole layers) whose activations pipeline rank r holds at
 // the peak: gpipe m; 1F1B pp - r; interleaved (2 (pp-r-1) + (vp-1) pp + 1) / vp chunks' worth, which
 // at rank 0 is Korthikanti's pp (1 + (pp-1)/(pp vp)) (Sec. 4.2.3); never more than m. The runtime's

@@ -584,16 +584,16 @@ MemoryStats memory_stats(const std::vector<MemoryResult>& rows, bool held_out) {
   return st;
 }
 
-// The peak a monitor would report for a row with the given fragmentation (GiB): Memory::peak.
-double memory_with(const RunCase& rc, double fragmentation) {
-  const Device& d = find_device(rc.machine.device);
-  return memory_per_device(rc.model, rc.plan, d, fragmentation).peak / double(1 << 30);
-}
+// The peak a monitor would report for a row with the given fragmentation (GiB): Memory::peak, from
+// the row's counted memory (plan/memory.hpp with_allocator_share), no new memory model run.
+double peak_with(const MemoryResult& mr, double fragmentation) { return with_allocator_share(mr.counted_gib, fragmentation); }
 
-// Whether the row's run fits with this fragmentation_at_capacity (Memory::total = (1 + f) times what
-// is counted), and whether that is the right call: a run that failed out of memory must not fit, any
-// other (a measured peak or step: it ran) must.
-bool fits_with(const MemoryResult& mr, double at_capacity) { return (1 + at_capacity) * mr.counted_gib <= mr.device_gib; }
+// Whether the row's run fits with this fragmentation_at_capacity (Memory::total), and whether that is
+// the right call: a run that failed out of memory must not fit, any other (a measured peak or step: it
+// ran) must.
+bool fits_with(const MemoryResult& mr, double at_capacity) {
+  return with_allocator_share(mr.counted_gib, at_capacity) <= mr.device_gib;
+}
 bool call_right(const MemoryResult& mr, double at_capacity) { return fits_with(mr, at_capacity) != mr.run.measured_oom; }
 
 // The fragmentation_at_capacity that makes the most fit / does-not-fit calls right (a scan of
@@ -625,7 +625,7 @@ double fit_fragmentation(const std::vector<const MemoryResult*>& rows, double fa
     double sum = 0;
     int n = 0;
     for (const MemoryResult* mr : rows)
-      if (mr->run.measured_memory_gib) sum += std::fabs(memory_with(mr->run, f) / *mr->run.measured_memory_gib - 1), ++n;
+      if (mr->run.measured_memory_gib) sum += std::fabs(peak_with(*mr, f) / *mr->run.measured_memory_gib - 1), ++n;
     if (n && sum < best_mape) best_mape = sum, best = f;
   }
   return best;
@@ -648,8 +648,8 @@ void hold_out_memory(ValidationReport& rep, const Calibration& cal) {
                                            any ? "" : " (as shipped: no other source)", fc));
     for (MemoryResult& mr : rep.memory)
       if (mr.run.source == s) {
-        mr.held_out_gib = memory_with(mr.run, f);
-        mr.held_out_needed_gib = (1 + fc) * mr.counted_gib;
+        mr.held_out_gib = peak_with(mr, f);
+        mr.held_out_needed_gib = with_allocator_share(mr.counted_gib, fc);
         mr.held_out_fits = fits_with(mr, fc);
       }
   }
@@ -679,7 +679,7 @@ ValidationReport validate_runs(const std::string& csv_path, const Calibration& c
     mr.predicted_gib = mr.held_out_gib = pr.memory.peak / double(1 << 30);
     mr.predicted_fits = mr.held_out_fits = pr.fits;
     mr.needed_gib = mr.held_out_needed_gib = pr.memory.total / double(1 << 30);
-    // Memory::total is the counted sum times (1 + fragmentation_at_capacity) (plan/memory.hpp).
+    // Memory::total = with_allocator_share(counted, fragmentation_at_capacity) (plan/memory.hpp).
     mr.counted_gib = mr.needed_gib / (1 + cal.fragmentation_at_capacity);
     mr.device_gib = pr.device_memory_bytes / double(1 << 30);
     rep.memory.push_back(mr);
