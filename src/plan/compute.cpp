@@ -48,21 +48,61 @@ LinearTime linear_time(const Device& d, Precision prec, const Linear& l, double 
           gemm_seconds(d, prec, {t, l.K, l.N}, c) + gemm_seconds(d, prec, {l.K, l.N, t, 1, true}, c)};
 }
 
-// Element-wise bytes per token of one layer's forward on one tp rank (docs/planner.md counts them):
-// norms (read, write), residual adds (read two, write one; fused with the next norm: one read
-// fewer), dropout (read, write, a 1-byte mask; fused into the bias-dropout-add: the mask only),
-// the activation (GELU read, write; SwiGLU eager: silu then the product, fused: read two, write
-// one), RoPE on q and k. The h-sized ops run replicated on every tp rank without sequence
-// parallelism. `elem`: bytes per element.
-double elementwise_bytes_per_token(const ModelSpec& m, const Plan& p, double elem) {
+// What PyTorch eager (fused_kernels off) runs for two ops that have no single kernel there, in
+// bytes per element, forward and backward (the generic count is one read and one write: 2 elem
+// forward, 4 elem backward):
+//  - RMSNorm: nn.RMSNorm and torchtitan's RMSNorm are composites (aten/src/ATen/native/layer_norm.cpp
+//    rms_norm_symint, as of the torch of torchtitan's Dec 2024 runs): the input upcast to fp32 (read
+//    elem, write 4), pow 2 (8), mean (read 4), times the rsqrt (8), type_as (read 4, write elem),
+//    times the weight (2 elem); backward, the autograd of each: the weight product (the input's
+//    gradient 2 elem; the weight's, the product and its sum, 4 elem), type_as (4 + elem), the rsqrt
+//    product (8; for the rsqrt's gradient, the product with the input and its sum, 16), mean's
+//    expand (4), pow's grad * 2 * x^1 (28), the sum of the input's two gradients (12), the upcast
+//    (4 + elem). At fp32 the casts are no-ops.
+//  - RoPE: Llama's reference apply_rotary_emb (torchtitan's): q and k upcast to fp32 and viewed as
+//    complex (read elem, write 4), times freqs_cis (8), type_as (read 4, write elem); backward the
+//    same three.
+struct Composite { double fwd, bwd; };
+Composite eager_rmsnorm_bytes(double elem) {
+  const double cast = elem == 4 ? 0 : elem + 4;
+  return {cast + 8 + 4 + 8 + cast + 2 * elem, 6 * elem + cast + (8 + 16) + 4 + 28 + 12 + cast};
+}
+Composite eager_rope_bytes(double elem) {
+  const double cast = elem == 4 ? 0 : elem + 4;
+  return {cast + 8 + cast, cast + 8 + cast};
+}
+
+// Element-wise bytes per token of one layer on one tp rank (docs/planner.md counts them), forward
+// and backward: norms (read, write), residual adds (read two, write one; fused with the next norm:
+// one read fewer), dropout (read, write, a 1-byte mask; fused into the bias-dropout-add: the mask
+// only), the activation (GELU read, write; SwiGLU eager: silu then the product, fused: read two,
+// write one), RoPE on q and k; the backward twice the forward's passes, except eager RMSNorm and
+// RoPE, counted as PyTorch runs them (above). The h-sized ops run replicated on every tp rank
+// without sequence parallelism. `elem`: bytes per element.
+struct ElementwiseBytes { double fwd = 0, bwd = 0; };
+ElementwiseBytes elementwise_bytes_per_token(const ModelSpec& m, const Plan& p, double elem) {
   const double h = double(m.hidden), f = double(m.ffn_hidden), tp = double(p.tp);
   const bool fused = p.fused_kernels;
   const bool dropout = p.dropout.value_or(m.activation == Activation::gelu);
+  const bool rope = m.position == Position::rope && !p.alibi;
+  const double rope_elements = h + double(kv_dim(m));
   double replicated = 4 * h + (fused ? 4 * h : 6 * h);
   if (dropout) replicated += fused ? 1.0 * h : 5.0 * h;
   double split = m.activation == Activation::swiglu ? (fused ? 3 * f : 5 * f) : 2 * f;
-  if (m.position == Position::rope && !p.alibi) split += (fused ? 1.0 : 2.0) * (h + double(kv_dim(m)));
-  return elem * (replicated / (p.seq_parallel ? tp : 1.0) + split / tp);
+  if (rope) split += (fused ? 1.0 : 2.0) * rope_elements;
+  const double rep_div = p.seq_parallel ? tp : 1.0;
+  ElementwiseBytes b;
+  b.fwd = elem * (replicated / rep_div + split / tp);
+  b.bwd = 2 * b.fwd;
+  if (!fused && m.norm == Norm::rmsnorm) {  // two norms a layer, counted above as 2 elem and 4 elem each
+    const Composite c = eager_rmsnorm_bytes(elem);
+    b.fwd += 2 * h * (c.fwd - 2 * elem) / rep_div, b.bwd += 2 * h * (c.bwd - 4 * elem) / rep_div;
+  }
+  if (!fused && rope) {
+    const Composite c = eager_rope_bytes(elem);
+    b.fwd += rope_elements * (c.fwd - 2 * elem) / tp, b.bwd += rope_elements * (c.bwd - 4 * elem) / tp;
+  }
+  return b;
 }
 
 // fp8 casts per token of one layer (bytes), by recipe. Delayed scaling (Transformer Engine) needs
@@ -207,16 +247,20 @@ LayerTime layer_time(const ModelSpec& m, const Plan& p, const Device& d, const C
   }
   const AttentionTime attn =
       p.flash_attention() ? flash_attention_time(m, p, d, t, c) : unfused_attention_time(m, p, d, t, c);
-  const double ew = elementwise_bytes_per_token(m, p, elem) * t / bw;
+  const ElementwiseBytes ew_bytes = elementwise_bytes_per_token(m, p, elem);
+  const double ew = ew_bytes.fwd * t / bw, ew_bwd = ew_bytes.bwd * t / bw;
   const double casts = fp8 ? fp8_cast_bytes_per_token(ls, p, t) * t / bw : 0;
   lt.attention_fwd = attn.fwd;
   lt.fwd = lt.linear_fwd + attn.fwd + ew + casts;
-  lt.bwd = lt.linear_bwd + attn.bwd + 2 * ew + casts;
-  lt.linear = lt.linear_fwd + lt.linear_bwd, lt.attention = attn.fwd + attn.bwd, lt.elementwise = 3 * ew;
+  lt.bwd = lt.linear_bwd + attn.bwd + ew_bwd + casts;
+  lt.linear = lt.linear_fwd + lt.linear_bwd, lt.attention = attn.fwd + attn.bwd, lt.elementwise = ew + ew_bwd;
   lt.casts = 2 * casts;
   if (p.recompute == Recompute::full) {
-    lt.recompute = lt.fwd;
-    lt.linear += lt.linear_fwd, lt.attention += attn.fwd, lt.elementwise += ew, lt.casts += casts;
+    // With early stop (plan.hpp Plan::recompute_early_stop) the last linear's forward GEMM is not
+    // rerun; the residual add after it (6 bytes a hidden value per token) is left in: a small excess.
+    const double skipped = p.recompute_early_stop ? linear_time(d, p.precision, ls.back(), t, c).fwd : 0;
+    lt.recompute = lt.fwd - skipped;
+    lt.linear += lt.linear_fwd - skipped, lt.attention += attn.fwd, lt.elementwise += ew, lt.casts += casts;
   }
   if (p.recompute == Recompute::selective) lt.recompute = attn.fwd, lt.attention += attn.fwd;
   if (p.recompute == Recompute::op) {

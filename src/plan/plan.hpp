@@ -96,6 +96,19 @@ struct Plan {
   // 405B rows). ZeRO 3 with pp > 1 only. Not a job key (this runtime gathers per micro-batch):
   // validation sets it for torchtitan's pipelined runs.
   bool fsdp_unsharded_in_pipeline = false;
+  // Full recomputation that stops early: PyTorch's non-reentrant checkpoint (torch.utils.checkpoint
+  // use_reentrant=False, torch >= 2.1; torchtitan's checkpoint_wrapper, composer's FSDP
+  // activation_checkpointing_reentrant: false) stops rerunning the forward as soon as the last tensor
+  // the backward needs is rebuilt (checkpoint.py: _StopRecomputationError from the pack hook of the
+  // last saved tensor; set_checkpoint_early_stop, on by default), and torch.compile's partitioner
+  // recomputes only what the backward graph uses. A layer's last linear (the MLP's down projection)
+  // saves its input before its GEMM runs and nothing after it saves a tensor (no dropout), so its
+  // forward GEMM is not rerun: compute.cpp's layer_time leaves it out of the recompute. Not where
+  // the linear is a custom autograd Function that saves after its forward (Transformer Engine's
+  // modules, torchao's eager Float8Linear) nor under Megatron's or DeepSpeed's reentrant
+  // checkpointing or this runtime (model/recompute_policy.hpp reruns the whole layer). Not a job key:
+  // validation sets it per source and date.
+  bool recompute_early_stop = false;
   // Element-wise kernels: fused (Megatron's bias-GELU and bias-dropout-add, TE, torch.compile) or
   // one kernel per op (PyTorch eager); plan/compute.cpp counts each one's bytes.
   bool fused_kernels = true;

@@ -174,6 +174,10 @@ std::string framework_of(const std::string& source, const std::string& source_ce
       p.grads_16bit = true;
     }
     p.fsdp_grad_pass = true;  // composer wraps the model in torch's FullyShardedDataParallel (FSDP1)
+    // submit_benchmarks.py sets activation_checkpointing_reentrant: false; the 2024 sweep's torch
+    // stops the recomputation early (plan.hpp), the 2023 one's (its default image: torch 1.13.1)
+    // reran the whole block. TE's fp8 modules save after their forward: nothing skipped.
+    p.recompute_early_stop = !has(notes, "MP mode PURE") && p.precision != Precision::fp8;
   }
   if (has(source, "torchtitan")) {
     // The trainy-whitefiber H200 benchmark's row does not restate it, but the command that file
@@ -194,6 +198,9 @@ std::string framework_of(const std::string& source, const std::string& source_ce
     // "float8 linears + fp8 all-gather" (--float8.enable_fsdp_float8_all_gather): FSDP2 gathers
     // the linears' weights as float8 (plan.hpp Plan::fp8_all_gather).
     p.fp8_all_gather = has(prec, "fp8 all-gather") || has(prec, "float8 all-gather");
+    // Full AC is torch's checkpoint_wrapper (non-reentrant): early stop in eager mode, the
+    // partitioner's recompute under torch.compile; eager Float8Linear saves after its forward.
+    p.recompute_early_stop = p.fused_kernels || p.precision != Precision::fp8;
     // With pp > 1 FSDP2 keeps each rank's units gathered and their gradients unsharded for the
     // step (torchtitan's apply_fsdp, torch.distributed.pipelining's stage; plan.hpp).
     p.fsdp_unsharded_in_pipeline = p.pp > 1 && p.zero >= 3;

@@ -133,10 +133,10 @@ TEST(Calibrate, AttentionIsFittedApartFromSustainedOnRunsOfSeveralSequenceLength
   // One model on one GPU count at 1k to 32k tokens per sequence (the same tokens per step):
   // attention's share of the step grows with the sequence, so the runs separate the attention
   // kernel's rate from the rest of the compute. A machine whose attention runs at 0.6 of the
-  // model's figure (e.g. a position bias inside the kernel) and sustains 0.7: the automatic
+  // model's figure (e.g. a position bias inside the kernel) and sustains 0.68: the automatic
   // choice takes attention before network and bw_efficiency and recovers both.
   Calibration truth = default_calibration();
-  truth.set("h100-sxm.sustained=0.7");
+  truth.set("h100-sxm.sustained=0.68");
   truth.set("h100-sxm.attention=0.6");
   std::vector<MeasuredRun> rs;
   for (int64_t s : {1024, 4096, 16384, 32768})
@@ -146,7 +146,7 @@ TEST(Calibrate, AttentionIsFittedApartFromSustainedOnRunsOfSeveralSequenceLength
   const CalibrateResult r = calibrate(rs, default_calibration(), {});
   ASSERT_GE(r.constants.size(), 2u);
   EXPECT_EQ(r.constants[1], "h100-sxm.attention");
-  EXPECT_NEAR(r.cal.get("h100-sxm.sustained"), 0.7, 0.01);
+  EXPECT_NEAR(r.cal.get("h100-sxm.sustained"), 0.68, 0.01);
   EXPECT_NEAR(r.cal.get("h100-sxm.attention"), 0.6, 0.01);
   EXPECT_LT(r.fit_mape_pct, 0.2);
   EXPECT_LT(r.loo_mape_pct, 0.5) << fmt::format("{}", fmt::join(r.constants, ","));
@@ -200,7 +200,7 @@ TEST(Calibrate, AttentionIsFittedApartFromSustainedOnRunsOfSeveralSequenceLength
   EXPECT_TRUE(undetermined(large, default_calibration(), {"h100-sxm.sustained", "h100-sxm.attention"}).empty());
   const CalibrateResult few = calibrate(large, default_calibration(), {});
   EXPECT_EQ(std::count(few.constants.begin(), few.constants.end(), "h100-sxm.attention"), 0);
-  EXPECT_NE(few.choice.find("attention not fitted: attention's share of these runs' steps differs by 6.1 points"),
+  EXPECT_NE(few.choice.find("attention not fitted: attention's share of these runs' steps differs by 6.0 points"),
             std::string::npos) << few.choice;
 }
 

@@ -108,6 +108,37 @@ TEST(Compute, RecomputationReexecutesWhatEachModeDrops) {
   EXPECT_LT(op.recompute, share * none.linear_fwd * 1.1 + (none.fwd - none.linear_fwd - none.attention_fwd));
 }
 
+TEST(Compute, EarlyStopLeavesTheLastLinearsForwardGemmOutOfTheRecompute) {
+  // PyTorch's non-reentrant checkpoint stops at the down projection's saved input: its forward
+  // GEMM (t tokens x h outputs x f inputs) is the only thing full recomputation no longer reruns.
+  const ModelSpec m = llama_like();
+  const Device& h100 = find_device("h100-sxm");
+  const Calibration& c = default_calibration();
+  Plan p = one_gpu(2);
+  p.recompute = Recompute::full;
+  const LayerTime whole = layer_time(m, p, h100, c);
+  p.recompute_early_stop = true;
+  const LayerTime early = layer_time(m, p, h100, c);
+  const double down = gemm_seconds(h100, Precision::bf16, {2.0 * 8192, 4096, 14336}, c);
+  EXPECT_NEAR(whole.recompute - early.recompute, down, 1e-15);
+  EXPECT_NEAR(whole.linear - early.linear, down, 1e-15);
+  EXPECT_NEAR(whole.total() - early.total(), down, 1e-15);
+  EXPECT_EQ(early.attention, whole.attention);
+  EXPECT_EQ(early.fwd, whole.fwd);
+  // Of the SwiGLU layer's forward GEMMs (q, k, v, o, gate, up, down) the down projection is
+  // h f / (h (h + 2 kv) + h h + 3 h f) of the FLOPs, about 29% here.
+  const double h = 4096, kv = 1024, f = 14336;
+  EXPECT_NEAR(down / whole.linear_fwd, h * f / (h * (h + 2 * kv) + h * h + 3 * h * f), 0.02);
+  // It changes nothing without full recomputation.
+  for (Recompute r : {Recompute::none, Recompute::selective, Recompute::op}) {
+    p.recompute = r;
+    p.recompute_early_stop = false;
+    const double before = layer_time(m, p, h100, c).total();
+    p.recompute_early_stop = true;
+    EXPECT_EQ(layer_time(m, p, h100, c).total(), before);
+  }
+}
+
 TEST(Compute, FusedKernelsAndFp8CastsAreCountedBytes) {
   const ModelSpec m = llama_like();
   const Device& h100 = find_device("h100-sxm");
@@ -119,7 +150,16 @@ TEST(Compute, FusedKernelsAndFp8CastsAreCountedBytes) {
   // for forward + backward (2x).
   EXPECT_NEAR(layer_time(m, p, h100, c).elementwise, 3 * 2 * t * (8 * h + 3 * f + (h + kv)) / bw, 1e-12);
   p.fused_kernels = false;
-  EXPECT_NEAR(layer_time(m, p, h100, c).elementwise, 3 * 2 * t * (10 * h + 5 * f + 2 * (h + kv)) / bw, 1e-12);
+  // Eager: one read and one write per op, except PyTorch's composite RMSNorm (36 bytes an element
+  // forward, 92 backward, for the 4 and 8 of one read and write at 2 bytes) and Llama's complex
+  // fp32 RoPE (20 and 20 for 4 and 8) on q and k.
+  const double generic = 2 * (10 * h + 5 * f + 2 * (h + kv));
+  const double norms = 2 * h * ((36 - 4) + (92 - 8)), rope = (h + kv) * ((20 - 4) + (20 - 8));
+  EXPECT_NEAR(layer_time(m, p, h100, c).elementwise, t * (3 * generic + norms + rope) / bw, 1e-12);
+  // A LayerNorm model without RoPE runs one kernel per norm in eager mode too: the generic count.
+  ModelSpec ln = m;
+  ln.norm = Norm::layernorm, ln.position = Position::learned;
+  EXPECT_NEAR(layer_time(ln, p, h100, c).elementwise, 3 * 2 * t * (10 * h + 5 * f) / bw, 1e-12);
   // fp8: TE's delayed scaling with fused modules writes 1 byte per input element and 4 per
   // output-gradient element of each linear layer.
   p.precision = Precision::fp8;
@@ -139,8 +179,8 @@ TEST(Compute, AlibiRunsNoRopeAndWritesItsBiasIntoUnfusedScores) {
   Plan p = one_gpu();
   p.fused_kernels = false;
   const double rope = layer_time(m, p, a100, c).elementwise;
-  p.alibi = true;  // MPT, BLOOM: no RoPE kernels (eager: 2 (h + kv) bytes per token forward, x3)
-  EXPECT_NEAR(rope - layer_time(m, p, a100, c).elementwise, 3 * 2 * t * 2 * (h + kv) / bw, 1e-12);
+  p.alibi = true;  // MPT, BLOOM: no RoPE kernels (eager: Llama's complex fp32 RoPE, 20 + 20 bytes an element)
+  EXPECT_NEAR(rope - layer_time(m, p, a100, c).elementwise, t * 40 * (h + kv) / bw, 1e-12);
   // Unfused attention: baddbmm(alibi, q, k^T) writes the broadcast bias into the scores and reads
   // it back as C: 4 bytes more per score element forward (32 heads x 8192 x 8192 at 16 bits).
   p.attention = Attention::unfused;
