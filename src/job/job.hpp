@@ -99,10 +99,14 @@ struct ParallelSpec {
   // --overlap-grad-reduce; DDP, FSDP, DeepSpeed ZeRO-3, NeMo and this runtime do), the ZeRO
   // parameter all-gather with the next step's forward (--overlap-param-gather: Megatron's default
   // off), the tensor-parallel all-gathers and reduce-scatters with the GEMMs (--tp-comm-overlap,
-  // torchtitan's async TP: off unless asked).
+  // torchtitan's async TP: off unless asked). recompute_early_stop: full recomputation stops before
+  // each layer's last linear, as PyTorch's non-reentrant checkpoint (torch >= 2.1: torchtitan,
+  // FSDP/composer with activation_checkpointing_reentrant false) and torch.compile do; off:
+  // Megatron, DeepSpeed and this runtime re-run the whole layer (plan/plan.hpp Plan::recompute_early_stop).
   bool overlap_grad_reduce = true;
   bool overlap_param_gather = false;
   TpCommOverlap tp_comm_overlap = TpCommOverlap::none;
+  bool recompute_early_stop = false;
   bool operator==(const ParallelSpec&) const = default;
 };
 

@@ -869,9 +869,10 @@ void parse_parallel_section(Section& s, ParallelSpec& p) {
   s.get_bool("overlap_param_gather", p.overlap_param_gather);
   s.get_bool_or_word("tp_comm_overlap", "forward", TpCommOverlap::none, TpCommOverlap::all, TpCommOverlap::forward,
                      p.tp_comm_overlap);
+  s.get_bool("recompute_early_stop", p.recompute_early_stop);
   s.report_unknown({"gpus", "tp", "pp", "dp", "cp", "vp", "zero", "micro_batch", "global_batch",
                     "recompute", "seq_parallel", "schedule", "layers_per_stage", "watchdog_timeout_s",
-                    "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"});
+                    "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "recompute_early_stop"});
 }
 
 // [train] and its [optimizer] table: precision, the optimizer and its schedule, the run's files, the
@@ -1111,7 +1112,8 @@ std::string job_to_toml(const Job& job) {
   out += line("watchdog_timeout_s", p.watchdog_timeout_s) + line("overlap_grad_reduce", p.overlap_grad_reduce) +
          line("overlap_param_gather", p.overlap_param_gather) +
          (tp_overlap_forward ? line("tp_comm_overlap", "forward")
-                             : line("tp_comm_overlap", p.tp_comm_overlap == TpCommOverlap::all));
+                             : line("tp_comm_overlap", p.tp_comm_overlap == TpCommOverlap::all)) +
+         line("recompute_early_stop", p.recompute_early_stop);
   out += "\n[train]\n";
   out += line("precision", to_string(t.precision)) + line("optimizer", t.optimizer) + line("steps", t.steps) +
          line("seed", int64_t(t.seed)) + line("lr", t.lr) + line("min_lr", t.min_lr) +

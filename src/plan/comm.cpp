@@ -49,6 +49,9 @@ namespace {
 // What every kind's count needs: the rank's micro-batches, tokens, layers and stage.
 struct RankWork {
   int64_t elem, mb, t, act, layers, fwd_passes;
+  // Full recomputation with early stop (Plan::recompute_early_stop) does not re-run a layer's last
+  // tp collective (the MLP's reduce-scatter, or its all-reduce without sequence parallelism).
+  int64_t skipped_per_layer;
   bool first, last;
 };
 RankWork rank_work(const ModelSpec& m, const Plan& p, const RankPosition& pos) {
@@ -60,6 +63,7 @@ RankWork rank_work(const ModelSpec& m, const Plan& p, const RankPosition& pos) {
   w.layers = layers_on_rank(m, p, pos.pp_rank);
   w.first = pos.pp_rank == 0, w.last = pos.pp_rank == p.pp - 1;
   w.fwd_passes = p.recompute == Recompute::full ? 2 : 1;
+  w.skipped_per_layer = p.recompute == Recompute::full && p.recompute_early_stop ? 1 : 0;
   return w;
 }
 
@@ -72,11 +76,11 @@ void tp_bytes(const ModelSpec& m, const Plan& p, const RankPosition& pos, const 
   int64_t per_mb_ar = 0, per_mb_rs = 0, per_mb_ag = 0;  // collective counts per micro-batch
   if (p.seq_parallel) {
     per_mb_ag += layers * 2 * (fwd_passes + 1);
-    per_mb_rs += layers * 2 * (fwd_passes + 1);
+    per_mb_rs += layers * (2 * (fwd_passes + 1) - w.skipped_per_layer);
     if (first) { per_mb_rs += 1; per_mb_ag += 1; }  // embedding output / its gradient back to all rows
     if (last) { per_mb_ag += 1; per_mb_rs += 1; }  // LM head input forward / its grad backward
   } else {
-    per_mb_ar += layers * 2 * (fwd_passes + 1);
+    per_mb_ar += layers * (2 * (fwd_passes + 1) - w.skipped_per_layer);
     if (first) per_mb_ar += 1;
     if (last) per_mb_ar += 1;
   }

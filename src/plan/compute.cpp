@@ -51,10 +51,11 @@ LinearTime linear_time(const Device& d, Precision prec, const Linear& l, double 
 // What PyTorch eager (fused_kernels off) runs for two ops that have no single kernel there, in
 // bytes per element, forward and backward (the generic count is one read and one write: 2 elem
 // forward, 4 elem backward):
-//  - RMSNorm: nn.RMSNorm and torchtitan's RMSNorm are composites (aten/src/ATen/native/layer_norm.cpp
-//    rms_norm_symint, as of the torch of torchtitan's Dec 2024 runs): the input upcast to fp32 (read
-//    elem, write 4), pow 2 (8), mean (read 4), times the rsqrt (8), type_as (read 4, write elem),
-//    times the weight (2 elem); backward, the autograd of each: the weight product (the input's
+//  - RMSNorm: Llama's reference one (torchtitan's models/norms.py RMSNorm, the "rmsnorm" of its Llama
+//    3 configs; Meta's model.py and Hugging Face's LlamaRMSNorm alike) is eight kernels: the input
+//    upcast to fp32 (read elem, write 4), pow 2 (8), mean (read 4), times the rsqrt (8), type_as (read
+//    4, write elem), times the weight (2 elem) (nn.RMSNorm's composite multiplies by the weight
+//    before the cast back: a few bytes more, not distinguished); backward, the autograd of each: the weight product (the input's
 //    gradient 2 elem; the weight's, the product and its sum, 4 elem), type_as (4 + elem), the rsqrt
 //    product (8; for the rsqrt's gradient, the product with the input and its sum, 16), mean's
 //    expand (4), pow's grad * 2 * x^1 (28), the sum of the input's two gradients (12), the upcast
@@ -260,7 +261,8 @@ LayerTime layer_time(const ModelSpec& m, const Plan& p, const Device& d, const C
     // rerun; the residual add after it (6 bytes a hidden value per token) is left in: a small excess.
     const double skipped = p.recompute_early_stop ? linear_time(d, p.precision, ls.back(), t, c).fwd : 0;
     lt.recompute = lt.fwd - skipped;
-    lt.linear += lt.linear_fwd - skipped, lt.attention += attn.fwd, lt.elementwise += ew, lt.casts += casts;
+    lt.linear_recompute = lt.linear_fwd - skipped;
+    lt.linear += lt.linear_recompute, lt.attention += attn.fwd, lt.elementwise += ew, lt.casts += casts;
   }
   if (p.recompute == Recompute::selective) lt.recompute = attn.fwd, lt.attention += attn.fwd;
   if (p.recompute == Recompute::op) {

@@ -37,8 +37,10 @@ double gemm_shape_efficiency(const Device& d, const Gemm& g, const Calibration& 
 struct LayerTime {
   double fwd = 0, bwd = 0, recompute = 0;  // compute incl. memory-bound work
   double attention_fwd = 0;                // part of fwd: the attention core (overlaps cp)
-  // The linear layers' GEMMs: what tensor-parallel communication overlaps with (tp_comm_overlap).
-  double linear_fwd = 0, linear_bwd = 0;
+  // The linear layers' GEMMs: what tensor-parallel communication overlaps with (tp_comm_overlap);
+  // linear_recompute: those full recomputation re-runs (linear_fwd, less the last linear's with
+  // Plan::recompute_early_stop; 0 for the other modes, whose recompute has no tp collectives here).
+  double linear_fwd = 0, linear_bwd = 0, linear_recompute = 0;
   // Where the layer's time goes, forward + backward + recompute: linear-layer GEMMs, the attention
   // core, element-wise kernels, fp8 casts (sums to total()).
   double linear = 0, attention = 0, elementwise = 0, casts = 0;

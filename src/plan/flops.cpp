@@ -44,20 +44,22 @@ double model_flops_per_step(const ModelSpec& m, int64_t global_batch) {
   return 3.0 * double(global_batch) * double(m.seq_len) * forward_flops_per_token(m);
 }
 
-double recompute_flops_per_step(const ModelSpec& m, int64_t global_batch, Recompute r) {
+double recompute_flops_per_step(const ModelSpec& m, int64_t global_batch, Recompute r, bool early_stop) {
   double tokens = double(global_batch) * double(m.seq_len);
+  const double down_projection = 2.0 * double(m.hidden) * double(m.ffn_hidden);  // per token
   switch (r) {
     case Recompute::none: return 0;
     case Recompute::selective: return tokens * m.layers * layer_attention_flops_per_token(m);
     case Recompute::full:
-      return tokens * m.layers * (layer_gemm_flops_per_token(m) + layer_attention_flops_per_token(m));
+      return tokens * m.layers *
+             (layer_gemm_flops_per_token(m) - (early_stop ? down_projection : 0) + layer_attention_flops_per_token(m));
     case Recompute::op: return tokens * m.layers * op_recompute_gemm_flops_per_token(m);
   }
   return 0;
 }
 
-double hardware_flops_per_step(const ModelSpec& m, int64_t global_batch, Recompute r) {
-  return model_flops_per_step(m, global_batch) + recompute_flops_per_step(m, global_batch, r);
+double hardware_flops_per_step(const ModelSpec& m, int64_t global_batch, Recompute r, bool early_stop) {
+  return model_flops_per_step(m, global_batch) + recompute_flops_per_step(m, global_batch, r, early_stop);
 }
 
 // Parameter counts in 128-bit integers: the job file allows shapes (hidden up to 2^40, layers up

@@ -33,11 +33,12 @@ double forward_flops_per_token(const ModelSpec& m);
 
 // Model FLOPs of one optimizer step (forward + backward, no recomputation).
 double model_flops_per_step(const ModelSpec& m, int64_t global_batch);
-// What recomputation re-executes per step: full = one more forward of every layer; selective =
-// the attention core (QK^T, softmax, attn@V) of every layer; op = every second matmul; none = 0.
-double recompute_flops_per_step(const ModelSpec& m, int64_t global_batch, Recompute r);
+// What recomputation re-executes per step: full = one more forward of every layer (with
+// `early_stop`, Plan::recompute_early_stop, less each layer's down projection); selective = the
+// attention core (QK^T, softmax, attn@V) of every layer; op = every second matmul; none = 0.
+double recompute_flops_per_step(const ModelSpec& m, int64_t global_batch, Recompute r, bool early_stop = false);
 // Hardware FLOPs = model FLOPs + recomputation.
-double hardware_flops_per_step(const ModelSpec& m, int64_t global_batch, Recompute r);
+double hardware_flops_per_step(const ModelSpec& m, int64_t global_batch, Recompute r, bool early_stop = false);
 
 // Parameters. Counted in 128-bit arithmetic: a model of more than kMaxParameters is refused
 // (exatrain::Error with the figure) rather than counted modulo 2^64.

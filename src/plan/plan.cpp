@@ -49,6 +49,7 @@ Plan resolve_plan(const ParallelSpec& par, Precision precision) {
   p.overlap_grad_reduce = par.overlap_grad_reduce;
   p.overlap_param_gather = par.overlap_param_gather;
   p.tp_comm_overlap = p.tp > 1 ? par.tp_comm_overlap : TpCommOverlap::none;
+  p.recompute_early_stop = par.recompute_early_stop;
   return p;
 }
 
@@ -77,6 +78,9 @@ std::vector<std::string> plan_notes(const Job& job, const Plan& p) {
                     "before its use and prefetches the next layer's anyway)");
   if (set("parallel.overlap_param_gather") && par.overlap_param_gather && p.zero > 0 && p.dp * p.cp == 1)
     notes.push_back("overlap_param_gather = true has no effect with dp * cp = 1 (no parameter all-gather)");
+  if (set("parallel.recompute_early_stop") && par.recompute_early_stop && p.recompute != Recompute::full)
+    notes.push_back(fmt::format("recompute_early_stop = true has no effect at recompute = \"{}\" (it skips the "
+                                "last linear of a fully recomputed layer)", to_string(p.recompute)));
   if (set("parallel.overlap_grad_reduce") && par.overlap_grad_reduce && p.dp * p.cp == 1)
     notes.push_back("overlap_grad_reduce = true has no effect with dp * cp = 1 (no gradient reduction)");
   if (set("train.fp8_recipe") && p.precision != Precision::fp8)
@@ -178,6 +182,10 @@ bool Rules::runtime() {
     return fail({"parallel.recompute"}, "recompute = \"op\" (op-level selective checkpointing) is planned but not run",
                 "[parallel] recompute = \"op\": op-level selective checkpointing is planned but not run by the trainer "
                 "(expected \"none\", \"selective\" or \"full\")");
+  if (p.recompute_early_stop && p.recompute == Recompute::full)
+    return fail({"parallel.recompute_early_stop"}, "recompute_early_stop = true is planned but not run",
+                "[parallel] recompute_early_stop = true: the trainer re-runs every fully recomputed layer whole "
+                "(model/recompute_policy.hpp; expected false)");
   if (p.cp != 1)
     return fail({"parallel.cp"}, fmt::format("cp = {}: context parallelism is planned but not run", p.cp),
                 fmt::format("[parallel] cp = {}: context parallelism is planned but not run by the trainer "

@@ -106,8 +106,8 @@ struct Plan {
   // forward GEMM is not rerun: compute.cpp's layer_time leaves it out of the recompute. Not where
   // the linear is a custom autograd Function that saves after its forward (Transformer Engine's
   // modules, torchao's eager Float8Linear) nor under Megatron's or DeepSpeed's reentrant
-  // checkpointing or this runtime (model/recompute_policy.hpp reruns the whole layer). Not a job key:
-  // validation sets it per source and date.
+  // checkpointing or this runtime (model/recompute_policy.hpp reruns the whole layer, so `train`
+  // refuses it). [parallel] recompute_early_stop (default false); validation sets it per source and date.
   bool recompute_early_stop = false;
   // Element-wise kernels: fused (Megatron's bias-GELU and bias-dropout-add, TE, torch.compile) or
   // one kernel per op (PyTorch eager); plan/compute.cpp counts each one's bytes.

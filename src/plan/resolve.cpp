@@ -149,6 +149,7 @@ Plan plan_from_job(const Job& job, int world) {
   r.vp = resolved(job, p.vp, "vp");
   r.schedule = resolved(job, p.schedule, "schedule");
   r.layers_per_stage = p.layers_per_stage;
+  r.recompute_early_stop = p.recompute_early_stop;  // planned, not run: plan_problem refuses it for train
   r.precision = job.train.precision;
   r.set_optimizer(job.train);
   // dp omitted (or "auto": there is one fit) is inferred.

@@ -123,6 +123,7 @@ Plan base_plan(const ParallelSpec& f, const TrainSpec& train, int64_t tp, int64_
   base.overlap_grad_reduce = f.overlap_grad_reduce;
   base.overlap_param_gather = f.overlap_param_gather && zero > 0;
   base.tp_comm_overlap = tp > 1 ? f.tp_comm_overlap : TpCommOverlap::none;
+  base.recompute_early_stop = f.recompute_early_stop;  // acts on the candidates with recompute = full
   base.layers_per_stage = f.layers_per_stage;
   return base;
 }

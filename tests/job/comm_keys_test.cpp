@@ -270,6 +270,17 @@ TEST(JobComm, TpCommOverlapIsABoolOrForward) {
   EXPECT_TRUE(contains(e, "[parallel] tp_comm_overlap = \"backward\": expected true, false or \"forward\"")) << e;
 }
 
+// [parallel] recompute_early_stop: false by default (Megatron, DeepSpeed and this trainer re-run
+// whole layers); read and round-tripped; a bool only.
+TEST(JobComm, RecomputeEarlyStopIsABool) {
+  EXPECT_FALSE(parse_job("", "job.toml").parallel.recompute_early_stop);
+  const Job j = parse_job("[parallel]\nrecompute_early_stop = true\n", "job.toml");
+  EXPECT_TRUE(j.parallel.recompute_early_stop);
+  EXPECT_TRUE(parse_job(job_to_toml(j), "roundtrip.toml").parallel.recompute_early_stop);
+  const std::string e = parse_error("[parallel]\nrecompute_early_stop = \"yes\"\n");
+  EXPECT_TRUE(contains(e, "[parallel] recompute_early_stop")) << e;
+}
+
 // [train] grad_reduce_dtype (docs/precision.md): read, round-tripped, refused by name with a
 // compressor, with ZeRO 3 and with ZeRO 1's unequal shards; it halves the planner's dp gradient
 // reduction bytes and nothing else.

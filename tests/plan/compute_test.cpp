@@ -106,28 +106,23 @@ TEST(Compute, RecomputationReexecutesWhatEachModeDrops) {
   const double share = (h * kv + h * h + h * f) / (h * (h + 2 * kv) + h * h + 3 * h * f);
   EXPECT_GT(op.recompute, share * none.linear_fwd);
   EXPECT_LT(op.recompute, share * none.linear_fwd * 1.1 + (none.fwd - none.linear_fwd - none.attention_fwd));
-}
-
-TEST(Compute, EarlyStopLeavesTheLastLinearsForwardGemmOutOfTheRecompute) {
-  // PyTorch's non-reentrant checkpoint stops at the down projection's saved input: its forward
-  // GEMM (t tokens x h outputs x f inputs) is the only thing full recomputation no longer reruns.
-  const ModelSpec m = llama_like();
-  const Device& h100 = find_device("h100-sxm");
-  const Calibration& c = default_calibration();
-  Plan p = one_gpu(2);
+  // Early stop (PyTorch's non-reentrant checkpoint) stops at the down projection's saved input: its
+  // forward GEMM (t tokens x h outputs x f inputs) is the only thing full recomputation no longer
+  // reruns; of the SwiGLU layer's forward GEMMs (q, k, v, o, gate, up, down) it is
+  // h f / (h (h + 2 kv) + h h + 3 h f) of the FLOPs, about 27% here.
   p.recompute = Recompute::full;
   const LayerTime whole = layer_time(m, p, h100, c);
   p.recompute_early_stop = true;
   const LayerTime early = layer_time(m, p, h100, c);
   const double down = gemm_seconds(h100, Precision::bf16, {2.0 * 8192, 4096, 14336}, c);
   EXPECT_NEAR(whole.recompute - early.recompute, down, 1e-15);
+  EXPECT_EQ(whole.linear_recompute, whole.linear_fwd);  // what tp collectives of the recompute hide under
+  EXPECT_NEAR(early.linear_recompute, whole.linear_fwd - down, 1e-15);
+  EXPECT_EQ(none.linear_recompute, 0);
   EXPECT_NEAR(whole.linear - early.linear, down, 1e-15);
   EXPECT_NEAR(whole.total() - early.total(), down, 1e-15);
   EXPECT_EQ(early.attention, whole.attention);
   EXPECT_EQ(early.fwd, whole.fwd);
-  // Of the SwiGLU layer's forward GEMMs (q, k, v, o, gate, up, down) the down projection is
-  // h f / (h (h + 2 kv) + h h + 3 h f) of the FLOPs, about 29% here.
-  const double h = 4096, kv = 1024, f = 14336;
   EXPECT_NEAR(down / whole.linear_fwd, h * f / (h * (h + 2 * kv) + h * h + 3 * h * f), 0.02);
   // It changes nothing without full recomputation.
   for (Recompute r : {Recompute::none, Recompute::selective, Recompute::op}) {
@@ -156,6 +151,16 @@ TEST(Compute, FusedKernelsAndFp8CastsAreCountedBytes) {
   const double generic = 2 * (10 * h + 5 * f + 2 * (h + kv));
   const double norms = 2 * h * ((36 - 4) + (92 - 8)), rope = (h + kv) * ((20 - 4) + (20 - 8));
   EXPECT_NEAR(layer_time(m, p, h100, c).elementwise, t * (3 * generic + norms + rope) / bw, 1e-12);
+  // At tp 2 the split ops (the MLP's, RoPE on the rank's heads) halve; the norms too with sequence
+  // parallelism only.
+  p.tp = 2;
+  const double split = 5 * f + 2 * (h + kv), replicated = 10 * h;
+  EXPECT_NEAR(layer_time(m, p, h100, c).elementwise,
+              t * (3 * 2 * (replicated + split / 2) + norms + rope / 2) / bw, 1e-12);
+  p.seq_parallel = true;
+  EXPECT_NEAR(layer_time(m, p, h100, c).elementwise,
+              t * (3 * 2 * (replicated + split) / 2 + norms / 2 + rope / 2) / bw, 1e-12);
+  p.tp = 1, p.seq_parallel = false;
   // A LayerNorm model without RoPE runs one kernel per norm in eager mode too: the generic count.
   ModelSpec ln = m;
   ln.norm = Norm::layernorm, ln.position = Position::learned;

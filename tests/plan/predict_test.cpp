@@ -402,6 +402,66 @@ TEST(Predict, ResidualDtypeFp32CountsTheResidualStreamInFourBytes) {
       << notes[0];
 }
 
+TEST(Predict, RecomputeEarlyStopSkipsTheLastLinearAndItsCollectiveInTheRecompute) {
+  // [parallel] recompute_early_stop (PyTorch's non-reentrant checkpoint): full recomputation leaves
+  // out each layer's down projection (compute.cpp) and the tensor-parallel collective after it:
+  // with sequence parallelism one reduce-scatter per layer and micro-batch (kJob: tp 8, sp), so the
+  // bytes a rank sends fall by exactly that and the step by at least the GEMMs' time; HFU counts
+  // the down projections' FLOPs as not executed.
+  Job whole = parse_job(kJob, "job.toml", {"parallel.recompute=full"});
+  Job early = parse_job(kJob, "job.toml", {"parallel.recompute=full", "parallel.recompute_early_stop=true"});
+  const Plan pw = resolve_plan(whole), pe = resolve_plan(early);
+  ASSERT_TRUE(pe.recompute_early_stop);
+  ASSERT_TRUE(pe.seq_parallel);
+  const Prediction w = predict(whole.model, whole.machine, pw), e = predict(early.model, early.machine, pe);
+  EXPECT_LT(e.breakdown.compute, w.breakdown.compute);
+  EXPECT_EQ(e.breakdown.pp_comm, w.breakdown.pp_comm);
+  const CommBytes bw = bytes_sent_per_step(whole.model, pw, {0, 0, 0}), be = bytes_sent_per_step(early.model, pe, {0, 0, 0});
+  const double act = double(pw.micro_batch * whole.model.seq_len * whole.model.hidden);
+  const double one_rs = ring_reduce_scatter_sent(int64_t(act), pw.tp, 0) * double(pw.tp_element_bytes());
+  const double layers = double(layers_on_rank(whole.model, pw, 0));
+  EXPECT_DOUBLE_EQ(bw[CommKind::tp_reduce_scatter] - be[CommKind::tp_reduce_scatter],
+                   double(pw.micro_batches()) * layers * one_rs);
+  EXPECT_EQ(bw[CommKind::tp_all_gather], be[CommKind::tp_all_gather]);
+  // Without sequence parallelism the collective left out is the MLP's all-reduce; with the
+  // collectives exposed the time falls by one such collective per layer and micro-batch, and with
+  // them overlapped (every pass, or the forward passes only: the recompute is one) it falls too.
+  for (const char* sp : {"parallel.seq_parallel=true", "parallel.seq_parallel=false"}) {
+    Job jw = parse_job(kJob, "job.toml", {"parallel.recompute=full", sp});
+    Job je = parse_job(kJob, "job.toml", {"parallel.recompute=full", sp, "parallel.recompute_early_stop=true"});
+    const Plan qw = resolve_plan(jw), qe = resolve_plan(je);
+    const bool seq = qw.seq_parallel;
+    const Group g = group_on_machine(qw.tp, 1, jw.machine.gpus_per_node);
+    const double bytes = double(qw.tp_element_bytes()) * act;
+    const double last = seq ? best_reduce_scatter_time(bytes, g, jw.machine) : best_all_reduce_time(bytes, g, jw.machine);
+    EXPECT_NEAR(predict(jw.model, jw.machine, qw).breakdown.tp_comm - predict(je.model, je.machine, qe).breakdown.tp_comm,
+                double(qw.micro_batches()) * layers * last, 1e-12) << sp;
+    const CommBytes cw = bytes_sent_per_step(jw.model, qw, {0, 0, 0}), ce = bytes_sent_per_step(je.model, qe, {0, 0, 0});
+    const CommKind kind = seq ? CommKind::tp_reduce_scatter : CommKind::tp_all_reduce;
+    const double one = double(seq ? ring_reduce_scatter_sent(int64_t(act), qw.tp, 0) : ring_all_reduce_sent(int64_t(act), qw.tp, 0));
+    EXPECT_DOUBLE_EQ(cw[kind] - ce[kind], double(qw.micro_batches()) * layers * one * double(qw.tp_element_bytes())) << sp;
+  }
+  for (const char* overlap : {"parallel.tp_comm_overlap=true", "parallel.tp_comm_overlap=forward"}) {
+    Job jw = parse_job(kJob, "job.toml", {"parallel.recompute=full", overlap});
+    Job je = parse_job(kJob, "job.toml", {"parallel.recompute=full", overlap, "parallel.recompute_early_stop=true"});
+    EXPECT_LT(predict(je.model, je.machine, resolve_plan(je)).breakdown.tp_comm,
+              predict(jw.model, jw.machine, resolve_plan(jw)).breakdown.tp_comm) << overlap;
+  }
+  const double skipped = double(pw.global_batch) * whole.model.seq_len * whole.model.layers * 2.0 *
+                         whole.model.hidden * whole.model.ffn_hidden;
+  EXPECT_NEAR(w.hardware_tflops_per_gpu * w.step_time_s - e.hardware_tflops_per_gpu * e.step_time_s,
+              skipped / pw.gpus / 1e12, 1e-9 * skipped / pw.gpus / 1e12);
+  // Set without full recomputation it changes nothing, and a note says so.
+  Job none = parse_job(kJob, "job.toml", {"parallel.recompute_early_stop=true"});
+  const Plan pn = resolve_plan(none);
+  ASSERT_NE(pn.recompute, Recompute::full);
+  EXPECT_DOUBLE_EQ(predict(none.model, none.machine, pn).step_time_s,
+                   predict(none.model, none.machine, resolve_plan(parse_job(kJob, "job.toml"))).step_time_s);
+  const std::vector<std::string> notes = notes_naming(none, "recompute_early_stop");
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("recompute_early_stop = true has no effect at recompute = "), std::string::npos) << notes[0];
+}
+
 TEST(Predict, WhatCannotBeModelledIsRefusedWithTheReason) {
   // tp_comm_overlap at tp > 1 overlaps sequence-parallel collectives: without them, refused;
   // overlap_param_gather needs ZeRO's parameter gather; flash3 kernels exist on Hopper only.

@@ -102,6 +102,10 @@ TEST(Setup, CpAndLayersPerStageErrorsNameTheirOrigin) {
   EXPECT_NE(e.find("--set parallel.cp=2: [parallel] cp = 2: context parallelism is planned but not run by the "
                    "trainer (expected cp = 1)"),
             std::string::npos) << e;
+  // Planned, not run: the trainer re-runs every fully recomputed layer whole.
+  e = plan_error_of(parse_job(toml, "test.toml", {"parallel.recompute=full", "parallel.recompute_early_stop=true"}), 4);
+  EXPECT_NE(e.find("[parallel] recompute_early_stop = true: the trainer re-runs every fully recomputed layer whole"),
+            std::string::npos) << e;
   e = plan_error_of(parse_job(toml + "layers_per_stage = [3, 4]\n", "test.toml"), 4);
   EXPECT_NE(e.find("test.toml: [parallel] layers_per_stage sums to 7 but the model has layers = 8"), std::string::npos)
       << e;
