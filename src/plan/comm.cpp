@@ -63,7 +63,7 @@ RankWork rank_work(const ModelSpec& m, const Plan& p, const RankPosition& pos) {
   w.layers = layers_on_rank(m, p, pos.pp_rank);
   w.first = pos.pp_rank == 0, w.last = pos.pp_rank == p.pp - 1;
   w.fwd_passes = p.recompute == Recompute::full ? 2 : 1;
-  w.skipped_per_layer = p.recompute == Recompute::full && p.recompute_early_stop ? 1 : 0;
+  w.skipped_per_layer = p.recompute_stops_early() ? 1 : 0;
   return w;
 }
 

@@ -55,11 +55,11 @@ LinearTime linear_time(const Device& d, Precision prec, const Linear& l, double 
 //    3 configs; Meta's model.py and Hugging Face's LlamaRMSNorm alike) is eight kernels: the input
 //    upcast to fp32 (read elem, write 4), pow 2 (8), mean (read 4), times the rsqrt (8), type_as (read
 //    4, write elem), times the weight (2 elem) (nn.RMSNorm's composite multiplies by the weight
-//    before the cast back: a few bytes more, not distinguished); backward, the autograd of each: the weight product (the input's
-//    gradient 2 elem; the weight's, the product and its sum, 4 elem), type_as (4 + elem), the rsqrt
-//    product (8; for the rsqrt's gradient, the product with the input and its sum, 16), mean's
-//    expand (4), pow's grad * 2 * x^1 (28), the sum of the input's two gradients (12), the upcast
-//    (4 + elem). At fp32 the casts are no-ops.
+//    before the cast back: a few bytes more, not distinguished); backward, the autograd of each: the
+//    weight product (the input's gradient 2 elem; the weight's, the product and its sum, 4 elem),
+//    type_as (4 + elem), the rsqrt product (8; for the rsqrt's gradient, the product with the input
+//    and its sum, 16), mean's expand (4), pow's grad * 2 * x^1 (28), the sum of the input's two
+//    gradients (12), the upcast (4 + elem). At fp32 the casts are no-ops.
 //  - RoPE: Llama's reference apply_rotary_emb (torchtitan's): q and k upcast to fp32 and viewed as
 //    complex (read elem, write 4), times freqs_cis (8), type_as (read 4, write elem); backward the
 //    same three.
@@ -259,7 +259,7 @@ LayerTime layer_time(const ModelSpec& m, const Plan& p, const Device& d, const C
   if (p.recompute == Recompute::full) {
     // With early stop (plan.hpp Plan::recompute_early_stop) the last linear's forward GEMM is not
     // rerun; the residual add after it (6 bytes a hidden value per token) is left in: a small excess.
-    const double skipped = p.recompute_early_stop ? linear_time(d, p.precision, ls.back(), t, c).fwd : 0;
+    const double skipped = p.recompute_stops_early() ? linear_time(d, p.precision, ls.back(), t, c).fwd : 0;
     lt.recompute = lt.fwd - skipped;
     lt.linear_recompute = lt.linear_fwd - skipped;
     lt.linear += lt.linear_recompute, lt.attention += attn.fwd, lt.elementwise += ew, lt.casts += casts;

@@ -182,7 +182,7 @@ bool Rules::runtime() {
     return fail({"parallel.recompute"}, "recompute = \"op\" (op-level selective checkpointing) is planned but not run",
                 "[parallel] recompute = \"op\": op-level selective checkpointing is planned but not run by the trainer "
                 "(expected \"none\", \"selective\" or \"full\")");
-  if (p.recompute_early_stop && p.recompute == Recompute::full)
+  if (p.recompute_stops_early())
     return fail({"parallel.recompute_early_stop"}, "recompute_early_stop = true is planned but not run",
                 "[parallel] recompute_early_stop = true: the trainer re-runs every fully recomputed layer whole "
                 "(model/recompute_policy.hpp; expected false)");

@@ -190,6 +190,9 @@ struct Plan {
     attention = t.attention;
   }
   bool interleaved() const { return vp > 1; }
+  // Full recomputation that leaves out each layer's last linear and the tp collective after it
+  // (recompute_early_stop above): the one test compute, communication and FLOP counts share.
+  bool recompute_stops_early() const { return recompute == Recompute::full && recompute_early_stop; }
   // Bytes of one element of a pipeline message (pipeline_fp32 above).
   int64_t pipeline_element_bytes() const;
   // Bytes of one element of a tensor-parallel region's message (tp_comm_fp32 above).

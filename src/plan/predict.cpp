@@ -170,9 +170,8 @@ double tokens_per_micro_batch(const ModelSpec& m, const Plan& p) {
 }
 
 // Tensor parallel: per layer per micro-batch 2 all-reduces forward and 2 backward (sequence
-// parallel: 2 all-gathers + 2 reduce-scatters each way), the recompute forward's again (with
-// early stop all but the last); the
-// embedding's and the LM head's all-reduce. Exposed (Megatron runs them on the critical path)
+// parallel: 2 all-gathers + 2 reduce-scatters each way), the recompute forward's again (with early
+// stop all but the last); the embedding's and the LM head's all-reduce. Exposed (Megatron runs them on the critical path)
 // unless tp_comm_overlap: then each all-gather / reduce-scatter runs in tp chunks under the GEMM
 // that consumes / produces it, and what shows is the excess of communication over the pass's
 // linear-layer GEMMs plus the first chunk of each: in every pass (Megatron's userbuffers), or in
@@ -191,7 +190,7 @@ double tp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, 
   // not the one after the last linear (the MLP's reduce-scatter, or its all-reduce without sequence
   // parallelism), whose GEMM is not re-run either.
   const double last = p.seq_parallel ? best_reduce_scatter_time(act, g, mach) : best_all_reduce_time(act, g, mach);
-  const double again = p.recompute != Recompute::full ? 0 : p.recompute_early_stop ? pass - last : pass;
+  const double again = p.recompute != Recompute::full ? 0 : p.recompute_stops_early() ? pass - last : pass;
   if (p.tp_comm_overlap == TpCommOverlap::none) return mbs * (layers * (2 * pass + again) + ends);
   auto exposed = [&](double comm, double gemm) { return std::max(0.0, comm - gemm) + comm / double(p.tp); };
   const double backward = p.tp_comm_overlap == TpCommOverlap::all ? exposed(pass, lt.linear_bwd) : pass;
@@ -354,7 +353,7 @@ void fill_rates_and_memory(Prediction& out, const ModelSpec& m, const MachineSpe
   const double step_tokens = double(p.global_batch) * double(m.seq_len);
   out.tokens_per_s = step_tokens / out.step_time_s;
   const double model_flops = model_flops_per_step(m, p.global_batch);
-  const double hw_flops = hardware_flops_per_step(m, p.global_batch, p.recompute, p.recompute_early_stop);
+  const double hw_flops = hardware_flops_per_step(m, p.global_batch, p.recompute, p.recompute_stops_early());
   out.model_tflops_per_gpu = model_flops / out.step_time_s / double(p.gpus) / 1e12;
   out.hardware_tflops_per_gpu = hw_flops / out.step_time_s / double(p.gpus) / 1e12;
   out.mfu = out.model_tflops_per_gpu * 1e12 / peak;
