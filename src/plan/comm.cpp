@@ -52,6 +52,9 @@ struct RankWork {
   // Full recomputation with early stop (Plan::recompute_early_stop) does not re-run a layer's last
   // tp collective (the MLP's reduce-scatter, or its all-reduce without sequence parallelism).
   int64_t skipped_per_layer;
+  // Op-level checkpointing's recompute re-runs a layer's two sequence-parallel all-gathers, or
+  // without sequence parallelism the attention's all-reduce (plan/predict.cpp op_recompute_tp_time).
+  bool op_recompute;
   bool first, last;
 };
 RankWork rank_work(const ModelSpec& m, const Plan& p, const RankPosition& pos) {
@@ -64,6 +67,7 @@ RankWork rank_work(const ModelSpec& m, const Plan& p, const RankPosition& pos) {
   w.first = pos.pp_rank == 0, w.last = pos.pp_rank == p.pp - 1;
   w.fwd_passes = p.recompute == Recompute::full ? 2 : 1;
   w.skipped_per_layer = p.recompute_stops_early() ? 1 : 0;
+  w.op_recompute = p.recompute == Recompute::op;
   return w;
 }
 
@@ -77,10 +81,12 @@ void tp_bytes(const ModelSpec& m, const Plan& p, const RankPosition& pos, const 
   if (p.seq_parallel) {
     per_mb_ag += layers * 2 * (fwd_passes + 1);
     per_mb_rs += layers * (2 * (fwd_passes + 1) - w.skipped_per_layer);
+    if (w.op_recompute) per_mb_ag += layers * 2;
     if (first) { per_mb_rs += 1; per_mb_ag += 1; }  // embedding output / its gradient back to all rows
     if (last) { per_mb_ag += 1; per_mb_rs += 1; }  // LM head input forward / its grad backward
   } else {
     per_mb_ar += layers * (2 * (fwd_passes + 1) - w.skipped_per_layer);
+    if (w.op_recompute) per_mb_ar += layers;
     if (first) per_mb_ar += 1;
     if (last) per_mb_ar += 1;
   }

@@ -23,7 +23,9 @@
 //    (Plan::grad_reduce_bf16) or a framework's 16-bit gradients (Plan::grads_16bit).
 // WHAT IS COUNTED per step (m = micro-batches, t = micro_batch * seq_len / cp tokens, h hidden,
 // L_r = layers on the rank's pipeline stage; recompute = full adds its forward's collectives again,
-// with Plan::recompute_early_stop all but each layer's last, the MLP's reduce-scatter / all-reduce):
+// with Plan::recompute_early_stop all but each layer's last, the MLP's reduce-scatter / all-reduce;
+// recompute = op, planned only, adds the 2 sequence-parallel all-gathers its recompute re-runs, or
+// without sequence parallelism the attention's all-reduce):
 //  * tp (tp > 1), per layer per micro-batch, buffers of E = t*h elements:
 //      no sequence parallelism: 2 all-reduces forward + 2 backward;
 //      sequence parallelism:   2 all-gathers + 2 reduce-scatters forward, the same backward;

@@ -268,6 +268,7 @@ LayerTime layer_time(const ModelSpec& m, const Plan& p, const Device& d, const C
   if (p.recompute == Recompute::op) {
     const double again = op_recompute_gemm_share(m) * lt.linear_fwd;
     lt.recompute = again + ew + casts;
+    lt.linear_recompute = again;  // what its re-run all-gathers overlap with (predict.cpp tp_comm_time)
     lt.linear += again, lt.elementwise += ew, lt.casts += casts;
   }
   return lt;

@@ -38,8 +38,9 @@ struct LayerTime {
   double fwd = 0, bwd = 0, recompute = 0;  // compute incl. memory-bound work
   double attention_fwd = 0;                // part of fwd: the attention core (overlaps cp)
   // The linear layers' GEMMs: what tensor-parallel communication overlaps with (tp_comm_overlap);
-  // linear_recompute: those full recomputation re-runs (linear_fwd, less the last linear's with
-  // Plan::recompute_early_stop; 0 for the other modes, whose recompute has no tp collectives here).
+  // linear_recompute: those the recompute re-runs (full: linear_fwd, less the last linear's with
+  // Plan::recompute_early_stop; op-level: every second one; 0 for none and selective, whose
+  // recompute has no tp collectives).
   double linear_fwd = 0, linear_bwd = 0, linear_recompute = 0;
   // Where the layer's time goes, forward + backward + recompute: linear-layer GEMMs, the attention
   // core, element-wise kernels, fp8 casts (sums to total()).

@@ -177,6 +177,15 @@ double tokens_per_micro_batch(const ModelSpec& m, const Plan& p) {
 // linear-layer GEMMs plus the first chunk of each: in every pass (Megatron's userbuffers), or in
 // the forward passes only, the recompute forward's included (PyTorch's async TP, whose end-to-end
 // gain is its forward's: job/job.hpp TpCommOverlap).
+// Op-level checkpointing (torchtitan's policy, plan/compute.cpp) saves the outputs of reduce-scatters
+// but not of all-gathers (torchtitan's _save_list: mm, SDPA, reduce_scatter_tensor, max), so its
+// recompute re-runs a layer's two sequence-parallel all-gathers, whose outputs the saved matmuls'
+// backward needs. Without sequence parallelism it re-runs the attention's all-reduce (its output
+// feeds the MLP's norm); the MLP's comes after the last tensor the backward needs (early stop).
+double op_recompute_tp_time(const Plan& p, double act, const Group& g, const MachineSpec& mach) {
+  return p.seq_parallel ? 2 * best_all_gather_time(act, g, mach) : best_all_reduce_time(act, g, mach);
+}
+
 double tp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, const LayerTime& lt,
                     double layers) {
   if (p.tp == 1) return 0;
@@ -190,7 +199,9 @@ double tp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, 
   // not the one after the last linear (the MLP's reduce-scatter, or its all-reduce without sequence
   // parallelism), whose GEMM is not re-run either.
   const double last = p.seq_parallel ? best_reduce_scatter_time(act, g, mach) : best_all_reduce_time(act, g, mach);
-  const double again = p.recompute != Recompute::full ? 0 : p.recompute_stops_early() ? pass - last : pass;
+  const double again = p.recompute == Recompute::op ? op_recompute_tp_time(p, act, g, mach)
+                       : p.recompute != Recompute::full ? 0
+                       : p.recompute_stops_early() ? pass - last : pass;
   if (p.tp_comm_overlap == TpCommOverlap::none) return mbs * (layers * (2 * pass + again) + ends);
   auto exposed = [&](double comm, double gemm) { return std::max(0.0, comm - gemm) + comm / double(p.tp); };
   const double backward = p.tp_comm_overlap == TpCommOverlap::all ? exposed(pass, lt.linear_bwd) : pass;

@@ -462,6 +462,33 @@ TEST(Predict, RecomputeEarlyStopSkipsTheLastLinearAndItsCollectiveInTheRecompute
   EXPECT_NE(notes[0].find("recompute_early_stop = true has no effect at recompute = "), std::string::npos) << notes[0];
 }
 
+TEST(Predict, OpRecomputeRerunsTheAllGathersItDoesNotSave) {
+  // torchtitan's op-level checkpointing saves reduce-scatter outputs, not all-gather outputs: its
+  // recompute re-runs a layer's two sequence-parallel all-gathers (their outputs are the inputs the
+  // saved matmuls' backward needs), and without sequence parallelism the attention's all-reduce.
+  // Against recompute = "none" (which runs the same GEMMs' collectives once each way), exactly that
+  // much more is sent and, exposed, that much more time is spent.
+  for (const char* sp : {"parallel.seq_parallel=true", "parallel.seq_parallel=false"}) {
+    Job jn = parse_job(kJob, "job.toml", {"parallel.recompute=none", sp});
+    Job jo = parse_job(kJob, "job.toml", {"parallel.recompute=op", sp});
+    const Plan pn = resolve_plan(jn), po = resolve_plan(jo);
+    const bool seq = pn.seq_parallel;
+    const double act = double(pn.micro_batch * jn.model.seq_len * jn.model.hidden);
+    const double layers = double(layers_on_rank(jn.model, pn, 0)), mbs = double(pn.micro_batches());
+    const Group g = group_on_machine(pn.tp, 1, jn.machine.gpus_per_node);
+    const double bytes = double(pn.tp_element_bytes()) * act;
+    const double again = seq ? 2 * best_all_gather_time(bytes, g, jn.machine) : best_all_reduce_time(bytes, g, jn.machine);
+    EXPECT_NEAR(predict(jo.model, jo.machine, po).breakdown.tp_comm - predict(jn.model, jn.machine, pn).breakdown.tp_comm,
+                mbs * layers * again, 1e-12) << sp;
+    const CommBytes cn = bytes_sent_per_step(jn.model, pn, {0, 0, 0}), co = bytes_sent_per_step(jo.model, po, {0, 0, 0});
+    const CommKind kind = seq ? CommKind::tp_all_gather : CommKind::tp_all_reduce;
+    const double one = double(seq ? 2 * ring_all_gather_sent(int64_t(act), pn.tp, 0) : ring_all_reduce_sent(int64_t(act), pn.tp, 0));
+    EXPECT_DOUBLE_EQ(co[kind] - cn[kind], mbs * layers * one * double(pn.tp_element_bytes())) << sp;
+    EXPECT_EQ(co[seq ? CommKind::tp_reduce_scatter : CommKind::tp_all_gather],
+              cn[seq ? CommKind::tp_reduce_scatter : CommKind::tp_all_gather]) << sp;
+  }
+}
+
 TEST(Predict, WhatCannotBeModelledIsRefusedWithTheReason) {
   // tp_comm_overlap at tp > 1 overlaps sequence-parallel collectives: without them, refused;
   // overlap_param_gather needs ZeRO's parameter gather; flash3 kernels exist on Hopper only.
