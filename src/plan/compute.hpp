@@ -11,6 +11,7 @@
 // profile` (a CPU) has a measured smooth model instead: 1 / (1 + dim_half / width) / (1 + tokens_half
 // / tokens). Every GEMM is also bounded by its HBM traffic (roofline).
 #pragma once
+#include <array>
 #include <string>
 
 #include "catalog/device.hpp"
@@ -38,10 +39,14 @@ struct LayerTime {
   double fwd = 0, bwd = 0, recompute = 0;  // compute incl. memory-bound work
   double attention_fwd = 0;                // part of fwd: the attention core (overlaps cp)
   // The linear layers' GEMMs: what tensor-parallel communication overlaps with (tp_comm_overlap);
-  // linear_recompute: those the recompute re-runs (full: linear_fwd, less the last linear's with
-  // Plan::recompute_early_stop; op-level: every second one; 0 for none and selective, whose
-  // recompute has no tp collectives).
+  // linear_recompute: those full recomputation re-runs (linear_fwd, less the last linear's with
+  // Plan::recompute_early_stop; 0 for the other modes).
   double linear_fwd = 0, linear_bwd = 0, linear_recompute = 0;
+  // Op-level checkpointing: the recomputed GEMMs that consume the outputs of the two all-gathers its
+  // recompute re-runs (the attention's, the MLP's), what each hides under with tp_comm_overlap. With
+  // SwiGLU the k and up projections (every second matmul of q, k, v, o, gate, up, down is
+  // recomputed); with GELU none (the recomputed o and fc2 read no gathered input): 0.
+  std::array<double, 2> op_gather_consumers{0, 0};
   // Where the layer's time goes, forward + backward + recompute: linear-layer GEMMs, the attention
   // core, element-wise kernels, fp8 casts (sums to total()).
   double linear = 0, attention = 0, elementwise = 0, casts = 0;

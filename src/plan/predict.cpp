@@ -169,6 +169,27 @@ double tokens_per_micro_batch(const ModelSpec& m, const Plan& p) {
   return double(p.micro_batch) * double(m.seq_len) / double(p.cp);
 }
 
+// A collective run in tp chunks under the GEMM that consumes or produces it (tp_comm_overlap): what
+// shows is its excess over the GEMM plus its first chunk.
+double exposed_under_gemm(double comm, double gemm, int64_t tp) { return std::max(0.0, comm - gemm) + comm / double(tp); }
+
+// Op-level checkpointing (torchtitan's policy, plan/compute.cpp) saves the outputs of reduce-scatters
+// but not of all-gathers (torchtitan's _save_list: mm, SDPA, reduce_scatter_tensor, max), so its
+// recompute re-runs a layer's two sequence-parallel all-gathers, whose outputs the saved matmuls'
+// backward needs. Without sequence parallelism it re-runs the attention's all-reduce, whose output
+// the MLP's norm needs (not saved); the MLP's comes after the last tensor the backward needs
+// (torch.compile's partitioner, or eager with early stop). With tp_comm_overlap (sequence parallel
+// only) each all-gather runs in chunks under the recomputed GEMM that consumes it
+// (LayerTime::op_gather_consumers); one with no such GEMM runs whole.
+double op_recompute_tp_time(const Plan& p, const LayerTime& lt, double act, const Group& g, const MachineSpec& mach) {
+  if (!p.seq_parallel) return best_all_reduce_time(act, g, mach);
+  const double ag = best_all_gather_time(act, g, mach);
+  if (p.tp_comm_overlap == TpCommOverlap::none) return 2 * ag;
+  double t = 0;
+  for (double gemm : lt.op_gather_consumers) t += gemm > 0 ? exposed_under_gemm(ag, gemm, p.tp) : ag;
+  return t;
+}
+
 // Tensor parallel: per layer per micro-batch 2 all-reduces forward and 2 backward (sequence
 // parallel: 2 all-gathers + 2 reduce-scatters each way), the recompute forward's again (with early
 // stop all but the last); the embedding's and the LM head's all-reduce. Exposed (Megatron runs them on the critical path)
@@ -177,15 +198,6 @@ double tokens_per_micro_batch(const ModelSpec& m, const Plan& p) {
 // linear-layer GEMMs plus the first chunk of each: in every pass (Megatron's userbuffers), or in
 // the forward passes only, the recompute forward's included (PyTorch's async TP, whose end-to-end
 // gain is its forward's: job/job.hpp TpCommOverlap).
-// Op-level checkpointing (torchtitan's policy, plan/compute.cpp) saves the outputs of reduce-scatters
-// but not of all-gathers (torchtitan's _save_list: mm, SDPA, reduce_scatter_tensor, max), so its
-// recompute re-runs a layer's two sequence-parallel all-gathers, whose outputs the saved matmuls'
-// backward needs. Without sequence parallelism it re-runs the attention's all-reduce (its output
-// feeds the MLP's norm); the MLP's comes after the last tensor the backward needs (early stop).
-double op_recompute_tp_time(const Plan& p, double act, const Group& g, const MachineSpec& mach) {
-  return p.seq_parallel ? 2 * best_all_gather_time(act, g, mach) : best_all_reduce_time(act, g, mach);
-}
-
 double tp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, const LayerTime& lt,
                     double layers) {
   if (p.tp == 1) return 0;
@@ -199,13 +211,12 @@ double tp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, 
   // not the one after the last linear (the MLP's reduce-scatter, or its all-reduce without sequence
   // parallelism), whose GEMM is not re-run either.
   const double last = p.seq_parallel ? best_reduce_scatter_time(act, g, mach) : best_all_reduce_time(act, g, mach);
-  const double again = p.recompute == Recompute::op ? op_recompute_tp_time(p, act, g, mach)
-                       : p.recompute != Recompute::full ? 0
-                       : p.recompute_stops_early() ? pass - last : pass;
-  if (p.tp_comm_overlap == TpCommOverlap::none) return mbs * (layers * (2 * pass + again) + ends);
-  auto exposed = [&](double comm, double gemm) { return std::max(0.0, comm - gemm) + comm / double(p.tp); };
+  const double again = p.recompute != Recompute::full ? 0 : p.recompute_stops_early() ? pass - last : pass;
+  auto exposed = [&](double comm, double gemm) { return exposed_under_gemm(comm, gemm, p.tp); };
+  const double op = p.recompute == Recompute::op ? op_recompute_tp_time(p, lt, act, g, mach) : 0;
+  if (p.tp_comm_overlap == TpCommOverlap::none) return mbs * (layers * (2 * pass + again + op) + ends);
   const double backward = p.tp_comm_overlap == TpCommOverlap::all ? exposed(pass, lt.linear_bwd) : pass;
-  const double recompute = again > 0 ? exposed(again, lt.linear_recompute) : 0;
+  const double recompute = (again > 0 ? exposed(again, lt.linear_recompute) : 0) + op;
   return mbs * (layers * (exposed(pass, lt.linear_fwd) + recompute + backward) + ends);
 }
 

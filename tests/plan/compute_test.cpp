@@ -106,6 +106,16 @@ TEST(Compute, RecomputationReexecutesWhatEachModeDrops) {
   const double share = (h * kv + h * h + h * f) / (h * (h + 2 * kv) + h * h + 3 * h * f);
   EXPECT_GT(op.recompute, share * none.linear_fwd);
   EXPECT_LT(op.recompute, share * none.linear_fwd * 1.1 + (none.fwd - none.linear_fwd - none.attention_fwd));
+  // The recomputed GEMMs its re-run all-gathers hide under (tp_comm_overlap): k after the
+  // attention's (t x kv x h), up after the MLP's (t x f x h); none outside op-level checkpointing,
+  // none with GELU (its recomputed o and fc2 read no gathered input).
+  EXPECT_EQ(op.op_gather_consumers[0], gemm_seconds(h100, Precision::bf16, {2.0 * 8192, kv, h}, c));
+  EXPECT_EQ(op.op_gather_consumers[1], gemm_seconds(h100, Precision::bf16, {2.0 * 8192, f, h}, c));
+  EXPECT_EQ(none.op_gather_consumers[0] + none.op_gather_consumers[1], 0);
+  ModelSpec gelu = m;
+  gelu.activation = Activation::gelu;
+  const LayerTime gelu_op = layer_time(gelu, p, h100, c);
+  EXPECT_EQ(gelu_op.op_gather_consumers[0] + gelu_op.op_gather_consumers[1], 0);
   // Early stop (PyTorch's non-reentrant checkpoint) stops at the down projection's saved input: its
   // forward GEMM (t tokens x h outputs x f inputs) is the only thing full recomputation no longer
   // reruns; of the SwiGLU layer's forward GEMMs (q, k, v, o, gate, up, down) it is
