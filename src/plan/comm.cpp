@@ -115,7 +115,7 @@ void tp_bytes(const ModelSpec& m, const Plan& p, const RankPosition& pos, const 
 
 // Context parallelism: K and V of the local chunk around the ring.
 void cp_bytes(const ModelSpec& m, const Plan& p, const RankWork& w, CommBytes& out) {
-  int64_t kv_local = (m.kv_heads >= p.tp ? kv_dim(m) / p.tp : m.head_dim());
+  int64_t kv_local = kv_dim_per_rank(m, p.tp);
   int64_t kv_msg = 2 * w.t * kv_local;  // K and V of the local chunk
   int64_t sends_per_layer = (p.cp - 1) * (w.fwd_passes + 2);
   out[CommKind::cp_send] = w.mb * w.layers * sends_per_layer * kv_msg * w.elem;

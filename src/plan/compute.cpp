@@ -33,13 +33,9 @@ double hbm_bytes_per_s(const Device& d) { return d.hbm_bw_gbs * 1e9 * d.bw_effic
 // parallel; kv heads fewer than tp are replicated, one per rank), the output projection (row
 // parallel), the MLP's up (and gate) projection, its down projection.
 struct Linear { double N, K; };
-// K's (and V's) width on one tp rank: kv heads fewer than tp are replicated, one per rank.
-double kv_per_rank(const ModelSpec& m, const Plan& p) {
-  return m.kv_heads >= p.tp ? double(kv_dim(m)) / double(p.tp) : double(m.head_dim());
-}
 std::vector<Linear> linears(const ModelSpec& m, const Plan& p) {
   const double tp = double(p.tp), h = double(m.hidden), f = double(m.ffn_hidden);
-  const double kv_local = kv_per_rank(m, p);
+  const double kv_local = double(kv_dim_per_rank(m, p.tp));
   const double up = m.activation == Activation::swiglu ? 2 * f : f;
   return {{h / tp + 2 * kv_local, h}, {h, h / tp}, {up / tp, h}, {h, f / tp}};
 }
@@ -275,7 +271,7 @@ LayerTime layer_time(const ModelSpec& m, const Plan& p, const Device& d, const C
     lt.linear += again, lt.elementwise += ew, lt.casts += casts;
     if (m.activation == Activation::swiglu) {  // k (t x kv x h) and up (t x f x h) on this tp rank
       const double h = double(m.hidden), f = double(m.ffn_hidden) / double(p.tp);
-      lt.op_gather_consumers = {gemm_seconds(d, p.precision, {t, kv_per_rank(m, p), h}, c),
+      lt.op_gather_consumers = {gemm_seconds(d, p.precision, {t, double(kv_dim_per_rank(m, p.tp)), h}, c),
                                 gemm_seconds(d, p.precision, {t, f, h}, c)};
     }
   }

@@ -45,7 +45,8 @@ struct LayerTime {
   // Op-level checkpointing: the recomputed GEMMs that consume the outputs of the two all-gathers its
   // recompute re-runs (the attention's, the MLP's), what each hides under with tp_comm_overlap. With
   // SwiGLU the k and up projections (every second matmul of q, k, v, o, gate, up, down is
-  // recomputed); with GELU none (the recomputed o and fc2 read no gathered input): 0.
+  // recomputed); with GELU and its fused QKV (as plan/flops.hpp counts it) none: the recomputed o
+  // and fc2 read no gathered input (0).
   std::array<double, 2> op_gather_consumers{0, 0};
   // Where the layer's time goes, forward + backward + recompute: linear-layer GEMMs, the attention
   // core, element-wise kernels, fp8 casts (sums to total()).

@@ -12,6 +12,7 @@ int64_t mlp_matrices(const ModelSpec& m) { return m.activation == Activation::sw
 }  // namespace
 
 int64_t kv_dim(const ModelSpec& m) { return m.kv_heads * m.head_dim(); }
+int64_t kv_dim_per_rank(const ModelSpec& m, int64_t tp) { return m.kv_heads >= tp ? kv_dim(m) / tp : m.head_dim(); }
 int64_t norm_parameters(const ModelSpec& m) { return m.norm == Norm::rmsnorm ? m.hidden : 2 * m.hidden; }
 
 double layer_gemm_flops_per_token(const ModelSpec& m) {

@@ -18,6 +18,9 @@
 namespace exatrain::plan {
 
 int64_t kv_dim(const ModelSpec& m);  // kv_heads * head_dim
+// K's (and V's) width on one of tp ranks: kv heads fewer than tp are replicated, one per rank
+// (plan.cpp checks that one of kv_heads and tp divides the other).
+int64_t kv_dim_per_rank(const ModelSpec& m, int64_t tp);
 int64_t norm_parameters(const ModelSpec& m);  // one norm: weight (+ bias for layernorm)
 
 // Forward FLOPs per token of one transformer layer.

@@ -40,8 +40,8 @@ double cross_entropy_bytes_per_logit(CrossEntropy ce) {
 }
 
 int64_t matrix_parameters_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank) {
-  int64_t tp = p.tp, h = m.hidden, f = m.ffn_hidden, hd = m.head_dim();
-  int64_t kv_local = m.kv_heads >= tp ? kv_dim(m) / tp : hd;  // per rank, for K and for V
+  int64_t tp = p.tp, h = m.hidden, f = m.ffn_hidden;
+  int64_t kv_local = kv_dim_per_rank(m, tp);  // per rank, for K and for V
   int64_t up_mats = m.activation == Activation::swiglu ? 2 : 1;
   int64_t layer = h * (h / tp + 2 * kv_local)  // QKV (column-parallel)
                   + (h / tp) * h                // out-proj (row-parallel)
@@ -64,8 +64,8 @@ double gathered_unit_bytes(const ModelSpec& m, const Plan& p, int64_t pp_rank) {
 }
 
 int64_t parameters_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, int64_t tp_rank) {
-  int64_t tp = p.tp, h = m.hidden, f = m.ffn_hidden, hd = m.head_dim();
-  int64_t kv_local = m.kv_heads >= tp ? kv_dim(m) / tp : hd;  // per rank, for K and for V
+  int64_t tp = p.tp, h = m.hidden, f = m.ffn_hidden;
+  int64_t kv_local = kv_dim_per_rank(m, tp);  // per rank, for K and for V
   int64_t up_mats = m.activation == Activation::swiglu ? 2 : 1;
   int64_t layer = 2 * norm_parameters(m);       // two norms, replicated (matrices: below)
   if (m.bias) layer += (h / tp + 2 * kv_local) + h + up_mats * (f / tp) + h;  // split, replicated
@@ -91,7 +91,7 @@ double activation_bytes_per_layer(const ModelSpec& m, const Plan& p, Recompute r
   const double residual_extra = p.residual_fp32 && p.precision != Precision::fp32 ? 2.0 : 0.0;
   const double residual = (2 * scale + residual_extra) * h / (p.seq_parallel ? tp : 1);  // bytes per token
   if (r == Recompute::full) return residual * t;
-  const double kv_local = m.kv_heads >= p.tp ? kv / tp : double(m.head_dim());
+  const double kv_local = double(kv_dim_per_rank(m, p.tp));
   // torchtitan's op-level checkpointing keeps the layer input, the outputs of the kept matmuls
   // (q, v, the MLP's first: plan/compute.cpp) and of attention: 2 (h + h/tp + kv + h/tp + f/tp)
   // bytes per token, the h-sized input split only with sequence parallelism.

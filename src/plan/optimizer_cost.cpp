@@ -12,7 +12,7 @@ namespace exatrain::plan {
 
 std::vector<EntryClass> entry_classes(const ModelSpec& m, const Plan& p, int64_t pp_rank) {
   const int64_t tp = p.tp, h = m.hidden, f = m.ffn_hidden;
-  const int64_t kv_local = m.kv_heads >= tp ? kv_dim(m) / tp : m.head_dim();  // as plan/memory.cpp
+  const int64_t kv_local = kv_dim_per_rank(m, tp);
   const int64_t up_mats = m.activation == Activation::swiglu ? 2 : 1;
   const int64_t layers = layers_on_rank(m, p, pp_rank);
   const int64_t vocab_rows = vocab_slice(m.vocab, tp, 0).rows;

@@ -180,19 +180,21 @@ double exposed_under_gemm(double comm, double gemm, int64_t tp) { return std::ma
 // the MLP's norm needs (not saved); the MLP's comes after the last tensor the backward needs
 // (torch.compile's partitioner, or eager with early stop). With tp_comm_overlap (sequence parallel
 // only) each all-gather runs in chunks under the recomputed GEMM that consumes it
-// (LayerTime::op_gather_consumers); one with no such GEMM runs whole.
+// (LayerTime::op_gather_consumers), never costing more than run whole (as with no such GEMM): a
+// GEMM shorter than the first chunk, Llama 3's k at tp = 8 (128 columns a rank), hides nothing.
 double op_recompute_tp_time(const Plan& p, const LayerTime& lt, double act, const Group& g, const MachineSpec& mach) {
   if (!p.seq_parallel) return best_all_reduce_time(act, g, mach);
   const double ag = best_all_gather_time(act, g, mach);
   if (p.tp_comm_overlap == TpCommOverlap::none) return 2 * ag;
   double t = 0;
-  for (double gemm : lt.op_gather_consumers) t += gemm > 0 ? exposed_under_gemm(ag, gemm, p.tp) : ag;
+  for (double gemm : lt.op_gather_consumers) t += std::min(ag, exposed_under_gemm(ag, gemm, p.tp));
   return t;
 }
 
 // Tensor parallel: per layer per micro-batch 2 all-reduces forward and 2 backward (sequence
 // parallel: 2 all-gathers + 2 reduce-scatters each way), the recompute forward's again (with early
-// stop all but the last); the embedding's and the LM head's all-reduce. Exposed (Megatron runs them on the critical path)
+// stop all but the last), op-level checkpointing's re-run all-gathers (op_recompute_tp_time); the
+// embedding's and the LM head's all-reduce. Exposed (Megatron runs them on the critical path)
 // unless tp_comm_overlap: then each all-gather / reduce-scatter runs in tp chunks under the GEMM
 // that consumes / produces it, and what shows is the excess of communication over the pass's
 // linear-layer GEMMs plus the first chunk of each: in every pass (Megatron's userbuffers), or in
@@ -224,7 +226,7 @@ double tp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, 
 double cp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, const LayerTime& lt, double layers) {
   if (p.cp == 1) return 0;
   const Group g = group_on_machine(p.cp, p.tp, mach.gpus_per_node);
-  const double kv_local = double(m.kv_heads >= p.tp ? kv_dim(m) / p.tp : m.head_dim());
+  const double kv_local = double(kv_dim_per_rank(m, p.tp));
   const double msg = double(element_bytes(p.precision)) * 2 * tokens_per_micro_batch(m, p) * kv_local;
   const double step = p2p_time(msg, g.per_node == g.size, mach);
   const double fwd = double(p.cp - 1) * std::max(0.0, step - lt.attention_fwd / double(p.cp));

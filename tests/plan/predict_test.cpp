@@ -1,5 +1,6 @@
 // The predict JSON object follows the contract (../shared/contracts/job-file.md) and is
 // self-consistent; a job file goes through the parser, the predictor and the search.
+#include <array>
 #include <cmath>
 #include <set>
 
@@ -8,6 +9,7 @@
 #include "core/check.hpp"
 #include "job/parse.hpp"
 #include "plan/comm.hpp"
+#include "plan/compute.hpp"
 #include "plan/io.hpp"
 #include "plan/memory.hpp"
 #include "plan/predict.hpp"
@@ -489,13 +491,19 @@ TEST(Predict, OpRecomputeRerunsTheAllGathersItDoesNotSave) {
     if (seq) EXPECT_EQ(co[CommKind::tp_reduce_scatter], cn[CommKind::tp_reduce_scatter]);  // saved, not re-run
   }
   // With tp_comm_overlap each re-run all-gather hides under the recomputed GEMM that consumes it
-  // (compute.hpp LayerTime::op_gather_consumers): GPT-3's GELU layers recompute o and fc2, which
-  // read no gathered input, so both run whole; a SwiGLU layer's k and up hide them down to their
-  // first chunks (at least 1/tp each), never more than run whole.
+  // (compute.hpp LayerTime::op_gather_consumers), down to its first chunk, never costing more than
+  // run whole: GPT-3's GELU layers recompute o and fc2, which read no gathered input (both run
+  // whole); a SwiGLU layer's k and up hide them; with 8 kv heads (k 128 columns a rank) on a slow
+  // node link, k is shorter than the first chunk and its all-gather runs whole.
+  const Calibration& cal = default_calibration();
   for (const char* overlap : {"parallel.tp_comm_overlap=true", "parallel.tp_comm_overlap=forward"}) {
-    for (const char* model : {"model.activation=gelu", "model.activation=swiglu"}) {
-      Job jn = parse_job(kJob, "job.toml", {"parallel.recompute=none", overlap, model});
-      Job jo = parse_job(kJob, "job.toml", {"parallel.recompute=op", overlap, model});
+    for (int variant = 0; variant < 3; ++variant) {
+      std::vector<std::string> set = {overlap, variant == 0 ? "model.activation=gelu" : "model.activation=swiglu"};
+      if (variant == 2) set.insert(set.end(), {"model.kv_heads=8", "machine.intra_node_bw_gbs=10"});
+      set.push_back("parallel.recompute=none");
+      Job jn = parse_job(kJob, "job.toml", set);
+      set.back() = "parallel.recompute=op";
+      Job jo = parse_job(kJob, "job.toml", set);
       const Plan pn = resolve_plan(jn), po = resolve_plan(jo);
       ASSERT_GT(pn.tp, 1);
       ASSERT_NE(po.tp_comm_overlap, TpCommOverlap::none);
@@ -503,13 +511,17 @@ TEST(Predict, OpRecomputeRerunsTheAllGathersItDoesNotSave) {
       const double per = double(pn.micro_batches()) * double(layers_on_rank(jn.model, pn, 0));
       const double ag = best_all_gather_time(double(pn.tp_element_bytes()) * act,
                                              group_on_machine(pn.tp, 1, jn.machine.gpus_per_node), jn.machine);
+      const std::array<double, 2> g = layer_time(jo.model, po, cal.tuned(find_device(jo.machine.device)), cal).op_gather_consumers;
+      const double q = double(pn.tp);
+      if (variant == 0) EXPECT_EQ(g[0] + g[1], 0);
+      if (variant == 1) EXPECT_TRUE(g[0] >= ag && g[1] >= ag) << g[0] << " " << g[1] << " " << ag;   // both hide
+      if (variant == 2) EXPECT_LT(g[0], ag / q) << g[0] << " " << ag;  // k hides nothing
+      double expect = 0;
+      for (double gemm : g) expect += gemm == 0 ? ag : std::min(ag, std::max(0.0, ag - gemm) + ag / q);
       const double diff = predict(jo.model, jo.machine, po).breakdown.tp_comm - predict(jn.model, jn.machine, pn).breakdown.tp_comm;
-      if (jn.model.activation == Activation::gelu) {
-        EXPECT_NEAR(diff, per * 2 * ag, 1e-12) << overlap;
-      } else {
-        EXPECT_GE(diff, per * 2 * ag / double(pn.tp) - 1e-12) << overlap;
-        EXPECT_LT(diff, per * 2 * ag * (1 - 1e-6)) << overlap;
-      }
+      EXPECT_NEAR(diff, per * expect, 1e-9 * per * expect) << overlap << " variant " << variant;
+      if (variant == 1) EXPECT_NEAR(diff, per * 2 * ag / q, 1e-9 * per * ag) << overlap;
+      if (variant == 2) EXPECT_GT(diff, per * ag) << overlap;
     }
   }
 }
