@@ -349,9 +349,9 @@ double grad_accumulation_time(const ModelSpec& m, const Plan& p, const Device& d
 }  // namespace
 
 std::string plan_summary(const Plan& p) {
-  std::string s = fmt::format("tp={} pp={} dp={} cp={} vp={} zero={} mb={} recompute={} sp={} {}",
-                              p.tp, p.pp, p.dp, p.cp, p.vp, p.zero, p.micro_batch,
-                              to_string(p.recompute), p.seq_parallel ? "yes" : "no",
+  std::string s = fmt::format("tp={} pp={} dp={} cp={} vp={} zero={} mb={} recompute={}{} sp={} {}",
+                              p.tp, p.pp, p.dp, p.cp, p.vp, p.zero, p.micro_batch, to_string(p.recompute),
+                              p.recompute_stops_early() ? "+early-stop" : "", p.seq_parallel ? "yes" : "no",
                               p.vp > 1 ? "interleaved-1f1b" : to_string(p.schedule));
   if (!p.layers_per_stage.empty())
     s += fmt::format(" stages=[{}]", fmt::join(p.layers_per_stage, ","));

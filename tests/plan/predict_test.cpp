@@ -415,6 +415,9 @@ TEST(Predict, RecomputeEarlyStopSkipsTheLastLinearAndItsCollectiveInTheRecompute
   const Plan pw = resolve_plan(whole), pe = resolve_plan(early);
   ASSERT_TRUE(pe.recompute_early_stop);
   ASSERT_TRUE(pe.seq_parallel);
+  // The plan's one-line summary (plan, validate --rows) says so.
+  EXPECT_NE(plan_summary(pe).find(" recompute=full+early-stop sp=yes "), std::string::npos) << plan_summary(pe);
+  EXPECT_NE(plan_summary(pw).find(" recompute=full sp=yes "), std::string::npos) << plan_summary(pw);
   const Prediction w = predict(whole.model, whole.machine, pw), e = predict(early.model, early.machine, pe);
   EXPECT_LT(e.breakdown.compute, w.breakdown.compute);
   EXPECT_EQ(e.breakdown.pp_comm, w.breakdown.pp_comm);
