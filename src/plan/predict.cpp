@@ -182,9 +182,9 @@ double exposed_under_gemm(double comm, double gemm, int64_t tp) { return std::ma
 // only) each all-gather runs in chunks under the recomputed GEMM that consumes it
 // (LayerTime::op_gather_consumers), never costing more than run whole (as with no such GEMM): a
 // GEMM shorter than the first chunk, Llama 3's k at tp = 8 (128 columns a rank), hides nothing.
-double op_recompute_tp_time(const Plan& p, const LayerTime& lt, double act, const Group& g, const MachineSpec& mach) {
-  if (!p.seq_parallel) return best_all_reduce_time(act, g, mach);
-  const double ag = best_all_gather_time(act, g, mach);
+// ag, ar: one all-gather's and one all-reduce's seconds over the layer's activation.
+double op_recompute_tp_time(const Plan& p, const LayerTime& lt, double ag, double ar) {
+  if (!p.seq_parallel) return ar;
   if (p.tp_comm_overlap == TpCommOverlap::none) return 2 * ag;
   double t = 0;
   for (double gemm : lt.op_gather_consumers) t += std::min(ag, exposed_under_gemm(ag, gemm, p.tp));
@@ -205,21 +205,22 @@ double tp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, 
   if (p.tp == 1) return 0;
   const Group g = group_on_machine(p.tp, 1, mach.gpus_per_node);
   const double act = double(p.tp_element_bytes()) * tokens_per_micro_batch(m, p) * double(m.hidden);
-  const double pass = p.seq_parallel ? 2 * (best_all_gather_time(act, g, mach) + best_reduce_scatter_time(act, g, mach))
-                                     : 2 * best_all_reduce_time(act, g, mach);
-  const double ends = 2 * best_all_reduce_time(act, g, mach);
+  const double ag = best_all_gather_time(act, g, mach), rs = best_reduce_scatter_time(act, g, mach);
+  const double ar = best_all_reduce_time(act, g, mach);
+  const double pass = p.seq_parallel ? 2 * (ag + rs) : 2 * ar;
+  const double ends = 2 * ar;
   const double mbs = double(p.micro_batches());
   // Full recomputation re-runs the forward's collectives; with early stop (Plan::recompute_early_stop)
   // not the one after the last linear (the MLP's reduce-scatter, or its all-reduce without sequence
   // parallelism), whose GEMM is not re-run either.
-  const double last = p.seq_parallel ? best_reduce_scatter_time(act, g, mach) : best_all_reduce_time(act, g, mach);
+  const double last = p.seq_parallel ? rs : ar;
   const double again = p.recompute != Recompute::full ? 0 : p.recompute_stops_early() ? pass - last : pass;
-  auto exposed = [&](double comm, double gemm) { return exposed_under_gemm(comm, gemm, p.tp); };
-  const double op = p.recompute == Recompute::op ? op_recompute_tp_time(p, lt, act, g, mach) : 0;
+  const double op = p.recompute == Recompute::op ? op_recompute_tp_time(p, lt, ag, ar) : 0;
   if (p.tp_comm_overlap == TpCommOverlap::none) return mbs * (layers * (2 * pass + again + op) + ends);
-  const double backward = p.tp_comm_overlap == TpCommOverlap::all ? exposed(pass, lt.linear_bwd) : pass;
-  const double recompute = (again > 0 ? exposed(again, lt.linear_recompute) : 0) + op;
-  return mbs * (layers * (exposed(pass, lt.linear_fwd) + recompute + backward) + ends);
+  const int64_t q = p.tp;
+  const double backward = p.tp_comm_overlap == TpCommOverlap::all ? exposed_under_gemm(pass, lt.linear_bwd, q) : pass;
+  const double recompute = (again > 0 ? exposed_under_gemm(again, lt.linear_recompute, q) : 0) + op;
+  return mbs * (layers * (exposed_under_gemm(pass, lt.linear_fwd, q) + recompute + backward) + ends);
 }
 
 // Context parallel: ring exchange of K,V, overlapped with the attention core.
