@@ -169,9 +169,13 @@ double tokens_per_micro_batch(const ModelSpec& m, const Plan& p) {
   return double(p.micro_batch) * double(m.seq_len) / double(p.cp);
 }
 
-// A collective run in tp chunks under the GEMM that consumes or produces it (tp_comm_overlap): what
-// shows is its excess over the GEMM plus its first chunk.
-double exposed_under_gemm(double comm, double gemm, int64_t tp) { return std::max(0.0, comm - gemm) + comm / double(tp); }
+// A collective run in tp chunks under the GEMM that consumes or produces it (tp_comm_overlap): chunk
+// i + 1 moves while GEMM chunk i runs, so the pair takes c/tp + (tp - 1) max(c, g)/tp + g/tp for
+// c = comm, g = gemm, and what shows beyond the GEMM is its excess plus the first chunk of the
+// shorter of the two: max(0, c - g) + min(c, g)/tp. Never more than the collective run whole.
+double exposed_under_gemm(double comm, double gemm, int64_t tp) {
+  return std::max(0.0, comm - gemm) + std::min(comm, gemm) / double(tp);
+}
 
 // Op-level checkpointing (torchtitan's policy, plan/compute.cpp) saves the outputs of reduce-scatters
 // but not of all-gathers (torchtitan's _save_list: mm, SDPA, reduce_scatter_tensor, max), so its
@@ -180,14 +184,14 @@ double exposed_under_gemm(double comm, double gemm, int64_t tp) { return std::ma
 // the MLP's norm needs (not saved); the MLP's comes after the last tensor the backward needs
 // (torch.compile's partitioner, or eager with early stop). With tp_comm_overlap (sequence parallel
 // only) each all-gather runs in chunks under the recomputed GEMM that consumes it
-// (LayerTime::op_gather_consumers), never costing more than run whole (as with no such GEMM): a
-// GEMM shorter than the first chunk, Llama 3's k at tp = 8 (128 columns a rank), hides nothing.
+// (LayerTime::op_gather_consumers); a short GEMM, Llama 3's k at tp = 8 (128 columns a rank),
+// hides little of it.
 // ag, ar: one all-gather's and one all-reduce's seconds over the layer's activation.
 double op_recompute_tp_time(const Plan& p, const LayerTime& lt, double ag, double ar) {
   if (!p.seq_parallel) return ar;
   if (p.tp_comm_overlap == TpCommOverlap::none) return 2 * ag;
   double t = 0;
-  for (double gemm : lt.op_gather_consumers) t += std::min(ag, exposed_under_gemm(ag, gemm, p.tp));
+  for (double gemm : lt.op_gather_consumers) t += exposed_under_gemm(ag, gemm, p.tp);
   return t;
 }
 
