@@ -44,12 +44,8 @@ Plan resolve_plan(const ParallelSpec& par, Precision precision) {
   // to split (Megatron sets it false at tp = 1; plan_notes says so).
   p.seq_parallel = par.seq_parallel.value_or(false) && p.tp > 1;
   p.schedule = par.schedule.value_or(Schedule::one_f_one_b);
-  p.layers_per_stage = par.layers_per_stage;
   p.precision = precision;
-  p.overlap_grad_reduce = par.overlap_grad_reduce;
-  p.overlap_param_gather = par.overlap_param_gather;
-  p.tp_comm_overlap = p.tp > 1 ? par.tp_comm_overlap : TpCommOverlap::none;
-  p.recompute_early_stop = par.recompute_early_stop;
+  p.set_framework(par);
   return p;
 }
 

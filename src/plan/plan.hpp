@@ -189,6 +189,18 @@ struct Plan {
     fp8_recipe = t.fp8_recipe;
     attention = t.attention;
   }
+  // [parallel]'s framework behaviours (overlap_grad_reduce, overlap_param_gather, tp_comm_overlap,
+  // recompute_early_stop) and layers_per_stage, on a plan whose tp is set: tp_comm_overlap is
+  // none at tp = 1 (no tensor-parallel communication; plan_notes says so). The one copy that
+  // resolve_plan, the search's candidates (search.cpp base_plan) and the trainer's plan
+  // (resolve.cpp plan_from_job) share.
+  void set_framework(const ParallelSpec& par) {
+    overlap_grad_reduce = par.overlap_grad_reduce;
+    overlap_param_gather = par.overlap_param_gather;
+    tp_comm_overlap = tp > 1 ? par.tp_comm_overlap : TpCommOverlap::none;
+    recompute_early_stop = par.recompute_early_stop;
+    layers_per_stage = par.layers_per_stage;
+  }
   bool interleaved() const { return vp > 1; }
   // Full recomputation that leaves out each layer's last linear and the tp collective after it
   // (recompute_early_stop above): the one test compute, communication and FLOP counts share.

@@ -148,8 +148,10 @@ Plan plan_from_job(const Job& job, int world) {
   r.recompute = resolved(job, p.recompute, "recompute");
   r.vp = resolved(job, p.vp, "vp");
   r.schedule = resolved(job, p.schedule, "schedule");
-  r.layers_per_stage = p.layers_per_stage;
-  r.recompute_early_stop = p.recompute_early_stop;  // planned, not run: plan_problem refuses it for train
+  // The framework behaviours as the job states them: recompute_early_stop is planned, not run
+  // (plan_problem refuses it for train); the overlaps are timing assumptions only (comm.cpp's
+  // bytes, which the runtime's ledger is checked against, do not read them).
+  r.set_framework(p);
   r.precision = job.train.precision;
   r.set_optimizer(job.train);
   // dp omitted (or "auto": there is one fit) is inferred.

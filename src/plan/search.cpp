@@ -119,12 +119,12 @@ Plan base_plan(const ParallelSpec& f, const TrainSpec& train, int64_t tp, int64_
   base.global_batch = f.global_batch; base.precision = train.precision;
   base.set_optimizer(train);  // its state, its ZeRO rule (plan_error) and its step cost
   base.set_kernels(train);
-  // The job's framework behaviours, as no-ops where they have nothing to act on (plan_notes).
-  base.overlap_grad_reduce = f.overlap_grad_reduce;
-  base.overlap_param_gather = f.overlap_param_gather && zero > 0;
-  base.tp_comm_overlap = tp > 1 ? f.tp_comm_overlap : TpCommOverlap::none;
-  base.recompute_early_stop = f.recompute_early_stop;  // acts on the candidates with recompute = full
-  base.layers_per_stage = f.layers_per_stage;
+  // The job's framework behaviours, as no-ops where they have nothing to act on (plan_notes):
+  // overlap_param_gather at ZeRO 0 too, where resolve_plan's plan_error refuses it for `predict`
+  // but the search leaves it out of those candidates. recompute_early_stop acts on the candidates
+  // with recompute = full.
+  base.set_framework(f);
+  base.overlap_param_gather = base.overlap_param_gather && zero > 0;
   return base;
 }
 
