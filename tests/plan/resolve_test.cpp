@@ -1,5 +1,6 @@
 // [parallel] of a parsed job file -> the plan `train` runs (plan/resolve.hpp), and the start-up
 // errors for bad combinations.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "core/check.hpp"
@@ -7,6 +8,7 @@
 #include "parallel/mesh.hpp"
 #include "parallel/schedule.hpp"
 #include "plan/resolve.hpp"
+#include "plan/search.hpp"
 #include "../test_util/error_of.hpp"
 
 using namespace exatrain;
@@ -112,4 +114,28 @@ TEST(Setup, CpAndLayersPerStageErrorsNameTheirOrigin) {
   e = plan_error_of(parse_job(toml + "layers_per_stage = [8, 0]\n", "test.toml"), 4);
   EXPECT_NE(e.find("test.toml: [parallel] layers_per_stage[1] = 0: every stage needs >= 1 layer"), std::string::npos)
       << e;
+}
+
+TEST(Setup, EveryPlanOfAJobCarriesItsFrameworkBehaviours) {
+  // `predict`'s resolve_plan, the search's candidates and the trainer's plan_from_job copy
+  // [parallel]'s framework behaviours and stage split through one Plan::set_framework; each
+  // non-default value here must reach all three (tp_comm_overlap stays none at tp = 1).
+  auto par = [](int tp) {
+    return fmt::format("gpus = 8\nglobal_batch = 16\ntp = {}\npp = 2\ncp = 1\nvp = 1\nzero = 1\nmicro_batch = 2\n"
+                       "recompute = \"none\"\nseq_parallel = true\nschedule = \"1f1b\"\noverlap_grad_reduce = false\n"
+                       "overlap_param_gather = true\ntp_comm_overlap = true\nlayers_per_stage = [3, 5]\n", tp);
+  };
+  const Job job = job_with(par(2));
+  const plan::Plan predicted = plan::resolve_plan(job), trained = plan::plan_from_job(job, 8);
+  const plan::SearchResult searched = plan::search_plans(job.model, job.machine, job.parallel, job.train, 1);
+  ASSERT_FALSE(searched.top.empty());
+  for (const plan::Plan* p : {&predicted, &trained, &searched.top.front().plan}) {
+    EXPECT_FALSE(p->overlap_grad_reduce);
+    EXPECT_TRUE(p->overlap_param_gather);
+    EXPECT_EQ(p->tp_comm_overlap, TpCommOverlap::all);
+    EXPECT_EQ(p->layers_per_stage, (std::vector<int64_t>{3, 5}));
+  }
+  const Job tp1 = job_with(par(1));
+  EXPECT_EQ(plan::plan_from_job(tp1, 8).tp_comm_overlap, TpCommOverlap::none);
+  EXPECT_EQ(plan::resolve_plan(tp1).tp_comm_overlap, TpCommOverlap::none);
 }
