@@ -192,8 +192,8 @@ struct Plan {
   // [parallel]'s framework behaviours (overlap_grad_reduce, overlap_param_gather, tp_comm_overlap,
   // recompute_early_stop) and layers_per_stage, on a plan whose tp is set: tp_comm_overlap is
   // none at tp = 1 (no tensor-parallel communication; plan_notes says so). The one copy that
-  // resolve_plan, the search's candidates (search.cpp base_plan) and the trainer's plan
-  // (resolve.cpp plan_from_job) share.
+  // resolve_plan and the search's candidates (search.cpp base_plan) share; the trainer's plan
+  // (resolve.cpp plan_from_job) takes the stage split and recompute_early_stop only.
   void set_framework(const ParallelSpec& par) {
     overlap_grad_reduce = par.overlap_grad_reduce;
     overlap_param_gather = par.overlap_param_gather;

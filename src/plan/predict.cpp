@@ -201,9 +201,9 @@ double op_recompute_tp_time(const Plan& p, const LayerTime& lt, double ag, doubl
 // embedding's and the LM head's all-reduce. Exposed (Megatron runs them on the critical path)
 // unless tp_comm_overlap: then each all-gather / reduce-scatter runs in tp chunks under the GEMM
 // that consumes / produces it, and what shows is the excess of communication over the pass's
-// linear-layer GEMMs plus the first chunk of each: in every pass (Megatron's userbuffers), or in
-// the forward passes only, the recompute forward's included (PyTorch's async TP, whose end-to-end
-// gain is its forward's: job/job.hpp TpCommOverlap).
+// linear-layer GEMMs plus the first chunk of the shorter of the two (exposed_under_gemm): in every
+// pass (Megatron's userbuffers), or in the forward passes only, the recompute forward's included
+// (PyTorch's async TP, whose end-to-end gain is its forward's: job/job.hpp TpCommOverlap).
 double tp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, const LayerTime& lt,
                     double layers) {
   if (p.tp == 1) return 0;

@@ -148,10 +148,13 @@ Plan plan_from_job(const Job& job, int world) {
   r.recompute = resolved(job, p.recompute, "recompute");
   r.vp = resolved(job, p.vp, "vp");
   r.schedule = resolved(job, p.schedule, "schedule");
-  // The framework behaviours as the job states them: recompute_early_stop is planned, not run
-  // (plan_problem refuses it for train); the overlaps are timing assumptions only (comm.cpp's
-  // bytes, which the runtime's ledger is checked against, do not read them).
-  r.set_framework(p);
+  // Of [parallel]'s framework behaviours the trainer's plan takes the stage split and
+  // recompute_early_stop (planned, not run: plan_problem refuses it for train), not the overlaps
+  // (Plan::set_framework): this runtime runs none of them, and `report` predicts its runs with
+  // resolve_plan, which has them. Taking them here would let Rules::framework refuse a `train` job
+  // for flags it ignores, or a plan the search chose with overlap_param_gather dropped at zero = 0.
+  r.layers_per_stage = p.layers_per_stage;
+  r.recompute_early_stop = p.recompute_early_stop;
   r.precision = job.train.precision;
   r.set_optimizer(job.train);
   // dp omitted (or "auto": there is one fit) is inferred.

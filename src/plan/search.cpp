@@ -119,12 +119,12 @@ Plan base_plan(const ParallelSpec& f, const TrainSpec& train, int64_t tp, int64_
   base.global_batch = f.global_batch; base.precision = train.precision;
   base.set_optimizer(train);  // its state, its ZeRO rule (plan_error) and its step cost
   base.set_kernels(train);
-  // The job's framework behaviours, as no-ops where they have nothing to act on (plan_notes):
-  // overlap_param_gather at ZeRO 0 too, where resolve_plan's plan_error refuses it for `predict`
-  // but the search leaves it out of those candidates. recompute_early_stop acts on the candidates
-  // with recompute = full.
+  // The job's framework behaviours, as no-ops where they have nothing to act on (plan_notes);
+  // recompute_early_stop acts on the candidates with recompute = full. At ZeRO 0 there is no
+  // parameter gather to overlap, so the search drops overlap_param_gather from those candidates
+  // (`predict` refuses the pair: plan.cpp Rules::framework).
   base.set_framework(f);
-  base.overlap_param_gather = base.overlap_param_gather && zero > 0;
+  if (zero == 0) base.overlap_param_gather = false;
   return base;
 }
 

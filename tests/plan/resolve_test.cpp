@@ -117,25 +117,39 @@ TEST(Setup, CpAndLayersPerStageErrorsNameTheirOrigin) {
 }
 
 TEST(Setup, EveryPlanOfAJobCarriesItsFrameworkBehaviours) {
-  // `predict`'s resolve_plan, the search's candidates and the trainer's plan_from_job copy
-  // [parallel]'s framework behaviours and stage split through one Plan::set_framework; each
-  // non-default value here must reach all three (tp_comm_overlap stays none at tp = 1).
-  auto par = [](int tp) {
-    return fmt::format("gpus = 8\nglobal_batch = 16\ntp = {}\npp = 2\ncp = 1\nvp = 1\nzero = 1\nmicro_batch = 2\n"
+  // `predict`'s resolve_plan and the search's candidates copy [parallel]'s framework behaviours
+  // and stage split through one Plan::set_framework: each non-default value here reaches both
+  // (tp_comm_overlap stays none at tp = 1). The trainer's plan_from_job takes the stage split and
+  // recompute_early_stop, not the overlaps, which this runtime does not run.
+  auto par = [](int tp, const char* zero) {
+    return fmt::format("gpus = 8\nglobal_batch = 16\ntp = {}\npp = 2\ncp = 1\nvp = 1\nzero = {}\nmicro_batch = 2\n"
                        "recompute = \"none\"\nseq_parallel = true\nschedule = \"1f1b\"\noverlap_grad_reduce = false\n"
-                       "overlap_param_gather = true\ntp_comm_overlap = true\nlayers_per_stage = [3, 5]\n", tp);
+                       "overlap_param_gather = true\ntp_comm_overlap = true\nrecompute_early_stop = true\n"
+                       "layers_per_stage = [3, 5]\n", tp, zero);
   };
-  const Job job = job_with(par(2));
+  const Job job = job_with(par(2, "1"));
   const plan::Plan predicted = plan::resolve_plan(job), trained = plan::plan_from_job(job, 8);
   const plan::SearchResult searched = plan::search_plans(job.model, job.machine, job.parallel, job.train, 1);
   ASSERT_FALSE(searched.top.empty());
-  for (const plan::Plan* p : {&predicted, &trained, &searched.top.front().plan}) {
+  for (const plan::Plan* p : {&predicted, &searched.top.front().plan}) {
     EXPECT_FALSE(p->overlap_grad_reduce);
     EXPECT_TRUE(p->overlap_param_gather);
     EXPECT_EQ(p->tp_comm_overlap, TpCommOverlap::all);
+  }
+  for (const plan::Plan* p : {&predicted, &trained, &searched.top.front().plan}) {
+    EXPECT_TRUE(p->recompute_early_stop);
     EXPECT_EQ(p->layers_per_stage, (std::vector<int64_t>{3, 5}));
   }
-  const Job tp1 = job_with(par(1));
-  EXPECT_EQ(plan::plan_from_job(tp1, 8).tp_comm_overlap, TpCommOverlap::none);
-  EXPECT_EQ(plan::resolve_plan(tp1).tp_comm_overlap, TpCommOverlap::none);
+  EXPECT_EQ(trained.tp_comm_overlap, TpCommOverlap::none);
+  EXPECT_FALSE(trained.overlap_param_gather);
+  EXPECT_EQ(plan::resolve_plan(job_with(par(1, "1"))).tp_comm_overlap, TpCommOverlap::none);
+  // The search leaves overlap_param_gather out of its ZeRO-0 candidates (no parameter gather to
+  // overlap) where `predict` of that plan refuses it; the trainer runs such a plan.
+  const Job zero0 = job_with(par(2, "0"));
+  const plan::SearchResult s0 = plan::search_plans(zero0.model, zero0.machine, zero0.parallel, zero0.train, 1);
+  ASSERT_FALSE(s0.top.empty());
+  EXPECT_FALSE(s0.top.front().plan.overlap_param_gather);
+  EXPECT_NE(plan::plan_error(zero0.model, plan::resolve_plan(zero0)).find("overlap_param_gather = true needs zero >= 1"),
+            std::string::npos);
+  EXPECT_EQ(plan::plan_from_job(zero0, 8).zero, 0);
 }
