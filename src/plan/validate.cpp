@@ -707,15 +707,22 @@ ValidationReport validate_runs(const std::string& csv_path, const Calibration& c
   return rep;
 }
 
+// The plan column of --rows' tables: plan_summary padded or cut to one width, wide enough for
+// "recompute=full+early-stop" (longer plans lose their tail: sp, the schedule, the stages).
+namespace {
+constexpr int kPlanColumn = 66;
+std::string plan_column(const Plan& p) { return fmt::format("{:<{}.{}}", plan_summary(p), kPlanColumn, kPlanColumn); }
+}  // namespace
+
 std::string format_report(const ValidationReport& rep, bool per_row) {
   std::string s;
   const bool held = !rep.fitted.empty();
   if (per_row) {
-    s += fmt::format("{:>4} {:<30} {:<28} {:<66} {:>10} {:>10} {:>7} {:>8}\n", "row", "source", "model", "plan",
+    s += fmt::format("{:>4} {:<30} {:<28} {:<{}} {:>10} {:>10} {:>7} {:>8}\n", "row", "source", "model", "plan", kPlanColumn,
                      "measured", "predicted", "err%", "held-out%");
     for (const CaseResult& r : rep.results)
-      s += fmt::format("{:>4} {:<30.30} {:<28.28} {:<66.66} {:>10.4g} {:>10.4g} {:>+7.1f} {:>+8.1f}\n", r.run.row,
-                       r.run.source, r.run.model_name, plan_summary(r.run.plan), r.run.measured_step_s,
+      s += fmt::format("{:>4} {:<30.30} {:<28.28} {} {:>10.4g} {:>10.4g} {:>+7.1f} {:>+8.1f}\n", r.run.row,
+                       r.run.source, r.run.model_name, plan_column(r.run.plan), r.run.measured_step_s,
                        r.predicted_step_s, 100 * r.error, 100 * r.held_out_error);
     for (const CaseResult& r : rep.results)
       if (!r.run.assumption.empty()) s += fmt::format("{:>4} assumption: {}\n", r.run.row, r.run.assumption);
@@ -726,13 +733,13 @@ std::string format_report(const ValidationReport& rep, bool per_row) {
     for (const MemoryResult& mr : rep.memory) {
       if (!mr.run.measured_oom && !mr.run.measured_memory_gib) {  // ran: listed where a call is wrong
         if (!mr.predicted_fits || !mr.held_out_fits)
-          s += fmt::format("{:>4} {:<28.28} {:<66.66} ran       peak {:>6.1f} needs {:>6.1f}, held out {:.1f} (does not fit{})\n",
-                           mr.run.row, mr.run.model_name, plan_summary(mr.run.plan), mr.predicted_gib, mr.needed_gib,
+          s += fmt::format("{:>4} {:<28.28} {} ran       peak {:>6.1f} needs {:>6.1f}, held out {:.1f} (does not fit{})\n",
+                           mr.run.row, mr.run.model_name, plan_column(mr.run.plan), mr.predicted_gib, mr.needed_gib,
                            mr.held_out_needed_gib, mr.predicted_fits ? " held out" : mr.held_out_fits ? " in-sample" : "");
         continue;
       }
-      s += fmt::format("{:>4} {:<28.28} {:<66.66} measured {:>6} peak {:>6.1f} needs {:>6.1f}{}\n", mr.run.row,
-                       mr.run.model_name, plan_summary(mr.run.plan),
+      s += fmt::format("{:>4} {:<28.28} {} measured {:>6} peak {:>6.1f} needs {:>6.1f}{}\n", mr.run.row,
+                       mr.run.model_name, plan_column(mr.run.plan),
                        mr.run.measured_oom ? std::string("OOM") : fmt::format("{:.1f}", *mr.run.measured_memory_gib),
                        mr.predicted_gib, mr.needed_gib, mr.predicted_fits ? "" : " (does not fit)");
     }
