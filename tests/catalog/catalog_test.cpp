@@ -16,6 +16,10 @@ TEST(Catalog, DeviceFigures) {
   EXPECT_DOUBLE_EQ(find_device("h100-sxm").peak_tflops(Precision::fp8), 1978.9);
   EXPECT_DOUBLE_EQ(find_device("a100-80g").peak_tflops(Precision::fp16), 312.0);
   EXPECT_DOUBLE_EQ(find_device("mi250x-gcd").hbm_gib, 64.0);
+  // Memory is what the driver gives a process (nvidia-smi memory.total, MiB), not the datasheet's
+  // decimal GB: an H200's "141 GB" is 143771 MiB (141e9 bytes would be 134,468 MiB).
+  EXPECT_NEAR(find_device("h200").hbm_gib * 1024, 143771, 60);
+  EXPECT_NEAR(find_device("h100-sxm").hbm_gib * 1024, 81559, 10);
   for (const char* name : {"a100-40g", "a100-80g", "h100-sxm", "h200", "mi250x-gcd", "v100", "cpu-local",
                            "cpu-local-2c"})
     EXPECT_NO_THROW(find_device(name)) << name;
