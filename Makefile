@@ -66,7 +66,8 @@ fuzz-build: deps deps-fuzz
 	  -DEXATRAIN_TEST_ROOMS="$(SAN_ROOMS)"
 	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_all
 
-# Every harness for FUZZ_SECONDS (default 60) on a copy of its seed corpus; fails on any finding.
+# Every harness for FUZZ_SECONDS (default 60) on a copy of its seed corpus, FUZZ_JOBS (default: the
+# CPU count) at once; fails on any finding.
 fuzz: fuzz-build
 	fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
