@@ -707,18 +707,24 @@ ValidationReport validate_runs(const std::string& csv_path, const Calibration& c
   return rep;
 }
 
-// The plan column of --rows' tables: plan_summary padded or cut to one width, wide enough for
-// "recompute=full+early-stop" (longer plans lose their tail: sp, the schedule, the stages).
+// The plan column of --rows' tables: plan_summary padded to the longest plan of the report, so that
+// no plan loses its tail (sp, the schedule, the stages) and the columns after it stay aligned.
 namespace {
-constexpr int kPlanColumn = 66;
-std::string plan_column(const Plan& p) { return fmt::format("{:<{}.{}}", plan_summary(p), kPlanColumn, kPlanColumn); }
+size_t plan_column_width(const ValidationReport& rep) {
+  size_t width = 4;  // "plan"
+  for (const CaseResult& r : rep.results) width = std::max(width, plan_summary(r.run.plan).size());
+  for (const MemoryResult& mr : rep.memory) width = std::max(width, plan_summary(mr.run.plan).size());
+  return width;
+}
 }  // namespace
 
 std::string format_report(const ValidationReport& rep, bool per_row) {
   std::string s;
   const bool held = !rep.fitted.empty();
   if (per_row) {
-    s += fmt::format("{:>4} {:<30} {:<28} {:<{}} {:>10} {:>10} {:>7} {:>8}\n", "row", "source", "model", "plan", kPlanColumn,
+    const size_t width = plan_column_width(rep);
+    auto plan_column = [width](const Plan& p) { return fmt::format("{:<{}}", plan_summary(p), width); };
+    s += fmt::format("{:>4} {:<30} {:<28} {:<{}} {:>10} {:>10} {:>7} {:>8}\n", "row", "source", "model", "plan", width,
                      "measured", "predicted", "err%", "held-out%");
     for (const CaseResult& r : rep.results)
       s += fmt::format("{:>4} {:<30.30} {:<28.28} {} {:>10.4g} {:>10.4g} {:>+7.1f} {:>+8.1f}\n", r.run.row,
