@@ -5,13 +5,15 @@
 # corpus size, coverage) and fails if any harness finds a crash, a sanitizer report, a leak, a
 # timeout or an out-of-memory. Findings are kept under BUILD_DIR/fuzz-findings/NAME/.
 # FUZZ_JOBS harnesses (default: the CPU count) run at once, each single-threaded, so every
-# harness still gets SECONDS of one core; the lines print in the harnesses' order.
+# harness still gets SECONDS of one core; each says on stderr when it is done, and the table
+# prints at the end in the harnesses' order.
 set -uo pipefail
 build=$1 seconds=$2; shift 2
 here=$(cd "$(dirname "$0")" && pwd)
 harnesses=("$@")
 [ ${#harnesses[@]} -eq 0 ] && harnesses=(job safetensors manifest shard trainer_state tokenizer metrics csv pairs)
 jobs=${FUZZ_JOBS:-$(nproc)}
+[[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "fuzz/run.sh: FUZZ_JOBS must be a positive integer, not '$jobs'"; exit 2; }
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:symbolize=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export OMP_NUM_THREADS=1
@@ -48,18 +50,16 @@ fuzz_one() {
   echo $rc > "$work/$h.rc"
 }
 
-running=0
-for h in "${harnesses[@]}"; do
-  if [ $running -ge "$jobs" ]; then wait -n; running=$((running - 1)); fi
-  fuzz_one "$h" &
-  running=$((running + 1))
-done
-wait
+# xargs -P keeps `jobs` harnesses running (bash's `wait -n` can miss a job when two end together).
+export build seconds here work
+export -f fuzz_one
+printf '%s\0' "${harnesses[@]}" | xargs -0 -P "$jobs" -I{} bash -c 'fuzz_one "$1"; echo "fuzz/run.sh: $1 done" >&2' _ {}
 
 failed=0
 printf '%-14s %10s %8s %12s %8s  %s\n' harness execs exec/s corpus cov result
 for h in "${harnesses[@]}"; do
-  cat "$work/$h.out"
-  [ "$(cat "$work/$h.rc")" = 0 ] || failed=1
+  if [ -f "$work/$h.out" ] && [ "$(cat "$work/$h.rc" 2>/dev/null)" = 0 ]; then cat "$work/$h.out"; continue; fi
+  failed=1
+  if [ -f "$work/$h.out" ]; then cat "$work/$h.out"; else printf '%-14s %s\n' "$h" "NO RESULT (the harness's run ended before writing one)"; fi
 done
 exit $failed

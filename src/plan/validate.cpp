@@ -708,7 +708,7 @@ ValidationReport validate_runs(const std::string& csv_path, const Calibration& c
 }
 
 // The plan column of --rows' tables: plan_summary padded to the longest plan of the report, so that
-// no plan loses its tail (sp, the schedule, the stages) and the columns after it stay aligned.
+// no plan loses its tail (sp, the schedule, the stages) and the columns after it line up from row to row.
 namespace {
 size_t plan_column_width(const ValidationReport& rep) {
   size_t width = 4;  // "plan"

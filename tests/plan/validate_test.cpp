@@ -1,6 +1,7 @@
 // Validation machinery and the calibrated model's accuracy on the published runs.
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 
 #include <gtest/gtest.h>
 
@@ -170,4 +171,32 @@ TEST(Validate, ReportNamesFitsThatStoppedAtTheSweepCap) {
             std::string::npos)
       << format_report(rep, false);
   EXPECT_EQ(report_json(rep, default_calibration())["unconverged_fits"].size(), 2u);
+}
+
+// --rows prints every plan whole, whatever its length (a BLOOM row's ends in its 12 stages), and
+// the columns after the plan start at the same place on every row.
+TEST(Validate, RowsTableShowsEveryPlanWhole) {
+  const std::string dir = ::testing::TempDir();
+  const std::string src = std::string(EXATRAIN_SOURCE_DIR) + "/bench/validation/published_runs.csv";
+  std::vector<std::string> lines;
+  {
+    std::ifstream in(src);
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+  }
+  const std::string csv = dir + "/rows_table.csv";
+  {
+    std::ofstream out(csv);
+    out << lines[0] << "\n" << lines[1] << "\n" << lines[36] << "\n";  // SC21's row 1, BLOOM's row 36
+  }
+  const ValidationReport rep = validate_runs(csv, default_calibration(), {.held_out = false});
+  ASSERT_EQ(rep.results.size(), 2u);
+  const std::string table = format_report(rep, true);
+  const std::string longest = plan_summary(rep.results[1].run.plan);
+  ASSERT_GT(longest.size(), 66u) << longest;  // the old column's width, which cut it
+  EXPECT_NE(table.find(longest), std::string::npos) << table;
+  // The measured column, right-aligned: rows 1 and 36 end it at the same place.
+  const size_t a = table.find("3.528"), b = table.find("105.2");
+  ASSERT_NE(a, std::string::npos);
+  ASSERT_NE(b, std::string::npos);
+  EXPECT_EQ(a - table.rfind('\n', a), b - table.rfind('\n', b)) << table;
 }
