@@ -160,7 +160,7 @@ Memory memory_of_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, bool w
   // Buffers: gathered layers for ZeRO-3 (the one computing and the one prefetched; none when the
   // whole rank stays gathered, above), the tensor-parallel all-gather / all-reduce buffer, the
   // runtime reserve.
-  double buffers = kRuntimeReserveBytes;
+  double buffers = kRuntimeReserveBytes + (p.cuda_modules_eager ? kEagerModuleLoadingBytes : 0.0);
   if (p.zero >= 3 && !unsharded) buffers += 2.0 * gathered_unit_bytes(m, p, pp_rank);
   if (p.tp > 1) buffers += elem * tokens * double(m.hidden);
   if (with_activations) {

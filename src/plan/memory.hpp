@@ -12,13 +12,21 @@
 namespace exatrain::plan {
 
 // Allowances (docs/planner.md): a runtime reserve for the CUDA/HIP context, BLAS and collective
-// workspaces (stated), and two shares of everything else for the caching allocator (fitted by
-// `exatrain validate`: plan::Calibration): what it reserves beyond what is allocated at the peak a
+// workspaces (stated), and two shares of the sum, the reserve included, for the caching allocator
+// (fitted by `exatrain validate`: plan::Calibration): what it reserves beyond what is allocated at the peak a
 // memory monitor reports (kFragmentation, fitted to measured peaks), and what a run near its
 // capacity still needs beyond what is counted (kFragmentationAtCapacity, fitted to which runs ran and
 // which failed out of memory; Memory::total).
 constexpr double kRuntimeReserveBytes = 1.0 * (1 << 30);
-constexpr double kFragmentation = 0.235;              // = plan::Calibration::fragmentation
+// What eager CUDA module loading (Plan::cuda_modules_eager) adds to the context: 1573 MiB "for cuda
+// kernels" that BigScience measured on a 40 GB A100 in Jan 2022 with their stack (torch.ones(1).cuda()
+// and nvidia-smi; bigscience train/tr11-176B-ml/chronicles-prequel.md, which also gives 1271 MiB on
+// its 32 GB V100s) less a lazily loaded context, which kRuntimeReserveBytes already holds: 287,047,680
+// bytes (cudaMemGetInfo's used after a first tensor, pytorch/pytorch PR #86509). The two come from
+// different setups; the PR's own eager figure, 666,632,192 bytes, is 0.35 GiB over its lazy one with
+// the fewer libraries its test loaded (docs/planner.md, "Causes counted, memory (seventh round)").
+constexpr double kEagerModuleLoadingBytes = 1573.0 * (1 << 20) - 287047680.0;
+constexpr double kFragmentation = 0.205;              // = plan::Calibration::fragmentation
 constexpr double kFragmentationAtCapacity = 0.047;    // = plan::Calibration::fragmentation_at_capacity
 
 // Exact parameter count held by the rank at (pp_rank, tp_rank): the floats of the runtime model's

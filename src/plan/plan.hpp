@@ -69,6 +69,12 @@ struct Plan {
   // buffer (2 bytes per parameter more). Not a job key: validation sets it for the runs that
   // name that optimizer.
   bool grads_twice = false;
+  // CUDA's module loading is eager: the context holds every kernel of the libraries loaded, not
+  // only those the run calls, so the runtime reserve grows (plan/memory.hpp
+  // kEagerModuleLoadingBytes). Eager before PyTorch 1.13; 1.13 and later set
+  // CUDA_MODULE_LOADING=LAZY when it is unset (pytorch/pytorch PR #86509; lazy loading needs
+  // CUDA >= 11.7). Not a job key: validation sets it for the sources from before October 2022.
+  bool cuda_modules_eager = false;
   // PyTorch FSDP (FullyShardedDataParallel, "FSDP1": llm-foundry/composer) passes every unit's
   // unsharded gradient through HBM before its reduce-scatter, per micro-batch: the cast to the
   // reduce dtype and the in-place pre-division (plan/predict.cpp fsdp_grad_pass_bytes). Not a job

@@ -56,7 +56,7 @@ struct Calibration {
   // Memory: the share the caching allocator reserves beyond what is allocated (fragmentation,
   // cached blocks of freed transients), on everything counted, at the peak a monitor reports
   // (Memory::peak). Fitted to measured peaks.
-  double fragmentation = 0.235;
+  double fragmentation = 0.205;
   // Memory: the share of everything counted that a run near its capacity still needs beyond it (the
   // allocator gives back its cache and retries; Memory::total, which `fits` compares). Fitted to
   // which runs ran and which failed out of memory.

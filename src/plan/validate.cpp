@@ -134,7 +134,8 @@ int source_year_month(const std::string& cell) {
 //    attention with the fused scale-mask-softmax, fused element-wise kernels (bias-GELU,
 //    bias-dropout-add), the data-parallel gradient reduction after the backward (Megatron's local
 //    DDP all-reduces after the last micro-batch; DeepSpeed's pipeline engine reduces at the end of
-//    its schedule), DeepSpeed's BF16Optimizer keeping bf16 and fp32 gradients.
+//    its schedule), DeepSpeed's BF16Optimizer keeping bf16 and fp32 gradients; CUDA modules loaded
+//    eagerly (PyTorch before 1.13: plan.hpp Plan::cuda_modules_eager).
 //  - llm-foundry (MPT): FlashAttention-2/Triton attention, PyTorch eager element-wise ops, no
 //    dropout (the MPT yamls set every pdrop to 0), FSDP (reduction overlapped), TE's delayed fp8.
 //  - torchtitan (Llama 3): SDPA's flash backend, eager or torch.compile (stated), its "selective"
@@ -148,6 +149,7 @@ std::string framework_of(const std::string& source, const std::string& source_ce
     if (source == old) {
       p.attention = Attention::unfused;
       p.overlap_grad_reduce = false;
+      p.cuda_modules_eager = true;  // PyTorch before 1.13
     }
   // DeepSpeed's BF16Optimizer: named in the precision cell, or in the notes (BLOOM's production run).
   if (has(prec, "BF16Optimizer") || has(notes, "BF16Optimizer")) p.grads_twice = true;

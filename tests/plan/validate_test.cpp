@@ -21,7 +21,7 @@ TEST(Validate, PublishedRunsHeldOutBySourceWithinTarget) {
   // The guard of the planner is OUT OF SAMPLE: each source predicted with the constants fitted on
   // the other sources (leave-one-source-out). Thresholds: the figures of this model with a margin
   // (docs/planner.md "Validation": held out 7.00% overall, worst source 7.41%, rho 0.95, memory
-  // 4.2%); the goals are 8% / 15% / 0.85 / 15%. The vendored copy
+  // 3.8%); the goals are 8% / 15% / 0.85 / 15%. The vendored copy
   // (bench/validation/README.md) makes this run in every checkout.
   std::string csv = std::string(EXATRAIN_SOURCE_DIR) + "/bench/validation/published_runs.csv";
   ASSERT_TRUE(std::filesystem::exists(csv)) << csv << " is missing";
@@ -30,9 +30,9 @@ TEST(Validate, PublishedRunsHeldOutBySourceWithinTarget) {
   EXPECT_LE(rep.held_out_mape_pct, 7.5) << format_report(rep, false);
   EXPECT_LE(rep.worst_held_out_pct, 9.0) << format_report(rep, false);
   EXPECT_GE(rep.held_out_rho, 0.90) << format_report(rep, false);
-  EXPECT_LE(rep.memory_held_out.mape_pct, 5.0) << format_report(rep, false);
+  EXPECT_LE(rep.memory_held_out.mape_pct, 4.5) << format_report(rep, false);
   // Every measured peak within 15% (the goal): 40 of 40 since FSDP under pipelining was
-  // counted (torchtitan's 405B rows 90-95; row 108 the largest at +14.3%, row 91 +14.1%).
+  // counted (torchtitan's 405B rows 90-95; row 108 the largest at +11.5%, row 91 +11.4%).
   EXPECT_EQ(rep.memory_held_out.points, 40) << format_report(rep, false);
   EXPECT_EQ(rep.memory_held_out.within_15, rep.memory_held_out.points) << format_report(rep, false);
   for (const auto& s : rep.sources) EXPECT_LE(s.held_out_mape_pct, 9.0) << s.source;
@@ -43,11 +43,12 @@ TEST(Validate, PublishedRunsHeldOutBySourceWithinTarget) {
   EXPECT_NEAR(default_calibration().fragmentation_at_capacity, rep.all_data_fit.fragmentation_at_capacity, 0.002)
       << "fragmentation_at_capacity";
   // Fit calls over every row that ran (a measured peak or step) or failed out of memory. Every run
-  // with a step time ran, so the 245 rows without a memory figure count: 265 of 288 right held out,
-  // 286 in-sample (docs/planner.md); 136 of 282 when llm-foundry's loss was read as eager PyTorch's
-  // (12 bytes a logit), 218 of 282 when `fits` compared the peak a monitor reports.
+  // with a step time ran, so the 245 rows without a memory figure count: 272 of 288 right held out,
+  // 286 in-sample (docs/planner.md; 265 held out before BLOOM's eager CUDA context was counted);
+  // 136 of 282 when llm-foundry's loss was read as eager PyTorch's (12 bytes a logit), 218 of 282
+  // when `fits` compared the peak a monitor reports.
   EXPECT_EQ(rep.memory_held_out.calls(), 288) << format_report(rep, false);
-  EXPECT_GE(rep.memory_held_out.calls_right(), 261) << format_report(rep, false);
+  EXPECT_GE(rep.memory_held_out.calls_right(), 270) << format_report(rep, false);
   EXPECT_GE(rep.memory_stats.calls_right(), 283) << format_report(rep, false);
   EXPECT_EQ(rep.memory_held_out.oom_rows, 3);
   EXPECT_GE(rep.memory_held_out.oom_predicted, 1) << format_report(rep, false);  // row 47
@@ -76,6 +77,10 @@ TEST(Validate, FrameworkBehaviourComesFromTheSourceAndNotes) {
       EXPECT_FALSE(rc.plan.overlap_grad_reduce) << i + 1;  // DeepSpeed's engine reduces after the schedule
       EXPECT_FALSE(rc.plan.pp_scatter_gather) << i + 1;
     }
+    // CUDA loaded its modules eagerly before PyTorch 1.13 (Oct 2022): the 2021-22 sources only.
+    const bool before_lazy_loading = rc.source == "bigscience-workshop/bigscience" || rc.source == "Narayanan" ||
+                                     rc.source == "Korthikanti" || rc.source == "Smith" || rc.source == "Zhang";
+    EXPECT_EQ(rc.plan.cuda_modules_eager, before_lazy_loading) << i + 1;
     if (rc.source == "pytorch/torchtitan" && rc.plan.recompute == Recompute::op) ++op;
     // torchtitan's async TP ("AsyncTP" in row 89's notes and rows 90-95's precision, "async TP"
     // in the June 2025 table's) overlaps the forward passes' collectives only (job/job.hpp
