@@ -1,4 +1,5 @@
-// `exatrain report RUN_DIR`: the loss/throughput plot (SVG) and a one-screen summary.
+// `exatrain report RUN_DIR [--calibration FILE]`: the loss/throughput plot (SVG) and a one-screen summary,
+// with the measured step next to the planner's (calibrated) prediction.
 // `exatrain report RUN_A RUN_B ... --out FILE.svg`: the runs compared (report/compare.hpp).
 #include <fmt/format.h>
 
@@ -15,9 +16,15 @@ void add_report_command(CLI::App& app) {
   auto out = std::make_shared<std::string>();
   cmd->add_option("run_dir", *dirs, "the run directory (holds metrics.jsonl); several: compare them")->required();
   cmd->add_option("--out", *out, "with several runs: where to write the comparison plot (SVG)");
-  cmd->callback([dirs, out] {
+  auto calibration = std::make_shared<std::string>();
+  cmd->add_option("--calibration", *calibration, "one run: predict its step with this calibration file of `exatrain "
+                                                 "calibrate` (this machine's constants)");
+  cmd->callback([dirs, out, calibration] {
+    EXA_CHECK(calibration->empty() || (dirs->size() == 1 && out->empty()),
+              "report: --calibration is for one run's measured-vs-predicted table; the comparison of several runs "
+              "(--out) has no prediction");
     if (dirs->size() == 1 && out->empty()) {
-      auto s = report::write_report(dirs->front());
+      auto s = report::write_report(dirs->front(), *calibration);
       fmt::print("{}", report::format_summary(s, dirs->front()));
       return;
     }

@@ -6,11 +6,13 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 
 #include <fmt/format.h>
 
 #include "core/check.hpp"
 #include "job/parse.hpp"
+#include "plan/calibrate.hpp"
 #include "plan/plan.hpp"
 #include "plan/predict.hpp"
 #include "report/metrics.hpp"
@@ -40,6 +42,34 @@ std::pair<Job, plan::Plan> job_and_plan(const std::string& run_dir) {
   if (!p.schedule) p.schedule = Schedule::one_f_one_b;
   plan::Plan resolved = plan::resolve_plan(job);
   return {job, resolved};
+}
+
+// The planner's prediction of the run's own job, with the constants of `calibration` (a file of
+// `exatrain calibrate`) when it is not empty; `why` gets the reason when the job cannot be predicted.
+// A calibration that cannot be read, or that calibrates another device than the job's, is an Error:
+// the user named it, so it is their mistake to hear about, not a job the planner cannot predict.
+plan::Prediction predict_run(const std::string& run_dir, const std::string& calibration, std::string& why) {
+  std::optional<std::pair<Job, plan::Plan>> job;
+  try {
+    job = job_and_plan(run_dir);
+    // A machine that cannot carry this plan's traffic (e.g. no [machine] in the job: bandwidth 0)
+    // gives no prediction, with the reason, rather than an infinite one.
+    plan::check_machine_for_plan(job->first.machine, job->second, run_dir + "/job.toml");
+  } catch (const std::exception& e) {
+    why = e.what();
+    return {};
+  }
+  plan::Calibration cal = plan::default_calibration();
+  if (!calibration.empty()) {
+    plan::check_calibration_device(calibration, job->first.machine.device);
+    cal = plan::load_calibration(calibration);
+  }
+  try {
+    return plan::predict(job->first.model, job->first.machine, job->second, cal);
+  } catch (const std::exception& e) {
+    why = e.what();
+    return {};
+  }
 }
 
 // Seconds per step over the steps after the first (which includes warm-up).
@@ -95,7 +125,8 @@ RunSummary summarize(const std::vector<nlohmann::json>& records) {
   return s;
 }
 
-std::string measured_vs_predicted(const std::vector<nlohmann::json>& records, const std::string& run_dir) {
+std::string measured_vs_predicted(const std::vector<nlohmann::json>& records, const std::string& run_dir,
+                                  const std::string& calibration) {
   static const char* kParts[] = {"compute", "tp_comm", "cp_comm", "pp_comm", "pp_bubble", "dp_comm", "optimizer", "other"};
   // Measured: per step, the slowest rank's seconds in each part; then the median over steps.
   std::map<std::string, std::vector<double>> parts;
@@ -112,18 +143,10 @@ std::string measured_vs_predicted(const std::vector<nlohmann::json>& records, co
       }
   }
   if (step_s.empty()) return "";
-  std::string out = "  measured vs predicted (median s per step; prediction: `exatrain predict` of this run's job)\n";
-  plan::Prediction pred;
+  std::string out = fmt::format("  measured vs predicted (median s per step; prediction: `exatrain predict{}` of this "
+                                "run's job)\n", calibration.empty() ? "" : " --calibration " + calibration);
   std::string why;
-  try {
-    auto [job, resolved] = job_and_plan(run_dir);
-    // A machine that cannot carry this plan's traffic (e.g. no [machine] in the job: bandwidth 0)
-    // gives no prediction, with the reason, rather than an infinite one.
-    plan::check_machine_for_plan(job.machine, resolved, run_dir + "/job.toml");
-    pred = plan::predict(job.model, job.machine, resolved);
-  } catch (const std::exception& e) {
-    why = e.what();
-  }
+  const plan::Prediction pred = predict_run(run_dir, calibration, why);
   out += fmt::format("    {:<10} {:>10} {:>10}\n", "part", "measured", "predicted");
   auto row = [&](const char* name, double measured, double predicted) {
     out += fmt::format("    {:<10} {:>10.4f} {:>10}\n", name, measured,
@@ -138,7 +161,7 @@ std::string measured_vs_predicted(const std::vector<nlohmann::json>& records, co
   return out;
 }
 
-RunSummary write_report(const std::string& run_dir) {
+RunSummary write_report(const std::string& run_dir, const std::string& calibration) {
   std::vector<nlohmann::json> records = read_metrics(run_dir + "/metrics.jsonl");
   RunSummary s = summarize(records);
   EXA_CHECK(s.steps > 0, "{}/metrics.jsonl has no training-step records (expected lines with \"step\" and "
@@ -161,7 +184,7 @@ RunSummary write_report(const std::string& run_dir) {
   std::string svg = svg_document(charts);
 
   // Written under a temporary name and renamed, so a reader never sees half a file.
-  s.comparison = measured_vs_predicted(records, run_dir);
+  s.comparison = measured_vs_predicted(records, run_dir, calibration);
   s.svg_path = run_dir + "/report.svg";
   std::string tmp = s.svg_path + ".tmp";
   {

@@ -30,14 +30,19 @@ struct RunSummary {
 
 RunSummary summarize(const std::vector<nlohmann::json>& records);
 
-// Writes the SVG next to the metrics and returns the summary (svg_path set).
-RunSummary write_report(const std::string& run_dir);
+// Writes the SVG next to the metrics and returns the summary (svg_path set). `calibration`: a
+// calibration file of `exatrain calibrate` for the prediction (measured_vs_predicted); "" the shipped
+// constants.
+RunSummary write_report(const std::string& run_dir, const std::string& calibration = "");
 
 // Measured time per step next to the planner's prediction for the run's own job (RUN_DIR/job.toml
 // on its [machine]): medians over the steps after the first, per part of the planner's
 // breakdown_s (distributed runs record every rank's; the slowest rank's is shown). Returns a
-// text table; a job the planner cannot predict says why instead.
-std::string measured_vs_predicted(const std::vector<nlohmann::json>& records, const std::string& run_dir);
+// text table; a job the planner cannot predict says why instead. With `calibration` (a file of
+// `exatrain calibrate`) the prediction uses its constants, as `predict --calibration` does; Error
+// (from plan/calibrate.hpp) when the file cannot be read or calibrates another device than the job's.
+std::string measured_vs_predicted(const std::vector<nlohmann::json>& records, const std::string& run_dir,
+                                  const std::string& calibration = "");
 
 // The run as a measured step for `exatrain calibrate` (plan/fit.hpp): its job.toml resolved as the
 // trainer ran it and the median seconds per step after the first. Error naming the file when the

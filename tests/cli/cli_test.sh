@@ -61,6 +61,14 @@ expect_error "fresh run into an old run_dir" 'already holds a run' -- "$EXA" tra
   && echo "ok: sample" || { echo "FAIL: sample"; cat sample.log; failures=$((failures + 1)); }
 "$EXA" export run/checkpoints/step_00000006 --format hf --dtype bf16 --out hf > export.log 2>&1 && grep -q '"model_type": "gpt2"' hf/config.json \
   && echo "ok: export hf" || { echo "FAIL: export"; cat export.log; failures=$((failures + 1)); }
+# `calibrate` takes run directories; `report --calibration` predicts the run's step with the fitted
+# constants; a calibration of another device is refused.
+"$EXA" calibrate run --out cal.toml > cal.log 2>&1 && "$EXA" report run --calibration cal.toml > report_cal.log 2>&1 \
+  && grep -q 'prediction: `exatrain predict --calibration cal.toml` of this run' report_cal.log \
+  && echo "ok: calibrate a run, report with it" || { echo "FAIL: calibrate, report --calibration"; cat cal.log report_cal.log; failures=$((failures + 1)); }
+printf '[device.h100-sxm]\nsustained = 0.7\n' > h100.toml
+expect_error "report: another device's calibration" 'h100.toml calibrates h100-sxm, but this job runs on' -- \
+  "$EXA" report run --calibration h100.toml
 expect_error "export bad format" 'expected safetensors or hf' -- "$EXA" export run/checkpoints/step_00000006 --format onnx --out x
 # The checkpoint's model has linear-layer biases: a job without them is a different model.
 expect_error "resume without biases" '[model] bias: the checkpoint has true, this job has false' -- \

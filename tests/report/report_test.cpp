@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "core/check.hpp"
 #include "report/metrics.hpp"
@@ -161,6 +162,59 @@ TEST(Report, MissingOrEmptyMetricsAreClearErrors) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("has no training-step records"), std::string::npos) << e.what();
+  }
+}
+
+// The step the prediction column shows, parsed from the table ("    step   MEASURED   PREDICTED").
+double predicted_step(const std::string& table) {
+  const size_t at = table.find("    step ");
+  EXPECT_NE(at, std::string::npos) << table;
+  std::istringstream row(table.substr(at));
+  std::string name;
+  double measured = 0, predicted = 0;
+  row >> name >> measured >> predicted;
+  return predicted;
+}
+
+TEST(Report, ACalibrationFileSetsThePredictionAndAnotherDevicesIsRefused) {
+  std::string d = fresh_dir("report_calibrated");
+  // A model whose step is mostly GEMMs (about 0.6 TFLOP a step), so that their rate shows.
+  std::ofstream(d + "/job.toml") << "[model]\nlayers = 2\nhidden = 1024\nheads = 8\nseq_len = 512\nvocab = 256\n"
+                                    "[machine]\npreset = \"local\"\ndevice = \"cpu-local-2c\"\n"
+                                    "[parallel]\ngpus = 1\nglobal_batch = 8\nmicro_batch = 8\n"
+                                    "[train]\nprecision = \"fp32\"\n";
+  {
+    MetricsWriter w(d + "/metrics.jsonl");
+    for (int s = 1; s <= 3; ++s) w.write({{"step", s}, {"loss", 3.0}, {"seconds", 0.1}});
+  }
+  const auto records = read_metrics(d + "/metrics.jsonl");
+  const std::string shipped = measured_vs_predicted(records, d);
+  EXPECT_EQ(shipped.find("--calibration"), std::string::npos) << shipped;
+  // Half the shipped sustained rate (cpu-local-2c's is 1): the GEMMs, most of this step, take twice as long.
+  std::ofstream(d + "/half.toml") << "[device.cpu-local-2c]\nsustained = 0.5\n";
+  const std::string calibrated = measured_vs_predicted(records, d, d + "/half.toml");
+  EXPECT_NE(calibrated.find("`exatrain predict --calibration " + d + "/half.toml` of this run's job"), std::string::npos)
+      << calibrated;
+  EXPECT_EQ(calibrated.find("no prediction"), std::string::npos) << calibrated;
+  EXPECT_GT(predicted_step(calibrated), 1.5 * predicted_step(shipped)) << shipped << calibrated;
+  EXPECT_LE(predicted_step(calibrated), 2.0 * predicted_step(shipped)) << shipped << calibrated;
+  // The same file through write_report, as `exatrain report RUN --calibration FILE` calls it.
+  EXPECT_EQ(write_report(d, d + "/half.toml").comparison, calibrated);
+  // A calibration of another machine would silently change nothing: refused, naming both devices.
+  std::ofstream(d + "/h100.toml") << "[device.h100-sxm]\nsustained = 0.7\n";
+  try {
+    measured_vs_predicted(records, d, d + "/h100.toml");
+    FAIL() << "a calibration of h100-sxm was used for a cpu-local-2c run";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(d + "/h100.toml calibrates h100-sxm, but this job runs on cpu-local-2c"),
+              std::string::npos) << e.what();
+  }
+  try {
+    measured_vs_predicted(records, d, d + "/missing.toml");
+    FAIL() << "a missing calibration file was ignored";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("calibration file " + d + "/missing.toml not found"), std::string::npos)
+        << e.what();
   }
 }
 
