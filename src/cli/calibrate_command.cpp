@@ -75,6 +75,7 @@ void add_calibrate_command(CLI::App& app) {
       fmt::print("{} = {:.4g} (shipped {:.4g})\n", c, r.cal.get(c), start.get(c));
     if (!r.choice.empty()) fmt::print("note: {}\n", r.choice);
     fmt::print("prior: {}\n", r.prior);
+    if (!r.at_bound.empty()) fmt::print("warning: {}\n", r.at_bound);
     if (!r.converged)
       fmt::print("warning: the fit stopped at its sweep cap while still improving: the constants above are its best "
                  "so far, not a converged optimum (fewer constants, e.g. --fit sustained, or more varied runs help)\n");

@@ -130,6 +130,29 @@ std::vector<std::string> choose(const std::vector<MeasuredRun>& runs, const Cali
   return chosen;
 }
 
+// CalibrateResult::at_bound: the fitted constants that sit at the bound the runs pull them past
+// (within 0.5% of it), with what to check; "" where none does.
+std::string bound_note(const std::vector<MeasuredRun>& runs, const CalibrateResult& r, const Calibration& base) {
+  double mean = 0;  // mean signed error of the fitted predictions: > 0 the runs ran faster
+  for (size_t i = 0; i < runs.size(); ++i) mean += (r.fitted[i] / runs[i].step_s - 1) / double(runs.size());
+  std::string note;
+  for (const std::string& c : r.constants) {
+    const Bounds b = constant_bounds(c, base.get(c));
+    const double v = r.cal.get(c);
+    if (mean > 0 && v >= 0.995 * b.hi)
+      note += fmt::format("{} = {:.4g} is at its upper bound {:.4g}, and these runs ran faster still (predicted "
+                          "{:+.1f}% on average): the rates this device's constants scale (the catalog's, or for this "
+                          "machine what `exatrain profile` measured) are below what the runs reached; re-run "
+                          "`exatrain profile`, or check the device the runs' jobs name; ", c, v, b.hi, 100 * mean);
+    else if (mean < 0 && v <= 1.005 * b.lo)
+      note += fmt::format("{} = {:.4g} is at its lower bound {:.4g}, and these runs ran slower still (predicted "
+                          "{:+.1f}% on average): check that they ran on the device their jobs name; ", c, v, b.lo,
+                          100 * mean);
+  }
+  if (!note.empty()) note.erase(note.size() - 2);
+  return note;
+}
+
 }  // namespace
 
 double CalibrationPrior::sd(const std::string& short_name, const Device& device) const {
@@ -237,6 +260,7 @@ CalibrateResult calibrate(std::vector<MeasuredRun> runs, const Calibration& base
   const FitResult all = fit_constants(runs, base, out.constants, 40, prior.of(base, out.constants, find_device(out.device)));
   out.cal = all.cal, out.fitted = all.predicted, out.fit_mape_pct = mape_pct(runs, all.predicted);
   out.converged = all.converged;
+  out.at_bound = bound_note(runs, out, base);
   if (runs.size() >= 2) {
     if (!fit.empty()) out.left_out = leave_one_out(runs, base, out.constants, out.device, false, prior);
     out.loo_mape_pct = mape_pct(runs, out.left_out);

@@ -60,6 +60,11 @@ struct CalibrateResult {
   std::string choice;  // how the constants were chosen (auto), for the report
   std::string prior;   // CalibrationPrior::describe, for the report and the file
   bool converged = true;  // false: the fit stopped at its sweep cap (fit.hpp FitResult), the report says so
+  // Not empty where a fitted constant ended at one of its bounds (plan/fit.hpp constant_bounds) while
+  // the runs, on average, still pull it past that bound: which constant, and what to check. Every
+  // machine constant is a rate (a larger one makes a step faster), so runs predicted too slow on
+  // average pull at the upper bounds, too fast at the lower.
+  std::string at_bound;
 };
 
 // Fits `fit` (short names: sustained, attention, network, bw_efficiency; empty: automatic) for the device of
