@@ -79,7 +79,8 @@ void add_calibrate_command(CLI::App& app) {
     if (!r.converged)
       fmt::print("warning: the fit stopped at its sweep cap while still improving: the constants above are its best "
                  "so far, not a converged optimum (fewer constants, e.g. --fit sustained, or more varied runs help)\n");
-    fmt::print("MAPE over {} runs: shipped {:.2f}%, fitted {:.2f}%, leave-one-out {}\n", runs.size(), r.before_mape_pct,
+    fmt::print("MAPE over {} run{}: shipped {:.2f}%, fitted {:.2f}%, leave-one-out {}\n", runs.size(),
+               runs.size() == 1 ? "" : "s", r.before_mape_pct,
                r.fit_mape_pct, r.loo_mape_pct < 0 ? "- (one run)" : fmt::format("{:.2f}%", r.loo_mape_pct));
     write_file_atomic(*out, plan::calibration_toml(r, runs));
     fmt::print("wrote {}\n", *out);
