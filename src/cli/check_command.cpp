@@ -20,7 +20,8 @@ void add_check_command(CLI::App& app) {
   cmd->add_option("job", *path, "the job file (TOML)")->required();
   cmd->add_option("--set", *sets, "override a key: section.key=value (repeatable)");
   cmd->callback([path, sets] {
-    const Job job = load_job(*path, *sets, check_job_catalog);
+    Job job = load_job(*path, *sets, check_job_catalog);
+    if (const std::string note = vocab_from_data(job); !note.empty()) fmt::print("# note: {}\n", note);
     // A resolved plan is validated; settings without effect on it get a note, as `predict` gives them.
     if (parallel_is_resolved(job.parallel))
       for (const std::string& note : plan::plan_notes(job, resolved_plan_of(job, *path)))

@@ -149,11 +149,8 @@ struct PlanArgs {
 
 void run_plan(const PlanArgs& a) {
   Job job = load_job(a.path, a.sets, check_job_catalog);
-  plan::Calibration cal = plan::default_calibration();
-  if (!a.calibration.empty()) {
-    plan::check_calibration_device(a.calibration, job.machine.device);
-    cal = plan::load_calibration(a.calibration);
-  }
+  const std::string vocab_note = vocab_from_data(job);  // the vocabulary `train` will use
+  const plan::Calibration cal = plan::calibration_for(a.calibration, job.machine.device);
   {
     plan::Plan probe;
     probe.gpus = job.parallel.gpus;
@@ -166,6 +163,7 @@ void run_plan(const PlanArgs& a) {
                                                a.headroom);
     if (a.json) fmt::print("{}\n", comparison_json(rows).dump(2));
     else print_comparison(rows);
+    if (!a.json && !vocab_note.empty()) fmt::print("note: {}\n", vocab_note);
     return;
   }
   plan::SearchResult res =
@@ -177,8 +175,14 @@ void run_plan(const PlanArgs& a) {
       bars.push_back({fmt::format("#{} {}", i + 1, plan::plan_summary(res.top[i].plan)), plan::to_json(res.top[i]), ""});
     write_prediction_svg(bars, fmt::format("{} best plans", res.top.size()), a.svg);
   }
-  if (a.json) fmt::print("{}\n", search_json(res).dump(2));
-  else print_search(res, job);
+  if (a.json) {
+    nlohmann::json j = search_json(res);
+    if (!vocab_note.empty()) j["notes"] = {vocab_note};
+    fmt::print("{}\n", j.dump(2));
+  } else {
+    print_search(res, job);
+    if (!vocab_note.empty()) fmt::print("note: {}\n", vocab_note);
+  }
 }
 
 }  // namespace

@@ -29,6 +29,7 @@ void add_predict_command(CLI::App& app) {
   cmd->add_option("--calibration", *calibration, "a calibration file of `exatrain calibrate` (this machine's constants)");
   cmd->callback([path, sets, json, rank, calibration] {
     Job job = load_job(*path, *sets, check_job_catalog);
+    const std::string vocab_note = vocab_from_data(job);  // the vocabulary `train` will use
     const plan::Plan p = resolved_plan_of(job, *path);
     if (*rank >= 0) {
       plan::CommBytes b = plan::bytes_sent_per_step(job.model, p, plan::rank_position(p, *rank));
@@ -39,13 +40,10 @@ void add_predict_command(CLI::App& app) {
       return;
     }
     plan::check_machine_for_plan(job.machine, p, *path);
-    plan::Calibration cal = plan::default_calibration();
-    if (!calibration->empty()) {
-      plan::check_calibration_device(*calibration, job.machine.device);
-      cal = plan::load_calibration(*calibration);
-    }
+    const plan::Calibration cal = plan::calibration_for(*calibration, job.machine.device);
     plan::Prediction pred = plan::predict(job.model, job.machine, p, cal);
-    const std::vector<std::string> notes = plan::plan_notes(job, p);
+    std::vector<std::string> notes = plan::plan_notes(job, p);
+    if (!vocab_note.empty()) notes.push_back(vocab_note);
     if (!std::isfinite(pred.step_time_s))
       throw Error(fmt::format("{}: predicted step time is {} (check the [machine] and device "
                               "figures: a bandwidth or peak of 0?)", *path, pred.step_time_s));

@@ -21,8 +21,9 @@ void add_report_command(CLI::App& app) {
                                                  "calibrate` (this machine's constants)");
   cmd->callback([dirs, out, calibration] {
     EXA_CHECK(calibration->empty() || (dirs->size() == 1 && out->empty()),
-              "report: --calibration is for one run's measured-vs-predicted table; the comparison of several runs "
-              "(--out) has no prediction");
+              "report: --calibration {} with {} run director{}{}: the calibration is for one run's measured-vs-predicted "
+              "table (report RUN_DIR --calibration FILE); a comparison (--out) has no prediction", *calibration,
+              dirs->size(), dirs->size() == 1 ? "y" : "ies", out->empty() ? "" : " and --out " + *out);
     if (dirs->size() == 1 && out->empty()) {
       auto s = report::write_report(dirs->front(), *calibration);
       fmt::print("{}", report::format_summary(s, dirs->front()));

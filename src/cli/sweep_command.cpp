@@ -2,6 +2,8 @@
 // `predict` of the same job once per value of one key, side by side — what changes when one
 // setting changes (ZeRO stage, tp, micro-batch, recomputation, a machine figure). A value that
 // makes the plan invalid gets its row with the reason instead of ending the sweep.
+#include <set>
+
 #include <fmt/format.h>
 
 #include <cmath>
@@ -50,12 +52,14 @@ std::string short_message(std::string msg) {
   }
   return msg;
 }
+// `vocab_note`: vocab_from_data's note for this value's job (cli/job_plan.hpp).
 LabelledPrediction predict_variant(const std::string& path, std::vector<std::string> sets, const Vary& vary,
-                                   const std::string& value) {
+                                   const std::string& value, std::string& vocab_note) {
   LabelledPrediction out{value, nullptr, ""};
   sets.push_back(vary.key + "=" + value);
   // A bad key or a value of the wrong type is the user's mistake in every row: let it end the sweep.
   Job job = load_job(path, sets);
+  vocab_note = vocab_from_data(job);  // the vocabulary `train` will use
   try {
     const plan::Plan p = resolved_plan_of(job, path);
     plan::check_machine_for_plan(job.machine, p, path);
@@ -86,7 +90,12 @@ void add_sweep_command(CLI::App& app) {
   cmd->callback([o] {
     const Vary vary = parse_vary(o->vary);
     std::vector<LabelledPrediction> preds;
-    for (const std::string& v : vary.values) preds.push_back(predict_variant(o->path, o->sets, vary, v));
+    std::set<std::string> vocab_notes;  // one line each, however many values share it
+    for (const std::string& v : vary.values) {
+      std::string note;
+      preds.push_back(predict_variant(o->path, o->sets, vary, v, note));
+      if (!note.empty()) vocab_notes.insert(note);
+    }
     if (o->json) {
       nlohmann::json j = nlohmann::json::array();
       for (const auto& p : preds)
@@ -96,6 +105,7 @@ void add_sweep_command(CLI::App& app) {
     } else {
       fmt::print("sweep of {} over {} ({} values)\n{}", vary.key, o->path, preds.size(),
                  prediction_tables(preds, vary.key));
+      for (const std::string& n : vocab_notes) fmt::print("note: {}\n", n);
     }
     if (!o->svg.empty()) {
       write_prediction_svg(preds, vary.key, o->svg);

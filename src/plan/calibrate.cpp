@@ -130,24 +130,40 @@ std::vector<std::string> choose(const std::vector<MeasuredRun>& runs, const Cali
   return chosen;
 }
 
-// CalibrateResult::at_bound: the fitted constants that sit at the bound the runs pull them past
-// (within 0.5% of it), with what to check; "" where none does.
-std::string bound_note(const std::vector<MeasuredRun>& runs, const CalibrateResult& r, const Calibration& base) {
-  double mean = 0;  // mean signed error of the fitted predictions: > 0 the runs ran faster
+// CalibrateResult::at_bound: the fitted constants that sit at a bound of their range (within 1e-3
+// in log) where moving one 1% back inside makes the fit's objective (the runs' MAPE plus the prior's
+// term) worse, so that the runs pull it past the bound; what to check for each. "" where none does.
+// Every machine constant is a rate: at the upper bound the runs ran faster than the constants allow.
+std::string bound_note(const std::vector<MeasuredRun>& runs, const CalibrateResult& r, const Calibration& base,
+                       const Prior& prior) {
+  auto objective = [&](const Calibration& c) {
+    return group_mape_pct(runs, predict_runs(runs, c)) + prior_penalty_pct(prior, r.constants, c, runs.size());
+  };
+  double mean = 0;  // mean signed error of the fitted predictions (> 0: the runs ran faster), for the message
   for (size_t i = 0; i < runs.size(); ++i) mean += (r.fitted[i] / runs[i].step_s - 1) / double(runs.size());
+  const double at_fit = objective(r.cal);
+  const bool local = r.device.rfind("cpu-local", 0) == 0;  // this machine: its rates are `profile`'s
   std::string note;
   for (const std::string& c : r.constants) {
     const Bounds b = constant_bounds(c, base.get(c));
     const double v = r.cal.get(c);
-    if (mean > 0 && v >= 0.995 * b.hi)
-      note += fmt::format("{} = {:.4g} is at its upper bound {:.4g}, and these runs ran faster still (predicted "
-                          "{:+.1f}% on average): the rates this device's constants scale (the catalog's, or for this "
-                          "machine what `exatrain profile` measured) are below what the runs reached; re-run "
-                          "`exatrain profile`, or check the device the runs' jobs name; ", c, v, b.hi, 100 * mean);
-    else if (mean < 0 && v <= 1.005 * b.lo)
-      note += fmt::format("{} = {:.4g} is at its lower bound {:.4g}, and these runs ran slower still (predicted "
-                          "{:+.1f}% on average): check that they ran on the device their jobs name; ", c, v, b.lo,
-                          100 * mean);
+    const bool upper = std::abs(std::log(v / b.hi)) < 1e-3, lower = std::abs(std::log(v / b.lo)) < 1e-3;
+    if (!upper && !lower) continue;
+    Calibration inside = r.cal;
+    inside.set(c, upper ? v * 0.99 : v * 1.01);
+    if (objective(inside) <= at_fit) continue;  // the runs do not pull it past the bound
+    const bool network = c.ends_with(".network");
+    const std::string rates = network ? "the bandwidths it scales (the runs' [machine])"
+                                      : local ? "the rates it scales (what `exatrain profile` measured on this machine, "
+                                                "or the catalog's entry)"
+                                              : fmt::format("the rates it scales (the catalog's figures for {})", r.device);
+    note += upper ? fmt::format("{} = {:.4g} is at its upper bound {:.4g}, and the runs pull it higher (predicted "
+                                "{:+.1f}% on average): {} are below what the runs reached{}, or another part of their "
+                                "steps is over-predicted (compare `exatrain report`'s parts); ", c, v, b.hi, 100 * mean,
+                                rates, local && !network ? " (re-run `exatrain profile`)" : "")
+                  : fmt::format("{} = {:.4g} is at its lower bound {:.4g}, and the runs pull it lower (predicted "
+                                "{:+.1f}% on average): check that they ran on the device their jobs name, or what else "
+                                "ran on it; ", c, v, b.lo, 100 * mean);
   }
   if (!note.empty()) note.erase(note.size() - 2);
   return note;
@@ -260,7 +276,7 @@ CalibrateResult calibrate(std::vector<MeasuredRun> runs, const Calibration& base
   const FitResult all = fit_constants(runs, base, out.constants, 40, prior.of(base, out.constants, find_device(out.device)));
   out.cal = all.cal, out.fitted = all.predicted, out.fit_mape_pct = mape_pct(runs, all.predicted);
   out.converged = all.converged;
-  out.at_bound = bound_note(runs, out, base);
+  out.at_bound = bound_note(runs, out, base, prior.of(base, out.constants, find_device(out.device)));
   if (runs.size() >= 2) {
     if (!fit.empty()) out.left_out = leave_one_out(runs, base, out.constants, out.device, false, prior);
     out.loo_mape_pct = mape_pct(runs, out.left_out);
@@ -340,6 +356,12 @@ void check_calibration_device(const std::string& path, const std::string& device
   throw Error(fmt::format("{} calibrates {}, but this job runs on {}: a calibration describes the machine it was "
                           "fitted on (calibrate this device's runs, or drop --calibration)",
                           path, fmt::join(devices, ", "), device));
+}
+
+Calibration calibration_for(const std::string& path, const std::string& device) {
+  if (path.empty()) return default_calibration();
+  check_calibration_device(path, device);
+  return load_calibration(path);
 }
 
 std::vector<MeasuredRun> measured_runs_from_csv(const std::string& path, std::vector<std::string>& skipped) {

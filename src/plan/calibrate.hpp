@@ -60,10 +60,9 @@ struct CalibrateResult {
   std::string choice;  // how the constants were chosen (auto), for the report
   std::string prior;   // CalibrationPrior::describe, for the report and the file
   bool converged = true;  // false: the fit stopped at its sweep cap (fit.hpp FitResult), the report says so
-  // Not empty where a fitted constant ended at one of its bounds (plan/fit.hpp constant_bounds) while
-  // the runs, on average, still pull it past that bound: which constant, and what to check. Every
-  // machine constant is a rate (a larger one makes a step faster), so runs predicted too slow on
-  // average pull at the upper bounds, too fast at the lower.
+  // Not empty where a fitted constant ended at a bound of its range (plan/fit.hpp constant_bounds)
+  // and the runs pull it past that bound (moving it back inside makes the fit worse): which constant,
+  // and what to check. Every machine constant is a rate (a larger one makes a step faster).
   std::string at_bound;
 };
 
@@ -82,6 +81,9 @@ std::vector<std::string> calibration_devices(const std::string& path);
 // For predict/plan: Error when the file has constants for devices and none is `device` or its
 // family (a calibration of another machine would silently change nothing).
 void check_calibration_device(const std::string& path, const std::string& device);
+// The constants a job on `device` is predicted with: the shipped ones for an empty `path`, else the
+// file's (load_calibration), refused for another device (check_calibration_device).
+Calibration calibration_for(const std::string& path, const std::string& device);
 
 // The published-runs CSV (bench/validation/published_runs.csv format) as measured runs: the usable
 // rows with a measured step; `skipped` gets "row N: reason" for the others.

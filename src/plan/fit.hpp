@@ -36,8 +36,9 @@ std::vector<double> predict_runs(const std::vector<MeasuredRun>& runs, const Cal
 double group_mape_pct(const std::vector<MeasuredRun>& runs, const std::vector<double>& predicted);
 double mape_pct(const std::vector<MeasuredRun>& runs, const std::vector<double>& predicted);
 
-// Bounds of a constant: device fractions in (0.05, 1], network (0.05, 4], times in microseconds
-// in [0.01, 1e4], other global constants within 1/20 and 20 times the start.
+// Bounds of a constant: device fractions in [0.05, 1], the multipliers (network, attention) in
+// [0.05, 4], times in microseconds in [0.01, 1e4], other global constants within 1/20 and 20 times
+// the start.
 struct Bounds { double lo, hi; };
 Bounds constant_bounds(const std::string& name, double start);
 

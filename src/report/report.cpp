@@ -6,7 +6,6 @@
 #include <fstream>
 #include <limits>
 #include <map>
-#include <optional>
 
 #include <fmt/format.h>
 
@@ -44,32 +43,30 @@ std::pair<Job, plan::Plan> job_and_plan(const std::string& run_dir) {
   return {job, resolved};
 }
 
-// The planner's prediction of the run's own job, with the constants of `calibration` (a file of
-// `exatrain calibrate`) when it is not empty; `why` gets the reason when the job cannot be predicted.
-// A calibration that cannot be read, or that calibrates another device than the job's, is an Error:
-// the user named it, so it is their mistake to hear about, not a job the planner cannot predict.
-plan::Prediction predict_run(const std::string& run_dir, const std::string& calibration, std::string& why) {
-  std::optional<std::pair<Job, plan::Plan>> job;
+// The planner's prediction of the run's own job with `cal` (the shipped constants, or those of the
+// calibration file `calibration` names); `why` gets the reason when the job cannot be predicted (an
+// unknown device among them). A calibration of another device than the job's is an Error: the user
+// named it, so it is their mistake to hear about, not a job the planner cannot predict
+// (measured_vs_predicted reads the file itself first, so that an unreadable one is an Error whatever
+// the job).
+plan::Prediction predict_run(const std::string& run_dir, const std::string& calibration, const plan::Calibration& cal,
+                             std::string& why) {
+  plan::Prediction pred;
+  std::string device;
   try {
-    job = job_and_plan(run_dir);
+    auto [job, p] = job_and_plan(run_dir);
     // A machine that cannot carry this plan's traffic (e.g. no [machine] in the job: bandwidth 0)
     // gives no prediction, with the reason, rather than an infinite one.
-    plan::check_machine_for_plan(job->first.machine, job->second, run_dir + "/job.toml");
+    plan::check_machine_for_plan(job.machine, p, run_dir + "/job.toml");
+    pred = plan::predict(job.model, job.machine, p, cal);
+    device = job.machine.device;
   } catch (const std::exception& e) {
     why = e.what();
     return {};
   }
-  plan::Calibration cal = plan::default_calibration();
-  if (!calibration.empty()) {
-    plan::check_calibration_device(calibration, job->first.machine.device);
-    cal = plan::load_calibration(calibration);
-  }
-  try {
-    return plan::predict(job->first.model, job->first.machine, job->second, cal);
-  } catch (const std::exception& e) {
-    why = e.what();
-    return {};
-  }
+  // After the prediction, which has looked the device up: a job on an unknown one has said so above.
+  if (!calibration.empty()) plan::check_calibration_device(calibration, device);
+  return pred;
 }
 
 // Seconds per step over the steps after the first (which includes warm-up).
@@ -128,6 +125,8 @@ RunSummary summarize(const std::vector<nlohmann::json>& records) {
 std::string measured_vs_predicted(const std::vector<nlohmann::json>& records, const std::string& run_dir,
                                   const std::string& calibration) {
   static const char* kParts[] = {"compute", "tp_comm", "cp_comm", "pp_comm", "pp_bubble", "dp_comm", "optimizer", "other"};
+  // First, whatever the run holds: a calibration file that cannot be read is an Error.
+  const plan::Calibration cal = calibration.empty() ? plan::default_calibration() : plan::load_calibration(calibration);
   // Measured: per step, the slowest rank's seconds in each part; then the median over steps.
   std::map<std::string, std::vector<double>> parts;
   std::vector<double> step_s;
@@ -146,7 +145,7 @@ std::string measured_vs_predicted(const std::vector<nlohmann::json>& records, co
   std::string out = fmt::format("  measured vs predicted (median s per step; prediction: `exatrain predict{}` of this "
                                 "run's job)\n", calibration.empty() ? "" : " --calibration " + calibration);
   std::string why;
-  const plan::Prediction pred = predict_run(run_dir, calibration, why);
+  const plan::Prediction pred = predict_run(run_dir, calibration, cal, why);
   out += fmt::format("    {:<10} {:>10} {:>10}\n", "part", "measured", "predicted");
   auto row = [&](const char* name, double measured, double predicted) {
     out += fmt::format("    {:<10} {:>10.4f} {:>10}\n", name, measured,

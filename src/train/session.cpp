@@ -39,8 +39,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The bundled corpus (corpus/README.md) is prepared with this vocabulary for the default job.
-constexpr uint32_t kBundledVocab = 4096;
 
 const char* kBreakdownNames[] = {"compute", "tp_comm", "pp_comm", "pp_bubble", "dp_comm", "optimizer"};
 constexpr int kBreakdown = 6;

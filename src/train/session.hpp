@@ -52,6 +52,10 @@ void finalize_mpi();
 // these are reported together with the file's problems.
 void check_training_job(const Job& job, std::vector<std::string>& errors);
 
+// The bundled corpus (corpus/README.md) is prepared with this vocabulary for the jobs that name no
+// [train] data (the default job's).
+inline constexpr uint32_t kBundledVocab = 4096;
+
 // The dataset directory a job trains on: train.data, or the bundled corpus prepared once into a
 // cache directory ($EXATRAIN_CACHE, default <repo>/data-cache) — prepared on first use.
 std::string resolve_dataset(const Job& job, std::FILE* log);

@@ -61,6 +61,15 @@ expect_error "fresh run into an old run_dir" 'already holds a run' -- "$EXA" tra
   && echo "ok: sample" || { echo "FAIL: sample"; cat sample.log; failures=$((failures + 1)); }
 "$EXA" export run/checkpoints/step_00000006 --format hf --dtype bf16 --out hf > export.log 2>&1 && grep -q '"model_type": "gpt2"' hf/config.json \
   && echo "ok: export hf" || { echo "FAIL: export"; cat export.log; failures=$((failures + 1)); }
+# The planner commands see the model `train` builds: a job that leaves vocab to its data takes its
+# prepared dataset's tokenizer's (the byte tokenizer's 256 here), and without [train] data the
+# bundled corpus's 4096, whether or not that corpus is prepared yet.
+"$EXA" plan tiny.toml > plan_vocab.log 2>&1 && grep -q '^note: \[model\] vocab = 256: the tokenizer.s of \[train\] data = "data"' plan_vocab.log \
+  && echo "ok: plan takes the data's vocabulary" || { echo "FAIL: plan's vocabulary"; cat plan_vocab.log; failures=$((failures + 1)); }
+printf '[model]\nlayers = 1\nhidden = 16\nheads = 2\nseq_len = 16\n' > nodata.toml
+EXATRAIN_CACHE=$PWD/no-cache "$EXA" check nodata.toml > nodata.log 2>&1 && grep -q '^vocab = 4096$' nodata.log \
+  && grep -q '^# note: \[model\] vocab = 4096: the bundled corpus.s tokenizer' nodata.log \
+  && echo "ok: check takes the bundled corpus's vocabulary" || { echo "FAIL: check's vocabulary"; cat nodata.log; failures=$((failures + 1)); }
 # `calibrate` takes run directories; `report --calibration` predicts the run's step with the fitted
 # constants; a calibration of another device is refused.
 "$EXA" calibrate run --out cal.toml > cal.log 2>&1 && "$EXA" report run --calibration cal.toml > report_cal.log 2>&1 \

@@ -209,13 +209,26 @@ TEST(Report, ACalibrationFileSetsThePredictionAndAnotherDevicesIsRefused) {
     EXPECT_NE(std::string(e.what()).find(d + "/h100.toml calibrates h100-sxm, but this job runs on cpu-local-2c"),
               std::string::npos) << e.what();
   }
-  try {
-    measured_vs_predicted(records, d, d + "/missing.toml");
-    FAIL() << "a missing calibration file was ignored";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("calibration file " + d + "/missing.toml not found"), std::string::npos)
-        << e.what();
+  // A missing file is an Error whatever the run: a job the planner can predict, one it cannot (no
+  // bandwidth between its two ranks), and a run without a timed step (nothing to predict).
+  const std::string job = "[model]\nlayers = 2\nhidden = 64\nheads = 4\nseq_len = 32\nvocab = 256\n"
+                          "[parallel]\ngpus = 2\ndp = 2\nglobal_batch = 4\n[train]\nprecision = \"fp32\"\n";
+  for (const std::string machine : {"", "[machine]\ndevice = \"cpu-local-2c\"\n"}) {
+    if (!machine.empty()) std::ofstream(d + "/job.toml") << job << machine;
+    for (const auto& recs : {records, std::vector<nlohmann::json>(records.begin(), records.begin() + 1)}) {
+      try {
+        measured_vs_predicted(recs, d, d + "/missing.toml");
+        FAIL() << "a missing calibration file was ignored";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("calibration file " + d + "/missing.toml not found"), std::string::npos)
+            << e.what();
+      }
+    }
   }
+  // A job on a device the catalog does not know cannot be predicted: said in the table, as without a
+  // calibration, not thrown.
+  std::ofstream(d + "/job.toml") << job << "[machine]\ndevice = \"no-such-device\"\n";
+  EXPECT_NE(measured_vs_predicted(records, d, d + "/half.toml").find("(no prediction: "), std::string::npos);
 }
 
 TEST(Report, MeasuredNextToPredictedUsesTheSlowestRankAndThePlanner) {
