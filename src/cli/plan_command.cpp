@@ -161,9 +161,14 @@ void run_plan(const PlanArgs& a) {
     const std::vector<std::string> names = a.compare ? optimizer_names() : optimizer_list(a.optimizers);
     const auto rows = plan::compare_optimizers(job.model, job.machine, job.parallel, job.train, names, 1, cal,
                                                a.headroom);
-    if (a.json) fmt::print("{}\n", comparison_json(rows).dump(2));
-    else print_comparison(rows);
-    if (!a.json && !vocab_note.empty()) fmt::print("note: {}\n", vocab_note);
+    if (a.json) {
+      nlohmann::json j = comparison_json(rows);
+      if (!vocab_note.empty()) j["notes"] = {vocab_note};
+      fmt::print("{}\n", j.dump(2));
+    } else {
+      print_comparison(rows);
+      if (!vocab_note.empty()) fmt::print("note: {}\n", vocab_note);
+    }
     return;
   }
   plan::SearchResult res =

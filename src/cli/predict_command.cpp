@@ -31,7 +31,8 @@ void add_predict_command(CLI::App& app) {
     Job job = load_job(*path, *sets, check_job_catalog);
     const std::string vocab_note = vocab_from_data(job);  // the vocabulary `train` will use
     const plan::Plan p = resolved_plan_of(job, *path);
-    if (*rank >= 0) {
+    if (*rank >= 0) {  // JSON on stdout: the vocabulary's note, which changes the bytes, on stderr
+      if (!vocab_note.empty()) fmt::print(stderr, "note: {}\n", vocab_note);
       plan::CommBytes b = plan::bytes_sent_per_step(job.model, p, plan::rank_position(p, *rank));
       nlohmann::json j;
       for (int k = 0; k < plan::kCommKinds; ++k)

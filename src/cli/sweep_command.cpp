@@ -2,11 +2,10 @@
 // `predict` of the same job once per value of one key, side by side — what changes when one
 // setting changes (ZeRO stage, tp, micro-batch, recomputation, a machine figure). A value that
 // makes the plan invalid gets its row with the reason instead of ending the sweep.
-#include <set>
-
 #include <fmt/format.h>
 
 #include <cmath>
+#include <set>
 
 #include "cli/commands.hpp"
 #include "cli/job_plan.hpp"
@@ -90,22 +89,24 @@ void add_sweep_command(CLI::App& app) {
   cmd->callback([o] {
     const Vary vary = parse_vary(o->vary);
     std::vector<LabelledPrediction> preds;
-    std::set<std::string> vocab_notes;  // one line each, however many values share it
-    for (const std::string& v : vary.values) {
-      std::string note;
-      preds.push_back(predict_variant(o->path, o->sets, vary, v, note));
-      if (!note.empty()) vocab_notes.insert(note);
-    }
+    std::vector<std::string> notes(vary.values.size());  // vocab_from_data's, per value
+    for (size_t i = 0; i < vary.values.size(); ++i)
+      preds.push_back(predict_variant(o->path, o->sets, vary, vary.values[i], notes[i]));
+    const std::set<std::string> vocab_notes(notes.begin(), notes.end());  // printed once each
     if (o->json) {
       nlohmann::json j = nlohmann::json::array();
-      for (const auto& p : preds)
+      for (size_t i = 0; i < preds.size(); ++i) {
+        const auto& p = preds[i];
         j.push_back(p.error.empty() ? nlohmann::json{{"value", p.label}, {"prediction", p.pred}}
                                     : nlohmann::json{{"value", p.label}, {"error", p.error}});
+        if (!notes[i].empty()) j.back()["notes"] = {notes[i]};
+      }
       fmt::print("{}\n", j.dump(2));
     } else {
       fmt::print("sweep of {} over {} ({} values)\n{}", vary.key, o->path, preds.size(),
                  prediction_tables(preds, vary.key));
-      for (const std::string& n : vocab_notes) fmt::print("note: {}\n", n);
+      for (const std::string& n : vocab_notes)
+        if (!n.empty()) fmt::print("note: {}\n", n);
     }
     if (!o->svg.empty()) {
       write_prediction_svg(preds, vary.key, o->svg);

@@ -130,18 +130,21 @@ std::vector<std::string> choose(const std::vector<MeasuredRun>& runs, const Cali
   return chosen;
 }
 
-// CalibrateResult::at_bound: the fitted constants that sit at a bound of their range (within 1e-3
-// in log) where moving one 1% back inside makes the fit's objective (the runs' MAPE plus the prior's
-// term) worse, so that the runs pull it past the bound; what to check for each. "" where none does.
+// CalibrateResult::at_bound: the fitted constants that end within 1e-3 in log of a bound of their
+// range (the fit's line searches stop within 2e-4) where the objective still falls toward the bound:
+// at the bound itself it is lower than 0.01% inside it, so the runs pull the constant past it (an
+// optimum just inside the bound, which the fit found, is not that). The objective is the fit's: the
+// runs' MAPE by group plus the prior's term. What to check, for each. "" where none is pulled.
 // Every machine constant is a rate: at the upper bound the runs ran faster than the constants allow.
 std::string bound_note(const std::vector<MeasuredRun>& runs, const CalibrateResult& r, const Calibration& base,
                        const Prior& prior) {
+  std::set<std::string> groups;
+  for (const MeasuredRun& m : runs) groups.insert(m.group);
   auto objective = [&](const Calibration& c) {
-    return group_mape_pct(runs, predict_runs(runs, c)) + prior_penalty_pct(prior, r.constants, c, runs.size());
+    return group_mape_pct(runs, predict_runs(runs, c)) + prior_penalty_pct(prior, r.constants, c, groups.size());
   };
   double mean = 0;  // mean signed error of the fitted predictions (> 0: the runs ran faster), for the message
   for (size_t i = 0; i < runs.size(); ++i) mean += (r.fitted[i] / runs[i].step_s - 1) / double(runs.size());
-  const double at_fit = objective(r.cal);
   const bool local = r.device.rfind("cpu-local", 0) == 0;  // this machine: its rates are `profile`'s
   std::string note;
   for (const std::string& c : r.constants) {
@@ -149,9 +152,10 @@ std::string bound_note(const std::vector<MeasuredRun>& runs, const CalibrateResu
     const double v = r.cal.get(c);
     const bool upper = std::abs(std::log(v / b.hi)) < 1e-3, lower = std::abs(std::log(v / b.lo)) < 1e-3;
     if (!upper && !lower) continue;
-    Calibration inside = r.cal;
-    inside.set(c, upper ? v * 0.99 : v * 1.01);
-    if (objective(inside) <= at_fit) continue;  // the runs do not pull it past the bound
+    Calibration at = r.cal, inside = r.cal;
+    at.set(c, upper ? b.hi : b.lo);
+    inside.set(c, upper ? b.hi * (1 - 1e-4) : b.lo * (1 + 1e-4));
+    if (objective(at) >= objective(inside)) continue;  // not pulled past the bound
     const bool network = c.ends_with(".network");
     const std::string rates = network ? "the bandwidths it scales (the runs' [machine])"
                                       : local ? "the rates it scales (what `exatrain profile` measured on this machine, "
@@ -160,7 +164,7 @@ std::string bound_note(const std::vector<MeasuredRun>& runs, const CalibrateResu
     note += upper ? fmt::format("{} = {:.4g} is at its upper bound {:.4g}, and the runs pull it higher (predicted "
                                 "{:+.1f}% on average): {} are below what the runs reached{}, or another part of their "
                                 "steps is over-predicted (compare `exatrain report`'s parts); ", c, v, b.hi, 100 * mean,
-                                rates, local && !network ? " (re-run `exatrain profile`)" : "")
+                                rates, local && !network ? " (run `exatrain profile`)" : "")
                   : fmt::format("{} = {:.4g} is at its lower bound {:.4g}, and the runs pull it lower (predicted "
                                 "{:+.1f}% on average): check that they ran on the device their jobs name, or what else "
                                 "ran on it; ", c, v, b.lo, 100 * mean);

@@ -61,8 +61,8 @@ struct CalibrateResult {
   std::string prior;   // CalibrationPrior::describe, for the report and the file
   bool converged = true;  // false: the fit stopped at its sweep cap (fit.hpp FitResult), the report says so
   // Not empty where a fitted constant ended at a bound of its range (plan/fit.hpp constant_bounds)
-  // and the runs pull it past that bound (moving it back inside makes the fit worse): which constant,
-  // and what to check. Every machine constant is a rate (a larger one makes a step faster).
+  // and the runs pull it past that bound (the fit's objective still falls toward it there): which
+  // constant, and what to check. Every machine constant is a rate (a larger one makes a step faster).
   std::string at_bound;
 };
 

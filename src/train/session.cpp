@@ -39,7 +39,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-
 const char* kBreakdownNames[] = {"compute", "tp_comm", "pp_comm", "pp_bubble", "dp_comm", "optimizer"};
 constexpr int kBreakdown = 6;
 

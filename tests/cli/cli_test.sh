@@ -69,7 +69,11 @@ expect_error "fresh run into an old run_dir" 'already holds a run' -- "$EXA" tra
 printf '[model]\nlayers = 1\nhidden = 16\nheads = 2\nseq_len = 16\n' > nodata.toml
 EXATRAIN_CACHE=$PWD/no-cache "$EXA" check nodata.toml > nodata.log 2>&1 && grep -q '^vocab = 4096$' nodata.log \
   && grep -q '^# note: \[model\] vocab = 4096: the bundled corpus.s tokenizer' nodata.log \
-  && echo "ok: check takes the bundled corpus's vocabulary" || { echo "FAIL: check's vocabulary"; cat nodata.log; failures=$((failures + 1)); }
+  && [ ! -e no-cache ] && echo "ok: check takes the bundled corpus's vocabulary, preparing nothing" \
+  || { echo "FAIL: check's vocabulary"; cat nodata.log; failures=$((failures + 1)); }
+"$EXA" check tiny.toml --set train.data=nowhere > unprepared.log 2>&1 \
+  && grep -q '^# note: \[model\] vocab = 50257 (the default): .*\[train\] data = "nowhere" is not prepared yet' unprepared.log \
+  && echo "ok: check says the default stands for unprepared data" || { echo "FAIL: unprepared data's vocabulary"; cat unprepared.log; failures=$((failures + 1)); }
 # `calibrate` takes run directories; `report --calibration` predicts the run's step with the fitted
 # constants; a calibration of another device is refused.
 "$EXA" calibrate run --out cal.toml > cal.log 2>&1 && "$EXA" report run --calibration cal.toml > report_cal.log 2>&1 \

@@ -90,6 +90,13 @@ TEST(Calibrate, SaysWhenTheRunsAreFasterThanTheBoundsAllow) {
   EXPECT_EQ(calibrate(rs, default_calibration(), {"sustained"}, off).at_bound, "");
   rs[0].step_s /= 1.2;
   EXPECT_EQ(calibrate(rs, default_calibration(), {"sustained"}, off).at_bound, "");
+  // An optimum inside the bound by less than the 1e-3 window (runs 0.05% slower than at sustained 1):
+  // the fit ends next to the bound, but nothing pulls past it.
+  rs = exact;
+  for (MeasuredRun& m : rs) m.step_s *= 1.0005;
+  const CalibrateResult near = calibrate(rs, default_calibration(), {"sustained"}, off);
+  EXPECT_LT(std::abs(std::log(near.cal.get("h100-sxm.sustained"))), 1e-3);
+  EXPECT_EQ(near.at_bound, "");
 }
 
 TEST(Calibrate, AutomaticChoiceFitsOnlyWhatTheRunsDetermine) {
