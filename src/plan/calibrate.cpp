@@ -133,16 +133,12 @@ std::vector<std::string> choose(const std::vector<MeasuredRun>& runs, const Cali
 // CalibrateResult::at_bound: the fitted constants that end within 1e-3 in log of a bound of their
 // range (the fit's line searches stop within 2e-4) where the objective still falls toward the bound:
 // at the bound itself it is lower than 0.01% inside it, so the runs pull the constant past it (an
-// optimum just inside the bound, which the fit found, is not that). The objective is the fit's: the
-// runs' MAPE by group plus the prior's term. What to check, for each. "" where none is pulled.
+// optimum just inside the bound, which the fit found, is not that). The objective is the fit's
+// (plan/fit.hpp fit_objective_pct). What to check, for each. "" where none is pulled.
 // Every machine constant is a rate: at the upper bound the runs ran faster than the constants allow.
 std::string bound_note(const std::vector<MeasuredRun>& runs, const CalibrateResult& r, const Calibration& base,
                        const Prior& prior) {
-  std::set<std::string> groups;
-  for (const MeasuredRun& m : runs) groups.insert(m.group);
-  auto objective = [&](const Calibration& c) {
-    return group_mape_pct(runs, predict_runs(runs, c)) + prior_penalty_pct(prior, r.constants, c, groups.size());
-  };
+  auto objective = [&](const Calibration& c) { return fit_objective_pct(runs, c, r.constants, prior); };
   double mean = 0;  // mean signed error of the fitted predictions (> 0: the runs ran faster), for the message
   for (size_t i = 0; i < runs.size(); ++i) mean += (r.fitted[i] / runs[i].step_s - 1) / double(runs.size());
   const bool local = r.device.rfind("cpu-local", 0) == 0;  // this machine: its rates are `profile`'s

@@ -52,6 +52,15 @@ struct Objective {
   }
 };
 
+}  // namespace
+
+double fit_objective_pct(const std::vector<MeasuredRun>& runs, const Calibration& cal,
+                         const std::vector<std::string>& constants, const Prior& prior) {
+  return group_mape_pct(runs, predict_runs(runs, cal)) + prior_penalty_pct(prior, constants, cal, group_count(runs));
+}
+
+namespace {
+
 // Golden-section search of f over log(x) in [log lo, log hi] (f assumed unimodal there); returns
 // the best x seen, never worse than `x0` (the start is evaluated too).
 template <class F>

@@ -66,6 +66,11 @@ struct Prior {
 double prior_penalty_pct(const Prior& prior, const std::vector<std::string>& constants, const Calibration& cal,
                          size_t groups);
 
+// What fit_constants minimises, at `cal`: group_mape_pct of the runs' predictions plus `prior`'s term
+// over `constants` (per group of the runs), in percentage points.
+double fit_objective_pct(const std::vector<MeasuredRun>& runs, const Calibration& cal,
+                         const std::vector<std::string>& constants, const Prior& prior = {});
+
 struct FitResult {
   Calibration cal;                     // start with the fitted constants set
   std::vector<std::string> constants;  // what was fitted
