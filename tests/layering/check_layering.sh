@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# check_layering.sh CMAKE BUILD_DIR "PROBES" "CONTROLS" (tests/layering/CMakeLists.txt): every probe
-# (an include of a room its room may not use) must fail to compile because the header is not
-# found; every control (the includes a room may use) must compile. A relative include
+# check_layering.sh CMAKE BUILD_DIR "PROBES" "PROBE_TARGETS" "CONTROLS" (tests/layering/CMakeLists.txt):
+# every probe (an include of a room its room may not use; built by its room's PROBE_TARGET) must
+# fail to compile because the header is not found; every control (the includes a room may use) must compile. A relative include
 # ("../train/session.hpp", "model/../train/session.hpp") would reach past the include roots, so
 # no include path under src/ has a "." or ".." segment.
 set -u
 cmake=$1 build=$2
 read -r -a probes <<< "${3//;/ }"
-read -r -a controls <<< "${4//;/ }"
+read -r -a probe_targets <<< "${4//;/ }"
+read -r -a controls <<< "${5//;/ }"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 src=$(cd "$(dirname "$0")/../../src" && pwd)
@@ -21,8 +22,9 @@ if ! "$cmake" --build "$build" --target "${controls[@]}" > "$log" 2>&1; then
   echo "FAIL: an allowed include does not compile:"; tail -30 "$log"; exit 1
 fi
 echo "ok: ${#controls[@]} rooms compile with the headers of every room they may use"
-# One build of every probe, going on after errors (make -k): each must fail, not finding the header.
-"$cmake" --build "$build" --target "${probes[@]}" -- -k > "$log" 2>&1 && { echo "FAIL: the probes compiled"; exit 1; }
+# One build of every room's probes (a target per room), going on after errors (make -k): each probe
+# must fail, not finding the header.
+"$cmake" --build "$build" --target "${probe_targets[@]}" -- -k > "$log" 2>&1 && { echo "FAIL: the probes compiled"; exit 1; }
 fails=0
 for p in "${probes[@]}"; do
   if ! grep -q "$p.cpp:.*No such file or directory" "$log"; then
