@@ -27,10 +27,14 @@ starting constants, did see them, as every fold sees every source but its own).
 
 With --prior off: calibrate without the prior (calibrate --prior off).
 
+With --never-fitted: the clusters of bench/validation/never_fitted_runs.csv (sources no constant was
+fitted to) with >= 5 usable rows, each calibrated on EVERY triple of its rows (not --draws random ones)
+starting from the shipped constants (no fold: nothing of these sources was ever fitted).
+
 usage: /usr/bin/python3 bench/validation/calibration_study.py build/exatrain [CSV] [--draws 20] [--fit LIST] [--whole] [--spread]
-                                                              [--prior-from-other-clusters | --prior off]
+                                                              [--prior-from-other-clusters | --prior off] [--never-fitted]
 """
-import csv, json, math, os, random, re, statistics, subprocess, sys, tempfile
+import csv, itertools, json, math, os, random, re, statistics, subprocess, sys, tempfile
 
 exe = sys.argv[1]
 root = os.path.dirname(os.path.abspath(__file__))
@@ -41,12 +45,16 @@ if PRIOR and "--prior-from-other-clusters" in sys.argv:
     sys.exit("--prior and --prior-from-other-clusters exclude each other")
 args = [a for i, a in enumerate(sys.argv[2:], 2)
         if not a.startswith("--") and sys.argv[i - 1] not in ("--draws", "--fit", "--prior")]
-src_csv = args[0] if args else os.path.join(root, "published_runs.csv")
+never_fitted = "--never-fitted" in sys.argv
+src_csv = args[0] if args else os.path.join(root, "never_fitted_runs.csv" if never_fitted else "published_runs.csv")
+MIN_ROWS = 5 if never_fitted else 6
 
 rows = list(csv.reader(open(src_csv)))
 header, body = rows[0], rows[1:]
-rep = json.loads(subprocess.run([exe, "validate", src_csv, "--json"], capture_output=True, text=True, check=True).stdout)
-fold = {s["source"]: s["held_out_constants"] for s in rep["sources"]}
+rep = json.loads(subprocess.run([exe, "validate", src_csv, "--json", "--never-fitted", "none"] +
+                                (["--in-sample"] if never_fitted else []), capture_output=True, text=True, check=True).stdout)
+# Each source's leave-one-source-out constants; none for never-fitted sources (the shipped ones).
+fold = {s["source"]: "" if never_fitted else s["held_out_constants"] for s in rep["sources"]}
 clusters = {}
 att_share = {}  # attention's share of the predicted step, per row
 for r in rep["rows"]:
@@ -82,7 +90,7 @@ def loco_priors():
     """Per cluster, --prior from the other clusters' own constants (see the docstring)."""
     whole = {}
     for key, idx in clusters.items():
-        if len(idx) >= 6:
+        if len(idx) >= MIN_ROWS:
             out, moved = fitted_whole(key[0], idx, ["--prior", "off"])
             if out.returncode != 0:
                 sys.exit(f"calibrate refused {key}: {out.stderr.strip()}")
@@ -104,7 +112,7 @@ def prior_args(key):
 if "--whole" in sys.argv:
     print(f"{'cluster':<46} {'rows':>4} {'fold%':>9} {'fitted%':>8} {'left out%':>9}  constants fitted")
     for (source, device), idx in sorted(clusters.items()):
-        if len(idx) < 6:
+        if len(idx) < MIN_ROWS:
             continue
         cal = os.path.join(tmp, "cal.toml")
         out = subprocess.run([exe, "calibrate", write("all.csv", idx), "--out", cal] + cal_args(source) + FIT +
@@ -119,13 +127,16 @@ if "--whole" in sys.argv:
 
 print(f"{'cluster':<46} {'rows':>4} {'before%':>8} {'after: median%':>15} {'q1..q3%':>14}  constants fitted (share of draws)")
 for (source, device), idx in sorted(clusters.items()):
-    if len(idx) < 6:
+    if len(idx) < MIN_ROWS:
         continue
     rng = random.Random(f"{source} {device}")
     base = cal_args(source)
     before, after, chosen = [], [], {}
-    for _ in range(draws):
-        if spread:  # one run from each third of the cluster by attention's share of the step
+    triples = [list(t) for t in itertools.combinations(sorted(idx), 3)] if never_fitted else [None] * draws
+    for given in triples:
+        if given:
+            three = given
+        elif spread:  # one run from each third of the cluster by attention's share of the step
             by = sorted(idx, key=lambda i: att_share[i])
             k = len(by) // 3
             three = sorted(rng.choice(part) for part in (by[:k], by[k:len(by) - k], by[len(by) - k:]))
@@ -149,6 +160,6 @@ for (source, device), idx in sorted(clusters.items()):
         print(f"{source[:30] + ' ' + device:<46} {len(idx):>4} {statistics.median(before):>8.1f} {'refused':>15}", flush=True)
         continue
     q = statistics.quantiles(ok, n=4) if len(ok) >= 2 else [ok[0]] * 3
-    share = ", ".join(f"{'+'.join(k) if isinstance(k, tuple) else k} {v}/{draws}" for k, v in chosen.items())
+    share = ", ".join(f"{'+'.join(k) if isinstance(k, tuple) else k} {v}/{len(triples)}" for k, v in chosen.items())
     print(f"{source[:30] + ' ' + device:<46} {len(idx):>4} {statistics.median(before):>8.1f} {statistics.median(ok):>15.1f} "
           f"{q[0]:>6.1f}..{q[2]:<6.1f}  {share}", flush=True)

@@ -103,8 +103,16 @@ double activation_bytes_per_layer(const ModelSpec& m, const Plan& p, Recompute r
   // two masks.
   bool dropout = p.dropout.value_or(m.activation == Activation::gelu);
   double replicated = (dropout ? 10 * h : 8 * h) + (residual_extra > 0 ? 4 * h : 0.0);
-  double mlp_split = m.activation == Activation::swiglu ? 8 * f : 4 * f;
+  // The MLP: GELU keeps its input and output (fc2's input); SwiGLU the gate and up projections'
+  // outputs, silu(gate) and the product (fc2's input), or without silu(gate) where one fused
+  // Function saves only its input (Plan::swiglu_saves_input_only).
+  const bool swiglu_fused = p.fused_kernels && p.swiglu_saves_input_only;
+  double mlp_split = m.activation == Activation::swiglu ? (swiglu_fused ? 6 * f : 8 * f) : 4 * f;
   double split = 4 * h + 4 * kv + mlp_split;
+  if (p.precision == Precision::fp8 && p.fp8_saves_quantized_inputs) {
+    replicated -= 2 * h;  // the two norms' outputs (the QKV and fc1 inputs) in fp8
+    split += h - f;       // an fp8 copy of the attention output; fc2's input in fp8
+  }
   double per_token = (p.seq_parallel ? replicated / tp : replicated) + split / tp;
   double scores = 0;
   if (r == Recompute::none && !p.flash_attention())

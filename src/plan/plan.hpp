@@ -118,6 +118,23 @@ struct Plan {
   // Element-wise kernels: fused (Megatron's bias-GELU and bias-dropout-add, TE, torch.compile) or
   // one kernel per op (PyTorch eager); plan/compute.cpp counts each one's bytes.
   bool fused_kernels = true;
+  // SwiGLU as one fused autograd Function that saves only its input (Megatron-Core's
+  // bias_swiglu_impl, megatron/core/fusions/fused_bias_swiglu.py, with bias_activation_fusion, which
+  // Megatron-Bridge's Llama 3 providers set): the MLP keeps the gate and up projections' outputs and
+  // the down projection's input, not silu(gate). False: eager PyTorch (silu's output kept too) and
+  // torch.compile as torchtitan runs it (its measured peaks do not show the saving: docs/planner.md).
+  // plan/memory.cpp activation_bytes_per_layer. Not a job key: true; validation sets false for
+  // torchtitan and for the runs without fused kernels.
+  bool swiglu_saves_input_only = true;
+  // fp8 linears that save their quantized input for the backward, 1 byte per element, instead of
+  // the 16-bit one: Transformer Engine's Linear and LayerNormLinear keep the fp8 copy the forward
+  // GEMM used (update_usage(rowwise_usage=False, columnwise_usage=True) in module/linear.py and
+  // ops/basic/basic_linear.py), so the norms' outputs and the down projection's input are held in
+  // fp8; the attention core still keeps its own 16-bit output beside the out-projection's fp8
+  // copy. torchao's Float8Linear saves the high-precision tensors (it re-casts in the backward):
+  // false. plan/memory.cpp activation_bytes_per_layer. Not a job key: true (TE, the default fp8
+  // recipe's library); validation sets false for torchtitan.
+  bool fp8_saves_quantized_inputs = true;
   // The cross entropy over the logits, by what it holds per logit (plan/memory.cpp): Megatron's
   // fused vocabulary-parallel kernel (16-bit logits, an fp32 copy turned into the gradient in
   // place, the 16-bit gradient: 8 bytes), PyTorch eager on an fp32 upcast (16-bit logits, the

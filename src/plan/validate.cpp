@@ -142,7 +142,9 @@ int source_year_month(const std::string& cell) {
 //    checkpointing is the op-level one (selective_ac_option = "op" in its Llama 3 configs),
 //    torchao's float8 (tensorwise unless "rowwise" is stated), async TP where stated (forward passes only), the loss
 //    eager (fp32 upcast) or compiled with the model by the torchtitan version's date.
-//  - Megatron-Core / NeMo: the overlap flags the notes state.
+//  - Megatron-Core / NeMo: the overlap flags the notes state; Megatron-Bridge (Megatron-Core with
+//    Transformer Engine): TE's cuDNN attention (flash3 class on Hopper), TE's current-scaling fp8
+//    (FP8-CS), 16-bit gradients where the notes say grad_reduce_in_fp32=False.
 std::string framework_of(const std::string& source, const std::string& source_cell, const std::string& prec,
                          const std::string& notes, Plan& p) {
   for (const char* old : {"Narayanan", "Korthikanti", "Smith", "bigscience-workshop/bigscience", "Zhang"})
@@ -206,10 +208,28 @@ std::string framework_of(const std::string& source, const std::string& source_ce
     // With pp > 1 FSDP2 keeps each rank's units gathered and their gradients unsharded for the
     // step (torchtitan's apply_fsdp, torch.distributed.pipelining's stage; plan.hpp).
     p.fsdp_unsharded_in_pipeline = p.pp > 1 && p.zero >= 3;
+    p.fp8_saves_quantized_inputs = false;  // torchao's Float8Linear saves the high-precision tensors
+    p.swiglu_saves_input_only = false;      // eager silu * up, or torch.compile's partition of it
     if (has(prec, "rowwise")) p.fp8_recipe = Fp8Recipe::rowwise;
     else if (p.precision == Precision::fp8) p.fp8_recipe = Fp8Recipe::tensorwise;
     if (p.recompute == Recompute::selective) p.recompute = Recompute::op;
   }
+  if (has(source, "Megatron-Bridge") || source == "NVIDIA/NeMo") {
+    // Megatron-Core with Transformer Engine's modules: TE's DotProductAttention prefers its
+    // FusedAttention (cuDNN) backend over FlashAttention on Hopper and later "for performance
+    // reasons" (transformer_engine/pytorch/attention/dot_product_attention/utils.py,
+    // get_attention_backend): the Hopper-specific kernel class, flash3. FP8-CS is TE's current
+    // (tensorwise) scaling (Megatron-Bridge mixed_precision.py bf16_with_fp8_current_scaling_mixed).
+    p.attention = Attention::flash3;
+    if (p.precision == Precision::fp8)
+      p.fp8_recipe = has(prec, "FP8-CS") || has(notes, "current scaling") ? Fp8Recipe::tensorwise : Fp8Recipe::delayed;
+  }
+  // Megatron's DDP with grad_reduce_in_fp32 = False keeps its main_grad buffer, and reduces it, in
+  // the parameters' 16-bit dtype (Megatron-Bridge's perf recipes set it).
+  if (has(notes, "grad_reduce_in_fp32=False")) p.grads_16bit = true;
+  // fp8_param_gather under a fully sharded data-parallel (Megatron-FSDP): the linears' weights are
+  // gathered as fp8.
+  if (has(notes, "fp8_param_gather") && p.zero >= 3 && p.precision == Precision::fp8) p.fp8_all_gather = true;
   if (has(notes, "--overlap-grad-reduce")) p.overlap_grad_reduce = true;
   if (has(notes, "--overlap-param-gather") && p.zero > 0) p.overlap_param_gather = true;
   if (has(notes, "--tp-comm-overlap") && p.tp > 1 && p.seq_parallel) p.tp_comm_overlap = TpCommOverlap::all;
@@ -309,6 +329,15 @@ std::string layout_of_row(const CsvRow& row, const std::string& notes, RunCase& 
   if (p.pp > 1 && p.vp == 1 && has(notes, "transformer|embedding") && (layers + 2) % p.pp == 0) {
     int64_t per = (layers + 2) / p.pp;
     p.layers_per_stage.assign(p.pp, per);
+    p.layers_per_stage.front() -= 1;
+    p.layers_per_stage.back() -= 1;
+  }
+  // Megatron-Core's account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split:
+  // the embedding and the loss each take a layer slot, in the first and the last virtual stage
+  // (stage s = chunk * pp + rank): those get one transformer layer fewer.
+  if (p.pp > 1 && has(notes, "account_for_embedding_in_pipeline_split") &&
+      has(notes, "account_for_loss_in_pipeline_split") && (layers + 2) % (p.pp * p.vp) == 0) {
+    p.layers_per_stage.assign(p.pp * p.vp, (layers + 2) / (p.pp * p.vp));
     p.layers_per_stage.front() -= 1;
     p.layers_per_stage.back() -= 1;
   }
@@ -795,6 +824,27 @@ std::string format_report(const ValidationReport& rep, bool per_row) {
   s += fmt::format("held_out_mape_pct={} worst_source_pct={} in_sample_mape_pct={:.2f} rows={}\n",
                    held ? fmt::format("{:.2f}", rep.held_out_mape_pct) : "-",
                    held ? fmt::format("{:.2f}", rep.worst_held_out_pct) : "-", rep.mape_pct, rep.results.size());
+  return s;
+}
+
+std::string format_never_fitted(const ValidationReport& rep, const std::string& path) {
+  std::string s = fmt::format("never fitted: {} ({} rows; {} skipped), runs from sources no constant was fitted to, "
+                              "predicted with the in-sample column's constants:\n",
+                              path, rep.results.size(), rep.skipped.size());
+  s += fmt::format("  {:<32} {:>5} {:>8} {:>8}\n", "source", "rows", "MAPE%", "bias%");
+  double worst = 0;
+  for (const SourceStats& st : rep.sources) {
+    s += fmt::format("  {:<32} {:>5} {:>8.1f} {:>+8.1f}\n", st.source, st.rows, st.mape_pct, st.bias_pct);
+    worst = std::max(worst, st.mape_pct);
+  }
+  s += fmt::format("  {:<32} {:>5} {:>8.1f}\n", "all rows", rep.results.size(), rep.mape_pct);
+  const MemoryStats& m = rep.memory_stats;
+  s += fmt::format("  ranking: mean Spearman rho within {} groups {:.2f}; memory: runs that ran called fitting {} of "
+                   "{}, out-of-memory runs called {} of {}\n",
+                   rep.groups.size(), rep.mean_rho, m.fit_predicted + m.ran_predicted, m.fit_rows + m.ran_rows,
+                   m.oom_predicted, m.oom_rows);
+  s += fmt::format("never_fitted_mape_pct={:.2f} never_fitted_worst_source_pct={:.2f} rows={}\n", rep.mape_pct, worst,
+                   rep.results.size());
   return s;
 }
 

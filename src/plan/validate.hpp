@@ -114,6 +114,11 @@ ValidationReport validate_runs(const std::string& csv_path,
                                const Calibration& cal = default_calibration(),
                                const ValidateOptions& options = {});
 std::string format_report(const ValidationReport& rep, bool per_row);
+// The report of runs from sources no constant was fitted to (bench/validation/never_fitted_runs.csv),
+// predicted with the constants as given (validate_runs with held_out = false): per source and over
+// all rows, the ranking and the memory calls. Last line: `never_fitted_mape_pct=<x>
+// never_fitted_worst_source_pct=<y> rows=<n>`.
+std::string format_never_fitted(const ValidationReport& rep, const std::string& path);
 // Every row as JSON: the inputs, measured and predicted (in-sample and held out) step, the
 // breakdown; the skipped rows with their reasons; the summary figures.
 nlohmann::json report_json(const ValidationReport& rep, const Calibration& cal);

@@ -56,6 +56,12 @@ JOB
 grep -q '^step ' predict.txt
 "$EXE" validate --in-sample --calibration cal.toml > validate.txt
 grep -q '^held_out_mape_pct=- ' validate.txt
+# With the default CSV the never-fitted sources follow, predicted with the same constants; 'none' skips them.
+grep -q '^never_fitted_mape_pct=[0-9.]* never_fitted_worst_source_pct=[0-9.]* rows=7$' validate.txt
+"$EXE" validate --in-sample --never-fitted none > validate.txt
+if grep -q 'never_fitted' validate.txt; then echo "--never-fitted none still reported them"; exit 1; fi
+if "$EXE" validate --in-sample --never-fitted no-such.csv > /dev/null 2> err.txt; then echo "missing never-fitted file accepted"; exit 1; fi
+grep -q 'cannot open validation file no-such.csv' err.txt
 sed 's/selene/eos/' a100.toml > h100.toml
 if "$EXE" predict h100.toml --calibration cal.toml 2> err.txt; then echo "another device's calibration accepted"; exit 1; fi
 grep -q 'calibrates a100-80g, but this job runs on h100-sxm' err.txt

@@ -86,6 +86,36 @@ TEST(Memory, FlashAttentionDropsTheScoreTerm) {
   EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, p, Recompute::none), 2048.0 * 12288 * 34);
 }
 
+// Llama-style layers (SwiGLU, GQA, no dropout, flash attention), per token at tp = 1: 8h replicated
+// (input, mid, two norm outputs), 4h + 4kv for attention (q, output; k, v) and the MLP. Eager
+// SwiGLU keeps gate, up, silu(gate) and the product (8f); Megatron-Core's fused bias_swiglu
+// saves only its input, so silu(gate) goes (6f). With Transformer Engine's fp8 linears the two
+// norm outputs and fc2's input are kept in fp8 (-2h, -f), the out-projection's fp8 input beside
+// the attention core's 16-bit output (+h); torchao's Float8Linear keeps the 16-bit tensors.
+TEST(Memory, FusedSwigluAndTransformerEngineFp8Inputs) {
+  ModelSpec m;
+  m.layers = 32; m.hidden = 4096; m.heads = 32; m.kv_heads = 8; m.ffn_hidden = 14336; m.seq_len = 8192;
+  m.vocab = 128256; m.activation = Activation::swiglu; m.norm = Norm::rmsnorm; m.position = Position::rope;
+  const double t = 8192, h = 4096, kv = 1024, f = 14336;
+  Plan p = tp_plan(1, false, 1);
+  p.attention = Attention::flash2;
+  p.fused_kernels = false;
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, p, Recompute::none), t * (8 * h + 4 * h + 4 * kv + 8 * f));
+  p.fused_kernels = true;
+  p.swiglu_saves_input_only = false;  // torch.compile as torchtitan runs it
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, p, Recompute::none), t * (8 * h + 4 * h + 4 * kv + 8 * f));
+  p.swiglu_saves_input_only = true;  // Megatron-Core's bias_swiglu_impl
+  const double bf16 = t * (8 * h + 4 * h + 4 * kv + 6 * f);
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, p, Recompute::none), bf16);
+  p.precision = Precision::fp8;
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, p, Recompute::none), bf16 - t * (2 * h - h + f));
+  p.fp8_saves_quantized_inputs = false;  // torchao's Float8Linear
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, p, Recompute::none), bf16);
+  // Full recomputation keeps only the layer input, whatever the linears save.
+  p.fp8_saves_quantized_inputs = true;
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, p, Recompute::full), 2 * t * h);
+}
+
 TEST(Memory, InFlightMicroBatchesBySchedule) {
   Plan p;
   p.pp = 8; p.dp = 1; p.tp = 1; p.gpus = 8; p.micro_batch = 1; p.global_batch = 64;

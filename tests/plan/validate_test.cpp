@@ -43,7 +43,8 @@ TEST(Validate, PublishedRunsHeldOutBySourceWithinTarget) {
   EXPECT_NEAR(default_calibration().fragmentation_at_capacity, rep.all_data_fit.fragmentation_at_capacity, 0.002)
       << "fragmentation_at_capacity";
   // Fit calls over every row that ran (a measured peak or step) or failed out of memory. Every run
-  // with a step time ran, so the 245 rows without a memory figure count: 272 of 288 right held out,
+  // with a step time ran, so the 245 rows without a memory figure count: 273 of 288 right held out (272 before
+  // Transformer Engine's fp8 linears were counted saving their fp8 inputs: one llm-foundry fp8 row),
   // 286 in-sample (docs/planner.md; 265 held out before BLOOM's eager CUDA context was counted);
   // 136 of 282 when llm-foundry's loss was read as eager PyTorch's (12 bytes a logit), 218 of 282
   // when `fits` compared the peak a monitor reports.
@@ -136,6 +137,36 @@ TEST(Validate, FrameworkBehaviourComesFromTheSourceAndNotes) {
   EXPECT_EQ(async_tp, 11);       // 70B rows 89, 97, 99, 405B rows 90-95 and 8B rows 103, 105
 }
 
+// The never-fitted runs (Megatron-Core with Transformer Engine) get what their recipes state:
+// TE's cuDNN attention (flash3 class), current scaling for FP8-CS and delayed for NeMo 24.07's
+// fp8_hybrid, 16-bit gradients (grad_reduce_in_fp32=False), the fp8 parameter gather under
+// Megatron-FSDP, and the 405B's embedding and loss pipeline slots.
+TEST(Validate, NeverFittedRowsTakeTheirRecipes) {
+  const std::string csv = std::string(EXATRAIN_SOURCE_DIR) + "/bench/validation/never_fitted_runs.csv";
+  const std::vector<CsvRow> rows = read_csv(csv);
+  int bridge = 0, nemo = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const RunCase rc = case_from_row(rows[i], int(i) + 1);
+    ASSERT_EQ(rc.skip_reason, "") << i + 1;
+    EXPECT_EQ(rc.plan.attention, Attention::flash3) << i + 1;
+    EXPECT_TRUE(rc.plan.grads_16bit) << i + 1;
+    EXPECT_TRUE(rc.plan.fp8_saves_quantized_inputs && rc.plan.swiglu_saves_input_only) << i + 1;
+    const bool is_bridge = rc.source == "NVIDIA-NeMo/Megatron-Bridge";
+    bridge += is_bridge, nemo += rc.source == "NVIDIA/NeMo";
+    EXPECT_EQ(rc.plan.fp8_recipe, is_bridge ? Fp8Recipe::tensorwise : Fp8Recipe::delayed) << i + 1;
+    EXPECT_EQ(rc.plan.fp8_all_gather, rc.plan.zero == 3) << i + 1;
+    if (rc.model.layers == 126) {  // 126 + 2 slots over pp 8 x vp 8: first and last virtual stage one layer
+      std::vector<int64_t> stages(64, 2);
+      stages.front() = stages.back() = 1;
+      EXPECT_EQ(rc.plan.layers_per_stage, stages) << i + 1;
+    } else {
+      EXPECT_TRUE(rc.plan.layers_per_stage.empty()) << i + 1;
+    }
+  }
+  EXPECT_EQ(bridge, 5);
+  EXPECT_EQ(nemo, 2);
+}
+
 TEST(Validate, MissingCellsAreSkippedNotGuessed) {
   CsvRow row = {{"source", "x"}, {"model_name", "m"}, {"layers", "24"}, {"hidden", "2048"},
                 {"heads", ""}, {"seq_len", "2048"}, {"vocab", "50257"}, {"notes", ""}};
@@ -204,4 +235,26 @@ TEST(Validate, RowsTableShowsEveryPlanWhole) {
   ASSERT_NE(a, std::string::npos);
   ASSERT_NE(b, std::string::npos);
   EXPECT_EQ(a - table.rfind('\n', a), b - table.rfind('\n', b)) << table;
+}
+
+TEST(Validate, NeverFittedSourcesWithinTarget) {
+  // Runs from sources no constant was ever fitted to (bench/validation/never_fitted_runs.csv:
+  // Megatron-Bridge's and NeMo's published H100 fp8 throughput, Megatron-Core with Transformer
+  // Engine), predicted with the shipped constants: the out-of-sample figure the issue names. Today
+  // 10.3% over 7 rows, Megatron-Bridge 13.7% (+13.7% bias: its 2025-26 containers run 17-20% faster
+  // than the model on the 8B and 70B shapes), NeMo 24.07 1.7%; 24.1% before TE's cuDNN attention,
+  // 16-bit gradients and the embedding and loss pipeline slots were read from the recipes
+  // (docs/planner.md "Sources never fitted"). Thresholds: these figures with a margin; the issue's
+  // goals are 8% overall and 15% per source.
+  const std::string csv = std::string(EXATRAIN_SOURCE_DIR) + "/bench/validation/never_fitted_runs.csv";
+  ASSERT_TRUE(std::filesystem::exists(csv)) << csv << " is missing";
+  const ValidationReport rep = validate_runs(csv, default_calibration(), {.held_out = false});
+  EXPECT_EQ(rep.skipped.size(), 0u) << format_report(rep, true);
+  EXPECT_EQ(rep.results.size(), 7u);
+  EXPECT_LE(rep.mape_pct, 11.0) << format_never_fitted(rep, csv);
+  for (const auto& s : rep.sources) EXPECT_LE(s.mape_pct, 15.0) << s.source;
+  // Every one of these runs ran: each is called fitting.
+  EXPECT_EQ(rep.memory_stats.ran_predicted, rep.memory_stats.ran_rows) << format_report(rep, true);
+  const std::string text = format_never_fitted(rep, csv);
+  EXPECT_NE(text.find("never_fitted_mape_pct="), std::string::npos) << text;
 }
