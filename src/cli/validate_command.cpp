@@ -4,6 +4,7 @@
 // the memory figures; its last line: `held_out_mape_pct=<x> worst_source_pct=<y> in_sample_mape_pct=<z>
 // rows=<n>`. Then, with the default CSV (or --never-fitted FILE), the runs of sources no constant was
 // fitted to, predicted with the same constants: last line `never_fitted_mape_pct=<x> ...`.
+#include <filesystem>
 #include <optional>
 
 #include <fmt/format.h>
@@ -39,7 +40,8 @@ void add_validate_command(CLI::App& app) {
     for (const auto& a : *cal) c.set(a);
     const plan::ValidationReport rep = plan::validate_runs(*path, c, {.held_out = !*in_sample});
     std::string unseen = *never_fitted, shown = *never_fitted;  // shown: the path the report names
-    if (unseen.empty() && *path == default_path) {
+    std::error_code ec;  // the default CSV however it is named (`make validate` names it relative to the source)
+    if (unseen.empty() && std::filesystem::equivalent(*path, default_path, ec)) {
       unseen = std::string(EXATRAIN_SOURCE_DIR) + "/bench/validation/never_fitted_runs.csv";
       shown = "bench/validation/never_fitted_runs.csv";
     }
@@ -53,7 +55,7 @@ void add_validate_command(CLI::App& app) {
       return;
     }
     fmt::print("{}", plan::format_report(rep, *rows));
-    if (nf) fmt::print("{}{}", *rows ? plan::format_report(*nf, true) : std::string(), plan::format_never_fitted(*nf, shown));
+    if (nf) fmt::print("{}{}", *rows ? plan::format_rows(*nf) : std::string(), plan::format_never_fitted(*nf, shown));
   });
 }
 }  // namespace exatrain::cli

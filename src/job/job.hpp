@@ -103,10 +103,14 @@ struct ParallelSpec {
   // each layer's last linear, as PyTorch's non-reentrant checkpoint (torch >= 2.1: torchtitan,
   // FSDP/composer with activation_checkpointing_reentrant false) and torch.compile do; off:
   // Megatron, DeepSpeed and this runtime re-run the whole layer (plan/plan.hpp Plan::recompute_early_stop).
+  // overlap_p2p_comm: the interleaved schedule's pipeline sends and receives run under the compute of
+  // the chunk in flight (Megatron-Core's overlap_p2p_comm, which Megatron-LM's --overlap-p2p-communication
+  // and NeMo's and Megatron-Bridge's recipes set with vp > 1; plan/predict.cpp pp_comm_time).
   bool overlap_grad_reduce = true;
   bool overlap_param_gather = false;
   TpCommOverlap tp_comm_overlap = TpCommOverlap::none;
   bool recompute_early_stop = false;
+  bool overlap_p2p_comm = false;
   bool operator==(const ParallelSpec&) const = default;
 };
 

@@ -870,9 +870,11 @@ void parse_parallel_section(Section& s, ParallelSpec& p) {
   s.get_bool_or_word("tp_comm_overlap", "forward", TpCommOverlap::none, TpCommOverlap::all, TpCommOverlap::forward,
                      p.tp_comm_overlap);
   s.get_bool("recompute_early_stop", p.recompute_early_stop);
+  s.get_bool("overlap_p2p_comm", p.overlap_p2p_comm);
   s.report_unknown({"gpus", "tp", "pp", "dp", "cp", "vp", "zero", "micro_batch", "global_batch",
                     "recompute", "seq_parallel", "schedule", "layers_per_stage", "watchdog_timeout_s",
-                    "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "recompute_early_stop"});
+                    "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "recompute_early_stop",
+                    "overlap_p2p_comm"});
 }
 
 // [train] and its [optimizer] table: precision, the optimizer and its schedule, the run's files, the
@@ -1113,7 +1115,7 @@ std::string job_to_toml(const Job& job) {
          line("overlap_param_gather", p.overlap_param_gather) +
          (tp_overlap_forward ? line("tp_comm_overlap", "forward")
                              : line("tp_comm_overlap", p.tp_comm_overlap == TpCommOverlap::all)) +
-         line("recompute_early_stop", p.recompute_early_stop);
+         line("recompute_early_stop", p.recompute_early_stop) + line("overlap_p2p_comm", p.overlap_p2p_comm);
   out += "\n[train]\n";
   out += line("precision", to_string(t.precision)) + line("optimizer", t.optimizer) + line("steps", t.steps) +
          line("seed", int64_t(t.seed)) + line("lr", t.lr) + line("min_lr", t.min_lr) +

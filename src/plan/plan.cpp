@@ -74,6 +74,9 @@ std::vector<std::string> plan_notes(const Job& job, const Plan& p) {
                     "before its use and prefetches the next layer's anyway)");
   if (set("parallel.overlap_param_gather") && par.overlap_param_gather && p.zero > 0 && p.dp * p.cp == 1)
     notes.push_back("overlap_param_gather = true has no effect with dp * cp = 1 (no parameter all-gather)");
+  if (set("parallel.overlap_p2p_comm") && par.overlap_p2p_comm && p.vp == 1)
+    notes.push_back("overlap_p2p_comm = true has no effect without the interleaved schedule (vp = 1): Megatron "
+                    "overlaps the pipeline's sends and receives in the interleaved schedule only");
   if (set("parallel.recompute_early_stop") && par.recompute_early_stop && p.recompute != Recompute::full)
     notes.push_back(fmt::format("recompute_early_stop = true has no effect at recompute = \"{}\" (it skips the "
                                 "last linear of a fully recomputed layer)", to_string(p.recompute)));

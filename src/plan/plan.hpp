@@ -59,6 +59,9 @@ struct Plan {
   // Framework behaviours and kernels ([parallel] overlap_*, [train] fp8_recipe and attention;
   // job/job.hpp): what the time and memory models assume the framework does.
   bool overlap_grad_reduce = true, overlap_param_gather = false;
+  // The interleaved schedule's pipeline sends and receives overlapped with the chunk in flight
+  // ([parallel] overlap_p2p_comm; plan/predict.cpp pp_comm_time). vp > 1 only.
+  bool overlap_p2p_comm = false;
   TpCommOverlap tp_comm_overlap = TpCommOverlap::none;  // none at tp = 1
   Fp8Recipe fp8_recipe = Fp8Recipe::delayed;
   // Fused (flash) attention never stores nor streams the s x s scores through HBM; unfused
@@ -123,8 +126,9 @@ struct Plan {
   // Megatron-Bridge's Llama 3 providers set): the MLP keeps the gate and up projections' outputs and
   // the down projection's input, not silu(gate). False: eager PyTorch (silu's output kept too) and
   // torch.compile as torchtitan runs it (its measured peaks do not show the saving: docs/planner.md).
-  // plan/memory.cpp activation_bytes_per_layer. Not a job key: true; validation sets false for
-  // torchtitan and for the runs without fused kernels.
+  // plan/memory.cpp activation_bytes_per_layer, which applies it with fused_kernels only (eager
+  // PyTorch keeps silu(gate) whatever this says). Not a job key: true; validation sets false for
+  // torchtitan.
   bool swiglu_saves_input_only = true;
   // fp8 linears that save their quantized input for the backward, 1 byte per element, instead of
   // the 16-bit one: Transformer Engine's Linear and LayerNormLinear keep the fp8 copy the forward
@@ -213,7 +217,7 @@ struct Plan {
     attention = t.attention;
   }
   // [parallel]'s framework behaviours (overlap_grad_reduce, overlap_param_gather, tp_comm_overlap,
-  // recompute_early_stop) and layers_per_stage, on a plan whose tp is set: tp_comm_overlap is
+  // recompute_early_stop, overlap_p2p_comm) and layers_per_stage, on a plan whose tp is set: tp_comm_overlap is
   // none at tp = 1 (no tensor-parallel communication; plan_notes says so). The one copy that
   // resolve_plan and the search's candidates (search.cpp base_plan) share; the trainer's plan
   // (resolve.cpp plan_from_job) takes the stage split and recompute_early_stop only.
@@ -222,6 +226,7 @@ struct Plan {
     overlap_param_gather = par.overlap_param_gather;
     tp_comm_overlap = tp > 1 ? par.tp_comm_overlap : TpCommOverlap::none;
     recompute_early_stop = par.recompute_early_stop;
+    overlap_p2p_comm = par.overlap_p2p_comm;
     layers_per_stage = par.layers_per_stage;
   }
   bool interleaved() const { return vp > 1; }

@@ -239,8 +239,14 @@ double cp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, 
   return double(p.micro_batches()) * layers * passes * fwd;
 }
 
-// Pipeline point-to-point: 2 (m vp + pp - 1) messages of t h elements on the critical path.
-double pp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach) {
+// Pipeline point-to-point: 2 (m vp + pp - 1) messages of t h elements on the critical path. With
+// overlap_p2p_comm (Megatron-Core's interleaved schedule, megatron/core/pipeline_parallel/schedules.py:
+// each chunk's send and the next chunk's receive are posted asynchronously and waited for only when
+// their tensor is needed) the 2 m vp steady-state messages run under the compute of the chunk in
+// flight, a message exposed only by what it takes beyond one chunk's forward (`layers` / vp layers
+// of lt.fwd, the shorter pass); the 2 (pp - 1) of the warm-up and cool-down, which no chunk covers
+// yet, stay on the critical path.
+double pp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, const LayerTime& lt, double layers) {
   if (p.pp == 1) return 0;
   const int64_t G = mach.gpus_per_node;
   const double msg = double(p.pipeline_element_bytes()) * tokens_per_micro_batch(m, p) * double(m.hidden);
@@ -251,7 +257,9 @@ double pp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach) 
   if (!same_node && p.tp > 1 && !p.seq_parallel && p.pp_scatter_gather)
     t = p2p_time(msg / double(p.tp), false, mach) + best_all_gather_time(msg, group_on_machine(p.tp, 1, G), mach);
   if (!same_node && p.tp > 1 && p.seq_parallel) t = p2p_time(msg / double(p.tp), false, mach);
-  double total = 2 * (double(p.micro_batches()) * double(p.vp) + double(p.pp) - 1) * t;
+  const double steady = 2 * double(p.micro_batches()) * double(p.vp), fill = 2 * double(p.pp - 1);
+  const double chunk = layers / double(p.vp) * lt.fwd;
+  double total = (p.overlap_p2p_comm && p.vp > 1) ? steady * std::max(0.0, t - chunk) + fill * t : (steady + fill) * t;
   // Tied embeddings: once per step the first and the last stage add their copies' gradients (this
   // tp rank's vocabulary rows, the gradient precision; ZeRO 2/3 only the rank's 1/(dp cp) share),
   // an exchange between two ranks pp - 1 stages apart, after the backward.
@@ -440,7 +448,7 @@ Prediction predict_checked(const ModelSpec& m, const MachineSpec& mach_in, const
   b.pp_bubble = bubble_time(rank_time, p.vp);
   b.tp_comm = tp_comm_time(m, p, mach, lt, slow_layers);
   b.cp_comm = cp_comm_time(m, p, mach, lt, slow_layers);
-  b.pp_comm = pp_comm_time(m, p, mach);
+  b.pp_comm = pp_comm_time(m, p, mach, lt, slow_layers);
   if (p.comm.active() && p.dp * p.cp > 1) {
     // [comm]: compressed reductions (plan/compression.hpp), blocking; the dense reduction they are
     // compared with hides behind the backward as dp_comm_time's does. ZeRO 2 runs one per

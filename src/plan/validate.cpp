@@ -127,6 +127,45 @@ int source_year_month(const std::string& cell) {
   return best;
 }
 
+// Megatron-Core with Transformer Engine's modules (Megatron-Bridge; NeMo 24.07's mcore_gpt with
+// transformer_engine: true): "" or why the row cannot be modelled.
+//  - attention: TE's DotProductAttention prefers its FusedAttention (cuDNN) backend over
+//    FlashAttention on Hopper and later "for performance reasons" (get_attention_backend, in
+//    transformer_engine/pytorch/attention/dot_product_attention/utils.py; in TE 1.x, NeMo 24.07's,
+//    the same rule in transformer_engine/pytorch/attention.py): the Hopper-specific kernel class,
+//    flash3, which the catalog has for Hopper devices only.
+//  - fp8: FP8-CS is TE's current (tensorwise) scaling (Megatron-Bridge's
+//    bf16_with_fp8_current_scaling_mixed), fp8_hybrid / "delayed" its delayed scaling; block
+//    scalings (MX, subchannel) are refused, as rowwise is: no measured rate.
+//  - gradients: Megatron's DDP with grad_reduce_in_fp32 = False keeps its main_grad buffer, and
+//    reduces it, in the parameters' 16-bit dtype (Megatron-Bridge's perf recipes; NeMo's
+//    grad_sync_dtype: bf16); fp8_param_gather under Megatron-FSDP gathers the linears' weights as fp8.
+std::string megatron_te_of(const std::string& prec, const std::string& notes, const std::string& device, Plan& p) {
+  if (!find_device(device).flash3_efficiency)
+    return fmt::format("Transformer Engine's fused (cuDNN) attention is read as the flash3 class, which the "
+                       "catalog has for Hopper devices only, not {}", device);
+  p.attention = Attention::flash3;
+  if (p.precision == Precision::fp8) {
+    for (const char* block : {"FP8-MX", "MXFP8", "subchannel", "blockwise", "FP8-SS"})
+      if (has(prec, block) || has(notes, block))
+        return fmt::format("fp8 block scaling ({}): no measured rate of block-scaled fp8 GEMMs in the catalog", block);
+    if (has(prec, "FP8-CS") || has(notes, "current scaling")) p.fp8_recipe = Fp8Recipe::tensorwise;
+    else if (has(prec, "delayed") || has(notes, "delayed scaling")) p.fp8_recipe = Fp8Recipe::delayed;
+    else return "fp8 recipe not stated (current or delayed scaling)";
+  }
+  if (has(notes, "grad_reduce_in_fp32=False")) p.grads_16bit = true;
+  if (has(notes, "fp8_param_gather") && p.zero >= 3 && p.precision == Precision::fp8) p.fp8_all_gather = true;
+  return "";
+}
+
+// The overlap flags a row's notes state (Megatron-Core's and NeMo's names).
+void overlaps_of(const std::string& notes, Plan& p) {
+  if (has(notes, "--overlap-grad-reduce")) p.overlap_grad_reduce = true;
+  if (has(notes, "overlap_p2p_comm") && p.vp > 1) p.overlap_p2p_comm = true;
+  if (has(notes, "--overlap-param-gather") && p.zero > 0) p.overlap_param_gather = true;
+  if (has(notes, "--tp-comm-overlap") && p.tp > 1 && p.seq_parallel) p.tp_comm_overlap = TpCommOverlap::all;
+}
+
 // What each source's framework does where frameworks differ (plan/plan.hpp's framework fields),
 // from the framework's documented behaviour at the time and what the row's notes state; "" or why
 // the row cannot be modelled.
@@ -142,11 +181,10 @@ int source_year_month(const std::string& cell) {
 //    checkpointing is the op-level one (selective_ac_option = "op" in its Llama 3 configs),
 //    torchao's float8 (tensorwise unless "rowwise" is stated), async TP where stated (forward passes only), the loss
 //    eager (fp32 upcast) or compiled with the model by the torchtitan version's date.
-//  - Megatron-Core / NeMo: the overlap flags the notes state; Megatron-Bridge (Megatron-Core with
-//    Transformer Engine): TE's cuDNN attention (flash3 class on Hopper), TE's current-scaling fp8
-//    (FP8-CS), 16-bit gradients where the notes say grad_reduce_in_fp32=False.
+//  - Megatron-Core / NeMo: the overlap flags the notes state (overlaps_of); Megatron-Bridge and
+//    NeMo 24.07 (Megatron-Core with Transformer Engine): megatron_te_of.
 std::string framework_of(const std::string& source, const std::string& source_cell, const std::string& prec,
-                         const std::string& notes, Plan& p) {
+                         const std::string& notes, const std::string& device, Plan& p) {
   for (const char* old : {"Narayanan", "Korthikanti", "Smith", "bigscience-workshop/bigscience", "Zhang"})
     if (source == old) {
       p.attention = Attention::unfused;
@@ -214,25 +252,9 @@ std::string framework_of(const std::string& source, const std::string& source_ce
     else if (p.precision == Precision::fp8) p.fp8_recipe = Fp8Recipe::tensorwise;
     if (p.recompute == Recompute::selective) p.recompute = Recompute::op;
   }
-  if (has(source, "Megatron-Bridge") || source == "NVIDIA/NeMo") {
-    // Megatron-Core with Transformer Engine's modules: TE's DotProductAttention prefers its
-    // FusedAttention (cuDNN) backend over FlashAttention on Hopper and later "for performance
-    // reasons" (transformer_engine/pytorch/attention/dot_product_attention/utils.py,
-    // get_attention_backend): the Hopper-specific kernel class, flash3. FP8-CS is TE's current
-    // (tensorwise) scaling (Megatron-Bridge mixed_precision.py bf16_with_fp8_current_scaling_mixed).
-    p.attention = Attention::flash3;
-    if (p.precision == Precision::fp8)
-      p.fp8_recipe = has(prec, "FP8-CS") || has(notes, "current scaling") ? Fp8Recipe::tensorwise : Fp8Recipe::delayed;
-  }
-  // Megatron's DDP with grad_reduce_in_fp32 = False keeps its main_grad buffer, and reduces it, in
-  // the parameters' 16-bit dtype (Megatron-Bridge's perf recipes set it).
-  if (has(notes, "grad_reduce_in_fp32=False")) p.grads_16bit = true;
-  // fp8_param_gather under a fully sharded data-parallel (Megatron-FSDP): the linears' weights are
-  // gathered as fp8.
-  if (has(notes, "fp8_param_gather") && p.zero >= 3 && p.precision == Precision::fp8) p.fp8_all_gather = true;
-  if (has(notes, "--overlap-grad-reduce")) p.overlap_grad_reduce = true;
-  if (has(notes, "--overlap-param-gather") && p.zero > 0) p.overlap_param_gather = true;
-  if (has(notes, "--tp-comm-overlap") && p.tp > 1 && p.seq_parallel) p.tp_comm_overlap = TpCommOverlap::all;
+  if (has(source, "Megatron-Bridge") || source == "NVIDIA/NeMo")
+    if (auto why = megatron_te_of(prec, notes, device, p); !why.empty()) return why;
+  overlaps_of(notes, p);
   if (p.precision == Precision::fp8 && p.fp8_recipe == Fp8Recipe::rowwise)
     return "float8 rowwise: no measured rate of rowwise-scaled fp8 GEMMs in the catalog (torchao runs them "
            "in a kernel of their own, not cuBLAS's)";
@@ -336,7 +358,10 @@ std::string layout_of_row(const CsvRow& row, const std::string& notes, RunCase& 
   // the embedding and the loss each take a layer slot, in the first and the last virtual stage
   // (stage s = chunk * pp + rank): those get one transformer layer fewer.
   if (p.pp > 1 && has(notes, "account_for_embedding_in_pipeline_split") &&
-      has(notes, "account_for_loss_in_pipeline_split") && (layers + 2) % (p.pp * p.vp) == 0) {
+      has(notes, "account_for_loss_in_pipeline_split")) {
+    if ((layers + 2) % (p.pp * p.vp) != 0)
+      return fmt::format("account_for_embedding/loss_in_pipeline_split: {} layers + 2 slots do not divide into pp * vp "
+                         "= {} virtual stages", layers, p.pp * p.vp);
     p.layers_per_stage.assign(p.pp * p.vp, (layers + 2) / (p.pp * p.vp));
     p.layers_per_stage.front() -= 1;
     p.layers_per_stage.back() -= 1;
@@ -372,7 +397,8 @@ std::string training_of_row(const CsvRow& row, const std::string& notes, RunCase
   else if (has(prec, "bf16")) p.precision = Precision::bf16;
   else if (has(prec, "16")) p.precision = Precision::fp16;
   else return fmt::format("precision '{}' not understood", prec);
-  if (auto why = framework_of(rc.source, cell(row, "source"), prec, notes, p); !why.empty()) return why;
+  if (auto why = framework_of(rc.source, cell(row, "source"), prec, notes, rc.machine.device, p); !why.empty())
+    return why;
   std::string err = plan_error(rc.model, p);
   if (!err.empty()) return "plan as stated is invalid: " + err;
   return "";
@@ -749,41 +775,47 @@ size_t plan_column_width(const ValidationReport& rep) {
 }
 }  // namespace
 
-std::string format_report(const ValidationReport& rep, bool per_row) {
+std::string format_rows(const ValidationReport& rep) {
   std::string s;
-  const bool held = !rep.fitted.empty();
-  if (per_row) {
-    const size_t width = plan_column_width(rep);
-    auto plan_column = [width](const Plan& p) { return fmt::format("{:<{}}", plan_summary(p), width); };
-    s += fmt::format("{:>4} {:<30} {:<28} {:<{}} {:>10} {:>10} {:>7} {:>8}\n", "row", "source", "model", "plan", width,
-                     "measured", "predicted", "err%", "held-out%");
-    for (const CaseResult& r : rep.results)
-      s += fmt::format("{:>4} {:<30.30} {:<28.28} {} {:>10.4g} {:>10.4g} {:>+7.1f} {:>+8.1f}\n", r.run.row,
-                       r.run.source, r.run.model_name, plan_column(r.run.plan), r.run.measured_step_s,
-                       r.predicted_step_s, 100 * r.error, 100 * r.held_out_error);
-    for (const CaseResult& r : rep.results)
-      if (!r.run.assumption.empty()) s += fmt::format("{:>4} assumption: {}\n", r.run.row, r.run.assumption);
-    s += "skipped rows:\n";
-    for (const RunCase& rc : rep.skipped)
-      s += fmt::format("{:>4} {:<30.30} {:<28.28} {}\n", rc.row, rc.source, rc.model_name, rc.skip_reason);
-    s += "memory per GPU (most loaded rank), GiB: the peak a monitor reports, what the run needs (fits compares it):\n";
-    for (const MemoryResult& mr : rep.memory) {
-      if (!mr.run.measured_oom && !mr.run.measured_memory_gib) {  // ran: listed where a call is wrong
-        if (!mr.predicted_fits || !mr.held_out_fits)
-          s += fmt::format("{:>4} {:<28.28} {} ran       peak {:>6.1f} needs {:>6.1f}, held out {:.1f} (does not fit{})\n",
-                           mr.run.row, mr.run.model_name, plan_column(mr.run.plan), mr.predicted_gib, mr.needed_gib,
-                           mr.held_out_needed_gib, mr.predicted_fits ? " held out" : mr.held_out_fits ? " in-sample" : "");
-        continue;
-      }
-      s += fmt::format("{:>4} {:<28.28} {} measured {:>6} peak {:>6.1f} needs {:>6.1f}{}\n", mr.run.row,
-                       mr.run.model_name, plan_column(mr.run.plan),
-                       mr.run.measured_oom ? std::string("OOM") : fmt::format("{:.1f}", *mr.run.measured_memory_gib),
-                       mr.predicted_gib, mr.needed_gib, mr.predicted_fits ? "" : " (does not fit)");
+  const bool held = !rep.fitted.empty();  // leave-one-source-out ran: a held-out column to show
+  const size_t width = plan_column_width(rep);
+  auto plan_column = [width](const Plan& p) { return fmt::format("{:<{}}", plan_summary(p), width); };
+  s += fmt::format("{:>4} {:<30} {:<28} {:<{}} {:>10} {:>10} {:>7} {:>8}\n", "row", "source", "model", "plan", width,
+                   "measured", "predicted", "err%", "held-out%");
+  for (const CaseResult& r : rep.results)
+    s += fmt::format("{:>4} {:<30.30} {:<28.28} {} {:>10.4g} {:>10.4g} {:>+7.1f} {:>8}\n", r.run.row, r.run.source,
+                     r.run.model_name, plan_column(r.run.plan), r.run.measured_step_s, r.predicted_step_s,
+                     100 * r.error, held ? fmt::format("{:+.1f}", 100 * r.held_out_error) : "-");
+  for (const CaseResult& r : rep.results)
+    if (!r.run.assumption.empty()) s += fmt::format("{:>4} assumption: {}\n", r.run.row, r.run.assumption);
+  s += "skipped rows:\n";
+  for (const RunCase& rc : rep.skipped)
+    s += fmt::format("{:>4} {:<30.30} {:<28.28} {}\n", rc.row, rc.source, rc.model_name, rc.skip_reason);
+  s += "memory per GPU (most loaded rank), GiB: the peak a monitor reports, what the run needs (fits compares it):\n";
+  for (const MemoryResult& mr : rep.memory) {
+    if (!mr.run.measured_oom && !mr.run.measured_memory_gib) {  // ran: listed where a call is wrong
+      if (!mr.predicted_fits || !mr.held_out_fits)
+        s += fmt::format("{:>4} {:<28.28} {} ran       peak {:>6.1f} needs {:>6.1f}, held out {:.1f} (does not fit{})\n",
+                         mr.run.row, mr.run.model_name, plan_column(mr.run.plan), mr.predicted_gib, mr.needed_gib,
+                         mr.held_out_needed_gib, mr.predicted_fits ? " held out" : mr.held_out_fits ? " in-sample" : "");
+      continue;
     }
-    s += "ranking within groups (Spearman rho of tokens/s, groups of >= 2 runs; in-sample, held out):\n";
-    for (const GroupRank& g : rep.groups)
-      s += fmt::format("  {:<64} n={:<3} rho={:+.2f} {:+.2f}\n", g.group, g.rows, g.rho, g.held_out_rho);
+    s += fmt::format("{:>4} {:<28.28} {} measured {:>6} peak {:>6.1f} needs {:>6.1f}{}\n", mr.run.row,
+                     mr.run.model_name, plan_column(mr.run.plan),
+                     mr.run.measured_oom ? std::string("OOM") : fmt::format("{:.1f}", *mr.run.measured_memory_gib),
+                     mr.predicted_gib, mr.needed_gib, mr.predicted_fits ? "" : " (does not fit)");
   }
+  s += fmt::format("ranking within groups (Spearman rho of tokens/s, groups of >= 2 runs; in-sample{}):\n",
+                   held ? ", held out" : "");
+  for (const GroupRank& g : rep.groups)
+    s += fmt::format("  {:<64} n={:<3} rho={:+.2f}{}\n", g.group, g.rows, g.rho,
+                     held ? fmt::format(" {:+.2f}", g.held_out_rho) : "");
+  return s;
+}
+
+std::string format_report(const ValidationReport& rep, bool per_row) {
+  std::string s = per_row ? format_rows(rep) : "";
+  const bool held = !rep.fitted.empty();
   s += fmt::format("step time, {} rows{}:\n", rep.results.size(),
                    held ? "; held out = predicted with the constants fitted on the OTHER sources" : "");
   s += fmt::format("  {:<32} {:>5} {:>11} {:>8} {:>13} {:>8}\n", "source", "rows", "in-sample%", "bias%",

@@ -114,6 +114,10 @@ ValidationReport validate_runs(const std::string& csv_path,
                                const Calibration& cal = default_calibration(),
                                const ValidateOptions& options = {});
 std::string format_report(const ValidationReport& rep, bool per_row);
+// format_report's per-row part (--rows): every row's prediction, the assumptions, the skipped rows
+// with their reasons, the memory of every run with a memory figure or called too big, every
+// group's ranking.
+std::string format_rows(const ValidationReport& rep);
 // The report of runs from sources no constant was fitted to (bench/validation/never_fitted_runs.csv),
 // predicted with the constants as given (validate_runs with held_out = false): per source and over
 // all rows, the ranking and the memory calls. Last line: `never_fitted_mape_pct=<x>

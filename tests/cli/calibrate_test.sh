@@ -58,6 +58,17 @@ grep -q '^step ' predict.txt
 grep -q '^held_out_mape_pct=- ' validate.txt
 # With the default CSV the never-fitted sources follow, predicted with the same constants; 'none' skips them.
 grep -q '^never_fitted_mape_pct=[0-9.]* never_fitted_worst_source_pct=[0-9.]* rows=7$' validate.txt
+# ... however the default CSV is named (`make validate` names it relative to the source), once each
+# contract line; --rows adds the never-fitted rows' table (no held-out column: "-"), --json their report.
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+(cd "$SRC" && "$EXE" validate --in-sample --rows bench/validation/published_runs.csv) > rows.txt
+[ "$(grep -c '^held_out_mape_pct=' rows.txt)" = 1 ] && [ "$(grep -c '^never_fitted_mape_pct=' rows.txt)" = 1 ]
+grep -q '^ *1 NVIDIA-NeMo/Megatron-Bridge .* -$' rows.txt
+"$EXE" validate --in-sample --json | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+assert j["never_fitted"]["path"].endswith("bench/validation/never_fitted_runs.csv"), j["never_fitted"]["path"]
+assert len(j["never_fitted"]["report"]["rows"]) == 7'
 "$EXE" validate --in-sample --never-fitted none > validate.txt
 if grep -q 'never_fitted' validate.txt; then echo "--never-fitted none still reported them"; exit 1; fi
 if "$EXE" validate --in-sample --never-fitted no-such.csv > /dev/null 2> err.txt; then echo "missing never-fitted file accepted"; exit 1; fi

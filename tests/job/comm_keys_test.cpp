@@ -326,3 +326,14 @@ TEST(JobComm, GradReduceDtypeIsReadRefusedWhereTheSlotIsNotAndHalvesTheReduction
     EXPECT_EQ(b16[plan::CommKind::dp_all_gather], b32[plan::CommKind::dp_all_gather]) << zero;  // fp32 weights
   }
 }
+
+// [parallel] overlap_p2p_comm: false by default (this trainer's pipeline sends block); read and
+// round-tripped; a bool only.
+TEST(JobComm, OverlapP2pCommIsABool) {
+  EXPECT_FALSE(parse_job("", "job.toml").parallel.overlap_p2p_comm);
+  const Job j = parse_job("[parallel]\noverlap_p2p_comm = true\n", "job.toml");
+  EXPECT_TRUE(j.parallel.overlap_p2p_comm);
+  EXPECT_TRUE(parse_job(job_to_toml(j), "roundtrip.toml").parallel.overlap_p2p_comm);
+  const std::string e = parse_error("[parallel]\noverlap_p2p_comm = 1\n");
+  EXPECT_TRUE(contains(e, "[parallel] overlap_p2p_comm")) << e;
+}

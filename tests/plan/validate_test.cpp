@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "plan/validate.hpp"
@@ -126,6 +127,8 @@ TEST(Validate, FrameworkBehaviourComesFromTheSourceAndNotes) {
       EXPECT_FALSE(rc.plan.recompute_early_stop) << row;
     }
     early_stop += rc.plan.recompute_early_stop && rc.plan.recompute == Recompute::full;
+    // No published row states Megatron-Core's overlapped pipeline sends (the never-fitted ones do).
+    EXPECT_FALSE(rc.plan.overlap_p2p_comm) << row;
   }
   // llm-foundry's 2024 sweep's 49 recomputing bf16 runs (its one recomputing TE fp8 run, row 180,
   // saves after its forward) and torchtitan's 16 (compiled, so eager float8's exception takes none).
@@ -150,7 +153,7 @@ TEST(Validate, NeverFittedRowsTakeTheirRecipes) {
     ASSERT_EQ(rc.skip_reason, "") << i + 1;
     EXPECT_EQ(rc.plan.attention, Attention::flash3) << i + 1;
     EXPECT_TRUE(rc.plan.grads_16bit) << i + 1;
-    EXPECT_TRUE(rc.plan.fp8_saves_quantized_inputs && rc.plan.swiglu_saves_input_only) << i + 1;
+    EXPECT_EQ(rc.plan.overlap_p2p_comm, rc.plan.vp > 1) << i + 1;  // the interleaved rows' recipes set it
     const bool is_bridge = rc.source == "NVIDIA-NeMo/Megatron-Bridge";
     bridge += is_bridge, nemo += rc.source == "NVIDIA/NeMo";
     EXPECT_EQ(rc.plan.fp8_recipe, is_bridge ? Fp8Recipe::tensorwise : Fp8Recipe::delayed) << i + 1;
@@ -165,6 +168,30 @@ TEST(Validate, NeverFittedRowsTakeTheirRecipes) {
   }
   EXPECT_EQ(bridge, 5);
   EXPECT_EQ(nemo, 2);
+}
+
+// What the Megatron-Core / TE reading cannot model is refused with the reason, never guessed: a
+// block-scaled fp8 recipe, an fp8 row that states no recipe, a device without the flash3 class,
+// embedding and loss slots that do not divide into the virtual stages.
+TEST(Validate, NeverFittedRowsRefuseWhatTheirRecipesDoNotDetermine) {
+  const std::string csv = std::string(EXATRAIN_SOURCE_DIR) + "/bench/validation/never_fitted_runs.csv";
+  const std::vector<CsvRow> rows = read_csv(csv);
+  CsvRow r = rows.at(2);  // Llama 3.1 405B, FP8-CS, account_for_* slots
+  ASSERT_EQ(case_from_row(r, 3).skip_reason, "");
+  auto refused = [&](const std::string& key, const std::string& value) {
+    CsvRow c = r;
+    c[key] = value;
+    return case_from_row(c, 3).skip_reason;
+  };
+  EXPECT_EQ(refused("precision", "fp8 (FP8-MX)"), "fp8 block scaling (FP8-MX): no measured rate of block-scaled fp8 GEMMs in the catalog");
+  CsvRow unstated = r;  // neither the precision cell nor the notes name the scaling
+  unstated["precision"] = "fp8";
+  unstated["notes"] = "Llama 3 shapes. account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split.";
+  EXPECT_EQ(case_from_row(unstated, 3).skip_reason, "fp8 recipe not stated (current or delayed scaling)");
+  EXPECT_NE(refused("gpu_type", "A100-SXM4-80GB (Selene)").find("flash3 class, which the catalog has for Hopper devices only, not a100-80g"),
+            std::string::npos);
+  EXPECT_EQ(refused("layers", "125"), "account_for_embedding/loss_in_pipeline_split: 125 layers + 2 slots do not divide into "
+                                      "pp * vp = 64 virtual stages");
 }
 
 TEST(Validate, MissingCellsAreSkippedNotGuessed) {
@@ -241,20 +268,21 @@ TEST(Validate, NeverFittedSourcesWithinTarget) {
   // Runs from sources no constant was ever fitted to (bench/validation/never_fitted_runs.csv:
   // Megatron-Bridge's and NeMo's published H100 fp8 throughput, Megatron-Core with Transformer
   // Engine), predicted with the shipped constants: the out-of-sample figure the issue names. Today
-  // 10.3% over 7 rows, Megatron-Bridge 13.7% (+13.7% bias: its 2025-26 containers run 17-20% faster
-  // than the model on the 8B and 70B shapes), NeMo 24.07 1.7%; 24.1% before TE's cuDNN attention,
-  // 16-bit gradients and the embedding and loss pipeline slots were read from the recipes
-  // (docs/planner.md "Sources never fitted"). Thresholds: these figures with a margin; the issue's
-  // goals are 8% overall and 15% per source.
+  // 7.5% over 7 rows, Megatron-Bridge 10.3% (+10.3% bias: its 2025-26 containers run the 8B 20%
+  // faster than the model), NeMo 24.07 0.5%; 24.1% for Megatron-Bridge before TE's cuDNN attention,
+  // 16-bit gradients, the embedding and loss pipeline slots and the overlapped pipeline sends were
+  // read from the recipes (docs/planner.md "Sources never fitted"). Thresholds: the issue's goal
+  // overall (8%), this figure with a margin per source (the goal is 15%).
   const std::string csv = std::string(EXATRAIN_SOURCE_DIR) + "/bench/validation/never_fitted_runs.csv";
   ASSERT_TRUE(std::filesystem::exists(csv)) << csv << " is missing";
   const ValidationReport rep = validate_runs(csv, default_calibration(), {.held_out = false});
   EXPECT_EQ(rep.skipped.size(), 0u) << format_report(rep, true);
   EXPECT_EQ(rep.results.size(), 7u);
-  EXPECT_LE(rep.mape_pct, 11.0) << format_never_fitted(rep, csv);
-  for (const auto& s : rep.sources) EXPECT_LE(s.mape_pct, 15.0) << s.source;
+  EXPECT_LE(rep.mape_pct, 8.0) << format_never_fitted(rep, csv);
+  for (const auto& s : rep.sources) EXPECT_LE(s.mape_pct, 12.0) << s.source;
   // Every one of these runs ran: each is called fitting.
   EXPECT_EQ(rep.memory_stats.ran_predicted, rep.memory_stats.ran_rows) << format_report(rep, true);
   const std::string text = format_never_fitted(rep, csv);
-  EXPECT_NE(text.find("never_fitted_mape_pct="), std::string::npos) << text;
+  EXPECT_NE(text.find(fmt::format("\nnever_fitted_mape_pct={:.2f} never_fitted_worst_source_pct=", rep.mape_pct)),
+            std::string::npos) << text;
 }

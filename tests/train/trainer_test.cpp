@@ -129,9 +129,11 @@ TEST(Trainer, Bf16HoldsThePlannersBytesPerParameterAndLearns) {
 // (plan/memory.cpp activation_bytes_per_layer, no dropout: the runtime has none; flash attention:
 // no s x s scores in the planner), at fp32 and bf16, the residual stream in 16 bits or fp32
 // ([train] residual_dtype, which both read). Every tensor the planner counts is held at the
-// planner's width, and what differs is of kind, named here: the norms' statistics (fp32, per row),
-// the attention probabilities (fp32 [B, Hq, T, T]: the runtime's attention is not fused), and
-// under SwiGLU the planner's silu(gate), which the runtime's backward recomputes from fc.
+// planner's width, and what differs is of kind, named here: the norms' statistics (fp32, per row)
+// and the attention probabilities (fp32 [B, Hq, T, T]: the runtime's attention is not fused). Under
+// SwiGLU the runtime keeps fc (gate | up) and the product, and its backward recomputes silu(gate)
+// from fc, as Megatron-Core's fused SwiGLU does (Plan::swiglu_saves_input_only, the default); the
+// planner's eager count (false) holds silu(gate) too.
 TEST(Trainer, ALayersActivationsAreThePlannersCountPlusTheNamedDifferences) {
   auto be = make_cpu_backend(1);
   for (bool swiglu : {false, true}) {
@@ -161,8 +163,10 @@ TEST(Trainer, ALayersActivationsAreThePlannersCountPlusTheNamedDifferences) {
       const double tokens = double(B * m.seq_len), f = double(m.ffn_hidden);
       const double norm_stats = (m.norm == Norm::layernorm ? 16.0 : 8.0);  // mean and rstd, fp32, two norms
       const double probabilities = 4.0 * double(m.heads) * double(m.seq_len);
+      EXPECT_DOUBLE_EQ(runtime, planner + tokens * (norm_stats + probabilities));
+      p.swiglu_saves_input_only = false;
       const double silu_gate = swiglu ? (prec == Precision::fp32 ? 4 : 2) * f : 0.0;
-      EXPECT_DOUBLE_EQ(runtime, planner + tokens * (norm_stats + probabilities - silu_gate));
+      EXPECT_DOUBLE_EQ(plan::activation_bytes_per_layer(m, p, Recompute::none), planner + tokens * silu_gate);
     }
   }
   // The trainer hands residual_dtype (Plan::residual_fp32) to its model (4 layers: the 16-bit
