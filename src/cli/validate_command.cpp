@@ -50,7 +50,7 @@ void add_validate_command(CLI::App& app) {
     if (!unseen.empty()) nf = plan::validate_runs(unseen, c, {.held_out = false});
     if (*json) {
       nlohmann::json j = plan::report_json(rep, c);
-      if (nf) j["never_fitted"] = {{"path", unseen}, {"report", plan::report_json(*nf, c)}};
+      if (nf) j["never_fitted"] = {{"path", shown}, {"report", plan::report_json(*nf, c)}};
       fmt::print("{}\n", j.dump(1));
       return;
     }

@@ -104,8 +104,10 @@ struct ParallelSpec {
   // FSDP/composer with activation_checkpointing_reentrant false) and torch.compile do; off:
   // Megatron, DeepSpeed and this runtime re-run the whole layer (plan/plan.hpp Plan::recompute_early_stop).
   // overlap_p2p_comm: the interleaved schedule's pipeline sends and receives run under the compute of
-  // the chunk in flight (Megatron-Core's overlap_p2p_comm, which Megatron-LM's --overlap-p2p-communication
-  // and NeMo's and Megatron-Bridge's recipes set with vp > 1; plan/predict.cpp pp_comm_time).
+  // the chunk in flight (Megatron-Core's overlap_p2p_comm: on by default with vp > 1 in Megatron-LM
+  // today, off with --no-overlap-p2p-communication, where older versions opted in with
+  // --overlap-p2p-communication; NeMo's and Megatron-Bridge's recipes set it with vp > 1;
+  // plan/predict.cpp pp_comm_time). Off here: this trainer's sends block.
   bool overlap_grad_reduce = true;
   bool overlap_param_gather = false;
   TpCommOverlap tp_comm_overlap = TpCommOverlap::none;

@@ -243,9 +243,11 @@ double cp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, 
 // overlap_p2p_comm (Megatron-Core's interleaved schedule, megatron/core/pipeline_parallel/schedules.py:
 // each chunk's send and the next chunk's receive are posted asynchronously and waited for only when
 // their tensor is needed) the 2 m vp steady-state messages run under the compute of the chunk in
-// flight, a message exposed only by what it takes beyond one chunk's forward (`layers` / vp layers
-// of lt.fwd, the shorter pass); the 2 (pp - 1) of the warm-up and cool-down, which no chunk covers
-// yet, stay on the critical path.
+// flight, a message exposed by what it takes beyond one chunk's forward (`layers` / vp layers of
+// lt.fwd, the shorter pass) and by its latency α at least (posting and completing it is not free:
+// so more, smaller chunks are not free either); the 2 (pp - 1) of the warm-up and cool-down, which
+// no chunk covers yet (Megatron-LM's --overlap-p2p-communication-warmup-flush, off by default),
+// stay on the critical path.
 double pp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, const LayerTime& lt, double layers) {
   if (p.pp == 1) return 0;
   const int64_t G = mach.gpus_per_node;
@@ -258,8 +260,8 @@ double pp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, 
     t = p2p_time(msg / double(p.tp), false, mach) + best_all_gather_time(msg, group_on_machine(p.tp, 1, G), mach);
   if (!same_node && p.tp > 1 && p.seq_parallel) t = p2p_time(msg / double(p.tp), false, mach);
   const double steady = 2 * double(p.micro_batches()) * double(p.vp), fill = 2 * double(p.pp - 1);
-  const double chunk = layers / double(p.vp) * lt.fwd;
-  double total = (p.overlap_p2p_comm && p.vp > 1) ? steady * std::max(0.0, t - chunk) + fill * t : (steady + fill) * t;
+  const double chunk = layers / double(p.vp) * lt.fwd, alpha = p2p_time(0.0, same_node, mach);
+  double total = (p.overlap_p2p_comm && p.vp > 1) ? steady * std::max(alpha, t - chunk) + fill * t : (steady + fill) * t;
   // Tied embeddings: once per step the first and the last stage add their copies' gradients (this
   // tp rank's vocabulary rows, the gradient precision; ZeRO 2/3 only the rank's 1/(dp cp) share),
   // an exchange between two ranks pp - 1 stages apart, after the backward.

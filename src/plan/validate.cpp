@@ -127,6 +127,15 @@ int source_year_month(const std::string& cell) {
   return best;
 }
 
+// Whether the notes state `key` on: named, and never as "key=False" / "key false" (a note saying
+// it is off must not turn it on).
+bool stated_on(const std::string& notes, const std::string& key) {
+  if (!has(notes, key)) return false;
+  for (const char* off : {"=False", "=false", " false", ": false", " off"})
+    if (has(notes, key + off)) return false;
+  return true;
+}
+
 // Megatron-Core with Transformer Engine's modules (Megatron-Bridge; NeMo 24.07's mcore_gpt with
 // transformer_engine: true): "" or why the row cannot be modelled.
 //  - attention: TE's DotProductAttention prefers its FusedAttention (cuDNN) backend over
@@ -154,14 +163,14 @@ std::string megatron_te_of(const std::string& prec, const std::string& notes, co
     else return "fp8 recipe not stated (current or delayed scaling)";
   }
   if (has(notes, "grad_reduce_in_fp32=False")) p.grads_16bit = true;
-  if (has(notes, "fp8_param_gather") && p.zero >= 3 && p.precision == Precision::fp8) p.fp8_all_gather = true;
+  if (stated_on(notes, "fp8_param_gather") && p.zero >= 3 && p.precision == Precision::fp8) p.fp8_all_gather = true;
   return "";
 }
 
 // The overlap flags a row's notes state (Megatron-Core's and NeMo's names).
 void overlaps_of(const std::string& notes, Plan& p) {
   if (has(notes, "--overlap-grad-reduce")) p.overlap_grad_reduce = true;
-  if (has(notes, "overlap_p2p_comm") && p.vp > 1) p.overlap_p2p_comm = true;
+  if (stated_on(notes, "overlap_p2p_comm") && p.vp > 1) p.overlap_p2p_comm = true;
   if (has(notes, "--overlap-param-gather") && p.zero > 0) p.overlap_param_gather = true;
   if (has(notes, "--tp-comm-overlap") && p.tp > 1 && p.seq_parallel) p.tp_comm_overlap = TpCommOverlap::all;
 }
@@ -357,8 +366,11 @@ std::string layout_of_row(const CsvRow& row, const std::string& notes, RunCase& 
   // Megatron-Core's account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split:
   // the embedding and the loss each take a layer slot, in the first and the last virtual stage
   // (stage s = chunk * pp + rank): those get one transformer layer fewer.
-  if (p.pp > 1 && has(notes, "account_for_embedding_in_pipeline_split") &&
-      has(notes, "account_for_loss_in_pipeline_split")) {
+  const bool embedding_slot = has(notes, "account_for_embedding_in_pipeline_split");
+  if (p.pp > 1 && embedding_slot != has(notes, "account_for_loss_in_pipeline_split"))
+    return "only one of account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split: its "
+           "stages are not modelled (both, or neither)";
+  if (p.pp > 1 && embedding_slot) {
     if ((layers + 2) % (p.pp * p.vp) != 0)
       return fmt::format("account_for_embedding/loss_in_pipeline_split: {} layers + 2 slots do not divide into pp * vp "
                          "= {} virtual stages", layers, p.pp * p.vp);

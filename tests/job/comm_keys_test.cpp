@@ -2,6 +2,7 @@
 // the round trip through job_to_toml, and the refusals naming file, key and value: unknown keys,
 // keys of another compressor, values out of range, role densities, DGC with an optimizer that has
 // its own momentum; and the plan rules (ZeRO 3, ZeRO 1 with an optimizer that needs whole tensors).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "core/check.hpp"
@@ -270,15 +271,20 @@ TEST(JobComm, TpCommOverlapIsABoolOrForward) {
   EXPECT_TRUE(contains(e, "[parallel] tp_comm_overlap = \"backward\": expected true, false or \"forward\"")) << e;
 }
 
-// [parallel] recompute_early_stop: false by default (Megatron, DeepSpeed and this trainer re-run
-// whole layers); read and round-tripped; a bool only.
-TEST(JobComm, RecomputeEarlyStopIsABool) {
-  EXPECT_FALSE(parse_job("", "job.toml").parallel.recompute_early_stop);
-  const Job j = parse_job("[parallel]\nrecompute_early_stop = true\n", "job.toml");
-  EXPECT_TRUE(j.parallel.recompute_early_stop);
-  EXPECT_TRUE(parse_job(job_to_toml(j), "roundtrip.toml").parallel.recompute_early_stop);
-  const std::string e = parse_error("[parallel]\nrecompute_early_stop = \"yes\"\n");
-  EXPECT_TRUE(contains(e, "[parallel] recompute_early_stop")) << e;
+// [parallel] recompute_early_stop and overlap_p2p_comm: false by default (Megatron, DeepSpeed and
+// this trainer re-run whole layers; this trainer's pipeline sends block); read and round-tripped;
+// bools only.
+TEST(JobComm, RecomputeEarlyStopAndOverlapP2pCommAreBools) {
+  for (auto [key, field] : {std::pair{"recompute_early_stop", &ParallelSpec::recompute_early_stop},
+                            std::pair{"overlap_p2p_comm", &ParallelSpec::overlap_p2p_comm}}) {
+    SCOPED_TRACE(key);
+    EXPECT_FALSE(parse_job("", "job.toml").parallel.*field);
+    const Job j = parse_job(fmt::format("[parallel]\n{} = true\n", key), "job.toml");
+    EXPECT_TRUE(j.parallel.*field);
+    EXPECT_TRUE(parse_job(job_to_toml(j), "roundtrip.toml").parallel.*field);
+    const std::string e = parse_error(fmt::format("[parallel]\n{} = \"yes\"\n", key));
+    EXPECT_TRUE(contains(e, fmt::format("[parallel] {}", key))) << e;
+  }
 }
 
 // [train] grad_reduce_dtype (docs/precision.md): read, round-tripped, refused by name with a
@@ -327,13 +333,3 @@ TEST(JobComm, GradReduceDtypeIsReadRefusedWhereTheSlotIsNotAndHalvesTheReduction
   }
 }
 
-// [parallel] overlap_p2p_comm: false by default (this trainer's pipeline sends block); read and
-// round-tripped; a bool only.
-TEST(JobComm, OverlapP2pCommIsABool) {
-  EXPECT_FALSE(parse_job("", "job.toml").parallel.overlap_p2p_comm);
-  const Job j = parse_job("[parallel]\noverlap_p2p_comm = true\n", "job.toml");
-  EXPECT_TRUE(j.parallel.overlap_p2p_comm);
-  EXPECT_TRUE(parse_job(job_to_toml(j), "roundtrip.toml").parallel.overlap_p2p_comm);
-  const std::string e = parse_error("[parallel]\noverlap_p2p_comm = 1\n");
-  EXPECT_TRUE(contains(e, "[parallel] overlap_p2p_comm")) << e;
-}

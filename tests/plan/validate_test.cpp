@@ -154,6 +154,7 @@ TEST(Validate, NeverFittedRowsTakeTheirRecipes) {
     EXPECT_EQ(rc.plan.attention, Attention::flash3) << i + 1;
     EXPECT_TRUE(rc.plan.grads_16bit) << i + 1;
     EXPECT_EQ(rc.plan.overlap_p2p_comm, rc.plan.vp > 1) << i + 1;  // the interleaved rows' recipes set it
+    EXPECT_TRUE(rc.plan.fp8_saves_quantized_inputs && rc.plan.swiglu_saves_input_only) << i + 1;  // TE, fused SwiGLU
     const bool is_bridge = rc.source == "NVIDIA-NeMo/Megatron-Bridge";
     bridge += is_bridge, nemo += rc.source == "NVIDIA/NeMo";
     EXPECT_EQ(rc.plan.fp8_recipe, is_bridge ? Fp8Recipe::tensorwise : Fp8Recipe::delayed) << i + 1;
@@ -192,6 +193,14 @@ TEST(Validate, NeverFittedRowsRefuseWhatTheirRecipesDoNotDetermine) {
             std::string::npos);
   EXPECT_EQ(refused("layers", "125"), "account_for_embedding/loss_in_pipeline_split: 125 layers + 2 slots do not divide into "
                                       "pp * vp = 64 virtual stages");
+  CsvRow one_slot = r;
+  one_slot["notes"] = "Transformer Engine fp8 current scaling. account_for_embedding_in_pipeline_split only.";
+  EXPECT_EQ(case_from_row(one_slot, 3).skip_reason.find("only one of account_for_embedding_in_pipeline_split"), 0u);
+  // A note that states a flag off does not turn it on.
+  CsvRow off = r;
+  off["notes"] += " overlap_p2p_comm=False.";
+  EXPECT_FALSE(case_from_row(off, 3).plan.overlap_p2p_comm);
+  EXPECT_TRUE(case_from_row(r, 3).plan.overlap_p2p_comm);
 }
 
 TEST(Validate, MissingCellsAreSkippedNotGuessed) {
