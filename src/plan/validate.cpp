@@ -355,14 +355,18 @@ std::string layout_of_row(const CsvRow& row, const std::string& notes, RunCase& 
   else if (has(notes, "interleaved")) return "interleaved schedule without vp";
   else p.vp = 1;
   const int64_t layers = rc.model.layers;
+  // Two layer slots for the ends (the embedding's and the LM head's or loss's) over `stages` virtual
+  // stages: every stage (layers + 2) / stages layers, the first and the last one fewer.
+  auto end_slots = [layers](int64_t stages) {
+    std::vector<int64_t> split(stages, (layers + 2) / stages);
+    split.front() -= 1;
+    split.back() -= 1;
+    return split;
+  };
   // Megatron-DeepSpeed's "type:transformer|embedding" partition counts each embedding as a layer
   // slot: the first and last stages get one transformer layer fewer (vp 1: one stage per rank).
-  if (p.pp > 1 && p.vp == 1 && has(notes, "transformer|embedding") && (layers + 2) % p.pp == 0) {
-    int64_t per = (layers + 2) / p.pp;
-    p.layers_per_stage.assign(p.pp, per);
-    p.layers_per_stage.front() -= 1;
-    p.layers_per_stage.back() -= 1;
-  }
+  if (p.pp > 1 && p.vp == 1 && has(notes, "transformer|embedding") && (layers + 2) % p.pp == 0)
+    p.layers_per_stage = end_slots(p.pp);
   // Megatron-Core's account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split:
   // the embedding and the loss each take a layer slot, in the first and the last virtual stage
   // (stage s = chunk * pp + rank): those get one transformer layer fewer.
@@ -374,9 +378,7 @@ std::string layout_of_row(const CsvRow& row, const std::string& notes, RunCase& 
     if ((layers + 2) % (p.pp * p.vp) != 0)
       return fmt::format("account_for_embedding/loss_in_pipeline_split: {} layers + 2 slots do not divide into pp * vp "
                          "= {} virtual stages", layers, p.pp * p.vp);
-    p.layers_per_stage.assign(p.pp * p.vp, (layers + 2) / (p.pp * p.vp));
-    p.layers_per_stage.front() -= 1;
-    p.layers_per_stage.back() -= 1;
+    p.layers_per_stage = end_slots(p.pp * p.vp);
   }
   // Partition not stated and the layers don't divide: assume Megatron-style balanced uneven
   // stages (floor(layers/pp) each, the remainder on the middle ranks; plan.hpp) and say so.
