@@ -150,8 +150,8 @@ Plan plan_from_job(const Job& job, int world) {
   r.schedule = resolved(job, p.schedule, "schedule");
   // Of [parallel]'s framework behaviours the trainer's plan takes the stage split and
   // recompute_early_stop (planned, not run: plan_problem refuses it for train), not the overlaps
-  // (Plan::set_framework): this runtime runs none of them, and `report` predicts its runs with
-  // resolve_plan, which has them. Taking them here would let Rules::framework refuse a `train` job
+  // (Plan::set_framework): this runtime runs its own (as_run_here, with which `report` predicts
+  // its runs; the session says which the job plans otherwise). Taking them here would let Rules::framework refuse a `train` job
   // for flags it ignores, or a plan the search chose with overlap_param_gather dropped at zero = 0.
   r.layers_per_stage = p.layers_per_stage;
   r.recompute_early_stop = p.recompute_early_stop;
@@ -187,6 +187,43 @@ Plan resolve_training_plan(Job& job, int world, std::FILE* log) {
   const Plan plan = plan_from_job(job, world);
   if (!job.parallel.dp) job.parallel.dp = plan.dp;  // inferred: the run's job.toml says which
   return plan;
+}
+
+Plan as_run_here(Plan p) {
+  p.overlap_grad_reduce = p.zero == 0 || p.zero == 2;
+  p.overlap_param_gather = false;
+  p.tp_comm_overlap = TpCommOverlap::none;
+  p.overlap_p2p_comm = false;
+  p.recompute_early_stop = false;
+  return p;
+}
+
+std::vector<std::string> framework_not_run_here(const Job& job, const Plan& plan, bool set_only) {
+  Plan planned = plan;
+  planned.set_framework(job.parallel);
+  const Plan here = as_run_here(planned);
+  const bool replicas = planned.dp * planned.cp > 1;
+  std::vector<std::string> lines;
+  auto say = [&](const char* key, bool differs, bool acts, const std::string& value, const std::string& why) {
+    if (differs && acts && (!set_only || job.origins.count(std::string("parallel.") + key)))
+      lines.push_back(fmt::format("{} = {}: {}", key, value, why));
+  };
+  say("overlap_grad_reduce", planned.overlap_grad_reduce != here.overlap_grad_reduce, replicas && planned.zero != 3,
+      planned.overlap_grad_reduce ? "true" : "false",
+      planned.overlap_grad_reduce ? "this trainer's ZeRO 1 reduce-scatters the gradients once, after the last "
+                                    "micro-batch's backward"
+                                  : fmt::format("this trainer's ZeRO {} reduces the gradients bucket by bucket under "
+                                                "the backward", planned.zero));
+  say("overlap_param_gather", planned.overlap_param_gather != here.overlap_param_gather,
+      replicas && (planned.zero == 1 || planned.zero == 2), "true",
+      "this trainer all-gathers the updated weights after the optimizer step, before the next forward");
+  say("tp_comm_overlap", planned.tp_comm_overlap != here.tp_comm_overlap, planned.tp > 1,
+      to_string(planned.tp_comm_overlap), "this trainer's tensor-parallel collectives block");
+  say("overlap_p2p_comm", planned.overlap_p2p_comm != here.overlap_p2p_comm, planned.vp > 1, "true",
+      "this trainer's pipeline sends and receives block");
+  say("recompute_early_stop", planned.recompute_early_stop != here.recompute_early_stop,
+      planned.recompute == Recompute::full, "true", "this trainer re-runs every recomputed layer whole");
+  return lines;
 }
 
 }  // namespace exatrain::plan

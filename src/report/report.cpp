@@ -14,6 +14,7 @@
 #include "plan/calibrate.hpp"
 #include "plan/plan.hpp"
 #include "plan/predict.hpp"
+#include "plan/resolve.hpp"
 #include "report/metrics.hpp"
 #include "report/svg_chart.hpp"
 
@@ -29,7 +30,8 @@ bool is_step(const nlohmann::json& r) { return r.contains("step") && r.contains(
 bool is_eval(const nlohmann::json& r) { return r.contains("step") && r.contains("val_loss"); }
 
 // A run's job.toml with the trainer's defaults for what it leaves open (docs/job-file.md), as the
-// planner's plan.
+// planner's plan of what this trainer ran: its framework behaviours, whatever the job plans
+// (plan::as_run_here; measured_vs_predicted says where they differ).
 std::pair<Job, plan::Plan> job_and_plan(const std::string& run_dir) {
   Job job = load_job(run_dir + "/job.toml");
   ParallelSpec& p = job.parallel;
@@ -39,8 +41,7 @@ std::pair<Job, plan::Plan> job_and_plan(const std::string& run_dir) {
   if (!p.recompute) p.recompute = Recompute::none;
   if (!p.seq_parallel) p.seq_parallel = false;
   if (!p.schedule) p.schedule = Schedule::one_f_one_b;
-  plan::Plan resolved = plan::resolve_plan(job);
-  return {job, resolved};
+  return {job, plan::as_run_here(plan::resolve_plan(job))};
 }
 
 // The planner's prediction of the run's own job with `cal` (the shipped constants, or those of the
@@ -67,6 +68,13 @@ plan::Prediction predict_run(const std::string& run_dir, const std::string& cali
   // After the prediction, which has looked the device up: a job on an unknown one has said so above.
   if (!calibration.empty()) plan::check_calibration_device(calibration, device);
   return pred;
+}
+
+// The framework behaviours the run's job plans and this trainer does not run (the defaults
+// included): the prediction above has this trainer's (job_and_plan).
+std::vector<std::string> not_run_here(const std::string& run_dir) {
+  auto [job, p] = job_and_plan(run_dir);
+  return plan::framework_not_run_here(job, p, /*set_only=*/false);
 }
 
 // Seconds per step over the steps after the first (which includes warm-up).
@@ -157,6 +165,9 @@ std::string measured_vs_predicted(const std::vector<nlohmann::json>& records, co
     if (parts.count(kParts[i])) row(kParts[i], median(parts[kParts[i]]), predicted[i]);
   row("step", median(step_s), pred.step_time_s);
   if (!why.empty()) out += fmt::format("    (no prediction: {})\n", why);
+  else
+    for (const std::string& line : not_run_here(run_dir))
+      out += fmt::format("    (predicted as this trainer ran it, not as planned: {})\n", line);
   return out;
 }
 

@@ -79,6 +79,19 @@ EXATRAIN_CACHE=$PWD/no-cache "$EXA" check nodata.toml > nodata.log 2>&1 && grep 
 "$EXA" calibrate run --out cal.toml > cal.log 2>&1 && "$EXA" report run --calibration cal.toml > report_cal.log 2>&1 \
   && grep -q 'prediction: `exatrain predict --calibration cal.toml` of this run' report_cal.log \
   && echo "ok: calibrate a run, report with it" || { echo "FAIL: calibrate, report --calibration"; cat cal.log report_cal.log; failures=$((failures + 1)); }
+# A framework behaviour the job plans and this trainer does not run: `train` says so, and `report`
+# predicts the run as it ran (ZeRO 1 here reduce-scatters after the backward, not under it).
+if command -v mpirun > /dev/null; then
+  mpirun --allow-run-as-root --oversubscribe -np 2 "$EXA" train tiny.toml --set parallel.dp=2 --set parallel.zero=1 \
+    --set parallel.overlap_grad_reduce=true --set train.run_dir=run_zero1 --set train.steps=2 > zero1.log 2>&1 \
+    && grep -q "^note: \[parallel\] overlap_grad_reduce = true: this trainer's ZeRO 1 reduce-scatters the gradients once" zero1.log \
+    && "$EXA" report run_zero1 > report_zero1.log 2>&1 \
+    && grep -q "(predicted as this trainer ran it, not as planned: overlap_grad_reduce = true" report_zero1.log \
+    && echo "ok: train and report say what this trainer does not overlap" \
+    || { echo "FAIL: planned, not run"; cat zero1.log report_zero1.log; failures=$((failures + 1)); }
+else
+  echo "skipped: train on 2 ranks (no mpirun)"
+fi
 printf '[device.h100-sxm]\nsustained = 0.7\n' > h100.toml
 expect_error "report: another device's calibration" 'h100.toml calibrates h100-sxm, but this job runs on' -- \
   "$EXA" report run --calibration h100.toml

@@ -153,3 +153,45 @@ TEST(Setup, EveryPlanOfAJobCarriesItsFrameworkBehaviours) {
             std::string::npos);
   EXPECT_EQ(plan::plan_from_job(zero0, 8).zero, 0);
 }
+
+TEST(Setup, ARunIsPredictedWithTheFrameworkBehavioursThisTrainerRuns) {
+  // `report` (and `calibrate` of run directories) predict a run with as_run_here: ZeRO 0 and 2
+  // reduce under the backward, ZeRO 1 after it; no parameter-gather, tensor-parallel or pipeline
+  // overlap. framework_not_run_here names each difference that acts on the plan; `train` says those
+  // the job sets, `report` the defaults too.
+  auto par = [](const char* zero, int vp, const std::string& extra) {
+    return fmt::format("gpus = 8\nglobal_batch = 16\ntp = 2\npp = 2\ncp = 1\nvp = {}\nzero = {}\nmicro_batch = 2\n"
+                       "recompute = \"full\"\nseq_parallel = true\nschedule = \"1f1b\"\n{}", vp, zero, extra);
+  };
+  const std::string overlaps = "overlap_param_gather = true\ntp_comm_overlap = true\noverlap_p2p_comm = true\n";
+  const Job job = job_with(par("1", 2, overlaps));
+  const plan::Plan here = plan::as_run_here(plan::resolve_plan(job));
+  EXPECT_FALSE(here.overlap_grad_reduce);  // ZeRO 1: one reduce-scatter after the last backward
+  EXPECT_FALSE(here.overlap_param_gather);
+  EXPECT_EQ(here.tp_comm_overlap, TpCommOverlap::none);
+  EXPECT_FALSE(here.overlap_p2p_comm);
+  EXPECT_EQ(here.vp, 2);  // the degrees are the job's
+  const plan::Plan trained = plan::plan_from_job(job, 8);
+  const std::vector<std::string> set = plan::framework_not_run_here(job, trained, true);
+  ASSERT_EQ(set.size(), 3u) << fmt::format("{}", fmt::join(set, "\n"));
+  EXPECT_EQ(set[0], "overlap_param_gather = true: this trainer all-gathers the updated weights after the optimizer "
+                    "step, before the next forward");
+  EXPECT_EQ(set[1], "tp_comm_overlap = true: this trainer's tensor-parallel collectives block");
+  EXPECT_EQ(set[2], "overlap_p2p_comm = true: this trainer's pipeline sends and receives block");
+  const std::vector<std::string> all = plan::framework_not_run_here(job, trained, false);
+  ASSERT_EQ(all.size(), 4u);
+  EXPECT_EQ(all[0], "overlap_grad_reduce = true: this trainer's ZeRO 1 reduce-scatters the gradients once, after the "
+                    "last micro-batch's backward");
+  // ZeRO 2 reduces under the backward whatever the job says; ZeRO 3 has no such flag; without
+  // interleaving there are no overlapped sends to refuse (plan_notes says it has no effect).
+  const Job zero2 = job_with(par("2", 1, "overlap_grad_reduce = false\noverlap_p2p_comm = true\n"));
+  EXPECT_TRUE(plan::as_run_here(plan::resolve_plan(zero2)).overlap_grad_reduce);
+  EXPECT_EQ(plan::framework_not_run_here(zero2, plan::plan_from_job(zero2, 8), true),
+            std::vector<std::string>{"overlap_grad_reduce = false: this trainer's ZeRO 2 reduces the gradients bucket "
+                                     "by bucket under the backward"});
+  const Job zero3 = job_with(par("3", 1, "overlap_grad_reduce = false\n"));
+  EXPECT_TRUE(plan::framework_not_run_here(zero3, plan::plan_from_job(zero3, 8), false).empty());
+  // A job that plans what this trainer runs: nothing to say.
+  const Job plain = job_with(par("0", 2, ""));
+  EXPECT_TRUE(plan::framework_not_run_here(plain, plan::plan_from_job(plain, 8), false).empty());
+}

@@ -263,3 +263,26 @@ TEST(Report, MeasuredNextToPredictedUsesTheSlowestRankAndThePlanner) {
   t = measured_vs_predicted(read_metrics(d + "/metrics.jsonl"), d);
   EXPECT_NE(t.find("no prediction"), std::string::npos) << t;
 }
+
+TEST(Report, ARunIsPredictedAsThisTrainerRanIt) {
+  // A job that plans Megatron's overlapped pipeline sends: this trainer's block, so the prediction
+  // next to the measured step is the job's without them, and a line says so.
+  std::string d = fresh_dir("report_as_run");
+  const std::string job = "[model]\nlayers = 4\nhidden = 64\nheads = 4\nseq_len = 32\nvocab = 256\n"
+                          "[machine]\npreset = \"local\"\n[parallel]\ngpus = 2\npp = 2\nvp = 2\nglobal_batch = 4\n"
+                          "[train]\nprecision = \"fp32\"\n";
+  {
+    MetricsWriter w(d + "/metrics.jsonl");
+    for (int s = 1; s <= 3; ++s) w.write({{"step", s}, {"loss", 3.0}, {"seconds", 0.1}, {"breakdown_s_per_rank", {{{"pp_comm", 0.01}}}}});
+  }
+  const auto records = read_metrics(d + "/metrics.jsonl");
+  std::ofstream(d + "/job.toml") << job;
+  const std::string as_run = measured_vs_predicted(records, d);
+  EXPECT_EQ(as_run.find("not as planned"), std::string::npos) << as_run;
+  std::ofstream(d + "/job.toml") << std::string(job).insert(job.find("global_batch"), "overlap_p2p_comm = true\n");
+  const std::string planned = measured_vs_predicted(records, d);
+  const std::string note = "    (predicted as this trainer ran it, not as planned: overlap_p2p_comm = true: this "
+                           "trainer's pipeline sends and receives block)\n";
+  EXPECT_EQ(planned, as_run + note);
+}
+
