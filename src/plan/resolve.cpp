@@ -151,8 +151,9 @@ Plan plan_from_job(const Job& job, int world) {
   // Of [parallel]'s framework behaviours the trainer's plan takes the stage split and
   // recompute_early_stop (planned, not run: plan_problem refuses it for train), not the overlaps
   // (Plan::set_framework): this runtime runs its own (as_run_here, with which `report` predicts
-  // its runs; the session says which the job plans otherwise). Taking them here would let Rules::framework refuse a `train` job
-  // for flags it ignores, or a plan the search chose with overlap_param_gather dropped at zero = 0.
+  // its runs; the session says which the job plans otherwise). Taking them here would let
+  // Rules::framework refuse a `train` job for flags it ignores, or a plan the search chose with
+  // overlap_param_gather dropped at zero = 0.
   r.layers_per_stage = p.layers_per_stage;
   r.recompute_early_stop = p.recompute_early_stop;
   r.precision = job.train.precision;
