@@ -360,6 +360,11 @@ struct TrainSpec {
   // and the attention kernel.
   Fp8Recipe fp8_recipe = Fp8Recipe::delayed;
   Attention attention = Attention::flash2;
+  // fp8 runs keep the linears' weights in fp8 and all-gather them so, 1 byte per matrix element
+  // instead of 2 (Megatron --fp8-param-gather / DistributedDataParallelConfig.fp8_param_gather,
+  // Megatron-FSDP's, torchtitan's float8 enable_fsdp_float8_all_gather): ZeRO 1 and 2's gather of
+  // the updated weights, ZeRO 3's per-layer gathers. Planner only (plan.hpp Plan::fp8_all_gather).
+  bool fp8_param_gather = false;
   MuonSpec muon;                // [optimizer] when optimizer = "muon"
   SgdSpec sgd;                  // ... "sgd"
   LionSpec lion;                // ... "lion"

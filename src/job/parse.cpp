@@ -917,6 +917,7 @@ void parse_train_section(Section& s, Section& optimizer, Job& job, std::vector<s
                                  job_origin(job, {"train.backend", "train.device"}), t.backend, t.device));
   if (int i = s.get_choice("fp8_recipe", {"delayed", "tensorwise", "rowwise"}); i >= 0) t.fp8_recipe = Fp8Recipe(i);
   if (int i = s.get_choice("attention", {"flash2", "flash1", "flash3", "unfused"}); i >= 0) t.attention = Attention(i);
+  s.get_bool("fp8_param_gather", t.fp8_param_gather);
   if (t.min_lr > t.lr)
     errors.push_back(fmt::format("{}: [train] min_lr = {} is above lr = {} (the cosine schedule decays "
                                  "from lr down to min_lr)", job_origin(job, {"train.min_lr", "train.lr"}), t.min_lr, t.lr));
@@ -925,7 +926,7 @@ void parse_train_section(Section& s, Section& optimizer, Job& job, std::vector<s
                     "checkpoint_every", "keep_checkpoints", "eval_every", "eval_batches", "log_every",
                     "threads", "nan_policy", "grad_reduce_dtype", "pipeline_dtype", "tp_comm_dtype",
                     "residual_dtype", "device",
-                    "backend", "fp8_recipe", "attention",
+                    "backend", "fp8_recipe", "attention", "fp8_param_gather",
                     "loss_scale", "initial_loss_scale", "loss_scale_growth_interval", "loss_scale_growth_factor",
                     "loss_scale_backoff", "min_loss_scale", "loss_scale_hysteresis"});
   parse_optimizer_section(optimizer, t);
@@ -1129,7 +1130,7 @@ std::string job_to_toml(const Job& job) {
          line("pipeline_dtype", t.pipeline_dtype) + line("tp_comm_dtype", t.tp_comm_dtype) +
          line("residual_dtype", t.residual_dtype) + line("device", t.device) +
          (t.backend.empty() ? "" : line("backend", t.backend)) + line("fp8_recipe", to_string(t.fp8_recipe)) +
-         line("attention", to_string(t.attention));
+         line("attention", to_string(t.attention)) + line("fp8_param_gather", t.fp8_param_gather);
   if (t.precision == Precision::fp16 && t.loss_scale.dynamic)
     out += line("loss_scale", "dynamic") + line("initial_loss_scale", t.loss_scale.initial) +
            line("loss_scale_growth_interval", t.loss_scale.growth_interval) +

@@ -52,7 +52,7 @@ int64_t matrix_parameters_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_
 
 double gathered_weight_bytes(const Plan& p, double parameters, double matrix_parameters) {
   const double elem = double(element_bytes(p.precision));
-  if (!(p.fp8_all_gather && p.precision == Precision::fp8 && p.zero >= 3)) return elem * parameters;
+  if (!(p.fp8_all_gather && p.precision == Precision::fp8 && p.zero >= 1)) return elem * parameters;
   return elem * (parameters - matrix_parameters) + 1.0 * matrix_parameters;
 }
 

@@ -42,8 +42,9 @@ constexpr double kFragmentationAtCapacity = 0.047;    // = plan::Calibration::fr
 int64_t parameters_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, int64_t tp_rank = 0);
 // Of those, the elements of the layers' 2-D matrices (q/k/v/o, the MLP's): Muon's domain.
 int64_t matrix_parameters_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank);
-// ZeRO 3's gathered weights: bytes of `parameters` elements of which `matrix_parameters` are the
-// layers' matrices, 16-bit (fp32 training: 32-bit), the matrices 8-bit with Plan::fp8_all_gather.
+// The weights a ZeRO all-gather moves (ZeRO 3's gathered units, ZeRO 1 and 2's updated weights):
+// bytes of `parameters` elements of which `matrix_parameters` are the layers' matrices, 16-bit
+// (fp32 training: 32-bit), the matrices 8-bit with Plan::fp8_all_gather.
 double gathered_weight_bytes(const Plan& p, double parameters, double matrix_parameters);
 // One gathered layer (ZeRO 3's unit) on pipeline rank pp_rank: its bytes as the all-gather delivers it.
 double gathered_unit_bytes(const ModelSpec& m, const Plan& p, int64_t pp_rank);

@@ -85,6 +85,13 @@ std::vector<std::string> plan_notes(const Job& job, const Plan& p) {
   if (set("train.fp8_recipe") && p.precision != Precision::fp8)
     notes.push_back(fmt::format("fp8_recipe = \"{}\" has no effect at precision = \"{}\" (only fp8 runs scale "
                                 "their GEMM inputs)", to_string(p.fp8_recipe), to_string(p.precision)));
+  const bool no_gather = p.zero == 0 || p.dp * p.cp == 1;
+  if (set("train.fp8_param_gather") && job.train.fp8_param_gather && (p.precision != Precision::fp8 || no_gather))
+    notes.push_back(p.precision != Precision::fp8
+                        ? fmt::format("fp8_param_gather = true has no effect at precision = \"{}\" (no fp8 weights)",
+                                      to_string(p.precision))
+                        : fmt::format("fp8_param_gather = true has no effect {} (no parameter all-gather)",
+                                      p.zero == 0 ? "at zero = 0" : "with dp * cp = 1"));
   if (set("parallel.schedule") && p.schedule == Schedule::gpipe && p.pp == 1)
     notes.push_back("schedule = \"gpipe\" has no effect at pp = 1 (no pipeline)");
   if (set("train.tp_comm_dtype") && p.tp_comm_fp32 && (p.tp == 1 || p.precision == Precision::fp32))

@@ -83,12 +83,17 @@ struct Plan {
   // reduce dtype and the in-place pre-division (plan/predict.cpp fsdp_grad_pass_bytes). Not a job
   // key: validation sets it for the sources that ran FSDP1 with ZeRO 2/3 sharding.
   bool fsdp_grad_pass = false;
-  // torchao's float8 all-gather under FSDP2 (torchtitan --float8.enable_fsdp_float8_all_gather):
-  // each unit's linear weights are cast to float8 on their shard and all-gathered as float8, so the
-  // gathered units hold, and the all-gathers move, 1 byte per matrix element instead of 2
-  // (plan/memory.cpp, predict.cpp zero3_time's time). ZeRO 3 with fp8 only. Not a job key (this
-  // runtime has no fp8): validation sets it for the runs that state it. bytes_sent_per_step (the
-  // runtime's ledger convention, plan/comm.hpp) keeps 16-bit all-gathers: no run of this runtime sets it.
+  // [train] fp8_param_gather: the linears' weights all-gathered as fp8, 1 byte per matrix element
+  // instead of 2 (plan/memory.cpp gathered_weight_bytes). ZeRO 3 (torchao's float8 all-gather under
+  // FSDP2, torchtitan --float8.enable_fsdp_float8_all_gather; Megatron-FSDP's fp8_param_gather):
+  // each unit's weights are cast on their shard, so the gathered units hold, and the all-gathers
+  // move, 1 byte (memory.cpp, predict.cpp zero3_time). ZeRO 1 and 2 (Megatron's distributed
+  // optimizer with --fp8-param-gather: "keep the compute param in fp8 ... and perform the param
+  // all-gather in fp8"): the gather of the updated weights moves 1 byte (predict.cpp
+  // param_gather_time); the weights' memory stays 2 bytes a matrix element, Transformer Engine's
+  // fp8 parameter and, for Hopper's fp8 GEMMs of the backward, its transpose (Megatron-FSDP's
+  // fp8_need_transpose_data). fp8 only; planner only (this runtime has no fp8): bytes_sent_per_step
+  // (the runtime's ledger convention, plan/comm.hpp) keeps 16-bit all-gathers.
   bool fp8_all_gather = false;
   // FSDP2 under PyTorch's pipelining with pp > 1 (torchtitan): torchtitan's apply_fsdp sets
   // reshard_after_forward = False when pp is on ("to avoid per-microbatch all-gathers"), and
@@ -211,10 +216,11 @@ struct Plan {
     tp_comm_fp32 = t.tp_comm_dtype == "fp32";
     residual_fp32 = t.residual_dtype == "fp32";
   }
-  // [train] fp8_recipe and attention (what set_optimizer is to [train] optimizer).
+  // [train] fp8_recipe, attention and fp8_param_gather (what set_optimizer is to [train] optimizer).
   void set_kernels(const TrainSpec& t) {
     fp8_recipe = t.fp8_recipe;
     attention = t.attention;
+    fp8_all_gather = t.fp8_param_gather;
   }
   // [parallel]'s framework behaviours (overlap_grad_reduce, overlap_param_gather, tp_comm_overlap,
   // recompute_early_stop, overlap_p2p_comm) and layers_per_stage, on a plan whose tp is set: tp_comm_overlap is
@@ -250,7 +256,8 @@ Plan resolve_plan(const Job& job);
 // published configuration may carry them), one line each for `predict`, `check` and `train` to
 // print: seq_parallel or tp_comm_overlap at tp = 1 (Megatron and NeMo turn them off),
 // ZeRO without data-parallel replicas, overlap_param_gather under ZeRO 3 (it gathers per layer
-// anyway), fp8_recipe without fp8, schedule = "gpipe" without a pipeline, tp_comm_dtype or
+// anyway), fp8_recipe without fp8, fp8_param_gather without fp8 or without a parameter all-gather,
+// schedule = "gpipe" without a pipeline, tp_comm_dtype or
 // pipeline_dtype = "fp32" without tp / pp or at fp32, residual_dtype = "fp32" at fp32 (and, at
 // pp > 1, without pipeline_dtype = "fp32": half of Megatron's flag). Only keys the job sets.
 std::vector<std::string> plan_notes(const Job& job, const Plan& plan);

@@ -298,12 +298,15 @@ double zero3_time(const Plan& p, const MachineSpec& mach, const Group& g, const 
   return double(p.micro_batches()) * (exposed_fwd + exposed_bwd);
 }
 
-// ZeRO 1 and 2's all-gather of the updated 16-bit weights over the replicas; with
-// overlap_param_gather (Megatron's --overlap-param-gather) it hides behind the next forward.
+// ZeRO 1 and 2's all-gather of the updated 16-bit weights over the replicas (the matrices in fp8
+// with fp8_param_gather: gathered_weight_bytes); with overlap_param_gather (Megatron's
+// --overlap-param-gather) it hides behind the next forward.
 double param_gather_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, const LayerTime& lt,
                          int64_t rank, double layers) {
   const Group g = group_on_machine(p.dp * p.cp, p.tp, mach.gpus_per_node);
-  const double ag = best_all_gather_time(double(element_bytes(p.precision)) * double(parameters_on_rank(m, p, rank)), g, mach);
+  const double bytes = gathered_weight_bytes(p, double(parameters_on_rank(m, p, rank)),
+                                             double(matrix_parameters_on_rank(m, p, rank)));
+  const double ag = best_all_gather_time(bytes, g, mach);
   return p.overlap_param_gather ? std::max(0.0, ag - layers * lt.fwd) : ag;
 }
 

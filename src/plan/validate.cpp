@@ -148,7 +148,8 @@ bool stated_on(const std::string& notes, const std::string& key) {
 //    scalings (MX, subchannel) are refused, as rowwise is: no measured rate.
 //  - gradients: Megatron's DDP with grad_reduce_in_fp32 = False keeps its main_grad buffer, and
 //    reduces it, in the parameters' 16-bit dtype (Megatron-Bridge's perf recipes; NeMo's
-//    grad_sync_dtype: bf16); fp8_param_gather under Megatron-FSDP gathers the linears' weights as fp8.
+//    grad_sync_dtype: bf16); fp8_param_gather gathers the linears' weights as fp8 (Megatron-FSDP's
+//    per-layer gathers, the distributed optimizer's gather of the updated weights).
 std::string megatron_te_of(const std::string& prec, const std::string& notes, const std::string& device, Plan& p) {
   if (!find_device(device).flash3_efficiency)
     return fmt::format("Transformer Engine's fused (cuDNN) attention is read as the flash3 class, which the "
@@ -163,7 +164,7 @@ std::string megatron_te_of(const std::string& prec, const std::string& notes, co
     else return "fp8 recipe not stated (current or delayed scaling)";
   }
   if (has(notes, "grad_reduce_in_fp32=False")) p.grads_16bit = true;
-  if (stated_on(notes, "fp8_param_gather") && p.zero >= 3 && p.precision == Precision::fp8) p.fp8_all_gather = true;
+  if (stated_on(notes, "fp8_param_gather") && p.zero >= 1 && p.precision == Precision::fp8) p.fp8_all_gather = true;
   return "";
 }
 

@@ -287,6 +287,16 @@ TEST(JobComm, RecomputeEarlyStopAndOverlapP2pCommAreBools) {
   }
 }
 
+// [train] fp8_param_gather: false by default; read and round-tripped; a bool only.
+TEST(JobComm, Fp8ParamGatherIsABool) {
+  EXPECT_FALSE(parse_job("", "job.toml").train.fp8_param_gather);
+  const Job j = parse_job("[train]\nfp8_param_gather = true\n", "job.toml");
+  EXPECT_TRUE(j.train.fp8_param_gather);
+  EXPECT_TRUE(parse_job(job_to_toml(j), "roundtrip.toml").train.fp8_param_gather);
+  const std::string e = parse_error("[train]\nfp8_param_gather = 1\n");
+  EXPECT_TRUE(contains(e, "[train] fp8_param_gather")) << e;
+}
+
 // [train] grad_reduce_dtype (docs/precision.md): read, round-tripped, refused by name with a
 // compressor, with ZeRO 3 and with ZeRO 1's unequal shards; it halves the planner's dp gradient
 // reduction bytes and nothing else.

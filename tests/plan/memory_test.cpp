@@ -304,8 +304,16 @@ TEST(Memory, Fp8AllGatherHoldsTheGatheredMatricesInOneByte) {
   const Memory one = memory_per_device(m, p, d, 0.0, 0.0);
   EXPECT_DOUBLE_EQ(two.buffers - one.buffers, 2 * mats);
   EXPECT_DOUBLE_EQ(two.activations, one.activations);
+  // ZeRO 1 and 2 gather the updated weights as float8 too (Megatron's fp8_param_gather); their
+  // memory holds none gathered (the weights stay counted at 2 bytes: fp8 data and transpose).
   p.zero = 1;
-  EXPECT_DOUBLE_EQ(gathered_unit_bytes(m, p, 0), 2 * layer);  // nothing gathered as float8 without ZeRO 3
+  EXPECT_DOUBLE_EQ(gathered_weight_bytes(p, 10, 6), 2 * 4 + 1 * 6);
+  const Memory zero1 = memory_per_device(m, p, d, 0.0, 0.0);
+  p.fp8_all_gather = false;
+  const Memory zero1_16 = memory_per_device(m, p, d, 0.0, 0.0);
+  EXPECT_DOUBLE_EQ(zero1.total, zero1_16.total);
+  p.fp8_all_gather = true, p.zero = 0;
+  EXPECT_DOUBLE_EQ(gathered_weight_bytes(p, 10, 6), 2 * 10);  // nothing gathered at ZeRO 0
   p.zero = 3, p.precision = Precision::bf16;
   EXPECT_DOUBLE_EQ(gathered_unit_bytes(m, p, 0), 2 * layer);  // no float8 weights without fp8
 }

@@ -591,6 +591,41 @@ TEST(Predict, WhatCannotBeModelledIsRefusedWithTheReason) {
   }
 }
 
+// [train] fp8_param_gather under ZeRO 1 (Megatron's distributed optimizer with --fp8-param-gather):
+// the all-gather of the updated weights moves the layers' matrices in 1 byte, the rest in 2; the
+// gradients' reduce-scatter and everything else stay. Without fp8, or without a gather, a note.
+TEST(Predict, Fp8ParamGatherHalvesTheMatricesOfZeroOnesWeightGather) {
+  const std::vector<std::string> base = {"parallel.pp=1", "parallel.vp=1", "parallel.dp=8", "parallel.zero=1",
+                                         "train.precision=fp8", "machine.device=h100-sxm"};
+  std::vector<std::string> with = base;
+  with.push_back("train.fp8_param_gather=true");
+  const Job j16 = parse_job(kJob, "job.toml", base), j8 = parse_job(kJob, "job.toml", with);
+  const Plan p16 = resolve_plan(j16), p8 = resolve_plan(j8);
+  ASSERT_TRUE(p8.fp8_all_gather);
+  EXPECT_TRUE(plan_notes(j8, p8).empty());
+  const double n = double(parameters_on_rank(j8.model, p8, 0)), mats = double(matrix_parameters_on_rank(j8.model, p8, 0));
+  const Group g = group_on_machine(8, 8, j8.machine.gpus_per_node);
+  const double saved = best_all_gather_time(2 * n, g, j8.machine) - best_all_gather_time(2 * (n - mats) + mats, g, j8.machine);
+  const Prediction a = predict(j16.model, j16.machine, p16), b = predict(j8.model, j8.machine, p8);
+  EXPECT_GT(saved, 0);
+  EXPECT_NEAR(a.breakdown.dp_comm - b.breakdown.dp_comm, saved, 1e-9 * saved);
+  EXPECT_DOUBLE_EQ(a.breakdown.compute, b.breakdown.compute);
+  EXPECT_DOUBLE_EQ(a.memory.total, b.memory.total);
+  std::vector<std::string> bf16 = with;
+  bf16[4] = "train.precision=bf16";
+  const Job jb = parse_job(kJob, "job.toml", bf16);
+  ASSERT_EQ(plan_notes(jb, resolve_plan(jb)).size(), 1u);
+  EXPECT_EQ(plan_notes(jb, resolve_plan(jb))[0], "fp8_param_gather = true has no effect at precision = \"bf16\" (no fp8 weights)");
+  std::vector<std::string> zero0 = with;
+  zero0[3] = "parallel.zero=0";
+  const Job jz = parse_job(kJob, "job.toml", zero0);
+  ASSERT_EQ(plan_notes(jz, resolve_plan(jz)).size(), 1u);
+  EXPECT_EQ(plan_notes(jz, resolve_plan(jz))[0], "fp8_param_gather = true has no effect at zero = 0 (no parameter all-gather)");
+  EXPECT_DOUBLE_EQ(predict(jz.model, jz.machine, resolve_plan(jz)).step_time_s,
+                   predict(jz.model, jz.machine, resolve_plan(parse_job(kJob, "job.toml", {"parallel.pp=1", "parallel.vp=1",
+                       "parallel.dp=8", "parallel.zero=0", "train.precision=fp8", "machine.device=h100-sxm"}))).step_time_s);
+}
+
 // [parallel] overlap_p2p_comm (Megatron-Core's interleaved schedule): each of the 2 m vp
 // steady-state messages is exposed by what it takes beyond one chunk's forward (layers / vp layers
 // of the layer's forward), and by its latency α at least; the warm-up's and cool-down's 2 (pp - 1)
