@@ -107,7 +107,8 @@ struct ParallelSpec {
   // the chunk in flight (Megatron-Core's overlap_p2p_comm: on by default with vp > 1 in Megatron-LM
   // today, off with --no-overlap-p2p-communication, where older versions opted in with
   // --overlap-p2p-communication; NeMo's and Megatron-Bridge's recipes set it with vp > 1;
-  // plan/predict.cpp pp_comm_time). Off here: this trainer's sends block.
+  // plan/predict.cpp pp_comm_time). Off by default: this trainer's non-blocking MPI messages move
+  // only inside MPI calls (weak progress), so they are counted exposed (plan.hpp as_run_here).
   bool overlap_grad_reduce = true;
   bool overlap_param_gather = false;
   TpCommOverlap tp_comm_overlap = TpCommOverlap::none;

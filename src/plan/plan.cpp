@@ -56,6 +56,17 @@ Plan resolve_plan(const Job& job) {
   return p;
 }
 
+Plan as_run_here(Plan p) {
+  p.overlap_grad_reduce = p.zero == 0 || p.zero == 2;
+  p.overlap_param_gather = false;
+  p.zero3_prefetch = false;
+  p.tp_comm_overlap = TpCommOverlap::none;
+  p.overlap_p2p_comm = false;
+  p.pp_scatter_gather = false;
+  p.recompute_early_stop = false;
+  return p;
+}
+
 std::vector<std::string> plan_notes(const Job& job, const Plan& p) {
   std::vector<std::string> notes;
   auto set = [&](const char* key) { return job.origins.count(key) > 0; };

@@ -185,6 +185,11 @@ struct Plan {
   // or every tp rank the whole tensor (DeepSpeed's pipeline engine). Not a job key: validation
   // sets it for the runs on DeepSpeed's engine.
   bool pp_scatter_gather = true;
+  // ZeRO 3's gathers and reduce-scatters run under the neighbouring layers' compute (FSDP's
+  // forward/backward prefetch, DeepSpeed ZeRO-3's prefetch bucket, Megatron-FSDP: predict.cpp
+  // zero3_time); false: each layer's gather and reduce-scatter blocks, as this runtime's ZeRO 3
+  // (parallel/zero3_sync.cpp; as_run_here). Not a job key: every ZeRO-3 framework modelled prefetches.
+  bool zero3_prefetch = true;
   // Dropout in the layers (a 1-byte mask after attention and after the MLP); unset: GELU models
   // have it (GPT-2/3 style), SwiGLU models do not. Not a job key: validation sets it per source.
   std::optional<bool> dropout;
@@ -274,6 +279,17 @@ struct PlanProblem {
   std::string job_text;           // "[parallel] tp 3 must divide heads 8: 8 % 3 = 2"
 };
 std::optional<PlanProblem> plan_problem(const ModelSpec& model, const Plan& plan, Purpose purpose);
+// `planned` with this trainer's framework behaviours, for a prediction of one of its runs (`report`,
+// `calibrate` of run directories) and for the plans `train` chooses itself (search_runnable_plans):
+// ZeRO 0 and 2 reduce bucket by bucket under the backward, ZeRO 1 reduce-scatters once after the
+// last micro-batch (parallel/grad_sync.hpp: overlap_grad_reduce true at ZeRO 0 and 2, false at 1);
+// ZeRO 3 gathers and reduce-scatters each layer blocking (no zero3_prefetch); ZeRO 1 and 2 gather
+// the updated weights after the optimizer step (no overlap_param_gather); tensor-parallel
+// collectives block (no tp_comm_overlap); pipeline messages are non-blocking MPI sends and receives
+// posted a compute early, which MPI's weak progress (no progress thread) moves only inside its
+// calls, so they are counted exposed (no overlap_p2p_comm) and whole (no pp_scatter_gather); full
+// recomputation re-runs whole layers (no recompute_early_stop).
+Plan as_run_here(Plan planned);
 // plan_problem(..., Purpose::predict)'s text; empty string: valid.
 std::string plan_error(const ModelSpec& model, const Plan& plan);
 // Throws Error(plan_error) when the plan is invalid.

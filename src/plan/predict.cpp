@@ -286,12 +286,14 @@ double pp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, 
 // FSDP2 under PyTorch's pipelining (Plan::fsdp_unsharded_in_pipeline) keeps every unit gathered
 // and its gradient unsharded for the step: one gather per layer in the first micro-batch's forward,
 // one reduce-scatter per layer after the last micro-batch's backward (stage.py's manual
-// post_backward: after it, so nothing hides it), nothing in between.
+// post_backward: after it, so nothing hides it), nothing in between. Without prefetch
+// (Plan::zero3_prefetch false: this runtime) every gather and reduce-scatter is exposed.
 double zero3_time(const Plan& p, const MachineSpec& mach, const Group& g, const LayerTime& lt, double layers,
                   double weights, double grads) {
   const double per = std::max(1.0, layers);
   const double ag = ring_all_gather_time(weights / per, g, mach);
   const double rs = ring_all_gather_time(grads / per, g, mach);  // same ring pass, fp32
+  if (!p.zero3_prefetch) return double(p.micro_batches()) * layers * (2 * ag + rs);  // each pass's gathers block
   const double exposed_fwd = ag + (layers - 1) * std::max(0.0, ag - lt.fwd);
   if (p.fsdp_unsharded_in_pipeline && p.pp > 1) return exposed_fwd + layers * rs;
   const double exposed_bwd = ag + rs + (layers - 1) * std::max(0.0, ag + rs - lt.bwd - lt.recompute);

@@ -65,7 +65,8 @@ void fill_from_search(Job& job, int world, std::FILE* log) {
   fixed.gpus = world;
   if (!fixed.cp) fixed.cp = 1;
   const MachineSpec local = parse_job("[machine]\npreset = \"local\"\n", "local machine", {}).machine;
-  const SearchResult res = search_plans(job.model, local, fixed, job.train, 200);  // ranked with its optimizer's cost
+  // Ranked with its optimizer's cost, each plan as this trainer runs it.
+  const SearchResult res = search_runnable_plans(job.model, local, fixed, job.train, 200);
   const Prediction* best = best_runnable(job, res);
   if (!best) {
     const std::string why = why_no_plan(job, fixed);
@@ -190,15 +191,6 @@ Plan resolve_training_plan(Job& job, int world, std::FILE* log) {
   return plan;
 }
 
-Plan as_run_here(Plan p) {
-  p.overlap_grad_reduce = p.zero == 0 || p.zero == 2;
-  p.overlap_param_gather = false;
-  p.tp_comm_overlap = TpCommOverlap::none;
-  p.overlap_p2p_comm = false;
-  p.recompute_early_stop = false;
-  return p;
-}
-
 std::vector<std::string> framework_not_run_here(const Job& job, const Plan& plan, bool set_only) {
   Plan planned = plan;
   planned.set_framework(job.parallel);
@@ -209,7 +201,9 @@ std::vector<std::string> framework_not_run_here(const Job& job, const Plan& plan
     if (differs && acts && (!set_only || job.origins.count(std::string("parallel.") + key)))
       lines.push_back(fmt::format("{} = {}: {}", key, value, why));
   };
-  say("overlap_grad_reduce", planned.overlap_grad_reduce != here.overlap_grad_reduce, replicas && planned.zero != 3,
+  // Compressed reductions block whatever the flag (predict.cpp counts them so).
+  say("overlap_grad_reduce", planned.overlap_grad_reduce != here.overlap_grad_reduce,
+      replicas && planned.zero != 3 && !planned.comm.active(),
       planned.overlap_grad_reduce ? "true" : "false",
       planned.overlap_grad_reduce ? "this trainer's ZeRO 1 reduce-scatters the gradients once, after the last "
                                     "micro-batch's backward"
@@ -221,9 +215,14 @@ std::vector<std::string> framework_not_run_here(const Job& job, const Plan& plan
   say("tp_comm_overlap", planned.tp_comm_overlap != here.tp_comm_overlap, planned.tp > 1,
       to_string(planned.tp_comm_overlap), "this trainer's tensor-parallel collectives block");
   say("overlap_p2p_comm", planned.overlap_p2p_comm != here.overlap_p2p_comm, planned.vp > 1, "true",
-      "this trainer's pipeline sends and receives block");
+      "this trainer's pipeline messages are non-blocking MPI sends and receives, which MPI moves only inside "
+      "its calls (weak progress, no progress thread), not under the compute");
   say("recompute_early_stop", planned.recompute_early_stop != here.recompute_early_stop,
       planned.recompute == Recompute::full, "true", "this trainer re-runs every recomputed layer whole");
+  // Not a key: what the planner assumes of every ZeRO-3 framework (Plan::zero3_prefetch).
+  if (!set_only && planned.zero == 3 && replicas)
+    lines.push_back("zero = 3: this trainer gathers each layer's weights and reduce-scatters its gradients "
+                    "blocking, without the prefetch of FSDP and DeepSpeed");
   return lines;
 }
 

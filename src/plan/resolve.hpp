@@ -13,10 +13,10 @@
 //                          checked by plan/plan.hpp's rules (Purpose::train): an error names the
 //                          origins of the keys and the equation that fails
 //   resolve_training_plan  the three in order, once per run (train/session.cpp)
-//   as_run_here            a planner's plan of one of this trainer's runs with the framework
-//                          behaviours ([parallel] overlap_*, tp_comm_overlap, recompute_early_stop)
-//                          as this trainer runs them: `report` predicts a run, and `calibrate` fits
-//                          to one, with it; framework_not_run_here says which the job plans otherwise
+//   framework_not_run_here what the job plans ([parallel] overlap_*, tp_comm_overlap,
+//                          recompute_early_stop; ZeRO 3's prefetch) that this trainer runs otherwise
+//                          (plan.hpp as_run_here, with which `report` predicts a run, `calibrate` fits
+//                          to one, and `auto` fields are searched)
 //
 // Owns: the path from a Job to the plan `train` runs. May use: job/, catalog/, plan/.
 #pragma once
@@ -39,17 +39,11 @@ Plan plan_from_job(const Job& job, int world);
 // job's inferred dp and gpus are written back, so that the run's job.toml says which.
 Plan resolve_training_plan(Job& job, int world, std::FILE* log);
 
-// `planned` with this trainer's framework behaviours (parallel/grad_sync.hpp, train/trainer.cpp):
-// ZeRO 0 and 2 reduce bucket by bucket under the backward, ZeRO 1 reduce-scatters once after the
-// last micro-batch (overlap_grad_reduce: true at ZeRO 0 and 2, false at 1; ZeRO 3's per-unit model
-// has no such flag); ZeRO 1 and 2 all-gather the updated weights after the optimizer step (no
-// overlap_param_gather); tensor-parallel collectives and pipeline sends block (no tp_comm_overlap,
-// no overlap_p2p_comm); full recomputation re-runs whole layers (no recompute_early_stop).
-Plan as_run_here(Plan planned);
 // A line for each framework behaviour of the job's [parallel] (on `plan`'s degrees) that this
-// trainer runs otherwise (as_run_here) where it acts on this plan, e.g. "overlap_p2p_comm = true:
-// this trainer's pipeline sends and receives block". `set_only`: only keys the job sets (what
-// `train` says at start); else the defaults too (what `report` says under its prediction).
+// trainer runs otherwise (plan.hpp as_run_here) where it acts on this plan, e.g.
+// "overlap_param_gather = true: this trainer all-gathers the updated weights after the optimizer
+// step, before the next forward". `set_only`: only keys the job sets (what `train` says at start);
+// else the defaults too, and ZeRO 3's prefetch (what `report` says under its prediction).
 std::vector<std::string> framework_not_run_here(const Job& job, const Plan& plan, bool set_only);
 
 }  // namespace exatrain::plan

@@ -112,8 +112,9 @@ std::vector<int64_t> vp_candidates(const ModelSpec& m, const ParallelSpec& f, in
 }
 
 // The candidate before vp, schedule, recomputation, sequence parallelism and micro-batch.
+// `run_here`: as this trainer runs it (as_run_here), for `train`'s own choice.
 Plan base_plan(const ParallelSpec& f, const TrainSpec& train, int64_t tp, int64_t cp, int64_t pp, int64_t dp,
-               int64_t zero) {
+               int64_t zero, bool run_here) {
   Plan base;
   base.gpus = f.gpus; base.tp = tp; base.cp = cp; base.pp = pp; base.dp = dp; base.zero = zero;
   base.global_batch = f.global_batch; base.precision = train.precision;
@@ -125,7 +126,12 @@ Plan base_plan(const ParallelSpec& f, const TrainSpec& train, int64_t tp, int64_
   // (`predict` refuses the pair: plan.cpp Rules::framework).
   base.set_framework(f);
   if (zero == 0) base.overlap_param_gather = false;
-  return base;
+  if (!run_here) return base;
+  // The job's recompute_early_stop stays: Purpose::train refuses it at recompute = full, so `train`
+  // skips those candidates (resolve.cpp best_runnable) rather than run a plan its job refuses.
+  Plan here = as_run_here(base);
+  here.recompute_early_stop = base.recompute_early_stop;
+  return here;
 }
 
 // One search: its inputs, the candidates kept and the counts.
@@ -214,7 +220,7 @@ struct Search {
 
 SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const ParallelSpec& f,
                         const TrainSpec& train, int top_k, const Calibration& cal, bool prune,
-                        double headroom) {
+                        double headroom, bool run_here = false) {
   auto start = std::chrono::steady_clock::now();
   const Device dev = cal.tuned(find_device(mach.device));
   check_search_inputs(m, f, train, dev, headroom);
@@ -235,7 +241,7 @@ SearchResult run_search(const ModelSpec& m, const MachineSpec& mach, const Paral
         if (vps.empty()) continue;
         for (int64_t zero : choices<int64_t>(f.zero, {0, 1, 2, 3})) {
           if (zero > 0 && dp * cp == 1) continue;  // nothing to shard: same as zero 0
-          s.layout(base_plan(f, train, tp, cp, pp, dp, zero), vps);
+          s.layout(base_plan(f, train, tp, cp, pp, dp, zero, run_here), vps);
         }
       }
     }
@@ -265,6 +271,11 @@ SearchResult search_plans(const ModelSpec& m, const MachineSpec& mach, const Par
                           const TrainSpec& train, int top_k, const Calibration& cal,
                           double memory_headroom) {
   return run_search(m, mach, f, train, top_k, cal, true, memory_headroom);
+}
+
+SearchResult search_runnable_plans(const ModelSpec& m, const MachineSpec& mach, const ParallelSpec& f,
+                                   const TrainSpec& train, int top_k) {
+  return run_search(m, mach, f, train, top_k, default_calibration(), true, 0, /*run_here=*/true);
 }
 
 SearchResult brute_force_search(const ModelSpec& m, const MachineSpec& mach,

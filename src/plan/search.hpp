@@ -40,6 +40,12 @@ SearchResult search_plans(const ModelSpec& m, const MachineSpec& mach, const Par
                           const Calibration& cal = default_calibration(),
                           double memory_headroom = 0);
 
+// `train`'s own choice of its "auto" fields (plan/resolve.cpp): the search above with every
+// candidate as this trainer runs it (plan.hpp as_run_here), so that the ranking and the predicted
+// step are those of the run that `report` predicts.
+SearchResult search_runnable_plans(const ModelSpec& m, const MachineSpec& mach, const ParallelSpec& fixed,
+                                   const TrainSpec& train, int top_k);
+
 // Reference for tests: enumerates the same space with no pruning and predicts every plan (AdamW).
 SearchResult brute_force_search(const ModelSpec& m, const MachineSpec& mach,
                                 const ParallelSpec& fixed, Precision precision, int top_k,

@@ -239,8 +239,7 @@ void Session::open_outputs() {
   for (const std::string& note : plan::plan_notes(job_, plan_)) fmt::print(opt_.out, "note: {}\n", note);
   // What the job plans that this trainer runs otherwise (`report` predicts the run as it ran).
   for (const std::string& line : plan::framework_not_run_here(job_, plan_, /*set_only=*/true))
-    fmt::print(opt_.out, "note: [parallel] {} (planned, not run; `exatrain report` predicts this run without it)\n",
-               line);
+    fmt::print(opt_.out, "note: [parallel] {} (`exatrain report` predicts this run as this trainer runs it)\n", line);
   if (trainer_->loss_scaler().enabled()) {
     const LossScaleSpec& ls = job_.train.loss_scale;
     if (ls.dynamic)

@@ -626,6 +626,22 @@ TEST(Predict, Fp8ParamGatherHalvesTheMatricesOfZeroOnesWeightGather) {
                        "parallel.dp=8", "parallel.zero=0", "train.precision=fp8", "machine.device=h100-sxm"}))).step_time_s);
 }
 
+// Plan::zero3_prefetch false (this runtime's ZeRO 3, plan.hpp as_run_here): every layer's gather,
+// in the forward and again in the backward, and its reduce-scatter are exposed, per micro-batch.
+TEST(Predict, ZeroThreeWithoutPrefetchExposesEveryGatherAndReduceScatter) {
+  const Job job = parse_job(kJob, "job.toml", {"parallel.pp=1", "parallel.vp=1", "parallel.dp=8", "parallel.zero=3"});
+  Plan p = resolve_plan(job);
+  const double prefetched = predict(job.model, job.machine, p).breakdown.dp_comm;
+  p.zero3_prefetch = false;
+  const double blocking = predict(job.model, job.machine, p).breakdown.dp_comm;
+  const double n = double(parameters_on_rank(job.model, p, 0)), layers = double(layers_on_rank(job.model, p, 0));
+  const Group g = group_on_machine(8, 8, job.machine.gpus_per_node);
+  const double ag = ring_all_gather_time(gathered_weight_bytes(p, n, double(matrix_parameters_on_rank(job.model, p, 0))) / layers, g, job.machine);
+  const double rs = ring_all_gather_time(4 * n / layers, g, job.machine);
+  EXPECT_NEAR(blocking, double(p.micro_batches()) * layers * (2 * ag + rs), 1e-9 * blocking);
+  EXPECT_GT(blocking, prefetched);
+}
+
 // [parallel] overlap_p2p_comm (Megatron-Core's interleaved schedule): each of the 2 m vp
 // steady-state messages is exposed by what it takes beyond one chunk's forward (layers / vp layers
 // of the layer's forward), and by its latency α at least; the warm-up's and cool-down's 2 (pp - 1)

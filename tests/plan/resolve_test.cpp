@@ -156,42 +156,88 @@ TEST(Setup, EveryPlanOfAJobCarriesItsFrameworkBehaviours) {
 
 TEST(Setup, ARunIsPredictedWithTheFrameworkBehavioursThisTrainerRuns) {
   // `report` (and `calibrate` of run directories) predict a run with as_run_here: ZeRO 0 and 2
-  // reduce under the backward, ZeRO 1 after it; no parameter-gather, tensor-parallel or pipeline
-  // overlap. framework_not_run_here names each difference that acts on the plan; `train` says those
-  // the job sets, `report` the defaults too.
+  // reduce under the backward, ZeRO 1 after it, ZeRO 3 without prefetch; no parameter-gather,
+  // tensor-parallel or pipeline overlap, whole pipeline messages, whole recomputed layers.
+  // framework_not_run_here names each difference that acts on the plan; `train` says those the
+  // job sets, `report` the defaults and ZeRO 3's prefetch too.
   auto par = [](const char* zero, int vp, const std::string& extra) {
     return fmt::format("gpus = 8\nglobal_batch = 16\ntp = 2\npp = 2\ncp = 1\nvp = {}\nzero = {}\nmicro_batch = 2\n"
                        "recompute = \"full\"\nseq_parallel = true\nschedule = \"1f1b\"\n{}", vp, zero, extra);
   };
-  const std::string overlaps = "overlap_param_gather = true\ntp_comm_overlap = true\noverlap_p2p_comm = true\n";
+  const std::string overlaps = "overlap_param_gather = true\ntp_comm_overlap = \"forward\"\noverlap_p2p_comm = true\n"
+                               "recompute_early_stop = true\n";
   const Job job = job_with(par("1", 2, overlaps));
-  const plan::Plan here = plan::as_run_here(plan::resolve_plan(job));
+  const plan::Plan planned = plan::resolve_plan(job), here = plan::as_run_here(planned);
+  ASSERT_TRUE(planned.overlap_grad_reduce && planned.zero3_prefetch && planned.pp_scatter_gather);
+  ASSERT_TRUE(planned.recompute_early_stop);
   EXPECT_FALSE(here.overlap_grad_reduce);  // ZeRO 1: one reduce-scatter after the last backward
   EXPECT_FALSE(here.overlap_param_gather);
   EXPECT_EQ(here.tp_comm_overlap, TpCommOverlap::none);
   EXPECT_FALSE(here.overlap_p2p_comm);
+  EXPECT_FALSE(here.recompute_early_stop);
+  EXPECT_FALSE(here.zero3_prefetch);
+  EXPECT_FALSE(here.pp_scatter_gather);
   EXPECT_EQ(here.vp, 2);  // the degrees are the job's
-  const plan::Plan trained = plan::plan_from_job(job, 8);
+  const std::string p2p = "overlap_p2p_comm = true: this trainer's pipeline messages are non-blocking MPI sends and "
+                          "receives, which MPI moves only inside its calls (weak progress, no progress thread), not "
+                          "under the compute";
+  const std::string early = "recompute_early_stop = true: this trainer re-runs every recomputed layer whole";
+  Job no_early = job;
+  no_early.parallel.recompute_early_stop = false;  // `train` refuses it: its note is report's only
+  const plan::Plan trained = plan::plan_from_job(no_early, 8);
   const std::vector<std::string> set = plan::framework_not_run_here(job, trained, true);
-  ASSERT_EQ(set.size(), 3u) << fmt::format("{}", fmt::join(set, "\n"));
+  ASSERT_EQ(set.size(), 4u) << fmt::format("{}", fmt::join(set, "\n"));
   EXPECT_EQ(set[0], "overlap_param_gather = true: this trainer all-gathers the updated weights after the optimizer "
                     "step, before the next forward");
-  EXPECT_EQ(set[1], "tp_comm_overlap = true: this trainer's tensor-parallel collectives block");
-  EXPECT_EQ(set[2], "overlap_p2p_comm = true: this trainer's pipeline sends and receives block");
+  EXPECT_EQ(set[1], "tp_comm_overlap = \"forward\": this trainer's tensor-parallel collectives block");
+  EXPECT_EQ(set[2], p2p);
+  EXPECT_EQ(set[3], early);
   const std::vector<std::string> all = plan::framework_not_run_here(job, trained, false);
-  ASSERT_EQ(all.size(), 4u);
+  ASSERT_EQ(all.size(), 5u);
   EXPECT_EQ(all[0], "overlap_grad_reduce = true: this trainer's ZeRO 1 reduce-scatters the gradients once, after the "
                     "last micro-batch's backward");
-  // ZeRO 2 reduces under the backward whatever the job says; ZeRO 3 has no such flag; without
-  // interleaving there are no overlapped sends to refuse (plan_notes says it has no effect).
-  const Job zero2 = job_with(par("2", 1, "overlap_grad_reduce = false\noverlap_p2p_comm = true\n"));
-  EXPECT_TRUE(plan::as_run_here(plan::resolve_plan(zero2)).overlap_grad_reduce);
-  EXPECT_EQ(plan::framework_not_run_here(zero2, plan::plan_from_job(zero2, 8), true),
-            std::vector<std::string>{"overlap_grad_reduce = false: this trainer's ZeRO 2 reduces the gradients bucket "
-                                     "by bucket under the backward"});
+  // ZeRO 0 and 2 reduce under the backward whatever the job says; without interleaving there are
+  // no overlapped sends to refuse (plan_notes says it has no effect).
+  for (const char* zero : {"0", "2"}) {
+    const Job j = job_with(par(zero, 1, "overlap_grad_reduce = false\noverlap_p2p_comm = true\n"));
+    EXPECT_TRUE(plan::as_run_here(plan::resolve_plan(j)).overlap_grad_reduce);
+    EXPECT_EQ(plan::framework_not_run_here(j, plan::plan_from_job(j, 8), true),
+              std::vector<std::string>{fmt::format("overlap_grad_reduce = false: this trainer's ZeRO {} reduces the "
+                                                   "gradients bucket by bucket under the backward", zero)});
+  }
+  // ZeRO 3: no overlap_grad_reduce (its per-layer model has none); report says the prefetch is not run.
   const Job zero3 = job_with(par("3", 1, "overlap_grad_reduce = false\n"));
-  EXPECT_TRUE(plan::framework_not_run_here(zero3, plan::plan_from_job(zero3, 8), false).empty());
+  EXPECT_TRUE(plan::framework_not_run_here(zero3, plan::plan_from_job(zero3, 8), true).empty());
+  EXPECT_EQ(plan::framework_not_run_here(zero3, plan::plan_from_job(zero3, 8), false),
+            std::vector<std::string>{"zero = 3: this trainer gathers each layer's weights and reduce-scatters its "
+                                     "gradients blocking, without the prefetch of FSDP and DeepSpeed"});
+  // Compressed reductions block whatever overlap_grad_reduce says: nothing to tell.
+  Job compressed = job_with(par("1", 1, ""));
+  compressed.train.comm.compressor = "powersgd";
+  plan::Plan pc = plan::plan_from_job(compressed, 8);
+  pc.set_optimizer(compressed.train);
+  ASSERT_TRUE(pc.comm.active());
+  EXPECT_TRUE(plan::framework_not_run_here(compressed, pc, false).empty());
   // A job that plans what this trainer runs: nothing to say.
   const Job plain = job_with(par("0", 2, ""));
   EXPECT_TRUE(plan::framework_not_run_here(plain, plan::plan_from_job(plain, 8), false).empty());
+}
+
+TEST(Setup, TrainChoosesItsAutoFieldsAsItRunsThem) {
+  // `train`'s search ranks every candidate as this trainer runs it (search_runnable_plans): the
+  // job's overlaps are not credited, so the predicted step of its choice is report's.
+  const Job job = job_with("gpus = 8\nglobal_batch = 16\noverlap_param_gather = true\noverlap_p2p_comm = true\n"
+                           "tp_comm_overlap = true\n");
+  const plan::SearchResult res = plan::search_runnable_plans(job.model, job.machine, job.parallel, job.train, 20);
+  ASSERT_FALSE(res.top.empty());
+  for (const plan::Prediction& c : res.top) {
+    EXPECT_EQ(c.plan.overlap_grad_reduce, c.plan.zero == 0 || c.plan.zero == 2) << plan::plan_summary(c.plan);
+    EXPECT_FALSE(c.plan.overlap_param_gather || c.plan.overlap_p2p_comm || c.plan.zero3_prefetch);
+    EXPECT_EQ(c.plan.tp_comm_overlap, TpCommOverlap::none);
+    EXPECT_DOUBLE_EQ(c.step_time_s, plan::predict(job.model, job.machine, plan::as_run_here(c.plan)).step_time_s);
+  }
+  // The planner's own search keeps the job's behaviours.
+  const plan::SearchResult planned = plan::search_plans(job.model, job.machine, job.parallel, job.train, 20);
+  ASSERT_FALSE(planned.top.empty());
+  EXPECT_TRUE(planned.top.front().plan.overlap_p2p_comm);
 }

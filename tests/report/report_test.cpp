@@ -282,7 +282,8 @@ TEST(Report, ARunIsPredictedAsThisTrainerRanIt) {
   std::ofstream(d + "/job.toml") << std::string(job).insert(job.find("global_batch"), "overlap_p2p_comm = true\n");
   const std::string planned = measured_vs_predicted(records, d);
   const std::string note = "    (predicted as this trainer ran it, not as planned: overlap_p2p_comm = true: this "
-                           "trainer's pipeline sends and receives block)\n";
+                           "trainer's pipeline messages are non-blocking MPI sends and receives, which MPI moves only "
+                           "inside its calls (weak progress, no progress thread), not under the compute)\n";
   EXPECT_EQ(planned, as_run + note);
 }
 
