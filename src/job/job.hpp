@@ -96,7 +96,7 @@ struct ParallelSpec {
   double watchdog_timeout_s = 300;
   // What the framework overlaps, where frameworks differ (docs/job-file.md gives each default's
   // source): the data-parallel gradient reduction with the backward (Megatron
-  // --overlap-grad-reduce; DDP, FSDP, DeepSpeed ZeRO-3, NeMo and this runtime do), the ZeRO
+  // --overlap-grad-reduce; DDP, FSDP, DeepSpeed ZeRO-3, NeMo and this runtime at ZeRO 0 and 2 do), the ZeRO
   // parameter all-gather with the next step's forward (--overlap-param-gather: Megatron's default
   // off), the tensor-parallel all-gathers and reduce-scatters with the GEMMs (--tp-comm-overlap,
   // torchtitan's async TP: off unless asked). recompute_early_stop: full recomputation stops before

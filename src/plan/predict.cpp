@@ -287,17 +287,42 @@ double pp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, 
 // and its gradient unsharded for the step: one gather per layer in the first micro-batch's forward,
 // one reduce-scatter per layer after the last micro-batch's backward (stage.py's manual
 // post_backward: after it, so nothing hides it), nothing in between. Without prefetch
-// (Plan::zero3_prefetch false: this runtime) every gather and reduce-scatter is exposed.
+// (Plan::zero3_prefetch false: this runtime) zero3_blocking_time below.
 double zero3_time(const Plan& p, const MachineSpec& mach, const Group& g, const LayerTime& lt, double layers,
                   double weights, double grads) {
   const double per = std::max(1.0, layers);
   const double ag = ring_all_gather_time(weights / per, g, mach);
   const double rs = ring_all_gather_time(grads / per, g, mach);  // same ring pass, fp32
-  if (!p.zero3_prefetch) return double(p.micro_batches()) * layers * (2 * ag + rs);  // each pass's gathers block
   const double exposed_fwd = ag + (layers - 1) * std::max(0.0, ag - lt.fwd);
   if (p.fsdp_unsharded_in_pipeline && p.pp > 1) return exposed_fwd + layers * rs;
   const double exposed_bwd = ag + rs + (layers - 1) * std::max(0.0, ag + rs - lt.bwd - lt.recompute);
   return double(p.micro_batches()) * (exposed_fwd + exposed_bwd);
+}
+
+// This runtime's ZeRO 3 (Plan::zero3_prefetch false; parallel/zero3_sync.cpp, model/gpt.cpp):
+// every unit of pipeline rank `rank` (its layers, the embedding on the first stage, the head on
+// the last) is all-gathered, blocking, before each pass that reads it and released after: the
+// forward, the backward, and for recompute = full the layer's rerun before its backward; each
+// unit's gradient is reduce-scattered after every micro-batch's backward. With one stage and tied
+// embeddings the head gathers the embedding's segment again. `grad_bytes`: per parameter.
+double zero3_blocking_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, const Group& g, int64_t rank,
+                           double grad_bytes) {
+  // The end units' parameters (memory.cpp parameters_on_rank's), on tp rank 0 (the most rows).
+  const double h = double(m.hidden), words = double(vocab_slice(m.vocab, p.tp, 0).rows) * h;
+  const double embedding = words + (m.position == Position::learned ? double(m.seq_len) * h : 0.0);
+  const double head = double(norm_parameters(m)) + (!m.tie_embeddings || p.pp > 1 ? words : 0.0);
+  const bool first = rank == 0, last = rank == p.pp - 1;
+  const double ends_n = (first ? embedding : 0.0) + (last ? head : 0.0), ends = double(first) + double(last);
+  const double layers = double(layers_on_rank(m, p, rank));
+  const double layer_n = layers > 0 ? (double(parameters_on_rank(m, p, rank)) - ends_n) / layers : 0.0;
+  const double layer_w = layers > 0 ? gathered_weight_bytes(p, layer_n, double(matrix_parameters_on_rank(m, p, rank)) / layers) : 0.0;
+  const double elem = double(element_bytes(p.precision));
+  const double ends_w = elem * (ends_n + (first && last && m.tie_embeddings ? embedding : 0.0));  // + the head's re-gather
+  auto ag = [&](double bytes) { return ring_all_gather_time(bytes, g, mach); };  // affine in bytes: units add up
+  const double passes = p.recompute == Recompute::full ? 3 : 2;
+  double step = layers * (passes * ag(layer_w) + ag(grad_bytes * layer_n));
+  if (ends > 0) step += ends * (2 * ag(ends_w / ends) + ag(grad_bytes * ends_n / ends));
+  return double(p.micro_batches()) * step;
 }
 
 // ZeRO 1 and 2's all-gather of the updated 16-bit weights over the replicas (the matrices in fp8
@@ -328,6 +353,7 @@ double dp_comm_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, 
   const Group g = group_on_machine(replicas, p.tp, mach.gpus_per_node);
   const double n = double(parameters_on_rank(m, p, rank));
   const double grads = (p.grads_16bit || p.grad_reduce_bf16 ? 2.0 : 4.0) * n;  // the weights: param_gather_time
+  if (p.zero == 3 && !p.zero3_prefetch) return zero3_blocking_time(m, p, mach, g, rank, grads / n);
   if (p.zero == 3)
     return zero3_time(p, mach, g, lt, layers, gathered_weight_bytes(p, n, double(matrix_parameters_on_rank(m, p, rank))),
                       grads);

@@ -216,13 +216,17 @@ std::vector<std::string> framework_not_run_here(const Job& job, const Plan& plan
       to_string(planned.tp_comm_overlap), "this trainer's tensor-parallel collectives block");
   say("overlap_p2p_comm", planned.overlap_p2p_comm != here.overlap_p2p_comm, planned.vp > 1, "true",
       "this trainer's pipeline messages are non-blocking MPI sends and receives, which MPI moves only inside "
-      "its calls (weak progress, no progress thread), not under the compute");
+      "its calls (weak progress, no progress thread): counted exposed");
   say("recompute_early_stop", planned.recompute_early_stop != here.recompute_early_stop,
       planned.recompute == Recompute::full, "true", "this trainer re-runs every recomputed layer whole");
-  // Not a key: what the planner assumes of every ZeRO-3 framework (Plan::zero3_prefetch).
+  // Not keys: what the planner assumes of the frameworks it models (Plan::zero3_prefetch,
+  // Plan::pp_scatter_gather), for report's table.
   if (!set_only && planned.zero == 3 && replicas)
     lines.push_back("zero = 3: this trainer gathers each layer's weights and reduce-scatters its gradients "
                     "blocking, without the prefetch of FSDP and DeepSpeed");
+  if (!set_only && planned.pp > 1 && planned.tp > 1 && !planned.seq_parallel)
+    lines.push_back("pp > 1 at tp > 1: this trainer sends every tensor-parallel rank's whole activation between "
+                    "stages, without Megatron's scatter/gather across nodes");
   return lines;
 }
 

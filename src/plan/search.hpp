@@ -41,8 +41,8 @@ SearchResult search_plans(const ModelSpec& m, const MachineSpec& mach, const Par
                           double memory_headroom = 0);
 
 // `train`'s own choice of its "auto" fields (plan/resolve.cpp): the search above with every
-// candidate as this trainer runs it (plan.hpp as_run_here), so that the ranking and the predicted
-// step are those of the run that `report` predicts.
+// candidate as this trainer runs it (plan.hpp as_run_here), so that the ranking credits only what
+// this trainer overlaps (on the `local` machine the search is given, with the shipped constants).
 SearchResult search_runnable_plans(const ModelSpec& m, const MachineSpec& mach, const ParallelSpec& fixed,
                                    const TrainSpec& train, int top_k);
 

@@ -150,10 +150,12 @@ std::string measured_vs_predicted(const std::vector<nlohmann::json>& records, co
       }
   }
   if (step_s.empty()) return "";
-  std::string out = fmt::format("  measured vs predicted (median s per step; prediction: `exatrain predict{}` of this "
-                                "run's job)\n", calibration.empty() ? "" : " --calibration " + calibration);
   std::string why;
   const plan::Prediction pred = predict_run(run_dir, calibration, cal, why);
+  const std::vector<std::string> differs = why.empty() ? not_run_here(run_dir) : std::vector<std::string>{};
+  std::string out = fmt::format("  measured vs predicted (median s per step; prediction: `exatrain predict{}` of this "
+                                "run's job{})\n", calibration.empty() ? "" : " --calibration " + calibration,
+                                differs.empty() ? "" : ", as this trainer ran it (below)");
   out += fmt::format("    {:<10} {:>10} {:>10}\n", "part", "measured", "predicted");
   auto row = [&](const char* name, double measured, double predicted) {
     out += fmt::format("    {:<10} {:>10.4f} {:>10}\n", name, measured,
@@ -165,9 +167,7 @@ std::string measured_vs_predicted(const std::vector<nlohmann::json>& records, co
     if (parts.count(kParts[i])) row(kParts[i], median(parts[kParts[i]]), predicted[i]);
   row("step", median(step_s), pred.step_time_s);
   if (!why.empty()) out += fmt::format("    (no prediction: {})\n", why);
-  else
-    for (const std::string& line : not_run_here(run_dir))
-      out += fmt::format("    (predicted as this trainer ran it, not as planned: {})\n", line);
+  for (const std::string& line : differs) out += fmt::format("    (predicted as this trainer ran it, not as planned: {})\n", line);
   return out;
 }
 

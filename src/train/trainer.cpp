@@ -115,9 +115,10 @@ Trainer::Trainer(Backend& backend, parallel::ParallelRuntime& rt, const TrainerO
   const std::optional<Half> wire = p.pipeline_fp32 ? std::nullopt : half_format(p.precision);
   messages_ = std::make_unique<parallel::BufferPool>(be_, act_, wire);
   // The schedule as data, built once (the plan was validated when it was resolved). Over MPI the
-  // receives are posted a compute early (the message arrives while it runs); over NCCL, whose calls
-  // wait in posting order on one stream, that order deadlocks: there it is posted in Megatron's
-  // steps (parallel/schedule.hpp in_steps, parallel/stream_order.hpp).
+  // receives are posted a compute early (the message can arrive while it runs, where MPI's weak
+  // progress moves it then: docs/parallel.md); over NCCL, whose calls wait in posting order on one
+  // stream, that order deadlocks: there it is posted in Megatron's steps (parallel/schedule.hpp
+  // in_steps, parallel/stream_order.hpp).
   if (p.pp > 1) {
     parallel::PipelineTable t = parallel::build_pipeline(parallel::pipeline_plan(p));
     pipeline_ = std::make_unique<parallel::PipelineTable>(rt_.pp().p2p_in_stream_order() ? parallel::in_steps(t) : t);

@@ -179,11 +179,11 @@ TEST(Setup, ARunIsPredictedWithTheFrameworkBehavioursThisTrainerRuns) {
   EXPECT_FALSE(here.pp_scatter_gather);
   EXPECT_EQ(here.vp, 2);  // the degrees are the job's
   const std::string p2p = "overlap_p2p_comm = true: this trainer's pipeline messages are non-blocking MPI sends and "
-                          "receives, which MPI moves only inside its calls (weak progress, no progress thread), not "
-                          "under the compute";
+                          "receives, which MPI moves only inside its calls (weak progress, no progress thread): "
+                          "counted exposed";
   const std::string early = "recompute_early_stop = true: this trainer re-runs every recomputed layer whole";
   Job no_early = job;
-  no_early.parallel.recompute_early_stop = false;  // `train` refuses it: its note is report's only
+  no_early.parallel.recompute_early_stop = false;  // plan_from_job refuses it at recompute = full
   const plan::Plan trained = plan::plan_from_job(no_early, 8);
   const std::vector<std::string> set = plan::framework_not_run_here(job, trained, true);
   ASSERT_EQ(set.size(), 4u) << fmt::format("{}", fmt::join(set, "\n"));
@@ -192,10 +192,18 @@ TEST(Setup, ARunIsPredictedWithTheFrameworkBehavioursThisTrainerRuns) {
   EXPECT_EQ(set[1], "tp_comm_overlap = \"forward\": this trainer's tensor-parallel collectives block");
   EXPECT_EQ(set[2], p2p);
   EXPECT_EQ(set[3], early);
-  const std::vector<std::string> all = plan::framework_not_run_here(job, trained, false);
+  std::vector<std::string> all = plan::framework_not_run_here(job, trained, false);
   ASSERT_EQ(all.size(), 5u);
   EXPECT_EQ(all[0], "overlap_grad_reduce = true: this trainer's ZeRO 1 reduce-scatters the gradients once, after the "
                     "last micro-batch's backward");
+  // Without sequence parallelism at tp > 1, report says the pipeline's messages are whole.
+  Job no_sp = job;
+  no_sp.parallel.seq_parallel = false, no_sp.parallel.tp_comm_overlap = TpCommOverlap::none;
+  no_sp.parallel.recompute_early_stop = false;
+  all = plan::framework_not_run_here(no_sp, plan::plan_from_job(no_sp, 8), false);
+  ASSERT_EQ(all.size(), 4u) << fmt::format("{}", fmt::join(all, "\n"));
+  EXPECT_EQ(all[3], "pp > 1 at tp > 1: this trainer sends every tensor-parallel rank's whole activation between "
+                    "stages, without Megatron's scatter/gather across nodes");
   // ZeRO 0 and 2 reduce under the backward whatever the job says; without interleaving there are
   // no overlapped sends to refuse (plan_notes says it has no effect).
   for (const char* zero : {"0", "2"}) {
@@ -240,4 +248,17 @@ TEST(Setup, TrainChoosesItsAutoFieldsAsItRunsThem) {
   const plan::SearchResult planned = plan::search_plans(job.model, job.machine, job.parallel, job.train, 20);
   ASSERT_FALSE(planned.top.empty());
   EXPECT_TRUE(planned.top.front().plan.overlap_p2p_comm);
+  // The job's recompute_early_stop stays on the candidates, so that `train` skips full
+  // recomputation (which it refuses with the key) instead of choosing it and failing at start.
+  Job early = job_with("gpus = 8\nglobal_batch = 16\nrecompute_early_stop = true\n");
+  const plan::SearchResult with_early = plan::search_runnable_plans(early.model, early.machine, early.parallel,
+                                                                    early.train, 200);
+  bool full = false;
+  for (const plan::Prediction& c : with_early.top) {
+    EXPECT_TRUE(c.plan.recompute_early_stop);
+    EXPECT_FALSE(c.plan.pp_scatter_gather);
+    full |= c.plan.recompute == Recompute::full;
+  }
+  ASSERT_TRUE(full);  // there were full-recompute candidates to skip
+  EXPECT_NE(plan::resolve_training_plan(early, 8, nullptr).recompute, Recompute::full);
 }
