@@ -315,9 +315,11 @@ double zero3_blocking_time(const ModelSpec& m, const Plan& p, const MachineSpec&
   const double ends_n = (first ? embedding : 0.0) + (last ? head : 0.0), ends = double(first) + double(last);
   const double layers = double(layers_on_rank(m, p, rank));
   const double layer_n = layers > 0 ? (double(parameters_on_rank(m, p, rank)) - ends_n) / layers : 0.0;
-  const double layer_w = layers > 0 ? gathered_weight_bytes(p, layer_n, double(matrix_parameters_on_rank(m, p, rank)) / layers) : 0.0;
-  const double elem = double(element_bytes(p.precision));
-  const double ends_w = elem * (ends_n + (first && last && m.tie_embeddings ? embedding : 0.0));  // + the head's re-gather
+  const double matrices = double(matrix_parameters_on_rank(m, p, rank));
+  const double layer_w = layers > 0 ? gathered_weight_bytes(p, layer_n, matrices / layers) : 0.0;
+  // The end units are 16-bit (fp32 training: 32-bit); a single tied stage's head gathers the embedding again.
+  const double regather = first && last && m.tie_embeddings ? embedding : 0.0;
+  const double ends_w = double(element_bytes(p.precision)) * (ends_n + regather);
   auto ag = [&](double bytes) { return ring_all_gather_time(bytes, g, mach); };  // affine in bytes: units add up
   const double passes = p.recompute == Recompute::full ? 3 : 2;
   double step = layers * (passes * ag(layer_w) + ag(grad_bytes * layer_n));

@@ -167,7 +167,8 @@ std::string measured_vs_predicted(const std::vector<nlohmann::json>& records, co
     if (parts.count(kParts[i])) row(kParts[i], median(parts[kParts[i]]), predicted[i]);
   row("step", median(step_s), pred.step_time_s);
   if (!why.empty()) out += fmt::format("    (no prediction: {})\n", why);
-  for (const std::string& line : differs) out += fmt::format("    (predicted as this trainer ran it, not as planned: {})\n", line);
+  for (const std::string& line : differs)
+    out += fmt::format("    (predicted as this trainer ran it, not as planned: {})\n", line);
   return out;
 }
 

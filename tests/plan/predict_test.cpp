@@ -622,9 +622,6 @@ TEST(Predict, Fp8ParamGatherHalvesTheMatricesOfZeroOnesWeightGather) {
   const Job jz = parse_job(kJob, "job.toml", zero0);
   ASSERT_EQ(plan_notes(jz, resolve_plan(jz)).size(), 1u);
   EXPECT_EQ(plan_notes(jz, resolve_plan(jz))[0], "fp8_param_gather = true has no effect at zero = 0 (no parameter all-gather)");
-  EXPECT_DOUBLE_EQ(predict(jz.model, jz.machine, resolve_plan(jz)).step_time_s,
-                   predict(jz.model, jz.machine, resolve_plan(parse_job(kJob, "job.toml", {"parallel.pp=1", "parallel.vp=1",
-                       "parallel.dp=8", "parallel.zero=0", "train.precision=fp8", "machine.device=h100-sxm"}))).step_time_s);
 }
 
 // Plan::zero3_prefetch false (this runtime's ZeRO 3, plan.hpp as_run_here): every unit (the 96
