@@ -69,17 +69,16 @@ int64_t parameters_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, i
   int64_t up_mats = m.activation == Activation::swiglu ? 2 : 1;
   int64_t layer = 2 * norm_parameters(m);       // two norms, replicated (matrices: below)
   if (m.bias) layer += (h / tp + 2 * kv_local) + h + up_mats * (f / tp) + h;  // split, replicated
-  int64_t n = layers_on_rank(m, p, pp_rank) * layer + matrix_parameters_on_rank(m, p, pp_rank);
-  const int64_t vocab_rows = vocab_slice(m.vocab, tp, tp_rank).rows;
-  if (pp_rank == 0) {
-    n += vocab_rows * h;
-    if (m.position == Position::learned) n += m.seq_len * h;
-  }
-  if (pp_rank == p.pp - 1) {
-    n += norm_parameters(m);
-    if (!m.tie_embeddings || p.pp > 1) n += vocab_rows * h;
-  }
-  return n;
+  const EndParameters ends = end_parameters_on_rank(m, p, pp_rank, tp_rank);
+  return layers_on_rank(m, p, pp_rank) * layer + matrix_parameters_on_rank(m, p, pp_rank) + ends.embedding + ends.head;
+}
+
+EndParameters end_parameters_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, int64_t tp_rank) {
+  const int64_t h = m.hidden, vocab_rows = vocab_slice(m.vocab, p.tp, tp_rank).rows;
+  EndParameters e;
+  if (pp_rank == 0) e.embedding = vocab_rows * h + (m.position == Position::learned ? m.seq_len * h : 0);
+  if (pp_rank == p.pp - 1) e.head = norm_parameters(m) + (!m.tie_embeddings || p.pp > 1 ? vocab_rows * h : 0);
+  return e;
 }
 
 double activation_bytes_per_layer(const ModelSpec& m, const Plan& p, Recompute r) {

@@ -40,6 +40,11 @@ constexpr double kFragmentationAtCapacity = 0.047;    // = plan::Calibration::fr
 // pp > 1). kv heads fewer than tp are replicated (each rank keeps one kv head; the planner models
 // this Megatron option, the runtime rejects it).
 int64_t parameters_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, int64_t tp_rank = 0);
+// Of those, the parameters outside the transformer layers: the embedding unit's (words, learned
+// positions) on the first pipeline rank, the head unit's (final norm, the output matrix unless it is
+// the tied embedding of a single stage) on the last; 0 elsewhere.
+struct EndParameters { int64_t embedding = 0, head = 0; };
+EndParameters end_parameters_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, int64_t tp_rank = 0);
 // Of those, the elements of the layers' 2-D matrices (q/k/v/o, the MLP's): Muon's domain.
 int64_t matrix_parameters_on_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank);
 // The weights a ZeRO all-gather moves (ZeRO 3's gathered units, ZeRO 1 and 2's updated weights):

@@ -307,12 +307,11 @@ double zero3_time(const Plan& p, const MachineSpec& mach, const Group& g, const 
 // embeddings the head gathers the embedding's segment again. `grad_bytes`: per parameter.
 double zero3_blocking_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, const Group& g, int64_t rank,
                            double grad_bytes) {
-  // The end units' parameters (memory.cpp parameters_on_rank's), on tp rank 0 (the most rows).
-  const double h = double(m.hidden), words = double(vocab_slice(m.vocab, p.tp, 0).rows) * h;
-  const double embedding = words + (m.position == Position::learned ? double(m.seq_len) * h : 0.0);
-  const double head = double(norm_parameters(m)) + (!m.tie_embeddings || p.pp > 1 ? words : 0.0);
+  // The end units' parameters, on tp rank 0 (the most rows).
+  const EndParameters end = end_parameters_on_rank(m, p, rank);
   const bool first = rank == 0, last = rank == p.pp - 1;
-  const double ends_n = (first ? embedding : 0.0) + (last ? head : 0.0), ends = double(first) + double(last);
+  const double embedding = double(end.embedding), ends_n = double(end.embedding + end.head);
+  const double ends = double(first) + double(last);
   const double layers = double(layers_on_rank(m, p, rank));
   const double layer_n = layers > 0 ? (double(parameters_on_rank(m, p, rank)) - ends_n) / layers : 0.0;
   const double matrices = double(matrix_parameters_on_rank(m, p, rank));
