@@ -93,6 +93,7 @@ Device device_from_table(const std::string& name, const toml::value& t, const st
   if (t.contains("flash3_efficiency")) d.flash3_efficiency = positive(t, file, name, "flash3_efficiency");
   if (t.contains("tdp_w")) d.tdp_w = positive(t, file, name, "tdp_w");
   if (t.contains("power_limit_w")) d.power_limit_w = positive(t, file, name, "power_limit_w");
+  if (t.contains("refault_gbs")) d.refault_gbs = positive(t, file, name, "refault_gbs");
   if (d.tdp_w > 0 && d.power_limit_w > 0 && d.power_limit_w < d.tdp_w) d.power_factor = std::cbrt(d.power_limit_w / d.tdp_w);
   EXA_CHECK(d.gemm_efficiency <= 1 && d.bw_efficiency <= 1 && d.sustained <= 1,
             "{}: [{}] efficiencies must be <= 1", file, name);

@@ -299,6 +299,34 @@ double zero3_time(const Plan& p, const MachineSpec& mach, const Group& g, const 
   return double(p.micro_batches()) * (exposed_fwd + exposed_bwd);
 }
 
+// What this runtime's ZeRO 3 gathers on pipeline rank `rank` in one micro-batch (below): each unit
+// before every pass that reads it.
+struct Zero3Units {
+  double layers = 0, passes = 2;    // the rank's layers; the gathers of each per micro-batch
+  double layer_n = 0, layer_w = 0;  // a layer's parameters, and the bytes of one gather of it
+  double ends = 0, ends_n = 0;      // end units on the rank (0-2) and their parameters
+  double ends_w = 0;                // the bytes of one gather of every end unit (a re-gathered embedding too)
+  double gathered_bytes() const { return layers * passes * layer_w + 2 * ends_w; }
+  double parameters() const { return layers * layer_n + ends_n; }
+};
+Zero3Units zero3_units(const ModelSpec& m, const Plan& p, int64_t rank) {
+  Zero3Units u;
+  // The end units' parameters, on tp rank 0 (the most rows).
+  const EndParameters end = end_parameters_on_rank(m, p, rank);
+  const bool first = rank == 0, last = rank == p.pp - 1;
+  u.ends_n = double(end.embedding + end.head);
+  u.ends = double(first) + double(last);
+  u.layers = double(layers_on_rank(m, p, rank));
+  u.layer_n = u.layers > 0 ? (double(parameters_on_rank(m, p, rank)) - u.ends_n) / u.layers : 0.0;
+  const double matrices = double(matrix_parameters_on_rank(m, p, rank));
+  u.layer_w = u.layers > 0 ? gathered_weight_bytes(p, u.layer_n, matrices / u.layers) : 0.0;
+  // The end units are 16-bit (fp32 training: 32-bit); a single tied stage's head gathers the embedding again.
+  const double regather = first && last && m.tie_embeddings ? double(end.embedding) : 0.0;
+  u.ends_w = double(element_bytes(p.precision)) * (u.ends_n + regather);
+  u.passes = p.recompute == Recompute::full ? 3 : 2;
+  return u;
+}
+
 // This runtime's ZeRO 3 (Plan::zero3_prefetch false; parallel/zero3_sync.cpp, model/gpt.cpp):
 // every unit of pipeline rank `rank` (its layers, the embedding on the first stage, the head on
 // the last) is all-gathered, blocking, before each pass that reads it and released after: the
@@ -307,23 +335,30 @@ double zero3_time(const Plan& p, const MachineSpec& mach, const Group& g, const 
 // embeddings the head gathers the embedding's segment again. `grad_bytes`: per parameter.
 double zero3_blocking_time(const ModelSpec& m, const Plan& p, const MachineSpec& mach, const Group& g, int64_t rank,
                            double grad_bytes) {
-  // The end units' parameters, on tp rank 0 (the most rows).
-  const EndParameters end = end_parameters_on_rank(m, p, rank);
-  const bool first = rank == 0, last = rank == p.pp - 1;
-  const double embedding = double(end.embedding), ends_n = double(end.embedding + end.head);
-  const double ends = double(first) + double(last);
-  const double layers = double(layers_on_rank(m, p, rank));
-  const double layer_n = layers > 0 ? (double(parameters_on_rank(m, p, rank)) - ends_n) / layers : 0.0;
-  const double matrices = double(matrix_parameters_on_rank(m, p, rank));
-  const double layer_w = layers > 0 ? gathered_weight_bytes(p, layer_n, matrices / layers) : 0.0;
-  // The end units are 16-bit (fp32 training: 32-bit); a single tied stage's head gathers the embedding again.
-  const double regather = first && last && m.tie_embeddings ? embedding : 0.0;
-  const double ends_w = double(element_bytes(p.precision)) * (ends_n + regather);
+  const Zero3Units u = zero3_units(m, p, rank);
   auto ag = [&](double bytes) { return ring_all_gather_time(bytes, g, mach); };  // affine in bytes: units add up
-  const double passes = p.recompute == Recompute::full ? 3 : 2;
-  double step = layers * (passes * ag(layer_w) + ag(grad_bytes * layer_n));
-  if (ends > 0) step += ends * (2 * ag(ends_w / ends) + ag(grad_bytes * ends_n / ends));
+  double step = u.layers * (u.passes * ag(u.layer_w) + ag(grad_bytes * u.layer_n));
+  if (u.ends > 0) step += u.ends * (2 * ag(u.ends_w / u.ends) + ag(grad_bytes * u.ends_n / u.ends));
   return double(p.micro_batches()) * step;
+}
+
+// This runtime's CPU backend gives released memory back to the OS (Device::refault_gbs), and the
+// next write faults its pages in again: every micro-batch, ZeRO 2 releases the gradient buckets it
+// reduce-scattered (parallel/zero.cpp GradBucketer::retire; a world of one replica runs ZeRO 1),
+// ZeRO 3 each unit's parameters after every pass and its fp32 gradients after the backward
+// (parallel/zero3_sync.cpp). Seconds per micro-batch on pipeline rank `rank`: `compute`, what the
+// rank writes itself (the gradients, its own shard of each gather); `dp`, what MPI writes into the
+// gathered units (the other replicas' shards: inside the all-gather, which the runtime times as
+// dp_comm). 0 on devices that keep released memory mapped (GPUs).
+struct Refault { double compute = 0, dp = 0; };
+Refault refault_time(const ModelSpec& m, const Plan& p, const Device& d, int64_t rank) {
+  if (d.refault_gbs <= 0) return {};
+  const double rate = d.refault_gbs * 1e9, replicas = double(p.dp * p.cp);
+  if (p.zero == 2 && replicas > 1) return {4.0 * double(parameters_on_rank(m, p, rank)) / rate, 0.0};
+  if (p.zero != 3) return {};
+  const Zero3Units u = zero3_units(m, p, rank);
+  const double gathered = u.gathered_bytes() / rate;
+  return {4.0 * u.parameters() / rate + gathered / replicas, gathered * (replicas - 1) / replicas};
 }
 
 // ZeRO 1 and 2's all-gather of the updated 16-bit weights over the replicas (the matrices in fp8
@@ -465,11 +500,13 @@ Prediction predict_checked(const ModelSpec& m, const MachineSpec& mach_in, const
   const double head = head_time(m, p, d, c), embed = embedding_time(m, p, d);
   std::vector<int64_t> layers = layers_per_rank(m, p);
   std::vector<double> rank_time(p.pp), accumulate(p.pp, 0.0);
+  std::vector<Refault> refault(p.pp);
   for (int64_t r = 0; r < p.pp; ++r) {
     rank_time[r] = double(layers[r]) * lt.total();
     if (r == 0) rank_time[r] += embed;
     if (r == p.pp - 1) rank_time[r] += head;
-    accumulate[r] = grad_accumulation_time(m, p, d, r);
+    refault[r] = refault_time(m, p, d, r);
+    accumulate[r] = grad_accumulation_time(m, p, d, r) + refault[r].compute;  // memory-bound, per micro-batch
     rank_time[r] += accumulate[r];
   }
   int64_t slow = std::max_element(rank_time.begin(), rank_time.end()) - rank_time.begin();
@@ -494,6 +531,7 @@ Prediction predict_checked(const ModelSpec& m, const MachineSpec& mach_in, const
   } else {
     b.dp_comm = dp_comm_time(m, p, mach, lt, slow, slow_layers);
   }
+  b.dp_comm += mbs * refault[slow].dp;
   // ---- optimizer step: elementwise (memory bound) and matrix work (GEMM bound) of the same
   // pipeline rank as dp_comm, over the replicas as ZeRO splits it (plan/optimizer_cost.hpp) ----
   out.optimizer_step = optimizer_step_cost(m, p, d, c, slow);

@@ -153,6 +153,23 @@ void bandwidths(Backend& be, DeviceProfile& d, int reps) {
   for (float* p : {a, b, w, bias, mean, rstd}) be.free_bytes(p);
 }
 
+// Released memory written again (refault_gbs, catalog/device.hpp): a buffer given back to the OS
+// with Backend::release (as ZeRO 2 and 3 do every micro-batch) and filled, against the same fill of
+// the mapped buffer; bytes per second of the difference. 64 MiB (the size of a layer's gradients at
+// hidden 1024), the fastest of the repetitions.
+double refault_gbs(Backend& be, int reps, bool quick) {
+  const int64_t n = int64_t(quick ? 2 : 16) << 20;  // floats
+  float* a = be.alloc(n);
+  be.fill(a, 1.0f, n);
+  const double plain = fastest(reps + 2, [&] { be.fill(a, 2.0f, n); });
+  const double released = fastest(reps + 2, [&] {
+    be.release(a, n, 0.0f);
+    be.fill(a, 2.0f, n);
+  });
+  be.free_bytes(a);
+  return 4.0 * double(n) / std::max(1e-9, released - plain) / 1e9;
+}
+
 DeviceProfile measure_device(const std::string& name, int threads, const ProfileOptions& o, double memory_gib) {
   DeviceProfile d;
   d.name = name, d.threads = threads, d.memory_gib = memory_gib;
@@ -174,6 +191,7 @@ DeviceProfile measure_device(const std::string& name, int threads, const Profile
   fit_shape(d);
   d.attention_efficiency = attention_efficiency(*be, d.peak_gflops, reps);
   bandwidths(*be, d, reps);
+  d.refault_gbs = refault_gbs(*be, reps, o.quick);
   return d;
 }
 
@@ -256,6 +274,7 @@ MachineProfile profile_machine(const ProfileOptions& o) {
     // One core's share of the memory bandwidth when every core runs a rank.
     p.devices[0].copy_gbs = std::min(p.devices[0].copy_gbs, p.devices[1].copy_gbs / cores);
     p.devices[0].elementwise_gbs = std::min(p.devices[0].elementwise_gbs, p.devices[1].elementwise_gbs / cores);
+    p.devices[0].refault_gbs = std::min(p.devices[0].refault_gbs, p.devices[1].refault_gbs / cores);
   }
   if (world > 1) {
     MPI_Barrier(MPI_COMM_WORLD);
@@ -282,9 +301,11 @@ std::string profile_toml(const MachineProfile& p) {
     s += fmt::format("peak_tflops_fp32 = {:.6g}\npeak_tflops_fp16 = {:.6g}\npeak_tflops_bf16 = {:.6g}\npeak_tflops_fp8 = {:.6g}\n",
                      peak, peak, peak, peak);
     s += fmt::format("hbm_gib = {:.4g}\nhbm_bw_gbs = {:.4g}\ngemm_efficiency = {:.4g}\ngemm_dim_half = {:.4g}\n"
-                     "gemm_tokens_half = {:.4g}\nflash2_efficiency = {:.4g}\nbw_efficiency = {:.4g}\nmeasured = true\n",
+                     "gemm_tokens_half = {:.4g}\nflash2_efficiency = {:.4g}\nbw_efficiency = {:.4g}\nrefault_gbs = {:.4g}\n"
+                     "measured = true\n",
                      d.memory_gib, d.copy_gbs, d.gemm_efficiency, d.dim_half, d.tokens_half,
-                     std::max(1e-3, d.attention_efficiency), std::min(1.0, d.elementwise_gbs / d.copy_gbs));
+                     std::max(1e-3, d.attention_efficiency), std::min(1.0, d.elementwise_gbs / d.copy_gbs),
+                     std::max(1e-3, d.refault_gbs));
   }
   if (p.network) {
     const NetworkProfile& n = *p.network;
@@ -300,9 +321,11 @@ std::string profile_summary(const MachineProfile& p) {
   std::string s = fmt::format("profile of this machine ({:.1f} s)\n", p.seconds);
   for (const DeviceProfile& d : p.devices)
     s += fmt::format("  {:<13} {} thread{}: GEMM peak {:.1f} GFLOP/s, shape fit e={:.3f} dim_half={:.3g} tokens_half={:.3g} "
-                     "(rms {:.1f}%), attention {:.1f}% of peak, copy {:.1f} GB/s, element-wise {:.1f} GB/s\n",
+                     "(rms {:.1f}%), attention {:.1f}% of peak, copy {:.1f} GB/s, element-wise {:.1f} GB/s, released memory "
+                     "written again {:.2f} GB/s\n",
                      d.name, d.threads, d.threads == 1 ? "" : "s", d.peak_gflops, d.gemm_efficiency, d.dim_half,
-                     d.tokens_half, 100 * d.fit_rms, 100 * d.attention_efficiency, d.copy_gbs, d.elementwise_gbs);
+                     d.tokens_half, 100 * d.fit_rms, 100 * d.attention_efficiency, d.copy_gbs, d.elementwise_gbs,
+                     d.refault_gbs);
   if (p.network)
     s += fmt::format("  network       {} ranks: latency {:.2f} us, ping-pong {:.2f} GB/s, all-reduce bus {:.2f} GB/s\n",
                      p.network->ranks, p.network->latency_us, p.network->pingpong_gbs, p.network->all_reduce.back().second);

@@ -11,6 +11,7 @@
 //     (plan/compute.hpp's convention: flash2_efficiency);
 //   * memory bandwidth: a large copy (hbm_bw_gbs, bytes read + written per second) and the
 //     element-wise kernels the layers run (layernorm, GELU: bw_efficiency = their rate / the copy's);
+//   * released memory written again (refault_gbs): what ZeRO 2 and 3 pay each micro-batch on a CPU;
 //   * with several MPI ranks: a ping-pong between ranks 0 and 1 (latency) and an all-reduce sweep
 //     over all ranks (bus bandwidth: intra_node_bw_gbs is set so that plan/comm.hpp's ring model
 //     reproduces the largest all-reduce).
@@ -44,6 +45,7 @@ struct DeviceProfile {
   double attention_efficiency = 0;  // of peak, on the executed FLOPs
   double copy_gbs = 0;              // hbm_bw_gbs
   double elementwise_gbs = 0;       // bw_efficiency = elementwise_gbs / copy_gbs
+  double refault_gbs = 0;           // released memory written again (catalog/device.hpp refault_gbs)
   double memory_gib = 0;            // the machine's memory shared by the ranks of this kind
 };
 

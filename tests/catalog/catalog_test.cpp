@@ -31,10 +31,15 @@ TEST(Catalog, OptionalShapeConstantsOnlyWhereMeasured) {
   EXPECT_DOUBLE_EQ(*find_device("cpu-local").gemm_tokens_half, 4.0);
   EXPECT_DOUBLE_EQ(*find_device("cpu-local-2c").gemm_tokens_half, 10.0);
   EXPECT_GT(find_device("cpu-local-2c").peak_tflops_fp32, 1.9 * find_device("cpu-local").peak_tflops_fp32);
+  // Released memory written again: measured on the CPU devices (one core's share, both cores);
+  // GPUs keep released memory mapped (0: not modelled).
+  EXPECT_DOUBLE_EQ(find_device("cpu-local").refault_gbs, 0.26);
+  EXPECT_DOUBLE_EQ(find_device("cpu-local-2c").refault_gbs, 0.52);
   for (const Device& d : all_devices())
     if (d.name.rfind("cpu-", 0) != 0) {
       EXPECT_FALSE(d.gemm_dim_half.has_value()) << d.name;
       EXPECT_FALSE(d.gemm_tokens_half.has_value()) << d.name;
+      EXPECT_EQ(d.refault_gbs, 0) << d.name;
     }
 }
 

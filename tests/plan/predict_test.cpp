@@ -652,6 +652,64 @@ TEST(Predict, ZeroThreeWithoutPrefetchExposesEveryGatherAndReduceScatter) {
   }
 }
 
+// This runtime's CPU backend gives released memory back to the OS and the next write faults it in
+// again (Device::refault_gbs): per micro-batch, ZeRO 2 writes its released gradient arena (4 bytes a
+// parameter); ZeRO 3 its gradients and every unit it gathers (fp32: 4 bytes a parameter), its own
+// shard's share in compute and the other replica's in dp_comm, because MPI writes that part inside
+// the all-gather. The tutorial's tiny GPT (one stage, tied): the 4 layers are gathered for the
+// forward and the backward, the embedding unit (word and position tables, E) by the first unit and
+// by the head (which reads the tied table) in both passes, with the final norm: 2 (n + E) parameters
+// gathered in all, n those of the rank. ZeRO 0 and 1 release nothing, a device without the figure
+// (GPUs) pays nothing.
+TEST(Predict, ReleasedMemoryWrittenAgainCostsZeroTwoAndThreeOnACpu) {
+  const char* tiny = R"(
+[model]
+layers = 4
+hidden = 128
+heads = 4
+seq_len = 64
+vocab = 4096
+[parallel]
+gpus = 2
+dp = 2
+tp = 1
+pp = 1
+recompute = "none"
+global_batch = 8
+micro_batch = 2
+)";
+  for (int zero : {0, 1, 2, 3}) {
+    SCOPED_TRACE(zero);
+    const Job job = parse_job(tiny, "job.toml", {"parallel.zero=" + std::to_string(zero)});
+    const Plan p = as_run_here(resolve_plan(job));
+    const Device cpu = find_device(job.machine.device);
+    ASSERT_GT(cpu.refault_gbs, 0) << cpu.name;
+    Device mapped = cpu;
+    mapped.refault_gbs = 0;
+    auto run = [&](const Device& d) {
+      return predict_checked(job.model, job.machine, d, p, memory_per_device(job.model, p, d, 0.2, 0.05),
+                             default_calibration());
+    };
+    const Prediction with = run(cpu), without = run(mapped);
+    const double compute = with.breakdown.compute - without.breakdown.compute;
+    const double dp = with.breakdown.dp_comm - without.breakdown.dp_comm;
+    const double n = double(parameters_on_rank(job.model, p, 0)), mbs = double(p.micro_batches());
+    const double E = double(job.model.vocab * job.model.hidden + job.model.seq_len * job.model.hidden);
+    const double rate = cpu.refault_gbs * 1e9;
+    ASSERT_EQ(job.model.position, Position::learned);
+    double want_compute = 0, want_dp = 0;
+    if (zero == 2) want_compute = mbs * 4 * n / rate;
+    if (zero == 3) {
+      const double gathered = 4 * 2 * (n + E);
+      want_compute = mbs * (4 * n + gathered / 2) / rate;
+      want_dp = mbs * gathered / 2 / rate;
+    }
+    EXPECT_NEAR(compute, want_compute, 1e-12);
+    EXPECT_NEAR(dp, want_dp, 1e-12);
+    EXPECT_NEAR(with.step_time_s - without.step_time_s, want_compute + want_dp, 1e-12);
+  }
+}
+
 // [parallel] overlap_p2p_comm (Megatron-Core's interleaved schedule): each of the 2 m vp
 // steady-state messages is exposed by what it takes beyond one chunk's forward (layers / vp layers
 // of the layer's forward), and by its latency α at least; the warm-up's and cool-down's 2 (pp - 1)

@@ -36,6 +36,9 @@ TEST(Profile, QuickProfileHasEveryFigureOfACatalogEntry) {
     EXPECT_GT(d.elementwise_gbs, 0) << d.name;
     EXPECT_LE(d.elementwise_gbs, d.copy_gbs) << d.name;
     EXPECT_GT(d.memory_gib, 0) << d.name;
+    EXPECT_GT(d.refault_gbs, 0) << d.name;
+    // Released memory is written again slower than mapped memory is copied (a page fault each page).
+    EXPECT_LT(d.refault_gbs, d.copy_gbs) << d.name;
   }
   // The TOML is a catalog entry: every key devices.toml requires, read back by the catalog's own
   // parser below.
@@ -43,7 +46,8 @@ TEST(Profile, QuickProfileHasEveryFigureOfACatalogEntry) {
   EXPECT_EQ(toml::find<std::string>(root, "profile", "fingerprint"), machine_fingerprint());
   for (const char* dev : {"cpu-local", "cpu-local-2c"})
     for (const char* key : {"peak_tflops_fp32", "peak_tflops_bf16", "hbm_gib", "hbm_bw_gbs", "gemm_efficiency",
-                            "gemm_dim_half", "gemm_tokens_half", "flash2_efficiency", "bw_efficiency", "measured"})
+                            "gemm_dim_half", "gemm_tokens_half", "flash2_efficiency", "bw_efficiency", "refault_gbs",
+                            "measured"})
       EXPECT_TRUE(root.at(dev).contains(key)) << dev << "." << key;
 }
 
