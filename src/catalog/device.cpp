@@ -93,7 +93,7 @@ Device device_from_table(const std::string& name, const toml::value& t, const st
   if (t.contains("flash3_efficiency")) d.flash3_efficiency = positive(t, file, name, "flash3_efficiency");
   if (t.contains("tdp_w")) d.tdp_w = positive(t, file, name, "tdp_w");
   if (t.contains("power_limit_w")) d.power_limit_w = positive(t, file, name, "power_limit_w");
-  if (t.contains("refault_gbs")) d.refault_gbs = positive(t, file, name, "refault_gbs");
+  d.refault_gbs = optional_non_negative(t, file, name, "refault_gbs").value_or(0.0);
   if (d.tdp_w > 0 && d.power_limit_w > 0 && d.power_limit_w < d.tdp_w) d.power_factor = std::cbrt(d.power_limit_w / d.tdp_w);
   EXA_CHECK(d.gemm_efficiency <= 1 && d.bw_efficiency <= 1 && d.sustained <= 1,
             "{}: [{}] efficiencies must be <= 1", file, name);
@@ -113,6 +113,8 @@ std::vector<Device> read_devices() {
       if (name == "profile" || name == "machine") continue;
       Device d = device_from_table(name, t, *profile);
       auto it = std::find_if(devices.begin(), devices.end(), [&](const Device& x) { return x.name == d.name; });
+      // A profile written before `exatrain profile` measured refault_gbs keeps the shipped figure.
+      if (it != devices.end() && !t.contains("refault_gbs")) d.refault_gbs = it->refault_gbs;
       if (it != devices.end()) *it = d;
       else devices.push_back(d);
     }

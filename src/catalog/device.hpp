@@ -64,10 +64,11 @@ struct Device {
   double tdp_w = 0, power_limit_w = 0;
   // This runtime's CPU backend gives the memory of released buffers back to the OS
   // (Backend::release: madvise(MADV_DONTNEED); ZeRO 2's gradient buckets after their
-  // reduce-scatter, ZeRO 3's units after each pass), and the next write faults every page back in,
-  // zero-filled. `refault_gbs`: released bytes written again per second of that extra time over a
-  // plain write (`exatrain profile` measures it; devices.toml key, optional). 0: the device keeps
-  // released memory mapped (GPUs: the CUDA backend zeroes it in place at HBM speed, not modelled).
+  // reduce-scatter, ZeRO 3's units after each pass and their gradients after the backward), and
+  // the next write faults every page back in, zero-filled. `refault_gbs`: released bytes written
+  // again per second of that extra time over a plain write (`exatrain profile` measures it;
+  // devices.toml key, optional). 0: free or not paid (GPUs: the CUDA backend zeroes released
+  // memory in place at HBM speed, not modelled; a profile that could not tell the two writes apart).
   double refault_gbs = 0;
   double power_clock_factor() const { return power_factor; }
   double power_factor = 1;  // (power_limit_w / tdp_w)^(1/3), set when the catalog is read

@@ -67,6 +67,8 @@ void GradSync::release_full_params() {
     if (m) m->release();
 }
 
+int zero_run(int zero, int replicas) { return zero >= 2 && replicas == 1 ? 1 : zero; }
+
 ArenaPolicy arena_policy(int zero) {
   ArenaPolicy a;
   a.lazy_params = zero == 3;
@@ -104,11 +106,10 @@ std::unique_ptr<GradSync> make_grad_sync(int zero, GradSyncSetup setup) {
   EXA_CHECK(zero != 3 || std::string(setup.compressor->name()) == "none",
             "ZeRO 3 reduce-scatters every unit's gradients as backward makes them, without the compressor slot: "
             "compressor \"{}\" needs zero = 0, 1 or 2", setup.compressor->name());
-  switch (zero) {
+  switch (zero_run(zero, setup.dp->size())) {
     case 0: return make_zero0_sync(std::move(setup));
     case 1: return make_zero1_sync(std::move(setup));
-    case 2:  // nothing to shard over one replica: ZeRO 1's path (the same numbers)
-      return setup.dp->size() > 1 ? make_zero2_sync(std::move(setup)) : make_zero1_sync(std::move(setup));
+    case 2: return make_zero2_sync(std::move(setup));
     case 3: return make_zero3_sync(std::move(setup));
   }
   EXA_FAIL("ZeRO stage {} does not exist (expected 0, 1, 2 or 3)", zero);

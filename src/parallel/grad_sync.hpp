@@ -151,8 +151,14 @@ struct ArenaPolicy {
 };
 ArenaPolicy arena_policy(int zero);
 
-// The strategy of ZeRO stage `zero` (0-3); ZeRO 2 at dp 1 is ZeRO 1 (nothing to shard). Refuses
-// what it cannot run, with the reason (e.g. ZeRO 2/3 with an optimizer that needs whole matrices).
+// The stage this runtime runs for ZeRO stage `zero` over `replicas` (the dp group's size): ZeRO 2
+// and 3 over one replica are ZeRO 1 (nothing to shard; the planner's note says they have no effect,
+// and its memory and time count ZeRO 0's bytes), so a run pays no per-unit gathers or released
+// pages for them. arena_policy and make_grad_sync take what it returns.
+int zero_run(int zero, int replicas);
+
+// The strategy of ZeRO stage `zero` (0-3) as zero_run runs it. Refuses what it cannot run, with the
+// reason (e.g. ZeRO 2/3 with an optimizer that needs whole matrices).
 std::unique_ptr<GradSync> make_grad_sync(int zero, GradSyncSetup setup);
 
 }  // namespace exatrain::parallel

@@ -344,17 +344,20 @@ double zero3_blocking_time(const ModelSpec& m, const Plan& p, const MachineSpec&
 
 // This runtime's CPU backend gives released memory back to the OS (Device::refault_gbs), and the
 // next write faults its pages in again: every micro-batch, ZeRO 2 releases the gradient buckets it
-// reduce-scattered (parallel/zero.cpp GradBucketer::retire; a world of one replica runs ZeRO 1),
-// ZeRO 3 each unit's parameters after every pass and its fp32 gradients after the backward
-// (parallel/zero3_sync.cpp). Seconds per micro-batch on pipeline rank `rank`: `compute`, what the
-// rank writes itself (the gradients, its own shard of each gather); `dp`, what MPI writes into the
-// gathered units (the other replicas' shards: inside the all-gather, which the runtime times as
-// dp_comm). 0 on devices that keep released memory mapped (GPUs).
+// reduce-scattered (parallel/zero.cpp GradBucketer::retire), ZeRO 3 each unit's parameters after
+// every pass and its fp32 gradients after the backward (parallel/zero3_sync.cpp); over one replica
+// both run ZeRO 1 (parallel/grad_sync.cpp make_grad_sync), which releases nothing. Seconds per
+// micro-batch on pipeline rank `rank`: `compute`, what the rank writes itself (the gradients, its own
+// shard of each gather); `dp`, what MPI writes into the gathered units (the other replicas' shards:
+// inside the all-gather, which the runtime times as dp_comm; a segment dp does not divide is
+// gathered into staging and copied by the rank, not modelled). 0 on devices that keep released
+// memory mapped (GPUs).
 struct Refault { double compute = 0, dp = 0; };
 Refault refault_time(const ModelSpec& m, const Plan& p, const Device& d, int64_t rank) {
-  if (d.refault_gbs <= 0) return {};
-  const double rate = d.refault_gbs * 1e9, replicas = double(p.dp * p.cp);
-  if (p.zero == 2 && replicas > 1) return {4.0 * double(parameters_on_rank(m, p, rank)) / rate, 0.0};
+  const double replicas = double(p.dp * p.cp);
+  if (d.refault_gbs <= 0 || replicas == 1) return {};
+  const double rate = d.refault_gbs * 1e9;
+  if (p.zero == 2) return {4.0 * double(parameters_on_rank(m, p, rank)) / rate, 0.0};
   if (p.zero != 3) return {};
   const Zero3Units u = zero3_units(m, p, rank);
   const double gathered = u.gathered_bytes() / rate;
@@ -506,7 +509,9 @@ Prediction predict_checked(const ModelSpec& m, const MachineSpec& mach_in, const
     if (r == 0) rank_time[r] += embed;
     if (r == p.pp - 1) rank_time[r] += head;
     refault[r] = refault_time(m, p, d, r);
-    accumulate[r] = grad_accumulation_time(m, p, d, r) + refault[r].compute;  // memory-bound, per micro-batch
+    // Per micro-batch, on every rank (so in the bubble too); reported in the element-wise part of
+    // compute_parts, though a page fault is kernel time, not memory bandwidth.
+    accumulate[r] = grad_accumulation_time(m, p, d, r) + refault[r].compute;
     rank_time[r] += accumulate[r];
   }
   int64_t slow = std::max_element(rank_time.begin(), rank_time.end()) - rank_time.begin();

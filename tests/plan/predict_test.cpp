@@ -655,12 +655,14 @@ TEST(Predict, ZeroThreeWithoutPrefetchExposesEveryGatherAndReduceScatter) {
 // This runtime's CPU backend gives released memory back to the OS and the next write faults it in
 // again (Device::refault_gbs): per micro-batch, ZeRO 2 writes its released gradient arena (4 bytes a
 // parameter); ZeRO 3 its gradients and every unit it gathers (fp32: 4 bytes a parameter), its own
-// shard's share in compute and the other replica's in dp_comm, because MPI writes that part inside
-// the all-gather. The tutorial's tiny GPT (one stage, tied): the 4 layers are gathered for the
-// forward and the backward, the embedding unit (word and position tables, E) by the first unit and
-// by the head (which reads the tied table) in both passes, with the final norm: 2 (n + E) parameters
-// gathered in all, n those of the rank. ZeRO 0 and 1 release nothing, a device without the figure
-// (GPUs) pays nothing.
+// shard's share (1/4 at dp 4) in compute and the other replicas' (3/4) in dp_comm, because MPI
+// writes that part inside the all-gather. The tutorial's tiny GPT (one stage, tied, fp32): n =
+// 4 layers x (12 h^2 + 13 h) + the word and position tables E = (4096 + 64) h + the final norm 2 h
+// = 1,325,824 parameters (the 5,303,296 bytes of its dp all-reduce, tutorial chapter 4). Each
+// layer is gathered for the forward and the backward (and again for recompute = full's rerun), the
+// embedding unit (E) by the first unit and by the head (which reads the tied table) in both
+// passes, with the final norm. ZeRO 0 and 1 release nothing; over one replica ZeRO 2 and 3 run ZeRO
+// 1 (parallel/grad_sync.hpp zero_run); a device without the figure (GPUs) pays nothing.
 TEST(Predict, ReleasedMemoryWrittenAgainCostsZeroTwoAndThreeOnACpu) {
   const char* tiny = R"(
 [model]
@@ -670,44 +672,49 @@ heads = 4
 seq_len = 64
 vocab = 4096
 [parallel]
-gpus = 2
-dp = 2
 tp = 1
 pp = 1
-recompute = "none"
-global_batch = 8
+global_batch = 16
 micro_batch = 2
+[train]
+precision = "fp32"
 )";
-  for (int zero : {0, 1, 2, 3}) {
-    SCOPED_TRACE(zero);
-    const Job job = parse_job(tiny, "job.toml", {"parallel.zero=" + std::to_string(zero)});
-    const Plan p = as_run_here(resolve_plan(job));
-    const Device cpu = find_device(job.machine.device);
-    ASSERT_GT(cpu.refault_gbs, 0) << cpu.name;
-    Device mapped = cpu;
-    mapped.refault_gbs = 0;
-    auto run = [&](const Device& d) {
-      return predict_checked(job.model, job.machine, d, p, memory_per_device(job.model, p, d, 0.2, 0.05),
-                             default_calibration());
-    };
-    const Prediction with = run(cpu), without = run(mapped);
-    const double compute = with.breakdown.compute - without.breakdown.compute;
-    const double dp = with.breakdown.dp_comm - without.breakdown.dp_comm;
-    const double n = double(parameters_on_rank(job.model, p, 0)), mbs = double(p.micro_batches());
-    const double E = double(job.model.vocab * job.model.hidden + job.model.seq_len * job.model.hidden);
-    const double rate = cpu.refault_gbs * 1e9;
-    ASSERT_EQ(job.model.position, Position::learned);
-    double want_compute = 0, want_dp = 0;
-    if (zero == 2) want_compute = mbs * 4 * n / rate;
-    if (zero == 3) {
-      const double gathered = 4 * 2 * (n + E);
-      want_compute = mbs * (4 * n + gathered / 2) / rate;
-      want_dp = mbs * gathered / 2 / rate;
-    }
-    EXPECT_NEAR(compute, want_compute, 1e-12);
-    EXPECT_NEAR(dp, want_dp, 1e-12);
-    EXPECT_NEAR(with.step_time_s - without.step_time_s, want_compute + want_dp, 1e-12);
-  }
+  const double h = 128, layer = 12 * h * h + 13 * h, E = (4096 + 64) * h, norm = 2 * h, n = 4 * layer + E + norm;
+  ASSERT_EQ(n, 1325824);
+  for (int dp : {1, 4})
+    for (Recompute r : {Recompute::none, Recompute::full})
+      for (int zero : {0, 1, 2, 3}) {
+        SCOPED_TRACE(fmt::format("dp {} recompute {} zero {}", dp, to_string(r), zero));
+        const Job job = parse_job(tiny, "job.toml", {"parallel.zero=" + std::to_string(zero), "parallel.dp=" + std::to_string(dp),
+                                                     "parallel.gpus=" + std::to_string(dp),
+                                                     "parallel.recompute=" + std::string(to_string(r))});
+        ASSERT_TRUE(job.model.tie_embeddings && job.model.position == Position::learned);
+        const Plan p = as_run_here(resolve_plan(job));
+        ASSERT_EQ(double(parameters_on_rank(job.model, p, 0)), n);
+        const Device cpu = find_device(job.machine.device);
+        ASSERT_GT(cpu.refault_gbs, 0) << cpu.name;
+        Device mapped = cpu;
+        mapped.refault_gbs = 0;
+        auto run = [&](const Device& d) {
+          return predict_checked(job.model, job.machine, d, p, memory_per_device(job.model, p, d, 0.2, 0.05),
+                                 default_calibration());
+        };
+        const Prediction with = run(cpu), without = run(mapped);
+        const double compute = with.breakdown.compute - without.breakdown.compute;
+        const double dp_comm = with.breakdown.dp_comm - without.breakdown.dp_comm;
+        const double mbs = double(p.micro_batches()), rate = cpu.refault_gbs * 1e9;
+        double want_compute = 0, want_dp = 0;
+        if (dp > 1 && zero == 2) want_compute = mbs * 4 * n / rate;
+        if (dp > 1 && zero == 3) {
+          const double passes = r == Recompute::full ? 3 : 2;
+          const double gathered = 4 * (passes * 4 * layer + 2 * (E + norm + E));
+          want_compute = mbs * (4 * n + gathered / 4) / rate;
+          want_dp = mbs * gathered * 3 / 4 / rate;
+        }
+        EXPECT_NEAR(compute, want_compute, 1e-12);
+        EXPECT_NEAR(dp_comm, want_dp, 1e-12);
+        EXPECT_NEAR(with.step_time_s - without.step_time_s, want_compute + want_dp, 1e-12);
+      }
 }
 
 // [parallel] overlap_p2p_comm (Megatron-Core's interleaved schedule): each of the 2 m vp
