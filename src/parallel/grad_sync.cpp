@@ -67,9 +67,10 @@ void GradSync::release_full_params() {
     if (m) m->release();
 }
 
-int zero_run(int zero, int replicas) { return zero >= 2 && replicas == 1 ? 1 : zero; }
+int zero_run(int zero, int replicas) { return replicas == 1 ? 0 : zero; }
 
-ArenaPolicy arena_policy(int zero) {
+ArenaPolicy arena_policy(int zero, int replicas) {
+  zero = zero_run(zero, replicas);
   ArenaPolicy a;
   a.lazy_params = zero == 3;
   a.lazy_grads = zero >= 2;
@@ -90,23 +91,24 @@ void GradSync::init_optimizer(const std::vector<ParamRegion>& regions, bool repl
 std::unique_ptr<GradSync> make_grad_sync(int zero, GradSyncSetup setup) {
   EXA_CHECK(setup.be && setup.dp && setup.compressor && setup.optimizer, "make_grad_sync: incomplete setup");
   const bool whole = setup.optimizer->needs_whole_entries();
-  EXA_CHECK(!whole || zero <= 1 || setup.dp->size() == 1,
+  const int run = zero_run(zero, setup.dp->size());  // the checks below are of what runs
+  EXA_CHECK(!whole || run <= 1,
             "ZeRO {}: the optimizer \"{}\" needs every parameter matrix whole on one rank, which ZeRO 2 and 3 "
             "shard by buckets and units; use zero = 0 or 1", zero, setup.optimizer->name());
   if (whole) setup.align_to_entries = true;
-  EXA_CHECK(!(zero == 1 && setup.align_to_entries && setup.dp->size() > 1) ||
+  EXA_CHECK(!(run == 1 && setup.align_to_entries) ||
                 std::string(setup.compressor->name()) == "none",
             "ZeRO 1 with shards cut between parameter entries reduce-scatters shards of unequal size "
             "(reduce_scatter_v), which the compressor slot does not take: compressor \"{}\" needs equal shards "
             "(align_shards_to_entries = false, and an optimizer that does not need whole matrices) or zero = 0 or 2",
             setup.compressor->name());
-  EXA_CHECK(zero == 0 || !setup.compressor->compresses_momentum(),
+  EXA_CHECK(run == 0 || !setup.compressor->compresses_momentum(),
             "[comm] compress = \"momentum\" with [parallel] zero = {}: each rank forms its local momentum from the "
             "synchronised one, which ZeRO 1 and 2 keep only as this rank's shard; expected zero = 0", zero);
-  EXA_CHECK(zero != 3 || std::string(setup.compressor->name()) == "none",
+  EXA_CHECK(run != 3 || std::string(setup.compressor->name()) == "none",
             "ZeRO 3 reduce-scatters every unit's gradients as backward makes them, without the compressor slot: "
             "compressor \"{}\" needs zero = 0, 1 or 2", setup.compressor->name());
-  switch (zero_run(zero, setup.dp->size())) {
+  switch (run) {
     case 0: return make_zero0_sync(std::move(setup));
     case 1: return make_zero1_sync(std::move(setup));
     case 2: return make_zero2_sync(std::move(setup));

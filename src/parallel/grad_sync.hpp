@@ -149,16 +149,17 @@ struct ArenaPolicy {
   bool lazy_params = false, lazy_grads = false;
   bool init_weights = true;  // Gpt::init_weights on the full arena
 };
-ArenaPolicy arena_policy(int zero);
-
-// The stage this runtime runs for ZeRO stage `zero` over `replicas` (the dp group's size): ZeRO 2
-// and 3 over one replica are ZeRO 1 (nothing to shard; the planner's note says they have no effect,
-// and its memory and time count ZeRO 0's bytes), so a run pays no per-unit gathers or released
-// pages for them. arena_policy and make_grad_sync take what it returns.
+// The stage this runtime runs for ZeRO stage `zero` over `replicas` (the replica group's size,
+// dp * cp): over one replica every stage is ZeRO 0 (nothing to shard: the planner's note says the
+// stage has no effect, and its memory and time count ZeRO 0's bytes), so a run pays no per-unit
+// gathers, released pages or shard copies for it.
 int zero_run(int zero, int replicas);
+// The arenas of ZeRO stage `zero` as it runs over `replicas` (zero_run).
+ArenaPolicy arena_policy(int zero, int replicas);
 
-// The strategy of ZeRO stage `zero` (0-3) as zero_run runs it. Refuses what it cannot run, with the
-// reason (e.g. ZeRO 2/3 with an optimizer that needs whole matrices).
+// The strategy of ZeRO stage `zero` (0-3) as it runs over setup.dp's replicas (zero_run). Refuses
+// what that cannot run, with the reason, naming the stage the job set (e.g. ZeRO 2/3 over several
+// replicas with an optimizer that needs whole matrices).
 std::unique_ptr<GradSync> make_grad_sync(int zero, GradSyncSetup setup);
 
 }  // namespace exatrain::parallel

@@ -101,15 +101,15 @@ void tp_bytes(const ModelSpec& m, const Plan& p, const RankPosition& pos, const 
     // Once per step: the gradients of the weights used on this rank's sequence rows only
     // (norms, the biases after row-parallel layers) are partial sums over tp and are
     // all-reduced before the optimizer (Megatron's allreduce_sequence_parallel_grads). ZeRO 2/3
-    // hand every micro-batch's gradients to their dp owners, so the sum over tp is taken per
-    // micro-batch first (m times).
+    // over several replicas hand every micro-batch's gradients to their dp owners, so the sum over
+    // tp is taken per micro-batch first (m times); over one they run ZeRO 0 (parallel/grad_sync.hpp).
     const int64_t h = m.hidden;
     int64_t per_layer = 2 * norm_parameters(m);
     if (m.bias) per_layer += 2 * h;  // o_proj and fc2 (down_proj) biases
     int64_t sp_elems = layers * per_layer;
     if (last) sp_elems += norm_parameters(m);  // ln_f
     // Gradients: their dtype (fp32, Megatron's main_grad; 16-bit for Plan::grads_16bit).
-    out[CommKind::tp_all_reduce] += (p.zero >= 2 ? mb : 1) * ring_all_reduce_sent(sp_elems, q, r) * (p.grads_16bit ? 2 : 4);
+    out[CommKind::tp_all_reduce] += (p.zero >= 2 && p.dp * p.cp > 1 ? mb : 1) * ring_all_reduce_sent(sp_elems, q, r) * (p.grads_16bit ? 2 : 4);
   }
 }
 

@@ -168,7 +168,7 @@ Memory memory_of_rank(const ModelSpec& m, const Plan& p, int64_t pp_rank, bool w
   // whole rank stays gathered, above), the tensor-parallel all-gather / all-reduce buffer, the
   // runtime reserve.
   double buffers = kRuntimeReserveBytes + (p.cuda_modules_eager ? kEagerModuleLoadingBytes : 0.0);
-  if (p.zero >= 3 && !unsharded) buffers += 2.0 * gathered_unit_bytes(m, p, pp_rank);
+  if (p.zero >= 3 && shards > 1 && !unsharded) buffers += 2.0 * gathered_unit_bytes(m, p, pp_rank);
   if (p.tp > 1) buffers += elem * tokens * double(m.hidden);
   if (with_activations) {
     // In 1F1B pipeline rank r holds pp - r micro-batches (rank 0 the most); interleaved, fewer too.

@@ -276,11 +276,13 @@ MachineProfile profile_machine(const ProfileOptions& o) {
     // One core's share of the memory bandwidth when every core runs a rank.
     p.devices[0].copy_gbs = std::min(p.devices[0].copy_gbs, p.devices[1].copy_gbs / cores);
     p.devices[0].elementwise_gbs = std::min(p.devices[0].elementwise_gbs, p.devices[1].elementwise_gbs / cores);
-    // Page faults too: the 2-thread rate is two faulting threads of one process (one core's share
-    // here 0.26 GB/s, where two single-thread processes at once measured 0.29 each: the share is
-    // within 11% of what separate ranks pay, on the slow side).
+    // Page faults too: the all-core rate is faulting threads of one process (one core's share here
+    // 0.26 GB/s, where two single-thread processes at once measured 0.29 each: the share is within
+    // 12% of what separate ranks pay, on the slow side). Not measurable on all cores: none for one.
     if (p.devices[1].refault_gbs > 0)
       p.devices[0].refault_gbs = std::min(p.devices[0].refault_gbs, p.devices[1].refault_gbs / cores);
+    else
+      p.devices[0].refault_gbs = 0;
   }
   if (world > 1) {
     MPI_Barrier(MPI_COMM_WORLD);

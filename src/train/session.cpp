@@ -21,6 +21,7 @@
 #include "data/prepare.hpp"
 #include "data/token_source.hpp"
 #include "job/parse.hpp"
+#include "parallel/grad_sync.hpp"
 #include "parallel/runtime.hpp"
 #include "parallel/schedule.hpp"
 #include "parallel/trace.hpp"
@@ -220,11 +221,14 @@ void Session::open_outputs() {
   metrics_ = std::make_unique<report::MetricsWriter>(job_.train.run_dir + "/metrics.jsonl");
   progress_ = std::make_unique<report::Progress>(job_.train.steps, opt_.out, opt_.interactive);
   const parallel::PipelinePlan pipe = parallel::pipeline_plan(plan_);
+  const int zero_run = parallel::zero_run(int(plan_.zero), int(plan_.dp * plan_.cp));
+  const std::string zero = zero_run == int(plan_.zero) ? std::to_string(plan_.zero)
+                                                       : fmt::format("{} (runs as 0: one replica)", plan_.zero);
   fmt::print(opt_.out, "training on {} MPI rank{} (tp {}{} x pp {} (vp {}, {}) x dp {}, zero {}, recompute {}) x {} "
              "thread(s), backend {}: {} params on rank 0 ({} layers, hidden {}, vocab {}), {} steps of {} x {} tokens "
              "({} micro-batch(es) of {} per pipeline), data {}\n",
              world_, world_ == 1 ? "" : "s", plan_.tp, plan_.seq_parallel ? " +sp" : "", plan_.pp, plan_.vp,
-             parallel::to_string(pipe.schedule), plan_.dp, plan_.zero, to_string(plan_.recompute), threads_,
+             parallel::to_string(pipe.schedule), plan_.dp, zero, to_string(plan_.recompute), threads_,
              backend_->name(), trainer_->params_on_rank(), job_.model.layers, job_.model.hidden, job_.model.vocab,
              job_.train.steps, job_.parallel.global_batch, job_.model.seq_len, plan_.micro_batches(),
              plan_.micro_batch, result_.dataset_dir);

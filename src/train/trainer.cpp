@@ -139,7 +139,7 @@ void Trainer::build_chunks() {
   const std::vector<plan::StageLayers> stages =
       plan::pipeline_stages(opt_.model, int(p.pp), int(p.vp), p.layers_per_stage);
   // The GradSync strategy decides what the arenas must be (ZeRO 2/3 keep them mostly empty).
-  const parallel::ArenaPolicy arenas = parallel::arena_policy(parallel::zero_run(int(p.zero), rt_.dp().size()));
+  const parallel::ArenaPolicy arenas = parallel::arena_policy(int(p.zero), rt_.dp().size());
   for (int c = 0; c < pipe.vp; c++) {
     auto ch = std::make_unique<Chunk>();
     ch->stage = parallel::stage_of(pipe, rt_.mesh().coord.pp, c);

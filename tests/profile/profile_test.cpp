@@ -36,8 +36,9 @@ TEST(Profile, QuickProfileHasEveryFigureOfACatalogEntry) {
     EXPECT_GT(d.elementwise_gbs, 0) << d.name;
     EXPECT_LE(d.elementwise_gbs, d.copy_gbs) << d.name;
     EXPECT_GT(d.memory_gib, 0) << d.name;
-    EXPECT_GT(d.refault_gbs, 0) << d.name;
-    // Released memory is written again slower than mapped memory is copied (a page fault each page).
+    // Released memory is written again slower than mapped memory is copied (a page fault each page),
+    // or 0 where the difference cannot be measured (never the rate of a difference of noise).
+    EXPECT_GE(d.refault_gbs, 0) << d.name;
     EXPECT_LT(d.refault_gbs, d.copy_gbs) << d.name;
   }
   // The TOML is a catalog entry: every key devices.toml requires, read back by the catalog's own

@@ -320,6 +320,22 @@ TEST(Trainer, SameSeedGivesBitIdenticalLosses) {
   EXPECT_EQ(runs[0], runs[1]);
 }
 
+// Over one replica every ZeRO stage runs ZeRO 0 (parallel/grad_sync.hpp zero_run): the same strategy,
+// the same losses bit for bit.
+TEST(Trainer, EveryZeroStageOnOneRankRunsZeroZero) {
+  OneRank one(2, 0);
+  std::vector<double> losses[4];
+  for (int zero : {0, 1, 2, 3}) {
+    TrainerOptions o = options();
+    o.plan.zero = zero;
+    InMemoryTokenStream data(phrase_stream());
+    Trainer tr(*one.be, *one.rt, o, data);
+    EXPECT_STREQ(tr.grad_sync().name(), "ZeRO 0") << zero;
+    for (int i = 0; i < 3; i++) losses[zero].push_back(tr.train_step().loss);
+  }
+  for (int zero : {1, 2, 3}) EXPECT_EQ(losses[zero], losses[0]) << zero;
+}
+
 TEST(Trainer, GradientAccumulationEqualsLargerBatch) {
   OneRank one(2);
   TrainerOptions a = options(), b = options();
