@@ -346,7 +346,7 @@ double zero3_blocking_time(const ModelSpec& m, const Plan& p, const MachineSpec&
 // next write faults its pages in again: every micro-batch, ZeRO 2 releases the gradient buckets it
 // reduce-scattered (parallel/zero.cpp GradBucketer::retire), ZeRO 3 each unit's parameters after
 // every pass and its fp32 gradients after the backward (parallel/zero3_sync.cpp); over one replica
-// both run ZeRO 1 (parallel/grad_sync.cpp make_grad_sync), which releases nothing. Seconds per
+// both run ZeRO 0 (parallel/grad_sync.hpp zero_run), which releases nothing. Seconds per
 // micro-batch on pipeline rank `rank`: `compute`, what the rank writes itself (the gradients, its own
 // shard of each gather); `dp`, what MPI writes into the gathered units (the other replicas' shards:
 // inside the all-gather, which the runtime times as dp_comm; a segment dp does not divide is

@@ -661,8 +661,8 @@ TEST(Predict, ZeroThreeWithoutPrefetchExposesEveryGatherAndReduceScatter) {
 // = 1,325,824 parameters (the 5,303,296 bytes of its dp all-reduce, tutorial chapter 4). Each
 // layer is gathered for the forward and the backward (and again for recompute = full's rerun), the
 // embedding unit (E) by the first unit and by the head (which reads the tied table) in both
-// passes, with the final norm. ZeRO 0 and 1 release nothing; over one replica ZeRO 2 and 3 run ZeRO
-// 1 (parallel/grad_sync.hpp zero_run); a device without the figure (GPUs) pays nothing.
+// passes, with the final norm. ZeRO 0 and 1 release nothing; over one replica every stage runs ZeRO
+// 0 (parallel/grad_sync.hpp zero_run); a device without the figure (GPUs) pays nothing.
 TEST(Predict, ReleasedMemoryWrittenAgainCostsZeroTwoAndThreeOnACpu) {
   const char* tiny = R"(
 [model]
